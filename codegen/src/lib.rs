@@ -1,0 +1,1 @@
+//! slimpack-codegen.

@@ -1,0 +1,18 @@
+//! slimpack-ir: the data slimpack compiles.
+//!
+//! - [`spec`]: model, cluster and parallel layout (presets, TOML, validation);
+//! - [`batch`]: the global batch (length files, tokenized corpora, synthetic distributions);
+//! - [`step`]: the step IR, a petgraph graph of samples, slices, packs, stages and replicas;
+//! - [`text`]: its canonical text form (printer and parser);
+//! - [`verify`]: the invariants every pass must preserve.
+
+pub mod batch;
+mod error;
+pub mod spec;
+pub mod step;
+pub mod text;
+pub mod verify;
+
+pub use error::{IrError, Result};
+pub use spec::Spec;
+pub use step::StepIr;

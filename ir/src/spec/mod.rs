@@ -1,0 +1,245 @@
+//! Specs: what is trained (model), on what (cluster), laid out how (parallel), read from presets,
+//! TOML files and flags.
+//!
+//! [`Spec`] bundles the three and owns the checks that span them (TP divides the head counts, PP
+//! divides the layers). A TOML config file has `[model]`, `[cluster]`, `[parallel]` and optional
+//! `[batch]` tables; `[model]` and `[cluster]` may name a `preset` and override any of its fields.
+
+mod cluster;
+mod model;
+mod parallel;
+
+pub use cluster::{ClusterSpec, GpuSpec, LinkSpec, CLUSTER_PRESETS};
+pub use model::{Dtype, ModelSpec, Recompute, MODEL_PRESETS};
+pub use parallel::{Coords, ParallelSpec};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+use crate::error::{IrError, Result};
+
+/// Model, cluster and parallel layout of one training job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Spec {
+    pub model: ModelSpec,
+    pub cluster: ClusterSpec,
+    pub parallel: ParallelSpec,
+}
+
+impl Spec {
+    /// Builds a spec from preset names and a layout string, and validates it.
+    pub fn from_presets(model: &str, cluster: &str, parallel: &str) -> Result<Spec> {
+        let spec = Spec {
+            model: ModelSpec::preset(model)?,
+            cluster: ClusterSpec::preset(cluster)?,
+            parallel: parallel.parse()?,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks each part and the constraints between them.
+    pub fn validate(&self) -> Result<()> {
+        self.model.validate()?;
+        self.cluster.validate()?;
+        self.parallel.validate()?;
+        let (model, parallel) = (&self.model, &self.parallel);
+        let layout = format!("--parallel {parallel}");
+        if model.heads % parallel.tp != 0 || model.kv_heads % parallel.tp != 0 {
+            return Err(IrError::spec(
+                layout,
+                format!(
+                    "tp={} must divide the heads ({}) and kv_heads ({}) of model '{}'",
+                    parallel.tp, model.heads, model.kv_heads, model.name
+                ),
+            ));
+        }
+        if model.layers % parallel.pp != 0 {
+            return Err(IrError::spec(
+                layout,
+                format!(
+                    "pp={} must divide the layers ({}) of model '{}'",
+                    parallel.pp, model.layers, model.name
+                ),
+            ));
+        }
+        if parallel.tp > self.cluster.gpus_per_node {
+            return Err(IrError::spec(
+                layout,
+                format!(
+                    "tp={} exceeds the {} devices of a '{}' node (TP groups stay inside a node)",
+                    parallel.tp, self.cluster.gpus_per_node, self.cluster.name
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Number of nodes: world size / devices per node, rounded up.
+    pub fn nodes(&self) -> u64 {
+        self.parallel
+            .world()
+            .div_ceil(u64::from(self.cluster.gpus_per_node))
+    }
+
+    /// Layers held by each pipeline stage.
+    pub fn layers_per_stage(&self) -> u32 {
+        self.model.layers / self.parallel.pp
+    }
+}
+
+/// A TOML config file: the spec plus the raw `[batch]` table (read by [`crate::batch`]).
+#[derive(Debug, Clone)]
+pub struct ConfigFile {
+    pub spec: Spec,
+    pub batch: Option<toml::Table>,
+}
+
+impl ConfigFile {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<ConfigFile> {
+        let text = std::fs::read_to_string(path).map_err(|e| IrError::io(path, e))?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses config text; `source_name` names it in errors.
+    pub fn parse(text: &str, source_name: &str) -> Result<ConfigFile> {
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| IrError::spec(source_name, one_line(&e.to_string())))?;
+        let known = ["model", "cluster", "parallel", "batch"];
+        if let Some(key) = table.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(IrError::spec(
+                source_name,
+                format!("unknown table [{key}] (valid: {})", known.join(", ")),
+            ));
+        }
+        let mut take = |key: &str| {
+            table
+                .remove(key)
+                .ok_or_else(|| IrError::spec(source_name, format!("missing table [{key}]")))
+        };
+        let model = with_preset(take("model")?, source_name, "model", ModelSpec::preset)?;
+        let cluster = with_preset(take("cluster")?, source_name, "cluster", ClusterSpec::preset)?;
+        let parallel = take("parallel")?;
+        let parallel: ParallelSpec = parallel
+            .try_into()
+            .map_err(|e: toml::de::Error| IrError::spec(source_name, format!("[parallel]: {}", one_line(e.message()))))?;
+        let batch = match table.remove("batch") {
+            None => None,
+            Some(toml::Value::Table(batch)) => Some(batch),
+            Some(_) => return Err(IrError::spec(source_name, "[batch] must be a table")),
+        };
+        let spec = Spec {
+            model,
+            cluster,
+            parallel,
+        };
+        spec.validate()?;
+        Ok(ConfigFile { spec, batch })
+    }
+}
+
+/// Reads a `[model]` or `[cluster]` table: fields of the named `preset` (if any), overridden by
+/// the fields the table sets.
+fn with_preset<T: Serialize + DeserializeOwned>(
+    value: toml::Value,
+    source_name: &str,
+    kind: &str,
+    preset: fn(&str) -> Result<T>,
+) -> Result<T> {
+    let toml::Value::Table(mut table) = value else {
+        return Err(IrError::spec(source_name, format!("[{kind}] must be a table")));
+    };
+    let mut merged = match table.remove("preset") {
+        Some(toml::Value::String(name)) => {
+            let base = preset(&name)?;
+            toml::Table::try_from(base).expect("a preset always serializes to a TOML table (bug)")
+        }
+        Some(_) => {
+            return Err(IrError::spec(
+                source_name,
+                format!("[{kind}] preset must be a string"),
+            ))
+        }
+        None => toml::Table::new(),
+    };
+    merge(&mut merged, table);
+    toml::Value::Table(merged)
+        .try_into()
+        .map_err(|e: toml::de::Error| IrError::spec(source_name, format!("[{kind}]: {}", one_line(e.message()))))
+}
+
+/// Recursively overlays `over` onto `base` (nested tables merge, other values replace).
+fn merge(base: &mut toml::Table, over: toml::Table) {
+    for (key, value) in over {
+        match (base.get_mut(&key), value) {
+            (Some(toml::Value::Table(inner)), toml::Value::Table(over_inner)) => {
+                merge(inner, over_inner)
+            }
+            (_, value) => {
+                base.insert(key, value);
+            }
+        }
+    }
+}
+
+/// Folds a multi-line parser message into one line.
+pub(crate) fn one_line(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cross_checks_name_the_layout() {
+        let message = Spec::from_presets("llama-7b", "h100-sxm", "tp=3,pp=1,dp=1")
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("tp=3 must divide the heads (32)"), "{message}");
+        let message = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=3,dp=1")
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("pp=3 must divide the layers (32)"), "{message}");
+    }
+
+    #[test]
+    fn config_file_overrides_preset_fields() {
+        let text = r#"
+            [model]
+            preset = "llama-7b"
+            recompute = "selective"
+            [cluster]
+            preset = "h100-sxm"
+            gpus_per_node = 4
+            [parallel]
+            tp = 4
+            pp = 2
+            dp = 8
+        "#;
+        let config = ConfigFile::parse(text, "job.toml").unwrap();
+        assert_eq!(config.spec.model.recompute, Recompute::Selective);
+        assert_eq!(config.spec.model.layers, 32);
+        assert_eq!(config.spec.cluster.gpus_per_node, 4);
+        assert_eq!(config.spec.parallel.world(), 64);
+        assert!(config.batch.is_none());
+    }
+
+    #[test]
+    fn config_file_errors_are_one_line() {
+        let message = ConfigFile::parse("[model]\npreset = \"llama-7b\"\nlayerz = 3\n[cluster]\npreset=\"cpu\"\n[parallel]\ntp=1\n", "job.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(message.starts_with("job.toml: [model]"), "{message}");
+        assert!(message.contains("layerz"), "{message}");
+        assert!(!message.contains('\n'), "{message}");
+    }
+}

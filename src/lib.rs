@@ -1,0 +1,2 @@
+//! slimpack facade.
+pub use slimpack_ir as ir;
