@@ -7,6 +7,7 @@
 //! - [`verify`]: the invariants every pass must preserve.
 
 pub mod batch;
+pub mod cost;
 mod error;
 pub mod spec;
 pub mod step;

@@ -1,0 +1,1 @@
+//! placeholder: the cost and memory model is being written.

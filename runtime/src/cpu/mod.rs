@@ -1,0 +1,1 @@
+//! placeholder: the CPU backend is being written.
