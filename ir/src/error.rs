@@ -41,7 +41,9 @@ pub enum IrError {
     },
     /// The IR breaks one or more invariants; the first is shown, the count says how many more.
     #[error("{}", render_verify(.errors))]
-    Verify { errors: Vec<crate::verify::VerifyError> },
+    Verify {
+        errors: Vec<crate::verify::VerifyError>,
+    },
 }
 
 fn render_verify(errors: &[crate::verify::VerifyError]) -> String {

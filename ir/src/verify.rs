@@ -1,4 +1,513 @@
-//! placeholder
-#[derive(Debug)]
-pub struct VerifyError;
-impl std::fmt::Display for VerifyError { fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("x") } }
+//! The verifier: the invariants of the step IR, checked after every pass.
+//!
+//! Errors accumulate (all of them are reported, the first is shown on the command line), each
+//! naming the node as the printed IR names it. Invariants, by the phase from which they hold:
+//!
+//! Always:
+//! - `stages`: there are `pp` stages; their layer ranges are non-empty, contiguous from layer 0,
+//!   and cover every layer of the model.
+//! - `sample-len`: every sample has at least one token, and no more than the context length
+//!   when the batch was cut to one.
+//! - `slice-cover`: the slices of a sample are disjoint and cover `[0, len)` exactly: no token
+//!   lost or duplicated; every slice has at least one token.
+//! - `slice-chain`: dependency edges chain each sample's slices in offset order (j -> j+1).
+//! - `replica-ranks`: a replica has at least one DP rank, each in `[0, dp)`, none repeated; no
+//!   two replicas have the same ranks; DP-Merge groups (replicas of two or more ranks) are
+//!   pairwise disjoint.
+//! - `pack-placement`: every pack is placed on a replica, is not empty, and holds only slices of
+//!   samples placed on that replica.
+//! - `pack-cap`: a pack's tokens do not exceed its cap.
+//! - `pack-unique`: a slice is in at most one pack per direction.
+//! - `forward-order`: per sample, forward packs run its slices in increasing slice order (a
+//!   later slice sits in a later pack, or later in the same pack).
+//! - `backward-order`: per sample, backward packs run its slices in decreasing slice order.
+//!
+//! From `assigned`:
+//! - `assigned`: every sample is placed on a replica.
+//!
+//! From `packed`:
+//! - `packed`: every slice is in exactly one forward and one backward pack.
+//!
+//! From `scheduled`:
+//! - `schedule-complete`: for every replica with packs and every stage, the schedule lists each
+//!   of the replica's packs exactly once, forward packs in their order and backward packs in
+//!   theirs.
+//! - `deadlock-free`: the task graph (each pack on each stage, ordered by the per-stage
+//!   schedules, forward flowing to later stages, backward to earlier ones, and every slice's
+//!   backward after its forward on the last stage, hence after its forward on every later
+//!   stage) has no cycle, so the schedule runs to completion.
+//!
+//! Memory (`peak <= cap`) is checked by the compile driver with the simulator's memory timeline
+//! (the verifier has no machine model), and reported as an `oom` error there.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use petgraph::graph::DiGraph;
+
+use crate::error::{IrError, Result};
+use crate::step::{Direction, PackId, Phase, ReplicaId, StepIr};
+use crate::text::Names;
+
+/// One broken invariant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifyError {
+    /// The node as the printed IR names it (`%d3.1`), or the section (`stages`).
+    pub location: String,
+    /// The invariant's short name (see the module header).
+    pub invariant: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for VerifyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} [{}]",
+            self.location, self.message, self.invariant
+        )
+    }
+}
+
+/// Checks every invariant that holds at the IR's phase.
+pub fn verify(ir: &StepIr) -> Result<()> {
+    let errors = check(ir);
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(IrError::Verify { errors })
+    }
+}
+
+/// All broken invariants, in a deterministic order.
+pub fn check(ir: &StepIr) -> Vec<VerifyError> {
+    let mut verifier = Verifier {
+        ir,
+        names: Names::new(ir),
+        errors: Vec::new(),
+    };
+    verifier.stages();
+    verifier.samples_and_slices();
+    verifier.replicas();
+    verifier.packs();
+    if ir.phase() >= Phase::Scheduled {
+        verifier.schedules();
+    }
+    verifier.errors
+}
+
+struct Verifier<'a> {
+    ir: &'a StepIr,
+    names: Names,
+    errors: Vec<VerifyError>,
+}
+
+impl Verifier<'_> {
+    fn report(&mut self, location: impl Into<String>, invariant: &'static str, message: String) {
+        self.errors.push(VerifyError {
+            location: location.into(),
+            invariant,
+            message,
+        });
+    }
+
+    fn stages(&mut self) {
+        let ir = self.ir;
+        let pp = ir.spec.parallel.pp as usize;
+        if ir.stages().len() != pp {
+            self.report(
+                "stages",
+                "stages",
+                format!("{} stages for pp={pp}", ir.stages().len()),
+            );
+        }
+        let mut next_layer = 0;
+        for &id in ir.stages() {
+            let stage = *ir.stage(id);
+            if stage.layers == 0 || stage.first_layer != next_layer {
+                self.report(
+                    self.names.stage(id).to_string(),
+                    "stages",
+                    format!(
+                        "layers {}..{} do not continue from layer {next_layer} with at least one layer",
+                        stage.first_layer,
+                        stage.first_layer + stage.layers
+                    ),
+                );
+            }
+            next_layer = stage.first_layer + stage.layers;
+        }
+        if next_layer != ir.spec.model.layers {
+            self.report(
+                "stages",
+                "stages",
+                format!(
+                    "stages cover {next_layer} layers, the model has {}",
+                    ir.spec.model.layers
+                ),
+            );
+        }
+    }
+
+    fn samples_and_slices(&mut self) {
+        let ir = self.ir;
+        for &sample_id in ir.samples() {
+            let sample = *ir.sample(sample_id);
+            let name = self.names.sample(sample_id).to_string();
+            if sample.len == 0 {
+                self.report(&name, "sample-len", "sample has no tokens".into());
+            }
+            if let Some(context) = ir.batch.context {
+                if sample.len > context {
+                    self.report(
+                        &name,
+                        "sample-len",
+                        format!("{} tokens exceed the context length {context}", sample.len),
+                    );
+                }
+            }
+            let slices = ir.slices_of(sample_id);
+            let mut covered = 0u32;
+            for (j, &slice_id) in slices.iter().enumerate() {
+                let slice = *ir.slice(slice_id);
+                let slice_name = self.names.slice(slice_id).to_string();
+                if slice.len == 0 {
+                    self.report(&slice_name, "slice-cover", "slice has no tokens".into());
+                }
+                if slice.start != covered {
+                    let what = if slice.start < covered {
+                        "overlaps the previous slice"
+                    } else {
+                        "leaves a gap after the previous slice"
+                    };
+                    self.report(
+                        &slice_name,
+                        "slice-cover",
+                        format!(
+                            "slice {}..{} {what} (expected to start at {covered})",
+                            slice.start,
+                            slice.end()
+                        ),
+                    );
+                }
+                covered = covered.max(slice.end());
+                let expected_next = slices.get(j + 1).copied();
+                if ir.next_slice(slice_id) != expected_next {
+                    self.report(
+                        &slice_name,
+                        "slice-chain",
+                        "dependency edge does not lead to the next slice in offset order".into(),
+                    );
+                }
+            }
+            if covered != sample.len {
+                self.report(
+                    &name,
+                    "slice-cover",
+                    format!(
+                        "slices cover {covered} of the sample's {} tokens",
+                        sample.len
+                    ),
+                );
+            }
+            if ir.phase() >= Phase::Assigned && ir.replica_of_sample(sample_id).is_none() {
+                self.report(
+                    &name,
+                    "assigned",
+                    format!("sample is not placed on a replica at phase {}", ir.phase()),
+                );
+            }
+        }
+    }
+
+    fn replicas(&mut self) {
+        let ir = self.ir;
+        let dp = ir.spec.parallel.dp;
+        let mut seen_sets: HashSet<&[u32]> = HashSet::new();
+        let mut merged_owner: HashMap<u32, ReplicaId> = HashMap::new();
+        for &replica_id in ir.replicas() {
+            let name = self.names.replica(replica_id).to_string();
+            let ranks = &ir.replica(replica_id).ranks;
+            if ranks.is_empty() {
+                self.report(&name, "replica-ranks", "replica has no DP ranks".into());
+            }
+            if let Some(&rank) = ranks.iter().find(|&&r| r >= dp) {
+                self.report(
+                    &name,
+                    "replica-ranks",
+                    format!("DP rank {rank} is out of range (dp={dp})"),
+                );
+            }
+            if ranks.windows(2).any(|w| w[0] == w[1]) {
+                self.report(&name, "replica-ranks", "a DP rank is repeated".into());
+            }
+            if !seen_sets.insert(ranks.as_slice()) {
+                self.report(
+                    &name,
+                    "replica-ranks",
+                    "another replica has the same DP ranks".into(),
+                );
+            }
+            if ranks.len() > 1 {
+                for &rank in ranks {
+                    if let Some(&other) = merged_owner.get(&rank) {
+                        self.report(
+                            &name,
+                            "replica-ranks",
+                            format!(
+                                "DP-Merge group shares DP rank {rank} with {}",
+                                self.names.replica(other)
+                            ),
+                        );
+                    }
+                    merged_owner.insert(rank, replica_id);
+                }
+            }
+        }
+    }
+
+    fn packs(&mut self) {
+        let ir = self.ir;
+        for pack in ir.unplaced_packs() {
+            let slices = ir.pack_slices(pack).len();
+            self.report(
+                format!("pack with {slices} slices"),
+                "pack-placement",
+                "pack is not placed on a replica".into(),
+            );
+        }
+        for &replica in ir.replicas() {
+            for direction in [Direction::Forward, Direction::Backward] {
+                for pack in ir.packs_on(replica, direction) {
+                    self.pack(pack, replica);
+                }
+            }
+        }
+        for &sample in ir.samples() {
+            let slices = ir.slices_of(sample);
+            for direction in [Direction::Forward, Direction::Backward] {
+                self.slice_order(&slices, direction);
+            }
+        }
+    }
+
+    fn pack(&mut self, pack: PackId, replica: ReplicaId) {
+        let ir = self.ir;
+        let name = self.names.pack(pack).to_string();
+        let slices = ir.pack_slices(pack);
+        if slices.is_empty() {
+            self.report(&name, "pack-placement", "pack has no slices".into());
+        }
+        for &slice in &slices {
+            let sample = ir.sample_of(slice);
+            if ir.replica_of_sample(sample) != Some(replica) {
+                self.report(
+                    &name,
+                    "pack-placement",
+                    format!(
+                        "holds {} whose sample {} is not placed on {}",
+                        self.names.slice(slice),
+                        self.names.sample(sample),
+                        self.names.replica(replica)
+                    ),
+                );
+            }
+        }
+        if let Some(cap) = ir.pack(pack).cap {
+            let tokens = ir.pack_tokens(pack);
+            if tokens > u64::from(cap) {
+                self.report(
+                    &name,
+                    "pack-cap",
+                    format!("{tokens} tokens exceed the pack's cap of {cap}"),
+                );
+            }
+        }
+    }
+
+    /// Per-direction membership and order of one sample's slices.
+    fn slice_order(&mut self, slices: &[crate::step::SliceId], direction: Direction) {
+        let ir = self.ir;
+        let mut previous: Option<(crate::step::SliceId, (usize, usize))> = None;
+        for &slice in slices {
+            let packs: Vec<PackId> = ir
+                .packs_of(slice)
+                .into_iter()
+                .filter(|&p| ir.pack(p).direction == direction)
+                .collect();
+            let name = self.names.slice(slice).to_string();
+            if packs.len() > 1 {
+                self.report(
+                    &name,
+                    "pack-unique",
+                    format!("slice is in {} {} packs", packs.len(), direction.keyword()),
+                );
+            }
+            let Some(&pack) = packs.first() else {
+                if ir.phase() >= Phase::Packed {
+                    self.report(
+                        &name,
+                        "packed",
+                        format!("slice is in no {} pack", direction.keyword()),
+                    );
+                }
+                previous = None;
+                continue;
+            };
+            let key = self.order_key(pack, slice);
+            if let Some((earlier, earlier_key)) = previous {
+                let in_order = match direction {
+                    Direction::Forward => earlier_key < key,
+                    Direction::Backward => {
+                        earlier_key.0 > key.0 || (earlier_key.0 == key.0 && earlier_key.1 != key.1)
+                    }
+                };
+                if !in_order {
+                    let (invariant, rule) = match direction {
+                        Direction::Forward => ("forward-order", "after"),
+                        Direction::Backward => ("backward-order", "before"),
+                    };
+                    self.report(
+                        &name,
+                        invariant,
+                        format!(
+                            "{} runs in {} which is not {rule} {} of the earlier slice {}",
+                            name,
+                            self.names.pack(pack),
+                            self.names.pack(
+                                ir.pack_of(earlier, direction)
+                                    .expect("previous slice has a pack")
+                            ),
+                            self.names.slice(earlier)
+                        ),
+                    );
+                }
+            }
+            previous = Some((slice, key));
+        }
+    }
+
+    /// (position of the pack among its replica's packs of that direction, position inside it).
+    fn order_key(&self, pack: PackId, slice: crate::step::SliceId) -> (usize, usize) {
+        let ir = self.ir;
+        let direction = ir.pack(pack).direction;
+        let pack_position = ir
+            .replica_of_pack(pack)
+            .map(|r| {
+                ir.packs_on(r, direction)
+                    .iter()
+                    .position(|&p| p == pack)
+                    .unwrap_or(0)
+            })
+            .unwrap_or(0);
+        let member_position = ir
+            .pack_slices(pack)
+            .iter()
+            .position(|&s| s == slice)
+            .unwrap_or(0);
+        (pack_position, member_position)
+    }
+
+    fn schedules(&mut self) {
+        let ir = self.ir;
+        for &replica in ir.replicas() {
+            let forward = ir.packs_on(replica, Direction::Forward);
+            let backward = ir.packs_on(replica, Direction::Backward);
+            if forward.is_empty() && backward.is_empty() {
+                continue;
+            }
+            let mut complete = true;
+            for &stage_id in ir.stages() {
+                let stage = ir.stage(stage_id).index;
+                let order = ir.schedule(replica, stage);
+                let location = format!(
+                    "schedule {} {}",
+                    self.names.replica(replica),
+                    self.names.stage(stage_id)
+                );
+                let listed_forward: Vec<PackId> = order
+                    .iter()
+                    .copied()
+                    .filter(|&p| ir.pack(p).direction == Direction::Forward)
+                    .collect();
+                let listed_backward: Vec<PackId> = order
+                    .iter()
+                    .copied()
+                    .filter(|&p| ir.pack(p).direction == Direction::Backward)
+                    .collect();
+                if listed_forward != forward || listed_backward != backward {
+                    complete = false;
+                    self.report(
+                        location,
+                        "schedule-complete",
+                        format!(
+                            "lists {} forward and {} backward packs in its order; the replica has {} and {} (each exactly once, in pack order)",
+                            listed_forward.len(),
+                            listed_backward.len(),
+                            forward.len(),
+                            backward.len()
+                        ),
+                    );
+                }
+            }
+            if complete {
+                self.deadlock_free(replica);
+            }
+        }
+    }
+
+    /// Builds the replica's task graph and looks for a cycle.
+    fn deadlock_free(&mut self, replica: ReplicaId) {
+        let ir = self.ir;
+        let stages = ir.stages().len();
+        let mut graph: DiGraph<(PackId, usize), ()> = DiGraph::new();
+        let mut task = HashMap::new();
+        let mut packs = ir.packs_on(replica, Direction::Forward);
+        packs.extend(ir.packs_on(replica, Direction::Backward));
+        for &pack in &packs {
+            for stage in 0..stages {
+                task.insert((pack, stage), graph.add_node((pack, stage)));
+            }
+        }
+        for stage in 0..stages {
+            let order = ir.schedule(replica, stage as u32);
+            for pair in order.windows(2) {
+                graph.add_edge(task[&(pair[0], stage)], task[&(pair[1], stage)], ());
+            }
+        }
+        for &pack in &packs {
+            for stage in 1..stages {
+                match ir.pack(pack).direction {
+                    Direction::Forward => {
+                        graph.add_edge(task[&(pack, stage - 1)], task[&(pack, stage)], ())
+                    }
+                    Direction::Backward => {
+                        graph.add_edge(task[&(pack, stage)], task[&(pack, stage - 1)], ())
+                    }
+                };
+            }
+        }
+        let last = stages - 1;
+        for &pack in &packs {
+            if ir.pack(pack).direction != Direction::Forward {
+                continue;
+            }
+            for slice in ir.pack_slices(pack) {
+                if let Some(backward) = ir.pack_of(slice, Direction::Backward) {
+                    graph.add_edge(task[&(pack, last)], task[&(backward, last)], ());
+                }
+            }
+        }
+        if let Err(cycle) = petgraph::algo::toposort(&graph, None) {
+            let (pack, stage) = graph[cycle.node_id()];
+            self.report(
+                format!("schedule {}", self.names.replica(replica)),
+                "deadlock-free",
+                format!(
+                    "the schedule deadlocks: {} on stage {stage} waits on itself through the pipeline dependencies",
+                    self.names.pack(pack)
+                ),
+            );
+        }
+    }
+}

@@ -1,1 +1,19 @@
-//! slimpack-passes.
+//! slimpack-passes: transformations of the step IR and the machinery that runs them.
+//!
+//! - [`Pass`]: the trait every pass implements (name, accepted phases, produced phase, run);
+//! - [`registry`]: every pass by name, with summary, description and options;
+//! - [`pipeline`]: pipeline strings (`slice{size=8192},...`);
+//! - [`manager`]: runs a pipeline, verifying, timing, printing and dumping;
+//! - one file per pass: [`slice`].
+
+mod error;
+pub mod manager;
+mod pass;
+pub mod pipeline;
+pub mod registry;
+pub mod slice;
+
+pub use error::{PassError, Result};
+pub use manager::{run_pipeline, ManagerOptions, PassRecord, PrintOptions};
+pub use pass::{OptionInfo, Pass, PassOptions, Statistics};
+pub use pipeline::{parse_pipeline, render_pipeline, PipelineEntry};

@@ -139,10 +139,16 @@ impl ClusterSpec {
     pub fn validate(&self) -> Result<()> {
         let what = format!("cluster '{}'", self.name);
         if self.gpus_per_node == 0 {
-            return Err(IrError::spec(&what, "gpus_per_node must be positive, got 0"));
+            return Err(IrError::spec(
+                &what,
+                "gpus_per_node must be positive, got 0",
+            ));
         }
         if self.gpu.hbm_bytes == 0 {
-            return Err(IrError::spec(&what, "gpu.hbm_bytes must be positive, got 0"));
+            return Err(IrError::spec(
+                &what,
+                "gpu.hbm_bytes must be positive, got 0",
+            ));
         }
         for (field, value) in [
             ("gpu.peak_flops", self.gpu.peak_flops),

@@ -121,11 +121,19 @@ impl ConfigFile {
                 .ok_or_else(|| IrError::spec(source_name, format!("missing table [{key}]")))
         };
         let model = with_preset(take("model")?, source_name, "model", ModelSpec::preset)?;
-        let cluster = with_preset(take("cluster")?, source_name, "cluster", ClusterSpec::preset)?;
+        let cluster = with_preset(
+            take("cluster")?,
+            source_name,
+            "cluster",
+            ClusterSpec::preset,
+        )?;
         let parallel = take("parallel")?;
-        let parallel: ParallelSpec = parallel
-            .try_into()
-            .map_err(|e: toml::de::Error| IrError::spec(source_name, format!("[parallel]: {}", one_line(e.message()))))?;
+        let parallel: ParallelSpec = parallel.try_into().map_err(|e: toml::de::Error| {
+            IrError::spec(
+                source_name,
+                format!("[parallel]: {}", one_line(e.message())),
+            )
+        })?;
         let batch = match table.remove("batch") {
             None => None,
             Some(toml::Value::Table(batch)) => Some(batch),
@@ -150,7 +158,10 @@ fn with_preset<T: Serialize + DeserializeOwned>(
     preset: fn(&str) -> Result<T>,
 ) -> Result<T> {
     let toml::Value::Table(mut table) = value else {
-        return Err(IrError::spec(source_name, format!("[{kind}] must be a table")));
+        return Err(IrError::spec(
+            source_name,
+            format!("[{kind}] must be a table"),
+        ));
     };
     let mut merged = match table.remove("preset") {
         Some(toml::Value::String(name)) => {
@@ -168,7 +179,9 @@ fn with_preset<T: Serialize + DeserializeOwned>(
     merge(&mut merged, table);
     toml::Value::Table(merged)
         .try_into()
-        .map_err(|e: toml::de::Error| IrError::spec(source_name, format!("[{kind}]: {}", one_line(e.message()))))
+        .map_err(|e: toml::de::Error| {
+            IrError::spec(source_name, format!("[{kind}]: {}", one_line(e.message())))
+        })
 }
 
 /// Recursively overlays `over` onto `base` (nested tables merge, other values replace).
@@ -204,11 +217,17 @@ mod tests {
         let message = Spec::from_presets("llama-7b", "h100-sxm", "tp=3,pp=1,dp=1")
             .unwrap_err()
             .to_string();
-        assert!(message.contains("tp=3 must divide the heads (32)"), "{message}");
+        assert!(
+            message.contains("tp=3 must divide the heads (32)"),
+            "{message}"
+        );
         let message = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=3,dp=1")
             .unwrap_err()
             .to_string();
-        assert!(message.contains("pp=3 must divide the layers (32)"), "{message}");
+        assert!(
+            message.contains("pp=3 must divide the layers (32)"),
+            "{message}"
+        );
     }
 
     #[test]

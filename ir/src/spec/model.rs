@@ -172,7 +172,10 @@ impl ModelSpec {
             ("vocab", self.vocab),
         ] {
             if value == 0 {
-                return Err(IrError::spec(&what, format!("{field} must be positive, got 0")));
+                return Err(IrError::spec(
+                    &what,
+                    format!("{field} must be positive, got 0"),
+                ));
             }
         }
         if self.heads % self.kv_heads != 0 {
@@ -237,7 +240,10 @@ mod tests {
     #[test]
     fn unknown_preset_lists_the_valid_ones() {
         let message = ModelSpec::preset("gpt-5").unwrap_err().to_string();
-        assert!(message.contains("unknown model preset 'gpt-5'"), "{message}");
+        assert!(
+            message.contains("unknown model preset 'gpt-5'"),
+            "{message}"
+        );
         assert!(message.contains("llama-70b"), "{message}");
     }
 }

@@ -1,0 +1,466 @@
+//! [`StepIr`]: the graph, its ordered views and its mutations.
+//!
+//! petgraph's `StableGraph` keeps node indices valid across removals (slices are replaced when a
+//! sample is re-sliced). Orders that reach output never come from node indices: samples, stages
+//! and replicas are kept in creation order, slices in offset order, a pack's slices and a
+//! replica's packs by the `position` on their edges.
+
+use petgraph::stable_graph::StableDiGraph;
+use petgraph::visit::EdgeRef;
+use petgraph::Direction::{Incoming, Outgoing};
+
+use super::ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
+use super::node::{BatchInfo, Direction, Edge, Node, Pack, Phase, Replica, Sample, Slice, Stage};
+use crate::spec::Spec;
+
+/// One training step, from samples to schedule.
+#[derive(Debug, Clone)]
+pub struct StepIr {
+    pub spec: Spec,
+    pub batch: BatchInfo,
+    phase: Phase,
+    graph: StableDiGraph<Node, Edge>,
+    samples: Vec<SampleId>,
+    stages: Vec<StageId>,
+    replicas: Vec<ReplicaId>,
+}
+
+impl StepIr {
+    /// An empty step for `spec`: one stage node per pipeline stage, no samples.
+    pub fn new(spec: Spec, batch: BatchInfo) -> StepIr {
+        let mut ir = StepIr {
+            spec,
+            batch,
+            phase: Phase::Logical,
+            graph: StableDiGraph::new(),
+            samples: Vec::new(),
+            stages: Vec::new(),
+            replicas: Vec::new(),
+        };
+        let per_stage = ir.spec.layers_per_stage();
+        for index in 0..ir.spec.parallel.pp {
+            ir.add_stage(Stage {
+                index,
+                first_layer: index * per_stage,
+                layers: per_stage,
+            });
+        }
+        ir
+    }
+
+    /// An IR whose stages are given explicitly (the parser uses this; the verifier checks them).
+    pub fn with_stages(spec: Spec, batch: BatchInfo, stages: &[Stage]) -> StepIr {
+        let mut ir = StepIr {
+            spec,
+            batch,
+            phase: Phase::Logical,
+            graph: StableDiGraph::new(),
+            samples: Vec::new(),
+            stages: Vec::new(),
+            replicas: Vec::new(),
+        };
+        for stage in stages {
+            ir.add_stage(*stage);
+        }
+        ir
+    }
+
+    fn add_stage(&mut self, stage: Stage) -> StageId {
+        let id = StageId(self.graph.add_node(Node::Stage(stage)));
+        self.stages.push(id);
+        id
+    }
+
+    // ---- phase ----
+
+    /// The current phase.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Moves the phase forward. Moving it backward is a bug in the caller.
+    pub fn advance(&mut self, phase: Phase) {
+        assert!(
+            phase >= self.phase,
+            "phase may only move forward ({} -> {phase}); this is a bug",
+            self.phase
+        );
+        self.phase = phase;
+    }
+
+    // ---- samples and slices ----
+
+    /// Adds a sample with one slice covering it.
+    pub fn add_sample(&mut self, sample: Sample) -> SampleId {
+        let id = SampleId(self.graph.add_node(Node::Sample(sample)));
+        self.samples.push(id);
+        self.set_slices(id, &[sample.len]);
+        id
+    }
+
+    /// Adds a sample without slices (the parser adds them one by one).
+    pub fn add_bare_sample(&mut self, sample: Sample) -> SampleId {
+        let id = SampleId(self.graph.add_node(Node::Sample(sample)));
+        self.samples.push(id);
+        id
+    }
+
+    /// Samples in batch order.
+    pub fn samples(&self) -> &[SampleId] {
+        &self.samples
+    }
+
+    pub fn sample(&self, id: SampleId) -> &Sample {
+        match &self.graph[id.0] {
+            Node::Sample(sample) => sample,
+            other => panic!("{id:?} is not a sample but {other:?}; this is a bug"),
+        }
+    }
+
+    pub fn slice(&self, id: SliceId) -> &Slice {
+        match &self.graph[id.0] {
+            Node::Slice(slice) => slice,
+            other => panic!("{id:?} is not a slice but {other:?}; this is a bug"),
+        }
+    }
+
+    /// Slices of a sample in offset order.
+    pub fn slices_of(&self, sample: SampleId) -> Vec<SliceId> {
+        let mut slices: Vec<SliceId> = self
+            .graph
+            .edges_directed(sample.0, Outgoing)
+            .filter(|e| matches!(e.weight(), Edge::Contains))
+            .map(|e| SliceId(e.target()))
+            .collect();
+        slices.sort_by_key(|&s| (self.slice(s).start, s));
+        slices
+    }
+
+    /// The sample a slice belongs to.
+    pub fn sample_of(&self, slice: SliceId) -> SampleId {
+        self.graph
+            .edges_directed(slice.0, Incoming)
+            .find(|e| matches!(e.weight(), Edge::Contains))
+            .map(|e| SampleId(e.source()))
+            .unwrap_or_else(|| panic!("{slice:?} has no sample; this is a bug"))
+    }
+
+    /// The slice that follows `slice` in its sample (by the dependency edge).
+    pub fn next_slice(&self, slice: SliceId) -> Option<SliceId> {
+        self.graph
+            .edges_directed(slice.0, Outgoing)
+            .find(|e| matches!(e.weight(), Edge::Next))
+            .map(|e| SliceId(e.target()))
+    }
+
+    /// All slices, grouped by sample in batch order, each sample's in offset order.
+    pub fn all_slices(&self) -> Vec<SliceId> {
+        self.samples
+            .iter()
+            .flat_map(|&sample| self.slices_of(sample))
+            .collect()
+    }
+
+    /// Replaces a sample's slices by consecutive slices of the given lengths, chained by
+    /// dependency edges. Lengths must be positive and sum to the sample length; the old slices
+    /// must not be in packs (both are bugs in the caller).
+    pub fn set_slices(&mut self, sample: SampleId, lengths: &[u32]) -> Vec<SliceId> {
+        let total: u64 = lengths.iter().map(|&l| u64::from(l)).sum();
+        assert!(
+            total == u64::from(self.sample(sample).len) && lengths.iter().all(|&l| l > 0),
+            "set_slices({sample:?}, {lengths:?}) does not cover the sample exactly; this is a bug"
+        );
+        for old in self.slices_of(sample) {
+            assert!(
+                self.packs_of(old).is_empty(),
+                "re-slicing a packed slice; this is a bug"
+            );
+            self.graph.remove_node(old.0);
+        }
+        let mut start = 0;
+        let mut created = Vec::with_capacity(lengths.len());
+        for &len in lengths {
+            created.push(self.add_slice(sample, Slice { start, len }));
+            start += len;
+        }
+        created
+    }
+
+    /// Adds one slice to a sample and chains it after the sample's last slice so far (the
+    /// parser adds slices in offset order).
+    pub fn add_slice(&mut self, sample: SampleId, slice: Slice) -> SliceId {
+        let previous = self.slices_of(sample).last().copied();
+        let id = SliceId(self.graph.add_node(Node::Slice(slice)));
+        self.graph.add_edge(sample.0, id.0, Edge::Contains);
+        if let Some(previous) = previous {
+            self.graph.add_edge(previous.0, id.0, Edge::Next);
+        }
+        id
+    }
+
+    // ---- stages and replicas ----
+
+    /// Stages in pipeline order.
+    pub fn stages(&self) -> &[StageId] {
+        &self.stages
+    }
+
+    pub fn stage(&self, id: StageId) -> &Stage {
+        match &self.graph[id.0] {
+            Node::Stage(stage) => stage,
+            other => panic!("{id:?} is not a stage but {other:?}; this is a bug"),
+        }
+    }
+
+    /// Adds a replica (DP ranks ascending).
+    pub fn add_replica(&mut self, mut ranks: Vec<u32>) -> ReplicaId {
+        ranks.sort_unstable();
+        let id = ReplicaId(self.graph.add_node(Node::Replica(Replica { ranks })));
+        self.replicas.push(id);
+        id
+    }
+
+    /// Replicas in creation order.
+    pub fn replicas(&self) -> &[ReplicaId] {
+        &self.replicas
+    }
+
+    pub fn replica(&self, id: ReplicaId) -> &Replica {
+        match &self.graph[id.0] {
+            Node::Replica(replica) => replica,
+            other => panic!("{id:?} is not a replica but {other:?}; this is a bug"),
+        }
+    }
+
+    /// Places a sample on a replica (replacing an earlier placement).
+    pub fn place_sample(&mut self, sample: SampleId, replica: ReplicaId) {
+        if let Some(edge) = self
+            .graph
+            .edges_directed(sample.0, Outgoing)
+            .find(|e| matches!(e.weight(), Edge::Placed { .. }))
+            .map(|e| e.id())
+        {
+            self.graph.remove_edge(edge);
+        }
+        self.graph
+            .add_edge(sample.0, replica.0, Edge::Placed { position: 0 });
+    }
+
+    /// The replica a sample is placed on.
+    pub fn replica_of_sample(&self, sample: SampleId) -> Option<ReplicaId> {
+        self.placement(sample.0)
+    }
+
+    /// The replica a pack runs on.
+    pub fn replica_of_pack(&self, pack: PackId) -> Option<ReplicaId> {
+        self.placement(pack.0)
+    }
+
+    fn placement(&self, node: petgraph::graph::NodeIndex) -> Option<ReplicaId> {
+        self.graph
+            .edges_directed(node, Outgoing)
+            .find(|e| matches!(e.weight(), Edge::Placed { .. }))
+            .map(|e| ReplicaId(e.target()))
+    }
+
+    /// Samples placed on a replica, in batch order.
+    pub fn samples_on(&self, replica: ReplicaId) -> Vec<SampleId> {
+        self.samples
+            .iter()
+            .copied()
+            .filter(|&s| self.replica_of_sample(s) == Some(replica))
+            .collect()
+    }
+
+    // ---- packs ----
+
+    /// Appends a pack of `slices` (in that order) to the replica's packs of its direction.
+    pub fn add_pack(&mut self, pack: Pack, replica: ReplicaId, slices: &[SliceId]) -> PackId {
+        let position = self.packs_on(replica, pack.direction).len() as u32;
+        let id = PackId(self.graph.add_node(Node::Pack(pack)));
+        self.graph
+            .add_edge(id.0, replica.0, Edge::Placed { position });
+        for (position, slice) in slices.iter().enumerate() {
+            self.graph.add_edge(
+                slice.0,
+                id.0,
+                Edge::Member {
+                    position: position as u32,
+                },
+            );
+        }
+        id
+    }
+
+    pub fn pack(&self, id: PackId) -> &Pack {
+        match &self.graph[id.0] {
+            Node::Pack(pack) => pack,
+            other => panic!("{id:?} is not a pack but {other:?}; this is a bug"),
+        }
+    }
+
+    /// A replica's packs of one direction, in their order.
+    pub fn packs_on(&self, replica: ReplicaId, direction: Direction) -> Vec<PackId> {
+        let mut packs: Vec<(u32, PackId)> = self
+            .graph
+            .edges_directed(replica.0, Incoming)
+            .filter_map(|e| match (e.weight(), &self.graph[e.source()]) {
+                (Edge::Placed { position }, Node::Pack(pack)) if pack.direction == direction => {
+                    Some((*position, PackId(e.source())))
+                }
+                _ => None,
+            })
+            .collect();
+        packs.sort();
+        packs.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// All packs: per replica, forward ones then backward ones, each in order.
+    pub fn all_packs(&self) -> Vec<PackId> {
+        let mut packs = Vec::new();
+        for &replica in &self.replicas {
+            packs.extend(self.packs_on(replica, Direction::Forward));
+            packs.extend(self.packs_on(replica, Direction::Backward));
+        }
+        packs
+    }
+
+    /// Packs that exist but are not placed on any replica (only a malformed IR has them).
+    pub fn unplaced_packs(&self) -> Vec<PackId> {
+        self.graph
+            .node_indices()
+            .filter(|&n| matches!(self.graph[n], Node::Pack(_)))
+            .map(PackId)
+            .filter(|&p| self.replica_of_pack(p).is_none())
+            .collect()
+    }
+
+    /// Slices of a pack, in their order inside the pack.
+    pub fn pack_slices(&self, pack: PackId) -> Vec<SliceId> {
+        let mut slices: Vec<(u32, SliceId)> = self
+            .graph
+            .edges_directed(pack.0, Incoming)
+            .filter_map(|e| match e.weight() {
+                Edge::Member { position } => Some((*position, SliceId(e.source()))),
+                _ => None,
+            })
+            .collect();
+        slices.sort();
+        slices.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Packs a slice belongs to (any direction).
+    pub fn packs_of(&self, slice: SliceId) -> Vec<PackId> {
+        self.graph
+            .edges_directed(slice.0, Outgoing)
+            .filter(|e| matches!(e.weight(), Edge::Member { .. }))
+            .map(|e| PackId(e.target()))
+            .collect()
+    }
+
+    /// The pack of one direction that holds a slice (the first if the IR is malformed).
+    pub fn pack_of(&self, slice: SliceId, direction: Direction) -> Option<PackId> {
+        self.packs_of(slice)
+            .into_iter()
+            .filter(|&p| self.pack(p).direction == direction)
+            .min()
+    }
+
+    /// Tokens in a pack.
+    pub fn pack_tokens(&self, pack: PackId) -> u64 {
+        self.pack_slices(pack)
+            .iter()
+            .map(|&s| u64::from(self.slice(s).len))
+            .sum()
+    }
+
+    // ---- schedule ----
+
+    /// Sets the order in which the packs of `replica` run on `stage` (replacing any earlier one).
+    /// Orders are chains of edges, so a schedule has at least two packs: a replica with samples
+    /// always has a forward and a backward pack.
+    pub fn set_schedule(&mut self, replica: ReplicaId, stage: u32, order: &[PackId]) {
+        let packs: Vec<PackId> = {
+            let mut all = self.packs_on(replica, Direction::Forward);
+            all.extend(self.packs_on(replica, Direction::Backward));
+            all
+        };
+        for pack in packs {
+            let stale: Vec<_> = self
+                .graph
+                .edges_directed(pack.0, Outgoing)
+                .filter(|e| e.weight() == &Edge::Order { stage })
+                .map(|e| e.id())
+                .collect();
+            for edge in stale {
+                self.graph.remove_edge(edge);
+            }
+        }
+        for pair in order.windows(2) {
+            self.graph
+                .add_edge(pair[0].0, pair[1].0, Edge::Order { stage });
+        }
+    }
+
+    /// The order in which the packs of `replica` run on `stage`, following order edges from the
+    /// pack that has no predecessor. Empty if no schedule was set.
+    pub fn schedule(&self, replica: ReplicaId, stage: u32) -> Vec<PackId> {
+        let mut packs = self.packs_on(replica, Direction::Forward);
+        packs.extend(self.packs_on(replica, Direction::Backward));
+        let successor = |pack: PackId| {
+            self.graph
+                .edges_directed(pack.0, Outgoing)
+                .find(|e| e.weight() == &Edge::Order { stage })
+                .map(|e| PackId(e.target()))
+        };
+        let has_predecessor = |pack: PackId| {
+            self.graph
+                .edges_directed(pack.0, Incoming)
+                .any(|e| e.weight() == &Edge::Order { stage })
+        };
+        let Some(head) = packs
+            .iter()
+            .copied()
+            .find(|&p| !has_predecessor(p) && successor(p).is_some())
+        else {
+            return Vec::new();
+        };
+        let mut order = vec![head];
+        let mut current = head;
+        while let Some(next) = successor(current) {
+            if order.len() > packs.len() {
+                break; // a cycle; the verifier reports it
+            }
+            order.push(next);
+            current = next;
+        }
+        order
+    }
+
+    /// Number of nodes of each kind: (samples, slices, packs, replicas).
+    pub fn counts(&self) -> (usize, usize, usize, usize) {
+        let mut slices = 0;
+        let mut packs = 0;
+        for node in self.graph.node_weights() {
+            match node {
+                Node::Slice(_) => slices += 1,
+                Node::Pack(_) => packs += 1,
+                _ => {}
+            }
+        }
+        (self.samples.len(), slices, packs, self.replicas.len())
+    }
+
+    /// Total tokens over all samples.
+    pub fn tokens(&self) -> u64 {
+        self.samples
+            .iter()
+            .map(|&s| u64::from(self.sample(s).len))
+            .sum()
+    }
+
+    /// The underlying graph, read-only (for the verifier and debugging tools).
+    pub fn graph(&self) -> &StableDiGraph<Node, Edge> {
+        &self.graph
+    }
+}

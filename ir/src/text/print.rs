@@ -1,0 +1,175 @@
+//! The printer: [`StepIr`] to canonical text.
+
+use std::fmt::Write;
+
+use super::names::Names;
+use crate::step::{Direction, StepIr};
+
+/// Prints the IR in its canonical text form.
+pub fn print(ir: &StepIr) -> String {
+    let mut out = String::with_capacity(64 * ir.samples().len() + 1024);
+    let names = Names::new(ir);
+    let _ = writeln!(out, "step phase={} {{", ir.phase());
+    header(ir, &mut out);
+    for &stage_id in ir.stages() {
+        let stage = ir.stage(stage_id);
+        let _ = writeln!(
+            out,
+            "  {} = stage layers={}..{}",
+            names.stage(stage_id),
+            stage.first_layer,
+            stage.first_layer + stage.layers
+        );
+    }
+    for &replica in ir.replicas() {
+        let ranks: Vec<String> = ir
+            .replica(replica)
+            .ranks
+            .iter()
+            .map(u32::to_string)
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {} = replica dp=[{}]",
+            names.replica(replica),
+            ranks.join(", ")
+        );
+    }
+    for &sample_id in ir.samples() {
+        let sample = ir.sample(sample_id);
+        let _ = write!(
+            out,
+            "  {} = sample len={} doc={} piece={}",
+            names.sample(sample_id),
+            sample.len,
+            sample.doc,
+            sample.piece
+        );
+        if let Some(replica) = ir.replica_of_sample(sample_id) {
+            let _ = write!(out, " on {}", names.replica(replica));
+        }
+        out.push('\n');
+        for slice_id in ir.slices_of(sample_id) {
+            let slice = ir.slice(slice_id);
+            let _ = writeln!(
+                out,
+                "    {} = slice {}..{}",
+                names.slice(slice_id),
+                slice.start,
+                slice.end()
+            );
+        }
+    }
+    for &replica in ir.replicas() {
+        for direction in [Direction::Forward, Direction::Backward] {
+            for pack_id in ir.packs_on(replica, direction) {
+                let _ = write!(
+                    out,
+                    "  {} = pack {} on {}",
+                    names.pack(pack_id),
+                    direction.keyword(),
+                    names.replica(replica)
+                );
+                if let Some(cap) = ir.pack(pack_id).cap {
+                    let _ = write!(out, " cap={cap}");
+                }
+                let members: Vec<&str> = ir
+                    .pack_slices(pack_id)
+                    .iter()
+                    .map(|&s| names.slice(s))
+                    .collect();
+                let _ = writeln!(out, " [{}]", members.join(", "));
+            }
+        }
+    }
+    for &replica in ir.replicas() {
+        for &stage_id in ir.stages() {
+            let order = ir.schedule(replica, ir.stage(stage_id).index);
+            if order.is_empty() {
+                continue;
+            }
+            let packs: Vec<&str> = order.iter().map(|&p| names.pack(p)).collect();
+            let _ = writeln!(
+                out,
+                "  schedule {} {} [{}]",
+                names.replica(replica),
+                names.stage(stage_id),
+                packs.join(", ")
+            );
+        }
+    }
+    out.push_str("}\n");
+    out
+}
+
+fn header(ir: &StepIr, out: &mut String) {
+    let spec = &ir.spec;
+    let model = &spec.model;
+    let _ = writeln!(
+        out,
+        "  model name={} layers={} hidden={} heads={} kv_heads={} head_dim={} ffn={} vocab={} dtype={} recompute={} tied_embeddings={}",
+        quote(&model.name),
+        model.layers,
+        model.hidden,
+        model.heads,
+        model.kv_heads,
+        model.head_dim,
+        model.ffn,
+        model.vocab,
+        model.dtype.as_str(),
+        model.recompute,
+        model.tied_embeddings
+    );
+    let cluster = &spec.cluster;
+    let gpu = &cluster.gpu;
+    let _ = writeln!(
+        out,
+        "  gpu name={} peak_flops={} hbm_bytes={} hbm_bandwidth={}",
+        quote(&gpu.name),
+        gpu.peak_flops,
+        gpu.hbm_bytes,
+        gpu.hbm_bandwidth
+    );
+    let _ = writeln!(
+        out,
+        "  cluster name={} gpus_per_node={} intra_bandwidth={} intra_latency={} inter_bandwidth={} inter_latency={}",
+        quote(&cluster.name),
+        cluster.gpus_per_node,
+        cluster.intra_node.bandwidth,
+        cluster.intra_node.latency,
+        cluster.inter_node.bandwidth,
+        cluster.inter_node.latency
+    );
+    let parallel = &spec.parallel;
+    let _ = write!(out, "  parallel tp={}", parallel.tp);
+    if let Some(cp) = parallel.cp {
+        let _ = write!(out, " cp={cp}");
+    }
+    let _ = writeln!(out, " pp={} dp={}", parallel.pp, parallel.dp);
+    let batch = &ir.batch;
+    let _ = write!(out, "  batch source={}", quote(&batch.source));
+    if let Some(context) = batch.context {
+        let _ = write!(out, " context={context}");
+    }
+    let _ = writeln!(
+        out,
+        " documents={} documents_cut={}",
+        batch.documents, batch.documents_cut
+    );
+}
+
+/// A string literal with `"`, `\` and newlines escaped (the lexer's escapes).
+fn quote(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            '\n' => quoted.push_str("\\n"),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
+}

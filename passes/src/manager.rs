@@ -1,0 +1,134 @@
+//! The pass manager: runs a pipeline over the IR, checking phases, verifying after each pass,
+//! timing passes, printing and dumping the IR around them.
+//!
+//! Dumps are numbered by position: `00-input.sir`, then for the pass at position `k`,
+//! `kk-<name>.before.sir` and `kk-<name>.after.sir`, so `diff` of a pair shows what one pass did.
+
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::error::{PassError, Result};
+use crate::pass::{describe_phases, Statistics};
+use crate::pipeline::PipelineEntry;
+use slimpack_ir::{text, verify, StepIr};
+
+/// Which IR the manager prints.
+#[derive(Debug, Clone, Default)]
+pub struct PrintOptions {
+    /// Print the IR after every pass.
+    pub after_all: bool,
+    /// Print the IR after passes with these names.
+    pub after: Vec<String>,
+    /// Print the IR before passes with these names.
+    pub before: Vec<String>,
+}
+
+/// Options of a pass-manager run.
+#[derive(Debug, Clone)]
+pub struct ManagerOptions {
+    /// Run the verifier on the input and after every pass (default on).
+    pub verify: bool,
+    pub print: PrintOptions,
+    /// Write numbered before/after dumps into this directory.
+    pub dump_dir: Option<PathBuf>,
+}
+
+impl Default for ManagerOptions {
+    fn default() -> Self {
+        ManagerOptions {
+            verify: true,
+            print: PrintOptions::default(),
+            dump_dir: None,
+        }
+    }
+}
+
+/// What one pass did: its name (with options), wall time and statistics.
+#[derive(Debug, Clone, Serialize)]
+pub struct PassRecord {
+    pub name: &'static str,
+    /// The entry as written in the pipeline (`slice{size=8192}`).
+    pub pipeline_entry: String,
+    pub ms: f64,
+    pub statistics: Statistics,
+}
+
+/// Runs `pipeline` over `ir`. Printed IR goes to `print_sink` (stderr for the CLI).
+pub fn run_pipeline(
+    ir: &mut StepIr,
+    pipeline: &[PipelineEntry],
+    options: &ManagerOptions,
+    print_sink: &mut dyn Write,
+) -> Result<Vec<PassRecord>> {
+    if options.verify {
+        verify::verify(ir).map_err(|source| PassError::Invalid {
+            after: None,
+            source,
+        })?;
+    }
+    if let Some(dir) = &options.dump_dir {
+        std::fs::create_dir_all(dir).map_err(|source| PassError::Dump {
+            path: dir.clone(),
+            source,
+        })?;
+        dump(dir, "00-input.sir", ir)?;
+    }
+    let mut records = Vec::with_capacity(pipeline.len());
+    for (index, entry) in pipeline.iter().enumerate() {
+        let position = index + 1;
+        let mut pass = entry.create()?;
+        let name = pass.name();
+        let accepts = pass.accepts();
+        if !accepts.contains(&ir.phase()) {
+            return Err(PassError::Phase {
+                pass: name,
+                phase: ir.phase(),
+                accepts: describe_phases(&accepts),
+            });
+        }
+        if options.print.before.iter().any(|p| p == name) {
+            emit(print_sink, &format!("IR before {}", entry.render()), ir);
+        }
+        if let Some(dir) = &options.dump_dir {
+            dump(dir, &format!("{position:02}-{name}.before.sir"), ir)?;
+        }
+        let start = Instant::now();
+        let statistics = pass.run(ir)?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        if let Some(phase) = pass.produces() {
+            ir.advance(phase.max(ir.phase()));
+        }
+        if options.verify {
+            verify::verify(ir).map_err(|source| PassError::Invalid {
+                after: Some(name),
+                source,
+            })?;
+        }
+        if options.print.after_all || options.print.after.iter().any(|p| p == name) {
+            emit(print_sink, &format!("IR after {}", entry.render()), ir);
+        }
+        if let Some(dir) = &options.dump_dir {
+            dump(dir, &format!("{position:02}-{name}.after.sir"), ir)?;
+        }
+        records.push(PassRecord {
+            name,
+            pipeline_entry: entry.render(),
+            ms,
+            statistics,
+        });
+    }
+    Ok(records)
+}
+
+fn emit(sink: &mut dyn Write, title: &str, ir: &StepIr) {
+    // Printing is diagnostics; a closed stderr must not fail the compilation.
+    let _ = writeln!(sink, "// ----- {title} -----");
+    let _ = sink.write_all(text::print(ir).as_bytes());
+}
+
+fn dump(dir: &std::path::Path, file: &str, ir: &StepIr) -> Result<()> {
+    let path = dir.join(file);
+    std::fs::write(&path, text::print(ir)).map_err(|source| PassError::Dump { path, source })
+}

@@ -1,0 +1,150 @@
+//! `slimpack compile`: spec + batch in, step IR out, with a report.
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use std::io::Write;
+use std::path::PathBuf;
+
+use slimpack::{compile, CompileOptions};
+use slimpack_ir::text;
+use slimpack_passes::{ManagerOptions, PassRecord, PrintOptions};
+
+use super::input::{BatchArgs, SpecArgs};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Emit {
+    /// The step IR in its canonical text form.
+    Ir,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    Text,
+    Json,
+}
+
+/// Pass-manager flags shared by `compile` and `opt`.
+#[derive(Debug, Args)]
+pub struct PassManagerArgs {
+    /// Print the IR after every pass (to stderr).
+    #[arg(long)]
+    print_ir_after_all: bool,
+    /// Print the IR after the named pass (repeatable).
+    #[arg(long, value_name = "PASS")]
+    print_ir_after: Vec<String>,
+    /// Print the IR before the named pass (repeatable).
+    #[arg(long, value_name = "PASS")]
+    print_ir_before: Vec<String>,
+    /// Write numbered before/after IR dumps of every pass into DIR.
+    #[arg(long, value_name = "DIR")]
+    dump_dir: Option<PathBuf>,
+    /// Print each pass's wall time (to stderr).
+    #[arg(long)]
+    time_passes: bool,
+    /// Do not run the verifier on the input and after each pass.
+    #[arg(long)]
+    no_verify: bool,
+}
+
+impl PassManagerArgs {
+    pub fn options(&self) -> ManagerOptions {
+        ManagerOptions {
+            verify: !self.no_verify,
+            print: PrintOptions {
+                after_all: self.print_ir_after_all,
+                after: self.print_ir_after.clone(),
+                before: self.print_ir_before.clone(),
+            },
+            dump_dir: self.dump_dir.clone(),
+        }
+    }
+
+    /// `--time-passes`: a table on stderr.
+    pub fn report_times(&self, records: &[PassRecord]) {
+        if !self.time_passes {
+            return;
+        }
+        let total: f64 = records.iter().map(|r| r.ms).sum();
+        eprintln!("pass timing (wall):");
+        for record in records {
+            eprintln!("  {:>10.3} ms  {}", record.ms, record.pipeline_entry);
+        }
+        eprintln!("  {total:>10.3} ms  total");
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CompileArgs {
+    #[command(flatten)]
+    spec: SpecArgs,
+    #[command(flatten)]
+    batch: BatchArgs,
+    /// Pass pipeline to run, e.g. 'slice{size=8192}' (see `slimpack passes`).
+    #[arg(long, default_value = "")]
+    passes: String,
+    /// What to emit: ir.
+    #[arg(long, value_enum)]
+    emit: Option<Emit>,
+    /// Write the emitted form here (default: standard output).
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Report format: text (stderr) or json (one object on stdout).
+    #[arg(long, value_enum, default_value = "text")]
+    report: ReportFormat,
+    #[command(flatten)]
+    manager: PassManagerArgs,
+}
+
+pub fn run(args: CompileArgs) -> anyhow::Result<()> {
+    let job = args.spec.job()?;
+    let batch = job.batch(&args.batch)?;
+    let emit = args.emit.or(args.output.as_ref().map(|_| Emit::Ir));
+    if emit.is_some() && args.output.is_none() && args.report == ReportFormat::Json {
+        bail!("--emit to standard output and --report json would mix on stdout; give -o FILE");
+    }
+    let options = CompileOptions {
+        pipeline: args.passes.clone(),
+        manager: args.manager.options(),
+    };
+    let compiled = compile(&job.spec, &batch, &options, &mut std::io::stderr())?;
+    args.manager.report_times(&compiled.passes);
+    if let Some(Emit::Ir) = emit {
+        let printed = text::print(&compiled.ir);
+        match &args.output {
+            Some(path) => std::fs::write(path, printed)
+                .with_context(|| format!("cannot write {}", path.display()))?,
+            None => {
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(printed.as_bytes())?;
+            }
+        }
+    }
+    let report = compiled.report();
+    match args.report {
+        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        ReportFormat::Text => {
+            eprintln!(
+                "compiled {} samples ({} tokens, {} documents, {} cut at context {}) from {}",
+                report.samples,
+                report.tokens,
+                report.documents,
+                report.documents_cut,
+                report.context.map_or("none".to_string(), |c| c.to_string()),
+                report.source
+            );
+            eprintln!(
+                "  {} on {} ({}, {} devices): phase {}, {} slices, {} packs, {} replicas, {:.2} ms",
+                report.model,
+                report.cluster,
+                report.parallel,
+                report.world,
+                report.phase,
+                report.slices,
+                report.packs,
+                report.replicas,
+                report.compile_ms
+            );
+        }
+    }
+    Ok(())
+}

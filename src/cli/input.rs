@@ -1,0 +1,268 @@
+//! Flags shared by commands that read a job: the spec (`--config` or `--model/--cluster/
+//! --parallel`) and the batch (`--batch FILE` or `--synthetic ...`, with `--context`,
+//! `--global-batch`, `--global-batch-tokens`, `--seed`). Flags override a config file's values.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use std::path::{Path, PathBuf};
+
+use slimpack_ir::batch::{
+    Batch, BatchConfig, BatchOptions, Dataset, DatasetFormat, DistributionKind, SyntheticConfig,
+    Tokenizer,
+};
+use slimpack_ir::spec::{ClusterSpec, ConfigFile, ModelSpec, ParallelSpec, Recompute};
+use slimpack_ir::Spec;
+
+/// Model, cluster and layout.
+#[derive(Debug, Args)]
+pub struct SpecArgs {
+    /// A TOML job file with [model], [cluster], [parallel] and optionally [batch] tables.
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
+    /// Model preset: tiny, llama-7b, llama-13b, llama-34b, llama-70b, llama-150b.
+    #[arg(long, value_name = "PRESET")]
+    pub model: Option<String>,
+    /// Cluster preset: h100-sxm, h800, h200, a100-80g, cpu.
+    #[arg(long, value_name = "PRESET")]
+    pub cluster: Option<String>,
+    /// Parallel layout, e.g. tp=8,pp=4,dp=4 (cp=N fixes a static CP degree).
+    #[arg(long, value_name = "tp=..,cp=..,pp=..,dp=..")]
+    pub parallel: Option<String>,
+    /// Activation recomputation: none, selective, full (overrides the model's).
+    #[arg(long, value_name = "MODE")]
+    pub recompute: Option<String>,
+}
+
+/// Where the global batch comes from.
+#[derive(Debug, Args)]
+pub struct BatchArgs {
+    /// Lengths (text, one per line; JSON array; JSONL with a length field) or a JSONL corpus.
+    #[arg(long, value_name = "FILE")]
+    pub batch: Option<PathBuf>,
+    /// Format of --batch: auto, text, json, jsonl, corpus.
+    #[arg(long, value_name = "FORMAT")]
+    pub batch_format: Option<String>,
+    /// JSONL field holding the length (default: length, len, num_tokens, n_tokens).
+    #[arg(long, value_name = "NAME")]
+    pub length_field: Option<String>,
+    /// JSONL field holding the text of a corpus (default: text).
+    #[arg(long, value_name = "NAME")]
+    pub text_field: Option<String>,
+    /// Tokenizer for a text corpus: cl100k_base, o200k_base.
+    #[arg(long, value_name = "NAME")]
+    pub tokenizer: Option<String>,
+    /// Synthetic lengths instead of a file, e.g. lognormal:median=1024,sigma=1.2,count=512
+    /// or pareto:scale=256,shape=1.1,count=512 (optional max=N, seed=N).
+    #[arg(long, value_name = "DIST:K=V,..")]
+    pub synthetic: Option<String>,
+    /// Context length: longer documents are cut into context-length samples (and counted).
+    #[arg(long, value_name = "N")]
+    pub context: Option<u32>,
+    /// Global batch size in samples (drawn in a seeded order).
+    #[arg(long, value_name = "N")]
+    pub global_batch: Option<usize>,
+    /// Global batch size in tokens (drawn in a seeded order).
+    #[arg(long, value_name = "N")]
+    pub global_batch_tokens: Option<u64>,
+    /// Seed of the batch draw (and of synthetic lengths).
+    #[arg(long, value_name = "S")]
+    pub seed: Option<u64>,
+}
+
+/// A job: the spec, and the raw `[batch]` table of its config file with the file's directory.
+pub struct Job {
+    pub spec: Spec,
+    config_batch: Option<(toml::Table, PathBuf, String)>,
+}
+
+impl SpecArgs {
+    /// Reads the config file (if any), applies the flags, validates.
+    pub fn job(&self) -> anyhow::Result<Job> {
+        let (mut spec, config_batch) = match &self.config {
+            Some(path) => {
+                let config = ConfigFile::load(path)?;
+                let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+                let batch = config
+                    .batch
+                    .map(|table| (table, dir, path.display().to_string()));
+                (Some(config.spec), batch)
+            }
+            None => (None, None),
+        };
+        if let Some(model) = &self.model {
+            let model = ModelSpec::preset(model).context("--model")?;
+            match &mut spec {
+                Some(spec) => spec.model = model,
+                None => spec = Some(self.spec_from_flags(model)?),
+            }
+        }
+        let Some(mut spec) = spec else {
+            bail!("give --config FILE.toml, or --model, --cluster and --parallel");
+        };
+        if let Some(cluster) = &self.cluster {
+            spec.cluster = ClusterSpec::preset(cluster).context("--cluster")?;
+        }
+        if let Some(parallel) = &self.parallel {
+            spec.parallel = parallel.parse()?;
+        }
+        if let Some(mode) = &self.recompute {
+            spec.model.recompute = mode
+                .parse::<Recompute>()
+                .map_err(|e| anyhow::anyhow!("--recompute: {e}"))?;
+        }
+        spec.validate()?;
+        Ok(Job { spec, config_batch })
+    }
+
+    fn spec_from_flags(&self, model: ModelSpec) -> anyhow::Result<Spec> {
+        let (Some(cluster), Some(parallel)) = (&self.cluster, &self.parallel) else {
+            bail!("--model needs --cluster and --parallel too (or use --config FILE.toml)");
+        };
+        let parallel: ParallelSpec = parallel.parse()?;
+        Ok(Spec {
+            model,
+            cluster: ClusterSpec::preset(cluster).context("--cluster")?,
+            parallel,
+        })
+    }
+}
+
+impl Job {
+    /// The dataset and batch options: the config's `[batch]` table overridden by the flags.
+    pub fn dataset(&self, args: &BatchArgs) -> anyhow::Result<(Dataset, BatchOptions)> {
+        let (mut config, mut base_dir) = match &self.config_batch {
+            Some((table, dir, name)) => {
+                (BatchConfig::from_table(table.clone(), name)?, dir.clone())
+            }
+            None => (BatchConfig::default(), PathBuf::new()),
+        };
+        if let Some(file) = &args.batch {
+            // A path given as a flag is relative to the working directory, not to the config.
+            config.file = Some(file.clone());
+            config.synthetic = None;
+            base_dir = PathBuf::new();
+        }
+        if let Some(text) = &args.synthetic {
+            config.synthetic = Some(parse_synthetic(text)?);
+            config.file = None;
+        }
+        if let Some(format) = &args.batch_format {
+            config.format = Some(parse_named(
+                format,
+                "--batch-format",
+                &DatasetFormat::ALL.map(|f| f.name()),
+                |f| DatasetFormat::ALL.into_iter().find(|x| x.name() == f),
+            )?);
+        }
+        if let Some(tokenizer) = &args.tokenizer {
+            let short = |t: Tokenizer| t.name().trim_end_matches("_base").to_string();
+            config.tokenizer = Some(parse_named(
+                tokenizer,
+                "--tokenizer",
+                &Tokenizer::ALL.map(|t| t.name()),
+                |name| {
+                    Tokenizer::ALL
+                        .into_iter()
+                        .find(|&t| t.name() == name || short(t) == name)
+                },
+            )?);
+        }
+        if args.length_field.is_some() {
+            config.field = args.length_field.clone();
+        }
+        if args.text_field.is_some() {
+            config.text_field = args.text_field.clone();
+        }
+        if args.context.is_some() {
+            config.context = args.context;
+        }
+        if args.global_batch.is_some() || args.global_batch_tokens.is_some() {
+            config.global_batch = args.global_batch;
+            config.global_batch_tokens = args.global_batch_tokens;
+        }
+        if args.seed.is_some() {
+            config.seed = args.seed;
+        }
+        if config.file.is_none() && config.synthetic.is_none() {
+            bail!("no batch: give --batch FILE or --synthetic DIST:K=V,.. (or a [batch] table in --config)");
+        }
+        Ok(config.resolve(&base_dir)?)
+    }
+
+    /// The global batch of one step.
+    pub fn batch(&self, args: &BatchArgs) -> anyhow::Result<Batch> {
+        let (dataset, options) = self.dataset(args)?;
+        Ok(dataset.global_batch(&options)?)
+    }
+}
+
+fn parse_named<T>(
+    value: &str,
+    flag: &str,
+    valid: &[&str],
+    find: impl Fn(&str) -> Option<T>,
+) -> anyhow::Result<T> {
+    find(value).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{flag}: unknown value '{value}' (valid: {})",
+            valid.join(", ")
+        )
+    })
+}
+
+/// Parses `lognormal:median=1024,sigma=1.2,count=512[,max=N][,seed=N]` or
+/// `pareto:scale=256,shape=1.1,count=512[,...]`.
+fn parse_synthetic(text: &str) -> anyhow::Result<SyntheticConfig> {
+    let usage = "expected lognormal:median=M,sigma=S,count=N or pareto:scale=X,shape=A,count=N (optional max=N,seed=N)";
+    let (dist, rest) = text
+        .split_once(':')
+        .ok_or_else(|| anyhow::anyhow!("--synthetic '{text}': {usage}"))?;
+    let dist = match dist.trim() {
+        "lognormal" => DistributionKind::Lognormal,
+        "pareto" => DistributionKind::Pareto,
+        other => bail!("--synthetic: unknown distribution '{other}' (valid: lognormal, pareto)"),
+    };
+    let mut config = SyntheticConfig {
+        dist,
+        median: None,
+        sigma: None,
+        scale: None,
+        shape: None,
+        count: 0,
+        max: None,
+        seed: None,
+    };
+    for part in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (key, value) = part
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--synthetic: '{part}' is not key=value; {usage}"))?;
+        let number = |what: &str| -> anyhow::Result<f64> {
+            value
+                .trim()
+                .parse::<f64>()
+                .map_err(|_| anyhow::anyhow!("--synthetic: {key}='{value}' is not {what}"))
+        };
+        let integer = |what: &str| -> anyhow::Result<u64> {
+            value
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| anyhow::anyhow!("--synthetic: {key}='{value}' is not {what}"))
+        };
+        match key.trim() {
+            "median" => config.median = Some(number("a number")?),
+            "sigma" => config.sigma = Some(number("a number")?),
+            "scale" => config.scale = Some(number("a number")?),
+            "shape" => config.shape = Some(number("a number")?),
+            "count" => config.count = integer("a document count")? as usize,
+            "max" => {
+                config.max = Some(
+                    u32::try_from(integer("a length")?)
+                        .map_err(|_| anyhow::anyhow!("--synthetic: max={value} is too large"))?,
+                )
+            }
+            "seed" => config.seed = Some(integer("a seed")?),
+            other => bail!("--synthetic: unknown parameter '{other}' (valid: median, sigma, scale, shape, count, max, seed)"),
+        }
+    }
+    Ok(config)
+}

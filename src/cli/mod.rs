@@ -1,0 +1,89 @@
+//! Argument parsing and dispatch.
+
+mod compile;
+mod input;
+mod opt;
+mod passes;
+
+use clap::{Parser, Subcommand};
+
+/// slimpack: compile variable-length LLM training steps into balanced schedules.
+#[derive(Debug, Parser)]
+#[command(name = "slimpack", version, about, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Compile a model + cluster + batch spec into a step IR (and report on it).
+    Compile(compile::CompileArgs),
+    /// Read text IR, run passes over it, print it.
+    Opt(opt::OptArgs),
+    /// List the passes with one-line summaries.
+    Passes(passes::PassesArgs),
+}
+
+/// Runs the command line and returns the process exit status.
+pub fn main() -> i32 {
+    install_panic_hook();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => {
+            // Help and version are not errors; clap's usage errors exit with status 2.
+            let _ = error.print();
+            return error.exit_code();
+        }
+    };
+    let result = match cli.command {
+        Command::Compile(args) => compile::run(args),
+        Command::Opt(args) => opt::run(args),
+        Command::Passes(args) => passes::run(args),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("error: {}", one_line(&error));
+            2
+        }
+    }
+}
+
+/// The error and its causes on one line (`a: b: c`), without repeating a cause that the
+/// message already contains.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line.replace('\n', " ")
+}
+
+/// A panic is a bug in slimpack, not bad input: say so in one line, without a backtrace
+/// unless RUST_BACKTRACE asks for one.
+fn install_panic_hook() {
+    if std::env::var_os("RUST_BACKTRACE").is_some() {
+        return;
+    }
+    std::panic::set_hook(Box::new(|info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        let location = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!("internal error (a bug in slimpack, please report it){location}: {message}");
+    }));
+}

@@ -1,0 +1,55 @@
+//! `slimpack opt`: text IR in, passes, text IR out.
+
+use anyhow::Context;
+use clap::Args;
+use std::io::Read;
+use std::path::PathBuf;
+
+use slimpack_ir::text;
+use slimpack_passes::{parse_pipeline, run_pipeline};
+
+use super::compile::PassManagerArgs;
+
+#[derive(Debug, Args)]
+pub struct OptArgs {
+    /// IR file to read (`-` for standard input).
+    input: PathBuf,
+    /// Pass pipeline, e.g. 'slice{size=8192}'.
+    #[arg(long, default_value = "")]
+    passes: String,
+    /// Write the IR here instead of standard output.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    manager: PassManagerArgs,
+}
+
+pub fn run(args: OptArgs) -> anyhow::Result<()> {
+    let (source, name) = if args.input.as_os_str() == "-" {
+        let mut source = String::new();
+        std::io::stdin()
+            .read_to_string(&mut source)
+            .context("cannot read standard input")?;
+        (source, "<stdin>".to_string())
+    } else {
+        let source = std::fs::read_to_string(&args.input)
+            .with_context(|| format!("cannot read {}", args.input.display()))?;
+        (source, args.input.display().to_string())
+    };
+    let pipeline = parse_pipeline(&args.passes)?;
+    let mut ir = text::parse(&source, &name)?;
+    let records = run_pipeline(
+        &mut ir,
+        &pipeline,
+        &args.manager.options(),
+        &mut std::io::stderr(),
+    )?;
+    args.manager.report_times(&records);
+    let printed = text::print(&ir);
+    match &args.output {
+        Some(path) => std::fs::write(path, printed)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{printed}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! The compile driver: batch + spec in, compiled step IR and a report out.
+
+use serde::Serialize;
+use std::io::Write;
+use std::time::Instant;
+
+use slimpack_ir::batch::Batch;
+use slimpack_ir::{Spec, StepIr};
+use slimpack_passes::{parse_pipeline, run_pipeline, ManagerOptions, PassRecord, Result};
+
+/// How to compile.
+#[derive(Debug, Clone, Default)]
+pub struct CompileOptions {
+    /// The pass pipeline, as a pipeline string (empty: the logical IR).
+    pub pipeline: String,
+    pub manager: ManagerOptions,
+}
+
+/// The result of a compilation.
+#[derive(Debug)]
+pub struct Compiled {
+    pub ir: StepIr,
+    pub passes: Vec<PassRecord>,
+    /// Wall time of building the IR and running the pipeline, milliseconds.
+    pub compile_ms: f64,
+}
+
+/// Compiles one global batch: builds the logical IR and runs the pipeline over it. IR printed
+/// by `--print-ir-*` options goes to `print_sink`.
+pub fn compile(
+    spec: &Spec,
+    batch: &Batch,
+    options: &CompileOptions,
+    print_sink: &mut dyn Write,
+) -> Result<Compiled> {
+    let pipeline = parse_pipeline(&options.pipeline)?;
+    let start = Instant::now();
+    let mut ir = StepIr::from_batch(spec.clone(), batch);
+    let passes = run_pipeline(&mut ir, &pipeline, &options.manager, print_sink)?;
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(Compiled {
+        ir,
+        passes,
+        compile_ms,
+    })
+}
+
+/// The machine-readable summary of a compilation (`compile --report json`).
+#[derive(Debug, Serialize)]
+pub struct CompileReport<'a> {
+    pub model: &'a str,
+    pub cluster: &'a str,
+    pub parallel: String,
+    pub world: u64,
+    pub phase: String,
+    pub source: &'a str,
+    pub context: Option<u32>,
+    pub documents: u64,
+    pub documents_cut: u64,
+    pub samples: usize,
+    pub tokens: u64,
+    pub slices: usize,
+    pub packs: usize,
+    pub replicas: usize,
+    pub passes: &'a [PassRecord],
+    pub compile_ms: f64,
+}
+
+impl Compiled {
+    /// The report of this compilation.
+    pub fn report(&self) -> CompileReport<'_> {
+        let ir = &self.ir;
+        let (samples, slices, packs, replicas) = ir.counts();
+        CompileReport {
+            model: &ir.spec.model.name,
+            cluster: &ir.spec.cluster.name,
+            parallel: ir.spec.parallel.to_string(),
+            world: ir.spec.parallel.world(),
+            phase: ir.phase().to_string(),
+            source: &ir.batch.source,
+            context: ir.batch.context,
+            documents: ir.batch.documents,
+            documents_cut: ir.batch.documents_cut,
+            samples,
+            tokens: ir.tokens(),
+            slices,
+            packs,
+            replicas,
+            passes: &self.passes,
+            compile_ms: self.compile_ms,
+        }
+    }
+}
