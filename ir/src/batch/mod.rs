@@ -1,4 +1,39 @@
-//! The global batch (placeholder while the batch module is being written).
+//! The global batch: where sample lengths come from and how a training step's batch is drawn.
+//!
+//! A [`Dataset`] is one token count per source document, read from a length file (text, JSON
+//! array, JSONL with a length field), a JSONL text corpus tokenized offline with tiktoken, or a
+//! seeded [`Synthetic`] distribution. [`Dataset::global_batches`] turns it into [`Batch`]es of
+//! [`Sample`]s under [`BatchOptions`]: documents longer than the context are cut into
+//! context-length pieces (never dropped), and a sample or token budget draws whole documents
+//! in a seeded order. [`BatchConfig`] is the `[batch]` table of a config file.
+//!
+//! Everything here is deterministic: the same input, options and seed give the same batch on
+//! every run and machine. Bad input is an [`IrError::Batch`] (or [`IrError::Io`]) of one line
+//! that names the file or flag, the line, the bad value and what would be valid.
+
+mod config;
+mod cut;
+mod dataset;
+mod format;
+mod global;
+mod json_array;
+mod jsonl;
+mod length;
+mod length_lines;
+mod options;
+mod permutation;
+mod synthetic;
+mod tokenizer;
+
+pub use config::{BatchConfig, DistributionKind, SyntheticConfig};
+pub use dataset::{Dataset, LoadOptions, DEFAULT_LENGTH_FIELDS, DEFAULT_TEXT_FIELD};
+pub use format::DatasetFormat;
+pub use global::Batch;
+pub use options::BatchOptions;
+pub use synthetic::{Distribution, Synthetic};
+pub use tokenizer::Tokenizer;
+
+use crate::error::IrError;
 
 /// One training sample: a document, or one context-length piece of a longer document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -9,4 +44,12 @@ pub struct Sample {
     pub doc: u64,
     /// Which context-length piece of the document this is (0 when not cut).
     pub piece: u32,
+}
+
+/// Builds the batch error for `source_name` (a file, a flag or a config table).
+fn batch_error(source_name: impl Into<String>, message: impl Into<String>) -> IrError {
+    IrError::Batch {
+        source_name: source_name.into(),
+        message: message.into(),
+    }
 }

@@ -1,0 +1,143 @@
+//! The options that turn a dataset into global batches, and their checks.
+//!
+//! They mirror the command-line flags `--context`, `--global-batch`, `--global-batch-tokens`
+//! and `--seed`; errors name the flag.
+
+use serde::{Deserialize, Serialize};
+
+use super::batch_error;
+use crate::error::Result;
+
+/// How global batches are drawn from a dataset (see [`super::Dataset::global_batches`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BatchOptions {
+    /// Maximum sample length (`--context`): longer documents are cut into pieces of this length.
+    pub context: Option<u32>,
+    /// Budget in samples, counted after cutting (`--global-batch`).
+    pub global_batch: Option<usize>,
+    /// Budget in tokens (`--global-batch-tokens`).
+    pub global_batch_tokens: Option<u64>,
+    /// Seed of the document order (`--seed`).
+    pub seed: u64,
+}
+
+/// What a global batch is filled up to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Budget {
+    /// The whole dataset in file order.
+    Everything,
+    /// At least this many samples.
+    Samples(u64),
+    /// At least this many tokens.
+    Tokens(u64),
+}
+
+impl Budget {
+    /// Whether a batch of `samples` samples and `tokens` tokens has met the budget.
+    pub(super) fn is_met(self, samples: u64, tokens: u64) -> bool {
+        match self {
+            Budget::Everything => false,
+            Budget::Samples(budget) => samples >= budget,
+            Budget::Tokens(budget) => tokens >= budget,
+        }
+    }
+}
+
+impl BatchOptions {
+    /// Checks that each given value is positive and at most one budget is given.
+    pub fn validate(&self) -> Result<()> {
+        let zero = |flag: &str, what: &str| {
+            Err(batch_error(
+                flag,
+                format!("must be a positive number of {what}, got 0"),
+            ))
+        };
+        if self.context == Some(0) {
+            return zero("--context", "tokens per sample");
+        }
+        if self.global_batch == Some(0) {
+            return zero("--global-batch", "samples");
+        }
+        if self.global_batch_tokens == Some(0) {
+            return zero("--global-batch-tokens", "tokens");
+        }
+        if let (Some(samples), Some(tokens)) = (self.global_batch, self.global_batch_tokens) {
+            return Err(batch_error(
+                "--global-batch",
+                format!(
+                    "give a budget in samples or in tokens, not both (got --global-batch {samples} and --global-batch-tokens {tokens})"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The budget the options set (checked by [`BatchOptions::validate`] first).
+    pub(super) fn budget(&self) -> Budget {
+        match (self.global_batch, self.global_batch_tokens) {
+            (Some(samples), _) => Budget::Samples(samples as u64),
+            (None, Some(tokens)) => Budget::Tokens(tokens),
+            (None, None) => Budget::Everything,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(options: BatchOptions) -> String {
+        options.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn zeros_name_the_flag() {
+        let context = message(BatchOptions {
+            context: Some(0),
+            ..BatchOptions::default()
+        });
+        assert_eq!(
+            context,
+            "--context: must be a positive number of tokens per sample, got 0"
+        );
+        let samples = message(BatchOptions {
+            global_batch: Some(0),
+            ..BatchOptions::default()
+        });
+        assert_eq!(
+            samples,
+            "--global-batch: must be a positive number of samples, got 0"
+        );
+        let tokens = message(BatchOptions {
+            global_batch_tokens: Some(0),
+            ..BatchOptions::default()
+        });
+        assert_eq!(
+            tokens,
+            "--global-batch-tokens: must be a positive number of tokens, got 0"
+        );
+    }
+
+    #[test]
+    fn one_budget_at_most() {
+        let both = message(BatchOptions {
+            global_batch: Some(4),
+            global_batch_tokens: Some(100),
+            ..BatchOptions::default()
+        });
+        assert!(
+            both.starts_with("--global-batch: give a budget in samples or in tokens, not both"),
+            "{both}"
+        );
+        assert!(BatchOptions::default().validate().is_ok());
+    }
+
+    #[test]
+    fn budgets_are_met_when_reached() {
+        assert!(Budget::Tokens(10).is_met(1, 10));
+        assert!(Budget::Tokens(10).is_met(1, 11));
+        assert!(!Budget::Tokens(10).is_met(5, 9));
+        assert!(Budget::Samples(3).is_met(3, 0));
+        assert!(!Budget::Everything.is_met(u64::MAX, u64::MAX));
+    }
+}
