@@ -1,1 +1,399 @@
-//! placeholder: the cost and memory model is being written.
+//! The machine model: what a slice, a pack, a transfer, a gradient sync and an optimizer step
+//! cost in FLOPs, seconds and bytes — pure functions over the [`Spec`], used by the passes to
+//! balance packs and by the simulator to time its tasks.
+//!
+//! [`CostModel::new`] precomputes every per-spec constant once; the per-call functions then do a
+//! few multiplications per slice, so they can run millions of times per compile.
+//!
+//! How a pack's time is composed ([`CostModel::pack_time`]), on one device of a stage:
+//! - GEMMs: executed FLOPs ([`flops`]) of the stage's layers (+ the output projection on the last
+//!   stage) over `tp` devices, at the achieved GEMM rate for the pack's token count
+//!   ([`efficiency`]); recomputed forward GEMMs run at the forward rate.
+//! - Attention: per slice, its FLOPs at the attention rate for its query length; all of a pack's
+//!   slices share one varlen call per layer.
+//! - Element-wise kernels: HBM bytes ([`traffic`]) over achieved bandwidth.
+//! - Kernel overheads: a fixed cost per kernel ([`KERNELS_PER_LAYER_FORWARD`] and friends).
+//! - TP collectives (sequence parallelism): reported apart, exposed (serial with compute).
+//! - CP exchange: reported apart; it can hide behind the attention kernels.
+//!
+//! Under context parallelism (`cp` DP-merged replicas, times the layout's static CP degree) the
+//! pack's tokens and attention work split evenly over the CP group (a load-balanced causal
+//! split, as Megatron's CP does), and the ring K/V exchange runs over the group's link
+//! ([`comm`]). Memory lives in [`MemoryModel`]. Every constant names its source in the file that
+//! defines it; [`CostModel::constants`] gathers them for reports.
+
+mod calibration;
+mod comm;
+mod efficiency;
+mod flops;
+mod memory;
+mod optimizer;
+mod traffic;
+
+#[cfg(test)]
+mod tests;
+
+pub use calibration::{Calibration, CalibrationPoint, CalibrationTable};
+pub use comm::{
+    all_gather_time, all_reduce_time, p2p_time, reduce_scatter_time, CommModel, DpSyncTime,
+    Topology, CP_BACKWARD_RING_PASSES, LOSS_ALL_REDUCES, TP_COLLECTIVES_PER_LAYER,
+};
+pub use efficiency::{DeviceKind, DeviceProfile, OpKind, SaturatingCurve, Throughput};
+pub use flops::{
+    causal_pairs, gemm_params_per_layer, recomputed_forward, DirectionFactors, FlopModel, Flops,
+    BACKWARD_ATTENTION_FACTOR, BACKWARD_LINEAR_FACTOR, MODEL_FLOPS_PER_FORWARD_FLOP,
+};
+pub use memory::{
+    MemoryModel, ADAM_STATE_BYTES, CPU_WORKSPACE_BYTES, GPU_WORKSPACE_BYTES, KV_GRAD_BYTES,
+    LOSS_SOFTMAX_BYTES, LSE_BYTES, MAIN_GRAD_BYTES, MASTER_WEIGHT_BYTES,
+};
+pub use optimizer::{optimizer_bytes, ADAM_BYTES_PER_SHARD_PARAM, ZERO_GRAD_BYTES_PER_PARAM};
+pub use traffic::{Traffic, BACKWARD_ELEMENTWISE_FACTOR};
+
+use serde::Serialize;
+
+use crate::error::{IrError, Result};
+use crate::spec::{Dtype, LinkSpec, Recompute, Spec};
+use crate::step::Direction;
+
+/// Compute kernels of one layer's forward in a Megatron-Core + Transformer Engine layer: two
+/// RMSNorms, the QKV GEMM, RoPE, attention, the output-projection GEMM, a residual add, the
+/// gate/up GEMM, SwiGLU, the down GEMM, a residual add (collectives are costed in [`comm`]).
+pub const KERNELS_PER_LAYER_FORWARD: f64 = 11.0;
+
+/// Compute kernels of one layer's backward: two GEMMs per forward GEMM (8), two norm backwards
+/// and their weight-gradient reductions (4), RoPE, attention backward with its pre- and
+/// post-processing kernels (3), SwiGLU, two gradient accumulations for the residuals (2).
+pub const KERNELS_PER_LAYER_BACKWARD: f64 = 19.0;
+
+/// Kernels outside the layers: embedding lookup (first stage); final norm, output GEMM and the
+/// cross-entropy's kernels (last stage), in each direction.
+pub const EMBEDDING_KERNELS: f64 = 1.0;
+/// See [`EMBEDDING_KERNELS`].
+pub const HEAD_KERNELS: f64 = 8.0;
+
+/// The time of one pack on one device of a stage, by stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PackTime {
+    /// Compute stream: GEMMs, attention, element-wise kernels and kernel overheads, recomputation
+    /// included.
+    pub compute_s: f64,
+    /// The attention kernels' share of `compute_s` (the window a CP exchange can hide in).
+    pub attention_s: f64,
+    /// Sequence-parallel TP collectives; mostly not overlapped, so serial with compute.
+    pub tp_comm_s: f64,
+    /// CP ring K/V exchange of a merged group (0 without CP); overlappable with attention.
+    pub cp_comm_s: f64,
+}
+
+impl PackTime {
+    /// Compute plus TP collectives plus whatever CP exchange the attention kernels cannot hide.
+    pub fn critical_path_s(&self) -> f64 {
+        self.compute_s + self.tp_comm_s + (self.cp_comm_s - self.attention_s).max(0.0)
+    }
+}
+
+/// Cost model of one spec: FLOPs, times and memory.
+#[derive(Debug, Clone)]
+pub struct CostModel {
+    spec: Spec,
+    flops: FlopModel,
+    throughput: Throughput,
+    traffic: Traffic,
+    comm: CommModel,
+    memory: MemoryModel,
+    layers_per_stage: u32,
+    tp: f64,
+}
+
+impl CostModel {
+    /// The analytic model of `spec`.
+    pub fn new(spec: &Spec) -> CostModel {
+        let throughput = Throughput::analytic(&spec.cluster, spec.model.dtype);
+        CostModel {
+            spec: spec.clone(),
+            flops: FlopModel::new(&spec.model),
+            throughput,
+            traffic: Traffic::new(&spec.model, spec.parallel.tp),
+            comm: CommModel::new(spec),
+            memory: MemoryModel::new(spec),
+            layers_per_stage: spec.layers_per_stage(),
+            tp: f64::from(spec.parallel.tp),
+        }
+    }
+
+    /// The model of `spec` with measured tables replacing the analytic curves they cover; the
+    /// calibration must have been measured on the cluster's device.
+    pub fn with_calibration(spec: &Spec, calibration: Calibration) -> Result<CostModel> {
+        if calibration.device != spec.cluster.gpu.name {
+            return Err(IrError::spec(
+                "calibration",
+                format!(
+                    "measured on '{}' but cluster '{}' has '{}'",
+                    calibration.device, spec.cluster.name, spec.cluster.gpu.name
+                ),
+            ));
+        }
+        let mut model = CostModel::new(spec);
+        model.throughput = model.throughput.calibrated(&calibration);
+        Ok(model)
+    }
+
+    /// The spec this model describes.
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    /// FLOP coefficients.
+    pub fn flop_model(&self) -> &FlopModel {
+        &self.flops
+    }
+
+    /// Achieved-rate curves.
+    pub fn throughput(&self) -> &Throughput {
+        &self.throughput
+    }
+
+    /// Communication volumes and links.
+    pub fn comm(&self) -> &CommModel {
+        &self.comm
+    }
+
+    /// Memory model.
+    pub fn memory(&self) -> &MemoryModel {
+        &self.memory
+    }
+
+    /// Executed FLOPs of a slice in *one transformer layer* (whole layer, all TP ranks
+    /// together), recomputation included. Multiply by a stage's layers, or use
+    /// [`CostModel::stage_flops`].
+    pub fn slice_flops(&self, len: u64, prefix: u64, direction: Direction) -> Flops {
+        self.flops.layer(len, prefix, direction)
+    }
+
+    /// Executed FLOPs of a slice on `stage` (all its layers, plus the output projection on the
+    /// last stage), all TP ranks together.
+    pub fn stage_flops(&self, stage: u32, len: u64, prefix: u64, direction: Direction) -> Flops {
+        let mut flops = self.flops.layer(len, prefix, direction) * f64::from(self.layers_per_stage);
+        if self.is_last(stage) {
+            flops.linear += self.flops.head(len, direction);
+        }
+        flops
+    }
+
+    /// Model FLOPs of a slice through the whole model, forward and backward, no recomputation:
+    /// the MFU numerator (see [`MODEL_FLOPS_PER_FORWARD_FLOP`]).
+    pub fn model_flops(&self, len: u64, prefix: u64) -> f64 {
+        self.flops.model_flops(self.spec.model.layers, len, prefix)
+    }
+
+    /// Time of a pack of `(len, prefix)` slices on `stage` in `direction`, run by `cp` merged
+    /// DP replicas (1: one replica). The merged replicas are taken to be the aligned block of
+    /// `cp` neighbouring replicas (the usual placement); [`CostModel::pack_time_on`] names them.
+    pub fn pack_time(&self, stage: u32, slices: &[(u64, u64)], direction: Direction, cp: u32) -> PackTime {
+        let members = 0..cp.max(1);
+        let link = self.comm.topology().replicas_link(stage, members);
+        self.pack_time_with(stage, slices, direction, cp.max(1), &link)
+    }
+
+    /// Time of a pack run by the DP replicas `dp_members` of `stage` merged into one CP group
+    /// (one member: no merge).
+    pub fn pack_time_on(&self, stage: u32, slices: &[(u64, u64)], direction: Direction, dp_members: &[u32]) -> PackTime {
+        let link = self.comm.topology().replicas_link(stage, dp_members.iter().copied());
+        let merged = u32::try_from(dp_members.len().max(1)).expect("fewer than 2^32 replicas");
+        self.pack_time_with(stage, slices, direction, merged, &link)
+    }
+
+    /// Pipeline send of a pack's activations (forward) or their gradients (backward) between
+    /// two ranks; `tokens` is what the sending TP group holds (the pack's tokens, divided by the
+    /// CP degree under CP).
+    pub fn send_time(&self, tokens: u64, from_rank: u64, to_rank: u64) -> f64 {
+        self.comm.send_time(tokens as f64, from_rank, to_rank)
+    }
+
+    /// DP gradient sync of `stage` over the replicas `dp_members` (normally all `dp`): gradient
+    /// reduce-scatter plus parameter all-gather; see [`CostModel::dp_sync`] for the halves.
+    pub fn dp_sync_time(&self, stage: u32, dp_members: &[u32]) -> f64 {
+        self.dp_sync(stage, dp_members).total_s()
+    }
+
+    /// The two halves of the DP gradient sync of `stage` over `dp_members`.
+    pub fn dp_sync(&self, stage: u32, dp_members: &[u32]) -> DpSyncTime {
+        let group = dp_members.len() as u32 * self.spec.parallel.cp_degree();
+        let link = self.comm.topology().replicas_link(stage, dp_members.iter().copied());
+        let params = self.memory.stage_params(stage) as f64;
+        let dtype = self.spec.model.dtype.bytes() as f64;
+        self.comm.dp_sync(params, dtype, group, &link)
+    }
+
+    /// Optimizer step of one device of `stage`: Adam over its distributed-optimizer shard and
+    /// zeroing its gradient buffer, at achieved HBM bandwidth.
+    pub fn optimizer_time(&self, stage: u32) -> f64 {
+        let parallel = &self.spec.parallel;
+        let shards = u64::from(parallel.dp) * u64::from(parallel.cp_degree());
+        let local = self.memory.stage_params(stage);
+        let copy = match self.spec.model.dtype {
+            Dtype::Fp32 => 0,
+            dtype => dtype.bytes(),
+        };
+        let bytes = optimizer_bytes(local.div_ceil(shards), local, copy) as f64;
+        self.throughput.time(OpKind::Elementwise, bytes, local as f64)
+    }
+
+    /// The constants in use, for reports.
+    pub fn constants(&self) -> CostConstants {
+        let curve = |op| self.throughput.curve(op).expect("compute kinds have curves");
+        let profile = self.throughput.profile();
+        CostConstants {
+            device_kind: profile.kind,
+            peak_flops: self.spec.cluster.gpu.peak_flops,
+            hbm_bandwidth: self.spec.cluster.gpu.hbm_bandwidth,
+            gemm_forward: curve(OpKind::GemmForward),
+            gemm_backward: curve(OpKind::GemmBackward),
+            attention_forward: curve(OpKind::AttentionForward),
+            attention_backward: curve(OpKind::AttentionBackward),
+            hbm_efficiency: profile.hbm_efficiency,
+            kernel_overhead_s: profile.kernel_overhead_s,
+            kernels_per_layer_forward: KERNELS_PER_LAYER_FORWARD,
+            kernels_per_layer_backward: KERNELS_PER_LAYER_BACKWARD,
+            backward_linear_factor: BACKWARD_LINEAR_FACTOR,
+            backward_attention_factor: BACKWARD_ATTENTION_FACTOR,
+            linear_flops_per_token_layer: self.flops.linear_per_token(),
+            attention_flops_per_pair_layer: self.flops.attention_per_pair(),
+            head_flops_per_token: self.flops.head_per_token(),
+            elementwise_bytes_per_token_layer: self.traffic.layer(Direction::Forward),
+            activation_bytes_per_token_layer: self.memory.activation_bytes_per_token_layer(),
+            workspace_bytes: self.memory.workspace_bytes(),
+            calibrated: OpKind::ALL
+                .into_iter()
+                .filter(|&op| self.throughput.is_calibrated(op))
+                .collect(),
+        }
+    }
+
+    fn pack_time_with(&self, stage: u32, slices: &[(u64, u64)], direction: Direction, merged: u32, cp_link: &LinkSpec) -> PackTime {
+        let cp = merged * self.spec.parallel.cp_degree();
+        let split = f64::from(cp);
+        let (mut tokens, mut keys) = (0u64, 0u64);
+        let mut attention_s = 0.0;
+        for &(len, prefix) in slices {
+            tokens += len;
+            keys += prefix + len;
+            let work = self.flops.attention_per_pair() * causal_pairs(len, prefix) as f64;
+            attention_s += self.attention_time(work / (self.tp * split), len as f64 / split, direction);
+        }
+        let layers = f64::from(self.layers_per_stage);
+        let tokens = tokens as f64 / split;
+        let (first, last) = (stage == 0, self.is_last(stage));
+        let compute_s = layers * attention_s + self.linear_time(tokens, last, direction)
+            + self.elementwise_time(tokens, first, last, direction)
+            + self.kernel_overhead(first, last, direction);
+        let tp_comm_s = layers * self.comm.tp_layer_time(tokens, direction)
+            + self.comm.tp_edges_time(tokens, first, last, direction);
+        let cp_comm_s = layers * self.comm.cp_layer_time(keys as f64 / split, cp, cp_link, direction);
+        PackTime {
+            compute_s,
+            attention_s: layers * attention_s,
+            tp_comm_s,
+            cp_comm_s,
+        }
+    }
+
+    /// Seconds of one layer's attention on one device: `work` forward FLOPs over queries of
+    /// `query_len` tokens; the backward adds its recomputed forward at the forward rate.
+    fn attention_time(&self, work: f64, query_len: f64, direction: Direction) -> f64 {
+        let forward = self.throughput.time(OpKind::AttentionForward, work, query_len);
+        match direction {
+            Direction::Forward => forward,
+            Direction::Backward => {
+                let (_, replayed) = recomputed_forward(self.spec.model.recompute);
+                let backward = BACKWARD_ATTENTION_FACTOR * work;
+                self.throughput.time(OpKind::AttentionBackward, backward, query_len) + replayed * forward
+            }
+        }
+    }
+
+    /// GEMM seconds of the stage's layers (and output projection) for `tokens` tokens.
+    fn linear_time(&self, tokens: f64, last: bool, direction: Direction) -> f64 {
+        let layers = f64::from(self.layers_per_stage);
+        let mut forward = self.flops.linear_per_token() * layers * tokens / self.tp;
+        if last {
+            forward += self.flops.head_per_token() * tokens / self.tp;
+        }
+        let forward_s = self.throughput.time(OpKind::GemmForward, forward, tokens);
+        match direction {
+            Direction::Forward => forward_s,
+            Direction::Backward => {
+                let backward = BACKWARD_LINEAR_FACTOR * forward;
+                let replay = match self.spec.model.recompute {
+                    Recompute::Full => {
+                        let layer_work = self.flops.linear_per_token() * layers * tokens / self.tp;
+                        self.throughput.time(OpKind::GemmForward, layer_work, tokens)
+                    }
+                    Recompute::None | Recompute::Selective => 0.0,
+                };
+                self.throughput.time(OpKind::GemmBackward, backward, tokens) + replay
+            }
+        }
+    }
+
+    fn elementwise_time(&self, tokens: f64, first: bool, last: bool, direction: Direction) -> f64 {
+        let mut per_token = self.traffic.layer(direction) * f64::from(self.layers_per_stage);
+        if first {
+            per_token += self.traffic.embedding(direction);
+        }
+        if last {
+            per_token += self.traffic.head(direction);
+        }
+        self.throughput.time(OpKind::Elementwise, per_token * tokens, tokens)
+    }
+
+    fn kernel_overhead(&self, first: bool, last: bool, direction: Direction) -> f64 {
+        let per_layer = match (direction, self.spec.model.recompute) {
+            (Direction::Forward, _) => KERNELS_PER_LAYER_FORWARD,
+            (Direction::Backward, Recompute::None) => KERNELS_PER_LAYER_BACKWARD,
+            (Direction::Backward, Recompute::Selective) => KERNELS_PER_LAYER_BACKWARD + 1.0,
+            (Direction::Backward, Recompute::Full) => {
+                KERNELS_PER_LAYER_BACKWARD + KERNELS_PER_LAYER_FORWARD
+            }
+        };
+        let mut kernels = per_layer * f64::from(self.layers_per_stage);
+        if first {
+            kernels += EMBEDDING_KERNELS;
+        }
+        if last {
+            kernels += HEAD_KERNELS;
+        }
+        kernels * self.throughput.profile().kernel_overhead_s
+    }
+
+    fn is_last(&self, stage: u32) -> bool {
+        stage + 1 == self.spec.parallel.pp
+    }
+}
+
+/// The constants a cost model uses, for reports (`--report json` can print this as is).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CostConstants {
+    pub device_kind: DeviceKind,
+    pub peak_flops: f64,
+    pub hbm_bandwidth: f64,
+    pub gemm_forward: SaturatingCurve,
+    pub gemm_backward: SaturatingCurve,
+    pub attention_forward: SaturatingCurve,
+    pub attention_backward: SaturatingCurve,
+    pub hbm_efficiency: f64,
+    pub kernel_overhead_s: f64,
+    pub kernels_per_layer_forward: f64,
+    pub kernels_per_layer_backward: f64,
+    pub backward_linear_factor: f64,
+    pub backward_attention_factor: f64,
+    pub linear_flops_per_token_layer: f64,
+    pub attention_flops_per_pair_layer: f64,
+    pub head_flops_per_token: f64,
+    pub elementwise_bytes_per_token_layer: f64,
+    pub activation_bytes_per_token_layer: f64,
+    pub workspace_bytes: u64,
+    /// Op kinds whose analytic curve a calibration table replaced.
+    pub calibrated: Vec<OpKind>,
+}

@@ -459,6 +459,12 @@ impl StepIr {
             .sum()
     }
 
+    /// The underlying graph, mutable: only tests that break invariants on purpose use it.
+    #[cfg(test)]
+    pub(crate) fn graph_mut(&mut self) -> &mut StableDiGraph<Node, Edge> {
+        &mut self.graph
+    }
+
     /// The underlying graph, read-only (for the verifier and debugging tools).
     pub fn graph(&self) -> &StableDiGraph<Node, Edge> {
         &self.graph

@@ -204,7 +204,11 @@ impl Parser<'_> {
             if entries.iter().any(|(k, _, _)| *k == key) {
                 return Err(self.error_at(key_at, format!("duplicate attribute '{key}'")));
             }
-            self.expect(Token::Equals, &format!("'=' after '{key}'"))?;
+            // `on %r0` places a node; every other attribute is `key=value`.
+            let placement = key == "on" && matches!(self.peek(), Token::Name(_));
+            if !placement {
+                self.expect(Token::Equals, &format!("'=' after '{key}'"))?;
+            }
             let (value, _) = self.value()?;
             entries.push((key, value, key_at));
         }
@@ -490,90 +494,91 @@ impl Parser<'_> {
         }
         self.expect(Token::Equals, &format!("'=' after '%{name}'"))?;
         let (kind, kind_at) = self.expect_word("stage, replica, sample, slice or pack")?;
-        let named =
-            match kind.as_str() {
-                "stage" => {
-                    if body.ir.is_some() {
-                        return Err(self.error_at(
-                            kind_at,
-                            "stages must be defined before replicas, samples and packs",
-                        ));
-                    }
-                    let mut a = self.attributes("stage", kind_at)?;
-                    let (first, end) = self.range(self.take(&mut a, "layers")?)?;
-                    self.finish(a, &["layers"])?;
-                    let index = body.stages.len() as u32;
-                    body.stages.push(Stage {
-                        index,
-                        first_layer: first,
-                        layers: end.saturating_sub(first),
-                    });
-                    Named::Stage(index)
+        let named = match kind.as_str() {
+            "stage" => {
+                if body.ir.is_some() {
+                    return Err(self.error_at(
+                        kind_at,
+                        "stages must be defined before replicas, samples and packs",
+                    ));
                 }
-                "replica" => {
-                    let mut a = self.attributes("replica", kind_at)?;
-                    let (value, at) = self.take(&mut a, "dp")?;
-                    let Value::List(items) = value else {
-                        return Err(self.error_at(at, "expected a list of DP ranks [i, j, ...]"));
-                    };
-                    let ranks = items
-                        .into_iter()
-                        .map(|item| self.number(item, "DP rank"))
-                        .collect::<Result<Vec<u32>>>()?;
-                    self.finish(a, &["dp"])?;
-                    Named::Replica(body.ir_mut().add_replica(ranks))
+                let mut a = self.attributes("stage", kind_at)?;
+                let (first, end) = self.range(self.take(&mut a, "layers")?)?;
+                self.finish(a, &["layers"])?;
+                let index = body.stages.len() as u32;
+                body.stages.push(Stage {
+                    index,
+                    first_layer: first,
+                    layers: end.saturating_sub(first),
+                });
+                Named::Stage(index)
+            }
+            "replica" => {
+                let mut a = self.attributes("replica", kind_at)?;
+                let (value, at) = self.take(&mut a, "dp")?;
+                let Value::List(items) = value else {
+                    return Err(self.error_at(at, "expected a list of DP ranks [i, j, ...]"));
+                };
+                let ranks = items
+                    .into_iter()
+                    .map(|item| self.number(item, "DP rank"))
+                    .collect::<Result<Vec<u32>>>()?;
+                self.finish(a, &["dp"])?;
+                Named::Replica(body.ir_mut().add_replica(ranks))
+            }
+            "sample" => {
+                let mut a = self.attributes("sample", kind_at)?;
+                let sample = Sample {
+                    len: self.number(self.take(&mut a, "len")?, "sample length")?,
+                    doc: self.number(self.take(&mut a, "doc")?, "document index")?,
+                    piece: self.number(self.take(&mut a, "piece")?, "piece index")?,
+                };
+                let replica = match self.take_optional(&mut a, "on")? {
+                    Some(value) => Some(self.replica_ref(body, value)?),
+                    None => None,
+                };
+                self.finish(a, &["len", "doc", "piece", "on"])?;
+                let ir = body.ir_mut();
+                let id = ir.add_bare_sample(sample);
+                if let Some(replica) = replica {
+                    ir.place_sample(id, replica);
                 }
-                "sample" => {
-                    let mut a = self.attributes("sample", kind_at)?;
-                    let sample = Sample {
-                        len: self.number(self.take(&mut a, "len")?, "sample length")?,
-                        doc: self.number(self.take(&mut a, "doc")?, "document index")?,
-                        piece: self.number(self.take(&mut a, "piece")?, "piece index")?,
-                    };
-                    let replica = match self.take_optional(&mut a, "on")? {
-                        Some(value) => Some(self.replica_ref(body, value)?),
-                        None => None,
-                    };
-                    self.finish(a, &["len", "doc", "piece", "on"])?;
-                    let ir = body.ir_mut();
-                    let id = ir.add_bare_sample(sample);
-                    if let Some(replica) = replica {
-                        ir.place_sample(id, replica);
-                    }
-                    body.last_sample = Some(id);
-                    Named::Sample
+                body.last_sample = Some(id);
+                Named::Sample
+            }
+            "slice" => {
+                let at = self.here();
+                let (value, range_at) = self.value()?;
+                let (start, end) = self.range((value, range_at))?;
+                if end <= start {
+                    return Err(self.error_at(
+                        range_at,
+                        format!("empty slice {start}..{end} (the end must be after the start)"),
+                    ));
                 }
-                "slice" => {
-                    let at = self.here();
-                    let (value, range_at) = self.value()?;
-                    let (start, end) = self.range((value, range_at))?;
-                    if end <= start {
-                        return Err(self.error_at(
-                            range_at,
-                            format!("empty slice {start}..{end} (the end must be after the start)"),
-                        ));
-                    }
-                    self.end_of_statement()?;
-                    let sample = body.last_sample.ok_or_else(|| {
-                        self.error_at(at, "a slice must follow the sample it belongs to")
-                    })?;
-                    let id = body.ir_mut().add_slice(
-                        sample,
-                        Slice {
-                            start,
-                            len: end - start,
-                        },
-                    );
-                    Named::Slice(id)
-                }
-                "pack" => self.pack(body)?,
-                other => return Err(self.error_at(
+                self.end_of_statement()?;
+                let sample = body.last_sample.ok_or_else(|| {
+                    self.error_at(at, "a slice must follow the sample it belongs to")
+                })?;
+                let id = body.ir_mut().add_slice(
+                    sample,
+                    Slice {
+                        start,
+                        len: end - start,
+                    },
+                );
+                Named::Slice(id)
+            }
+            "pack" => self.pack(body)?,
+            other => {
+                return Err(self.error_at(
                     kind_at,
                     format!(
                         "unknown definition '{other}' (valid: stage, replica, sample, slice, pack)"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         body.names.insert(name, named);
         Ok(())
     }

@@ -1,0 +1,312 @@
+//! Memory: bytes per device of model states, saved activations, per-sample K/V and K/V-gradient
+//! retention, per-pack temporaries and a fixed workspace — the pieces the simulator stacks into
+//! a memory timeline.
+//!
+//! Contract: every function returns bytes on *one device* of a stage's TP group. Token counts
+//! are the tokens that device's TP group holds: under context parallelism (a DP-Merge group of
+//! k replicas, or a static CP degree) pass `tokens / cp`. Activation, K/V and K/V-gradient bytes
+//! are additive over slices (each rounds up to whole bytes on its own).
+//!
+//! - Model states, mixed precision with Megatron's distributed optimizer (Megatron-LM
+//!   `docs/source/api-guide/dist_optimizer.md`, "6 + 12/d bytes per parameter" for bf16
+//!   parameters with fp32 gradients; ZeRO stage 1, Rajbhandari et al. 2020): bf16 weights (2 B)
+//!   and fp32 main gradients (4 B) on every device; fp32 master weights and Adam's m and v
+//!   (12 B) sharded over the stage's data-parallel group (`dp × static cp` devices, which hold
+//!   the same weights). fp32 models keep no master copy (8 B of Adam state sharded). Matrices
+//!   are split over TP; RMSNorm weights are replicated (sequence parallelism).
+//! - Activations saved from a slice's forward to its backward, per token per layer. Korthikanti
+//!   et al. 2022 give `sbh(34 + 5as/h)` bytes per layer for GPT (4h MLP, dropout) without
+//!   FlashAttention, `÷ tp` with TP + SP; FlashAttention removes the `5as/h` term (no score
+//!   matrix is stored). Re-deriving the `34` for this Llama shape, tensor by tensor
+//!   (`b` = dtype bytes, all `÷ tp`): both RMSNorm inputs and outputs `4h·b`; Q after RoPE
+//!   `q·b`; the attention output `q·b` and its fp32 log-sum-exp `4·heads`; SwiGLU's gate and up
+//!   outputs and its product `3·ffn·b`. K and V are *not* here: slimpack keeps them per sample in
+//!   the K/V store ([`MemoryModel::kv_bytes`]) because later slices attend to them. For
+//!   llama-7b that is 115,328 B (+16,384 B of K/V) against Korthikanti's `34h` = 139,264 B.
+//!   Selective recomputation drops the attention output and log-sum-exp (recomputed from Q, K, V
+//!   in the backward); full recomputation keeps only the layer input, `h·b`. The last stage also
+//!   keeps the final norm's input and output (`2h·b`) and the fp32 softmax of the loss
+//!   (`4·vocab`, all `÷ tp`).
+//! - K/V retention: `2 · kv_heads · head_dim · b / tp` per token per layer while any slice of the
+//!   sample still needs it. dK/dV accumulators: the same shape in fp32 (4 B), because a
+//!   continuation slice's backward adds a partial sum into every earlier slice's dK/dV and many
+//!   bf16 partial sums would lose precision (as Megatron keeps main gradients in fp32).
+//! - Temporaries while one pack runs one layer: the sequence-parallel all-gather buffer (the
+//!   pack's full `tokens · h · b`, not divided by tp); with recomputation, the rematerialised
+//!   tensors of one layer; in the backward, the activation gradients of one layer (as large as
+//!   its saved activations); on the last stage the `dtype` logits (`tokens · vocab / tp`).
+//! - Workspace: a fixed allowance for what the caching allocator does not track or cannot reuse:
+//!   the CUDA context (~0.5 GiB on Hopper), NCCL communicator buffers (`NCCL_BUFFSIZE` = 4 MiB
+//!   per channel and peer, for several communicators), cuBLAS/cuBLASLt workspaces (32 MiB per
+//!   stream on Hopper, PyTorch `CUBLAS_WORKSPACE_CONFIG` docs) and allocator fragmentation
+//!   (PyTorch "CUDA semantics" notes, `expandable_segments`); 3 GiB on GPUs.
+
+use crate::spec::{Dtype, ModelSpec, Recompute, Spec};
+use crate::step::Direction;
+
+use super::efficiency::DeviceKind;
+use super::flops::gemm_params_per_layer;
+
+/// fp32 main gradient per parameter (Megatron's `main_grad` buffers).
+pub const MAIN_GRAD_BYTES: u64 = 4;
+/// fp32 master copy of a low-precision parameter, sharded by the distributed optimizer.
+pub const MASTER_WEIGHT_BYTES: u64 = 4;
+/// Adam's first and second moments, fp32 each, sharded by the distributed optimizer.
+pub const ADAM_STATE_BYTES: u64 = 8;
+/// dK/dV accumulator element (fp32).
+pub const KV_GRAD_BYTES: u64 = 4;
+/// FlashAttention's log-sum-exp per head per token (fp32).
+pub const LSE_BYTES: u64 = 4;
+/// Fp32 softmax of the loss kept for the backward, per logit.
+pub const LOSS_SOFTMAX_BYTES: u64 = 4;
+/// Fixed allowance per GPU for the CUDA context, NCCL and cuBLAS buffers and fragmentation.
+pub const GPU_WORKSPACE_BYTES: u64 = 3 << 30;
+/// Fixed allowance per CPU worker (thread stacks, allocator slack); a placeholder.
+pub const CPU_WORKSPACE_BYTES: u64 = 256 << 20;
+
+/// Per-spec memory coefficients.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryModel {
+    tp: u64,
+    /// Devices sharing one copy of a stage's weights: `dp × static cp`.
+    optimizer_shards: u64,
+    stages: u32,
+    layers_per_stage: u64,
+    /// Local parameters of each stage.
+    stage_params: Vec<u64>,
+    weight_bytes: u64,
+    master_bytes: u64,
+    /// Saved bytes per token per layer, times tp (exact before the final division).
+    activation_per_token: u64,
+    /// Extra saved bytes per token on the last stage, times tp.
+    head_activation_per_token: u64,
+    /// One layer's activations without recomputation, per token, times tp.
+    full_layer_per_token: u64,
+    /// Bytes per token per layer that rematerialise during a backward with recomputation, × tp.
+    rematerialised_per_token: u64,
+    kv_per_token: u64,
+    kv_grad_per_token: u64,
+    hidden_row: u64,
+    logits_per_token: u64,
+    workspace: u64,
+    capacity: u64,
+}
+
+impl MemoryModel {
+    /// The memory model of `spec`.
+    pub fn new(spec: &Spec) -> MemoryModel {
+        let model = &spec.model;
+        let parallel = &spec.parallel;
+        let b = model.dtype.bytes();
+        let (h, q, ffn) = (u64::from(model.hidden), model.q_width(), u64::from(model.ffn));
+        let heads = u64::from(model.heads);
+        let none = b * (4 * h + 2 * q + 3 * ffn) + LSE_BYTES * heads;
+        let attention_output = b * q + LSE_BYTES * heads;
+        let activation_per_token = match model.recompute {
+            Recompute::None => none,
+            Recompute::Selective => none - attention_output,
+            Recompute::Full => b * h,
+        };
+        let rematerialised_per_token = match model.recompute {
+            Recompute::None => 0,
+            Recompute::Selective => attention_output,
+            Recompute::Full => none,
+        };
+        let workspace = match DeviceKind::of(&spec.cluster.gpu) {
+            DeviceKind::Cpu => CPU_WORKSPACE_BYTES,
+            DeviceKind::Hopper | DeviceKind::Ampere => GPU_WORKSPACE_BYTES,
+        };
+        MemoryModel {
+            tp: u64::from(parallel.tp),
+            optimizer_shards: u64::from(parallel.dp) * u64::from(parallel.cp_degree()),
+            stages: parallel.pp,
+            layers_per_stage: u64::from(spec.layers_per_stage()),
+            stage_params: (0..parallel.pp).map(|s| stage_params(spec, s)).collect(),
+            weight_bytes: b,
+            master_bytes: if model.dtype == Dtype::Fp32 { 0 } else { MASTER_WEIGHT_BYTES },
+            activation_per_token,
+            head_activation_per_token: 2 * h * b + LOSS_SOFTMAX_BYTES * u64::from(model.vocab),
+            full_layer_per_token: none,
+            rematerialised_per_token,
+            kv_per_token: 2 * model.kv_width() * b,
+            kv_grad_per_token: 2 * model.kv_width() * KV_GRAD_BYTES,
+            hidden_row: h * b,
+            logits_per_token: u64::from(model.vocab) * b,
+            workspace,
+            capacity: spec.cluster.gpu.hbm_bytes,
+        }
+    }
+
+    /// Parameters held by one device of `stage`.
+    pub fn stage_params(&self, stage: u32) -> u64 {
+        self.stage_params[stage as usize]
+    }
+
+    /// Weights, main gradients and this device's shard of master weights and Adam state.
+    pub fn model_state_bytes(&self, stage: u32) -> u64 {
+        let params = self.stage_params(stage);
+        let replicated = params * (self.weight_bytes + MAIN_GRAD_BYTES);
+        let sharded = params * (self.master_bytes + ADAM_STATE_BYTES);
+        replicated + sharded.div_ceil(self.optimizer_shards)
+    }
+
+    /// Activations `tokens` tokens save on `stage` from their forward to their backward (K/V
+    /// excluded: see [`MemoryModel::kv_bytes`]).
+    pub fn activation_bytes(&self, tokens: u64, stage: u32) -> u64 {
+        let mut per_token = self.activation_per_token * self.layers_per_stage;
+        if self.is_last(stage) {
+            per_token += self.head_activation_per_token;
+        }
+        self.per_device(tokens * per_token)
+    }
+
+    /// K and V of `tokens` tokens of a sample on `stage`, kept while later slices need them.
+    pub fn kv_bytes(&self, tokens: u64, _stage: u32) -> u64 {
+        self.per_device(tokens * self.kv_per_token * self.layers_per_stage)
+    }
+
+    /// fp32 dK/dV accumulators of `tokens` tokens of a sample on `stage`, alive from the
+    /// backward of its last slice to the backward of the slice that owns those tokens.
+    pub fn kv_grad_bytes(&self, tokens: u64, _stage: u32) -> u64 {
+        self.per_device(tokens * self.kv_grad_per_token * self.layers_per_stage)
+    }
+
+    /// Transient bytes while a pack of `pack_tokens` tokens runs one layer of `stage` in
+    /// `direction` (freed when the pack finishes).
+    pub fn temporary_bytes(&self, pack_tokens: u64, stage: u32, direction: Direction) -> u64 {
+        let gathered = pack_tokens * self.hidden_row;
+        let mut sharded_per_token = self.rematerialised_per_token;
+        if direction == Direction::Backward {
+            sharded_per_token += self.full_layer_per_token;
+        }
+        if self.is_last(stage) {
+            sharded_per_token += self.logits_per_token;
+        }
+        gathered + self.per_device(pack_tokens * sharded_per_token)
+    }
+
+    /// The fixed workspace allowance.
+    pub fn workspace_bytes(&self) -> u64 {
+        self.workspace
+    }
+
+    /// Device memory capacity.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes per token per layer saved by the recomputation mode (per device, rounded down).
+    pub fn activation_bytes_per_token_layer(&self) -> f64 {
+        self.activation_per_token as f64 / self.tp as f64
+    }
+
+    fn is_last(&self, stage: u32) -> bool {
+        stage + 1 == self.stages
+    }
+
+    fn per_device(&self, bytes_times_tp: u64) -> u64 {
+        bytes_times_tp.div_ceil(self.tp)
+    }
+}
+
+/// Parameters one device of `stage` holds: its layers' matrices split over TP and their norm
+/// vectors replicated; the vocab-parallel embedding on the first stage; the output projection
+/// and final norm on the last (with tied embeddings and several stages, the last stage keeps its
+/// own copy of the embedding, as Megatron does).
+fn stage_params(spec: &Spec, stage: u32) -> u64 {
+    let model: &ModelSpec = &spec.model;
+    let tp = u64::from(spec.parallel.tp);
+    let h = u64::from(model.hidden);
+    let layer = gemm_params_per_layer(model) / tp + 2 * h;
+    let mut params = layer * u64::from(spec.layers_per_stage());
+    let embedding = u64::from(model.vocab) * h / tp;
+    let (first, last) = (stage == 0, stage + 1 == spec.parallel.pp);
+    if first {
+        params += embedding;
+    }
+    if last {
+        let output_copy = !model.tied_embeddings || !first;
+        params += h + if output_copy { embedding } else { 0 };
+    }
+    params
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: f64 = (1u64 << 30) as f64;
+
+    #[test]
+    fn llama7b_model_states_at_tp8_pp4_dp4_by_hand() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=4,dp=4").unwrap();
+        let memory = MemoryModel::new(&spec);
+        // A layer: 202,375,168 matrix parameters / 8 + 8,192 norm weights = 25,305,088.
+        // Eight layers: 202,440,704. Embedding: 32000 · 4096 / 8 = 16,384,000.
+        let middle = 202_440_704u64;
+        let first = middle + 16_384_000;
+        let last = middle + 16_384_000 + 4096;
+        assert_eq!(memory.stage_params(0), first);
+        assert_eq!(memory.stage_params(1), middle);
+        assert_eq!(memory.stage_params(3), last);
+        // 2 B weights + 4 B main grads + (4 + 8) B / dp 4 = 9 B per parameter.
+        assert_eq!(memory.model_state_bytes(0), 9 * first);
+        assert_eq!(memory.model_state_bytes(1), 9 * middle);
+        assert_eq!(memory.model_state_bytes(3), 9 * last);
+        // About 1.83 GiB per device on stage 0.
+        assert!((memory.model_state_bytes(0) as f64 / GIB - 1.834).abs() < 0.001);
+        // Every device's share sums to the whole model's 6 + 12/4 bytes per parameter,
+        // counting the replicated norm weights tp times.
+        let total: u64 = (0..4).map(|s| memory.stage_params(s)).sum::<u64>() * 8;
+        let norms = (32 * 2 * 4096 + 4096) * 7;
+        assert_eq!(total - norms, spec.model.params());
+    }
+
+    #[test]
+    fn activations_per_token_by_hand() {
+        let mut spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=1,pp=1,dp=1").unwrap();
+        // 2 · (4 · 4096 + 2 · 4096 + 3 · 11008) + 4 · 32 = 115,328 B per token per layer.
+        let expected = [(Recompute::None, 115_328), (Recompute::Selective, 115_328 - 8192 - 128), (Recompute::Full, 8192)];
+        for (recompute, per_token_layer) in expected {
+            spec.model.recompute = recompute;
+            let memory = MemoryModel::new(&spec);
+            let head = 2 * 4096 * 2 + 4 * 32000;
+            assert_eq!(memory.activation_bytes(1000, 0), 1000 * (32 * per_token_layer + head), "{recompute}");
+        }
+    }
+
+    #[test]
+    fn kv_retention_and_gradients_by_hand() {
+        let spec = Spec::from_presets("llama-70b", "h100-sxm", "tp=8,pp=4,dp=1").unwrap();
+        let memory = MemoryModel::new(&spec);
+        // 2 · 8 K/V heads · 128 · 2 B / tp 8 = 512 B per token per layer; 20 layers per stage.
+        assert_eq!(memory.kv_bytes(4096, 1), 4096 * 512 * 20);
+        assert_eq!(memory.kv_grad_bytes(4096, 1), 2 * memory.kv_bytes(4096, 1));
+        // Additive over slices.
+        assert_eq!(memory.kv_bytes(1000, 1) + memory.kv_bytes(3096, 1), memory.kv_bytes(4096, 1));
+    }
+
+    #[test]
+    fn temporaries_include_logits_on_the_last_stage() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=2,pp=2,dp=1").unwrap();
+        let memory = MemoryModel::new(&spec);
+        let gathered = 4096 * 4096 * 2;
+        assert_eq!(memory.temporary_bytes(4096, 0, Direction::Forward), gathered);
+        let logits = 4096 * 32000 * 2 / 2;
+        assert_eq!(memory.temporary_bytes(4096, 1, Direction::Forward), gathered + logits);
+        let layer_grads = 4096 * 115_328 / 2;
+        assert_eq!(memory.temporary_bytes(4096, 0, Direction::Backward), gathered + layer_grads);
+        assert_eq!(memory.workspace_bytes(), 3 << 30);
+    }
+
+    #[test]
+    fn fp32_models_keep_no_master_copy() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=2").unwrap();
+        let memory = MemoryModel::new(&spec);
+        let params = spec.model.params();
+        assert_eq!(memory.stage_params(0), params);
+        // 4 B weights + 4 B grads + 8 B Adam / 2.
+        assert_eq!(memory.model_state_bytes(0), params * 12);
+        assert_eq!(memory.workspace_bytes(), CPU_WORKSPACE_BYTES);
+    }
+}

@@ -1,0 +1,180 @@
+//! The command line as users and scripts see it: exit statuses, one-line errors, stdout/stderr
+//! discipline, and the IR round trip through `compile` and `opt`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn slimpack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_slimpack"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the slimpack binary runs")
+}
+
+fn fixture(name: &str) -> String {
+    format!("tests/fixtures/{name}")
+}
+
+/// Asserts exit status 2 and a single `error:` line on stderr that contains every needle.
+fn assert_bad_input(args: &[&str], needles: &[&str]) {
+    let output = slimpack(args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+    assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: not one line: {stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "{args:?}: '{needle}' not in: {stderr}");
+    }
+    assert!(output.stdout.is_empty(), "{args:?}: stdout not empty");
+}
+
+const TINY: [&str; 6] = ["--model", "tiny", "--cluster", "cpu", "--parallel", "tp=1,pp=2,dp=2"];
+
+fn compile_with(extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec!["compile".into()];
+    args.extend(TINY.iter().map(|s| s.to_string()));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+fn run_compile(extra: &[&str], needles: &[&str]) {
+    let args = compile_with(extra);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert_bad_input(&refs, needles);
+}
+
+#[test]
+fn missing_batch_file() {
+    run_compile(&["--batch", "no/such/file.txt"], &["no/such/file.txt"]);
+}
+
+#[test]
+fn empty_batch() {
+    run_compile(&["--batch", &fixture("empty.txt")], &["empty.txt"]);
+}
+
+#[test]
+fn zero_negative_and_non_numeric_lengths() {
+    run_compile(&["--batch", &fixture("zero-length.txt")], &["zero-length.txt", "line 2"]);
+    run_compile(&["--batch", &fixture("negative-length.txt")], &["negative-length.txt", "line 2", "-5"]);
+    run_compile(&["--batch", &fixture("non-numeric-length.txt")], &["non-numeric-length.txt", "line 2", "abc"]);
+}
+
+#[test]
+fn unknown_presets() {
+    let batch = fixture("lengths.txt");
+    assert_bad_input(
+        &["compile", "--model", "gpt-9", "--cluster", "cpu", "--parallel", "tp=1", "--batch", &batch],
+        &["unknown model preset 'gpt-9'", "llama-7b"],
+    );
+    assert_bad_input(
+        &["compile", "--model", "tiny", "--cluster", "tpu-v9", "--parallel", "tp=1", "--batch", &batch],
+        &["unknown cluster preset 'tpu-v9'", "h100-sxm"],
+    );
+}
+
+#[test]
+fn unknown_pass_and_option() {
+    let batch = fixture("lengths.txt");
+    run_compile(&["--batch", &batch, "--passes", "slice{size=8},frobnicate"], &["unknown pass 'frobnicate'", "valid: slice"]);
+    run_compile(&["--batch", &batch, "--passes", "slice{width=8}"], &["unknown option 'width'", "valid: size"]);
+}
+
+#[test]
+fn layout_must_fit_the_model() {
+    let batch = fixture("lengths.txt");
+    assert_bad_input(
+        &["compile", "--model", "llama-7b", "--cluster", "h100-sxm", "--parallel", "tp=3,pp=1,dp=1", "--batch", &batch],
+        &["tp=3 must divide the heads (32)"],
+    );
+    assert_bad_input(
+        &["compile", "--model", "llama-7b", "--cluster", "h100-sxm", "--parallel", "tp=8,pp=5,dp=1", "--batch", &batch],
+        &["pp=5 must divide the layers (32)"],
+    );
+    assert_bad_input(
+        &["compile", "--model", "llama-7b", "--cluster", "h100-sxm", "--parallel", "tp=8,pp=0,dp=1", "--batch", &batch],
+        &["pp must be a positive integer"],
+    );
+}
+
+/// The input section of a filetest (above its expected output), written to a file of its own.
+fn filetest_input(dir: &Path, name: &str) -> String {
+    let content = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests").join(name)).unwrap();
+    let input = content.split("// ----- expected -----").next().unwrap();
+    let path = dir.join(Path::new(name).file_name().unwrap());
+    std::fs::write(&path, input).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn malformed_ir_names_line_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = filetest_input(dir.path(), "parse/unexpected-character.sir");
+    assert_bad_input(&["opt", &input], &["unexpected-character.sir:12:28", "unexpected character '$'"]);
+}
+
+#[test]
+fn ir_breaking_an_invariant_names_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = filetest_input(dir.path(), "verify/slice-gap.sir");
+    assert_bad_input(&["opt", &input], &["%d0.1", "slice-cover"]);
+}
+
+#[test]
+fn missing_ir_file() {
+    assert_bad_input(&["opt", "no/such.sir"], &["cannot read no/such.sir"]);
+}
+
+#[test]
+fn compile_report_json_is_one_object_on_stdout() {
+    let args = compile_with(&["--batch", &fixture("lengths.txt"), "--context", "4096", "--passes", "slice{size=1024}", "--report", "json"]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = slimpack(&refs);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("stdout is one JSON object");
+    assert_eq!(report["samples"], 10); // 17000 is cut into 5 context pieces
+    assert_eq!(report["tokens"], 1200 + 800 + 4096 + 300 + 17000 + 650);
+    assert_eq!(report["documents_cut"], 1);
+    assert_eq!(report["slices"], 2 + 1 + 4 + 1 + 17 + 1);
+    assert_eq!(report["passes"][0]["name"], "slice");
+    assert_eq!(report["passes"][0]["statistics"]["slices_after"], 26);
+    assert!(report["compile_ms"].as_f64().unwrap() >= 0.0);
+}
+
+#[test]
+fn compile_then_opt_round_trips_byte_identically() {
+    let dir = tempfile::tempdir().unwrap();
+    let logical = dir.path().join("logical.sir");
+    let args = compile_with(&["--batch", &fixture("lengths.txt"), "--context", "4096", "--emit", "ir", "-o", logical.to_str().unwrap()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(slimpack(&refs).status.success());
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap();
+    let opt = |input: &Path, passes: &str| -> String {
+        let output = slimpack(&["opt", input.to_str().unwrap(), "--passes", passes]);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8(output.stdout).unwrap()
+    };
+    assert_eq!(opt(&logical, ""), read(&logical));
+    let sliced: PathBuf = dir.path().join("sliced.sir");
+    std::fs::write(&sliced, opt(&logical, "slice{size=1024}")).unwrap();
+    assert_eq!(opt(&sliced, ""), read(&sliced));
+}
+
+#[test]
+fn dump_dir_holds_numbered_before_and_after_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = compile_with(&["--batch", &fixture("lengths.txt"), "--passes", "slice{size=2048},slice{size=512}", "--dump-dir", dir.path().to_str().unwrap()]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    assert!(slimpack(&refs).status.success());
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["00-input.sir", "01-slice.after.sir", "01-slice.before.sir", "02-slice.after.sir", "02-slice.before.sir"]
+    );
+}
