@@ -213,7 +213,10 @@ mod tests {
     #[test]
     fn rejects_bad_tables_with_one_line_errors() {
         let cases = [
-            (r#"{"device":"x","tables":{"gemm-forward":[]}}"#, "at least one point"),
+            (
+                r#"{"device":"x","tables":{"gemm-forward":[]}}"#,
+                "at least one point",
+            ),
             (
                 r#"{"device":"x","tables":{"gemm-forward":[{"tokens":8,"rate":1},{"tokens":8,"rate":2}]}}"#,
                 "increase strictly",
@@ -222,10 +225,15 @@ mod tests {
                 r#"{"device":"x","tables":{"gemm-forward":[{"tokens":8,"rate":-1}]}}"#,
                 "positive finite",
             ),
-            (r#"{"device":"x","tables":{"matmul":[]}}"#, "unknown variant"),
+            (
+                r#"{"device":"x","tables":{"matmul":[]}}"#,
+                "unknown variant",
+            ),
         ];
         for (json, needle) in cases {
-            let message = Calibration::from_json(json, "cal.json").unwrap_err().to_string();
+            let message = Calibration::from_json(json, "cal.json")
+                .unwrap_err()
+                .to_string();
             assert!(message.starts_with("cal.json: "), "{message}");
             assert!(message.contains(needle), "{message}");
             assert!(!message.contains('\n'), "{message}");

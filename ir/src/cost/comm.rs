@@ -29,6 +29,9 @@ pub const TP_COLLECTIVES_PER_LAYER: f64 = 4.0;
 /// cross-entropy: the max logit, the sum of exponentials, the target logit.
 pub const LOSS_ALL_REDUCES: f64 = 3.0;
 
+/// Bytes per token of each of the loss's all-reduces (one fp32 value).
+const LOSS_REDUCE_BYTES_PER_TOKEN: f64 = 4.0;
+
 /// Ring passes of the K/V blocks per layer in the backward of ring attention: the K/V blocks
 /// again, and the dK/dV partial sums travelling back (both in the activation dtype, as in
 /// Transformer Engine's `AttnFuncWithCPAndKVP2P`). The forward makes one pass.
@@ -187,7 +190,7 @@ impl CommModel {
         if last {
             time += one;
             if direction == Direction::Forward {
-                let loss_bytes = tokens * MAIN_GRAD_BYTES as f64;
+                let loss_bytes = tokens * LOSS_REDUCE_BYTES_PER_TOKEN;
                 time += LOSS_ALL_REDUCES * all_reduce_time(loss_bytes, self.tp, &self.tp_link);
             }
         }
@@ -201,7 +204,13 @@ impl CommModel {
 
     /// Ring K/V exchange of one layer in a CP group of `degree` devices, each holding K/V of
     /// `keys_per_device` tokens: `degree − 1` steps, each sending one block.
-    pub fn cp_layer_time(&self, keys_per_device: f64, degree: u32, link: &LinkSpec, direction: Direction) -> f64 {
+    pub fn cp_layer_time(
+        &self,
+        keys_per_device: f64,
+        degree: u32,
+        link: &LinkSpec,
+        direction: Direction,
+    ) -> f64 {
         if degree <= 1 {
             return 0.0;
         }
@@ -210,7 +219,11 @@ impl CommModel {
         let passes = match direction {
             Direction::Forward => 1.0,
             Direction::Backward => {
-                let replay = if self.recompute == Recompute::None { 0.0 } else { 1.0 };
+                let replay = if self.recompute == Recompute::None {
+                    0.0
+                } else {
+                    1.0
+                };
                 CP_BACKWARD_RING_PASSES + replay
             }
         };
@@ -228,9 +241,19 @@ impl CommModel {
     /// `params` parameters each: reduce-scatter of the fp32 gradients (Megatron reduces bf16
     /// models' gradients in fp32, `--accumulate-allreduce-grads-in-fp32`) and all-gather of
     /// the updated `dtype`-byte parameters.
-    pub fn dp_sync(&self, params: f64, dtype_bytes: f64, group_size: u32, link: &LinkSpec) -> DpSyncTime {
+    pub fn dp_sync(
+        &self,
+        params: f64,
+        dtype_bytes: f64,
+        group_size: u32,
+        link: &LinkSpec,
+    ) -> DpSyncTime {
         DpSyncTime {
-            grad_reduce_scatter_s: reduce_scatter_time(params * MAIN_GRAD_BYTES as f64, group_size, link),
+            grad_reduce_scatter_s: reduce_scatter_time(
+                params * MAIN_GRAD_BYTES as f64,
+                group_size,
+                link,
+            ),
             param_all_gather_s: all_gather_time(params * dtype_bytes, group_size, link),
         }
     }

@@ -43,9 +43,7 @@ use super::memory::MAIN_GRAD_BYTES;
 use crate::spec::{ClusterSpec, Dtype, GpuSpec};
 
 /// The kinds of kernel whose achieved rate the model distinguishes.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OpKind {
     /// Forward GEMMs (projections, MLP, output projection); rate in FLOP/s.
@@ -314,13 +312,21 @@ mod tests {
         let backward = throughput.curve(OpKind::GemmBackward).unwrap();
         assert!((forward.half_tokens - 0.75 * ridge).abs() < 1e-9);
         assert!((backward.half_tokens - 0.75 * ridge * 2.5).abs() < 1e-9);
-        assert!((forward.half_tokens - 221.5).abs() < 0.1, "{}", forward.half_tokens);
+        assert!(
+            (forward.half_tokens - 221.5).abs() < 0.1,
+            "{}",
+            forward.half_tokens
+        );
     }
 
     #[test]
     fn curves_saturate_below_their_ceiling() {
         let throughput = h100();
-        for op in [OpKind::GemmForward, OpKind::AttentionForward, OpKind::AttentionBackward] {
+        for op in [
+            OpKind::GemmForward,
+            OpKind::AttentionForward,
+            OpKind::AttentionBackward,
+        ] {
             let curve = throughput.curve(op).unwrap();
             let (small, large) = (curve.at(128.0), curve.at(65536.0));
             assert!(small < 0.5 * large, "{op:?}");
@@ -333,10 +339,18 @@ mod tests {
     fn attention_fit_tracks_flashattention3() {
         // FA3 paper, causal forward, head dim 128, H100 SXM5 (TFLOP/s); within 6%.
         let throughput = h100();
-        let measured = [(512.0, 292.0), (1024.0, 423.0), (2048.0, 521.0), (4096.0, 579.0)];
+        let measured = [
+            (512.0, 292.0),
+            (1024.0, 423.0),
+            (2048.0, 521.0),
+            (4096.0, 579.0),
+        ];
         for (tokens, tflops) in measured {
             let model = throughput.rate(OpKind::AttentionForward, tokens) / 1e12;
-            assert!((model / tflops - 1.0).abs() < 0.06, "{tokens}: {model} vs {tflops}");
+            assert!(
+                (model / tflops - 1.0).abs() < 0.06,
+                "{tokens}: {model} vs {tflops}"
+            );
         }
     }
 
@@ -344,8 +358,14 @@ mod tests {
     fn calibration_replaces_only_the_tables_it_has() {
         let mut calibration = Calibration::new("H100-SXM5-80GB");
         let points = vec![
-            CalibrationPoint { tokens: 256.0, rate: 300e12 },
-            CalibrationPoint { tokens: 4096.0, rate: 700e12 },
+            CalibrationPoint {
+                tokens: 256.0,
+                rate: 300e12,
+            },
+            CalibrationPoint {
+                tokens: 4096.0,
+                rate: 700e12,
+            },
         ];
         calibration.insert(OpKind::GemmForward, CalibrationTable::new(points).unwrap());
         let analytic = h100();

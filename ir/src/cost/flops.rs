@@ -251,9 +251,15 @@ mod tests {
     fn gqa_shrinks_only_the_kv_projections() {
         let model = ModelSpec::preset("llama-70b").unwrap();
         let (h, kv, ffn) = (8192u64, 8 * 128u64, 28672u64);
-        assert_eq!(gemm_params_per_layer(&model), 2 * h * h + 2 * h * kv + 3 * h * ffn);
+        assert_eq!(
+            gemm_params_per_layer(&model),
+            2 * h * h + 2 * h * kv + 3 * h * ffn
+        );
         // Attention FLOPs follow the 64 query heads, not the 8 K/V heads.
-        assert_eq!(FlopModel::new(&model).attention_per_pair(), 4.0 * 64.0 * 128.0);
+        assert_eq!(
+            FlopModel::new(&model).attention_per_pair(),
+            4.0 * 64.0 * 128.0
+        );
     }
 
     #[test]
@@ -265,7 +271,11 @@ mod tests {
                 by_token += token_flops(&model, tau);
             }
             // Integer-valued terms far below 2^53: the f64 sums are exact.
-            assert_eq!(model.forward_layer(len, prefix), by_token, "({len}, {prefix})");
+            assert_eq!(
+                model.forward_layer(len, prefix),
+                by_token,
+                "({len}, {prefix})"
+            );
         }
     }
 
@@ -273,7 +283,12 @@ mod tests {
     fn slicing_conserves_flops_exactly() {
         let model = llama7b();
         let sample = 10_000u64;
-        for cuts in [vec![], vec![1], vec![4096, 8192], vec![3, 999, 1000, 7777, 9999]] {
+        for cuts in [
+            vec![],
+            vec![1],
+            vec![4096, 8192],
+            vec![3, 999, 1000, 7777, 9999],
+        ] {
             let mut bounds = vec![0];
             bounds.extend(&cuts);
             bounds.push(sample);
@@ -299,7 +314,10 @@ mod tests {
         let backward = model.layer(1000, 3000, Direction::Backward);
         assert_eq!(backward.linear / forward.linear, 2.0);
         assert_eq!(backward.attention / forward.attention, 2.5);
-        assert_eq!(model.head(1000, Direction::Backward), 2.0 * model.head(1000, Direction::Forward));
+        assert_eq!(
+            model.head(1000, Direction::Backward),
+            2.0 * model.head(1000, Direction::Forward)
+        );
     }
 
     #[test]
@@ -316,7 +334,11 @@ mod tests {
             let forward = model.layer(512, 512, Direction::Forward);
             let backward = model.layer(512, 512, Direction::Backward);
             assert_eq!(backward.linear / forward.linear, linear, "{recompute}");
-            assert_eq!(backward.attention / forward.attention, attention, "{recompute}");
+            assert_eq!(
+                backward.attention / forward.attention,
+                attention,
+                "{recompute}"
+            );
         }
     }
 

@@ -98,7 +98,11 @@ impl MemoryModel {
         let model = &spec.model;
         let parallel = &spec.parallel;
         let b = model.dtype.bytes();
-        let (h, q, ffn) = (u64::from(model.hidden), model.q_width(), u64::from(model.ffn));
+        let (h, q, ffn) = (
+            u64::from(model.hidden),
+            model.q_width(),
+            u64::from(model.ffn),
+        );
         let heads = u64::from(model.heads);
         let none = b * (4 * h + 2 * q + 3 * ffn) + LSE_BYTES * heads;
         let attention_output = b * q + LSE_BYTES * heads;
@@ -123,7 +127,11 @@ impl MemoryModel {
             layers_per_stage: u64::from(spec.layers_per_stage()),
             stage_params: (0..parallel.pp).map(|s| stage_params(spec, s)).collect(),
             weight_bytes: b,
-            master_bytes: if model.dtype == Dtype::Fp32 { 0 } else { MASTER_WEIGHT_BYTES },
+            master_bytes: if model.dtype == Dtype::Fp32 {
+                0
+            } else {
+                MASTER_WEIGHT_BYTES
+            },
             activation_per_token,
             head_activation_per_token: 2 * h * b + LOSS_SOFTMAX_BYTES * u64::from(model.vocab),
             full_layer_per_token: none,
@@ -195,7 +203,7 @@ impl MemoryModel {
         self.capacity
     }
 
-    /// Bytes per token per layer saved by the recomputation mode (per device, rounded down).
+    /// Bytes per token per layer saved under the recomputation mode, per device (K/V excluded).
     pub fn activation_bytes_per_token_layer(&self) -> f64 {
         self.activation_per_token as f64 / self.tp as f64
     }
@@ -266,12 +274,20 @@ mod tests {
     fn activations_per_token_by_hand() {
         let mut spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=1,pp=1,dp=1").unwrap();
         // 2 · (4 · 4096 + 2 · 4096 + 3 · 11008) + 4 · 32 = 115,328 B per token per layer.
-        let expected = [(Recompute::None, 115_328), (Recompute::Selective, 115_328 - 8192 - 128), (Recompute::Full, 8192)];
+        let expected = [
+            (Recompute::None, 115_328),
+            (Recompute::Selective, 115_328 - 8192 - 128),
+            (Recompute::Full, 8192),
+        ];
         for (recompute, per_token_layer) in expected {
             spec.model.recompute = recompute;
             let memory = MemoryModel::new(&spec);
             let head = 2 * 4096 * 2 + 4 * 32000;
-            assert_eq!(memory.activation_bytes(1000, 0), 1000 * (32 * per_token_layer + head), "{recompute}");
+            assert_eq!(
+                memory.activation_bytes(1000, 0),
+                1000 * (32 * per_token_layer + head),
+                "{recompute}"
+            );
         }
     }
 
@@ -283,7 +299,10 @@ mod tests {
         assert_eq!(memory.kv_bytes(4096, 1), 4096 * 512 * 20);
         assert_eq!(memory.kv_grad_bytes(4096, 1), 2 * memory.kv_bytes(4096, 1));
         // Additive over slices.
-        assert_eq!(memory.kv_bytes(1000, 1) + memory.kv_bytes(3096, 1), memory.kv_bytes(4096, 1));
+        assert_eq!(
+            memory.kv_bytes(1000, 1) + memory.kv_bytes(3096, 1),
+            memory.kv_bytes(4096, 1)
+        );
     }
 
     #[test]
@@ -291,11 +310,20 @@ mod tests {
         let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=2,pp=2,dp=1").unwrap();
         let memory = MemoryModel::new(&spec);
         let gathered = 4096 * 4096 * 2;
-        assert_eq!(memory.temporary_bytes(4096, 0, Direction::Forward), gathered);
+        assert_eq!(
+            memory.temporary_bytes(4096, 0, Direction::Forward),
+            gathered
+        );
         let logits = 4096 * 32000 * 2 / 2;
-        assert_eq!(memory.temporary_bytes(4096, 1, Direction::Forward), gathered + logits);
+        assert_eq!(
+            memory.temporary_bytes(4096, 1, Direction::Forward),
+            gathered + logits
+        );
         let layer_grads = 4096 * 115_328 / 2;
-        assert_eq!(memory.temporary_bytes(4096, 0, Direction::Backward), gathered + layer_grads);
+        assert_eq!(
+            memory.temporary_bytes(4096, 0, Direction::Backward),
+            gathered + layer_grads
+        );
         assert_eq!(memory.workspace_bytes(), 3 << 30);
     }
 

@@ -6,12 +6,12 @@
 //! few multiplications per slice, so they can run millions of times per compile.
 //!
 //! How a pack's time is composed ([`CostModel::pack_time`]), on one device of a stage:
-//! - GEMMs: executed FLOPs ([`flops`]) of the stage's layers (+ the output projection on the last
+//! - GEMMs: executed FLOPs (`flops.rs`) of the stage's layers (+ the output projection on the last
 //!   stage) over `tp` devices, at the achieved GEMM rate for the pack's token count
-//!   ([`efficiency`]); recomputed forward GEMMs run at the forward rate.
+//!   (`efficiency.rs`); recomputed forward GEMMs run at the forward rate.
 //! - Attention: per slice, its FLOPs at the attention rate for its query length; all of a pack's
 //!   slices share one varlen call per layer.
-//! - Element-wise kernels: HBM bytes ([`traffic`]) over achieved bandwidth.
+//! - Element-wise kernels: HBM bytes (`traffic.rs`) over achieved bandwidth.
 //! - Kernel overheads: a fixed cost per kernel ([`KERNELS_PER_LAYER_FORWARD`] and friends).
 //! - TP collectives (sequence parallelism): reported apart, exposed (serial with compute).
 //! - CP exchange: reported apart; it can hide behind the attention kernels.
@@ -19,7 +19,7 @@
 //! Under context parallelism (`cp` DP-merged replicas, times the layout's static CP degree) the
 //! pack's tokens and attention work split evenly over the CP group (a load-balanced causal
 //! split, as Megatron's CP does), and the ring K/V exchange runs over the group's link
-//! ([`comm`]). Memory lives in [`MemoryModel`]. Every constant names its source in the file that
+//! (`comm.rs`). Memory lives in [`MemoryModel`]. Every constant names its source in the file that
 //! defines it; [`CostModel::constants`] gathers them for reports.
 
 mod calibration;
@@ -58,7 +58,7 @@ use crate::step::Direction;
 
 /// Compute kernels of one layer's forward in a Megatron-Core + Transformer Engine layer: two
 /// RMSNorms, the QKV GEMM, RoPE, attention, the output-projection GEMM, a residual add, the
-/// gate/up GEMM, SwiGLU, the down GEMM, a residual add (collectives are costed in [`comm`]).
+/// gate/up GEMM, SwiGLU, the down GEMM, a residual add (collectives are costed in `comm.rs`).
 pub const KERNELS_PER_LAYER_FORWARD: f64 = 11.0;
 
 /// Compute kernels of one layer's backward: two GEMMs per forward GEMM (8), two norm backwards
@@ -188,9 +188,16 @@ impl CostModel {
     }
 
     /// Time of a pack of `(len, prefix)` slices on `stage` in `direction`, run by `cp` merged
-    /// DP replicas (1: one replica). The merged replicas are taken to be the aligned block of
+    /// DP replicas (1: one replica). Under CP the ring ships the K/V of every slice's keys,
+    /// prefix included (a merged sample's K/V store is sharded over the group). The merged replicas are taken to be the aligned block of
     /// `cp` neighbouring replicas (the usual placement); [`CostModel::pack_time_on`] names them.
-    pub fn pack_time(&self, stage: u32, slices: &[(u64, u64)], direction: Direction, cp: u32) -> PackTime {
+    pub fn pack_time(
+        &self,
+        stage: u32,
+        slices: &[(u64, u64)],
+        direction: Direction,
+        cp: u32,
+    ) -> PackTime {
         let members = 0..cp.max(1);
         let link = self.comm.topology().replicas_link(stage, members);
         self.pack_time_with(stage, slices, direction, cp.max(1), &link)
@@ -198,8 +205,17 @@ impl CostModel {
 
     /// Time of a pack run by the DP replicas `dp_members` of `stage` merged into one CP group
     /// (one member: no merge).
-    pub fn pack_time_on(&self, stage: u32, slices: &[(u64, u64)], direction: Direction, dp_members: &[u32]) -> PackTime {
-        let link = self.comm.topology().replicas_link(stage, dp_members.iter().copied());
+    pub fn pack_time_on(
+        &self,
+        stage: u32,
+        slices: &[(u64, u64)],
+        direction: Direction,
+        dp_members: &[u32],
+    ) -> PackTime {
+        let link = self
+            .comm
+            .topology()
+            .replicas_link(stage, dp_members.iter().copied());
         let merged = u32::try_from(dp_members.len().max(1)).expect("fewer than 2^32 replicas");
         self.pack_time_with(stage, slices, direction, merged, &link)
     }
@@ -220,7 +236,10 @@ impl CostModel {
     /// The two halves of the DP gradient sync of `stage` over `dp_members`.
     pub fn dp_sync(&self, stage: u32, dp_members: &[u32]) -> DpSyncTime {
         let group = dp_members.len() as u32 * self.spec.parallel.cp_degree();
-        let link = self.comm.topology().replicas_link(stage, dp_members.iter().copied());
+        let link = self
+            .comm
+            .topology()
+            .replicas_link(stage, dp_members.iter().copied());
         let params = self.memory.stage_params(stage) as f64;
         let dtype = self.spec.model.dtype.bytes() as f64;
         self.comm.dp_sync(params, dtype, group, &link)
@@ -237,12 +256,17 @@ impl CostModel {
             dtype => dtype.bytes(),
         };
         let bytes = optimizer_bytes(local.div_ceil(shards), local, copy) as f64;
-        self.throughput.time(OpKind::Elementwise, bytes, local as f64)
+        self.throughput
+            .time(OpKind::Elementwise, bytes, local as f64)
     }
 
     /// The constants in use, for reports.
     pub fn constants(&self) -> CostConstants {
-        let curve = |op| self.throughput.curve(op).expect("compute kinds have curves");
+        let curve = |op| {
+            self.throughput
+                .curve(op)
+                .expect("compute kinds have curves")
+        };
         let profile = self.throughput.profile();
         CostConstants {
             device_kind: profile.kind,
@@ -271,29 +295,41 @@ impl CostModel {
         }
     }
 
-    fn pack_time_with(&self, stage: u32, slices: &[(u64, u64)], direction: Direction, merged: u32, cp_link: &LinkSpec) -> PackTime {
+    fn pack_time_with(
+        &self,
+        stage: u32,
+        slices: &[(u64, u64)],
+        direction: Direction,
+        merged: u32,
+        cp_link: &LinkSpec,
+    ) -> PackTime {
         let cp = merged * self.spec.parallel.cp_degree();
         let split = f64::from(cp);
         let (mut tokens, mut keys) = (0u64, 0u64);
-        let mut attention_s = 0.0;
+        let mut attention_layer_s = 0.0;
         for &(len, prefix) in slices {
             tokens += len;
             keys += prefix + len;
             let work = self.flops.attention_per_pair() * causal_pairs(len, prefix) as f64;
-            attention_s += self.attention_time(work / (self.tp * split), len as f64 / split, direction);
+            attention_layer_s +=
+                self.attention_time(work / (self.tp * split), len as f64 / split, direction);
         }
         let layers = f64::from(self.layers_per_stage);
         let tokens = tokens as f64 / split;
         let (first, last) = (stage == 0, self.is_last(stage));
-        let compute_s = layers * attention_s + self.linear_time(tokens, last, direction)
+        let compute_s = layers * attention_layer_s
+            + self.linear_time(tokens, last, direction)
             + self.elementwise_time(tokens, first, last, direction)
             + self.kernel_overhead(first, last, direction);
         let tp_comm_s = layers * self.comm.tp_layer_time(tokens, direction)
             + self.comm.tp_edges_time(tokens, first, last, direction);
-        let cp_comm_s = layers * self.comm.cp_layer_time(keys as f64 / split, cp, cp_link, direction);
+        let cp_comm_s = layers
+            * self
+                .comm
+                .cp_layer_time(keys as f64 / split, cp, cp_link, direction);
         PackTime {
             compute_s,
-            attention_s: layers * attention_s,
+            attention_s: layers * attention_layer_s,
             tp_comm_s,
             cp_comm_s,
         }
@@ -302,13 +338,17 @@ impl CostModel {
     /// Seconds of one layer's attention on one device: `work` forward FLOPs over queries of
     /// `query_len` tokens; the backward adds its recomputed forward at the forward rate.
     fn attention_time(&self, work: f64, query_len: f64, direction: Direction) -> f64 {
-        let forward = self.throughput.time(OpKind::AttentionForward, work, query_len);
+        let forward = self
+            .throughput
+            .time(OpKind::AttentionForward, work, query_len);
         match direction {
             Direction::Forward => forward,
             Direction::Backward => {
                 let (_, replayed) = recomputed_forward(self.spec.model.recompute);
                 let backward = BACKWARD_ATTENTION_FACTOR * work;
-                self.throughput.time(OpKind::AttentionBackward, backward, query_len) + replayed * forward
+                self.throughput
+                    .time(OpKind::AttentionBackward, backward, query_len)
+                    + replayed * forward
             }
         }
     }
@@ -328,7 +368,8 @@ impl CostModel {
                 let replay = match self.spec.model.recompute {
                     Recompute::Full => {
                         let layer_work = self.flops.linear_per_token() * layers * tokens / self.tp;
-                        self.throughput.time(OpKind::GemmForward, layer_work, tokens)
+                        self.throughput
+                            .time(OpKind::GemmForward, layer_work, tokens)
                     }
                     Recompute::None | Recompute::Selective => 0.0,
                 };
@@ -345,7 +386,8 @@ impl CostModel {
         if last {
             per_token += self.traffic.head(direction);
         }
-        self.throughput.time(OpKind::Elementwise, per_token * tokens, tokens)
+        self.throughput
+            .time(OpKind::Elementwise, per_token * tokens, tokens)
     }
 
     fn kernel_overhead(&self, first: bool, last: bool, direction: Direction) -> f64 {
@@ -375,24 +417,43 @@ impl CostModel {
 /// The constants a cost model uses, for reports (`--report json` can print this as is).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CostConstants {
+    /// Family of the device, which picks the analytic constants.
     pub device_kind: DeviceKind,
+    /// Datasheet peak FLOP/s.
     pub peak_flops: f64,
+    /// Datasheet HBM bandwidth, bytes/s.
     pub hbm_bandwidth: f64,
+    /// Forward GEMM efficiency vs tokens per pack (per device).
     pub gemm_forward: SaturatingCurve,
+    /// Backward GEMM efficiency vs tokens per pack (per device).
     pub gemm_backward: SaturatingCurve,
+    /// Forward attention efficiency vs a slice's query length.
     pub attention_forward: SaturatingCurve,
+    /// Backward attention efficiency vs a slice's query length.
     pub attention_backward: SaturatingCurve,
+    /// Achieved fraction of HBM bandwidth in element-wise kernels.
     pub hbm_efficiency: f64,
+    /// Fixed cost per kernel, seconds.
     pub kernel_overhead_s: f64,
+    /// Compute kernels per layer, forward.
     pub kernels_per_layer_forward: f64,
+    /// Compute kernels per layer, backward (without recomputation).
     pub kernels_per_layer_backward: f64,
+    /// Backward over forward FLOPs of the GEMMs.
     pub backward_linear_factor: f64,
+    /// Backward over forward FLOPs of attention.
     pub backward_attention_factor: f64,
+    /// Forward GEMM FLOPs per token per layer (`2 · P_gemm`).
     pub linear_flops_per_token_layer: f64,
+    /// Forward attention FLOPs per causal pair per layer (`4 · heads · head_dim`).
     pub attention_flops_per_pair_layer: f64,
+    /// Forward FLOPs per token of the output projection (`2 · hidden · vocab`).
     pub head_flops_per_token: f64,
+    /// Forward element-wise HBM bytes per token per layer, per device.
     pub elementwise_bytes_per_token_layer: f64,
+    /// Saved activation bytes per token per layer, per device (K/V excluded).
     pub activation_bytes_per_token_layer: f64,
+    /// Fixed memory allowance per device.
     pub workspace_bytes: u64,
     /// Op kinds whose analytic curve a calibration table replaced.
     pub calibrated: Vec<OpKind>,

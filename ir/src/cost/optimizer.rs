@@ -3,7 +3,7 @@
 //! HBM bandwidth (the multi-tensor-apply kernels do a handful of FLOPs per byte).
 //!
 //! Contract: seconds on one device; the step starts after the gradient reduce-scatter and the
-//! parameter all-gather follows it ([`super::comm::DpSyncTime`]).
+//! parameter all-gather follows it ([`super::DpSyncTime`]).
 
 use super::memory::{ADAM_STATE_BYTES, MAIN_GRAD_BYTES, MASTER_WEIGHT_BYTES};
 

@@ -54,7 +54,11 @@ impl Traffic {
         // up, write the product), two residual adds (read 2h, write h).
         let layer_elements = 2.0 * 2.0 * h + 2.0 * (q + kv) + 3.0 * ffn + 2.0 * 3.0 * h;
         // Cast of the low-precision logits to fp32 (read b, write 4), skipped for fp32 models.
-        let cast = if b < LOSS_LOGIT_BYTES { b + LOSS_LOGIT_BYTES } else { 0.0 };
+        let cast = if b < LOSS_LOGIT_BYTES {
+            b + LOSS_LOGIT_BYTES
+        } else {
+            0.0
+        };
         let loss_forward = vocab * (cast + LOSS_FORWARD_ACCESSES * LOSS_LOGIT_BYTES);
         let loss_backward = vocab * (LOSS_BACKWARD_ACCESSES * LOSS_LOGIT_BYTES + cast);
         let final_norm = 2.0 * h * b;
@@ -113,9 +117,15 @@ mod tests {
         let traffic = Traffic::new(&model, 1);
         assert_eq!(traffic.layer(Direction::Forward), 180_736.0);
         assert_eq!(traffic.layer(Direction::Backward), 361_472.0);
-        assert_eq!(Traffic::new(&model, 8).layer(Direction::Forward), 180_736.0 / 8.0);
+        assert_eq!(
+            Traffic::new(&model, 8).layer(Direction::Forward),
+            180_736.0 / 8.0
+        );
         // Loss: 32000 logits · (2 + 4 cast + 8 · 4) bytes, plus the final norm.
-        assert_eq!(traffic.head(Direction::Forward), 32000.0 * 38.0 + 4.0 * 4096.0);
+        assert_eq!(
+            traffic.head(Direction::Forward),
+            32000.0 * 38.0 + 4.0 * 4096.0
+        );
     }
 
     #[test]
