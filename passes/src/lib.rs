@@ -4,13 +4,16 @@
 //! - [`registry`]: every pass by name, with summary, description and options;
 //! - [`pipeline`]: pipeline strings (`slice{size=8192},...`);
 //! - [`manager`]: runs a pipeline, verifying, timing, printing and dumping;
-//! - one file per pass: [`slice`].
+//! - one file per pass: [`assign_dp`], [`slice`], [`pack_symmetric`], [`schedule_pipeline`].
 
+pub mod assign_dp;
 mod error;
 pub mod manager;
+pub mod pack_symmetric;
 mod pass;
 pub mod pipeline;
 pub mod registry;
+pub mod schedule_pipeline;
 pub mod slice;
 
 pub use error::{PassError, Result};

@@ -18,7 +18,12 @@ pub struct PassInfo {
 }
 
 /// Every registered pass, in pipeline order.
-pub static PASSES: &[PassInfo] = &[crate::slice::INFO];
+pub static PASSES: &[PassInfo] = &[
+    crate::assign_dp::INFO,
+    crate::slice::INFO,
+    crate::pack_symmetric::INFO,
+    crate::schedule_pipeline::INFO,
+];
 
 /// Looks a pass up by name.
 pub fn lookup(name: &str) -> Result<&'static PassInfo> {

@@ -1,0 +1,110 @@
+//! `schedule-pipeline`: order each replica's forward and backward packs on every pipeline stage
+//! as a one-forward-one-backward (1F1B) schedule generalised to different forward and backward
+//! units.
+//!
+//! Phase in: `packed`. Phase out: `scheduled`. On stage `s` of `pp`, after a warm-up of
+//! `pp - 1 - s` forwards, the stage alternates: the next backward pack runs as soon as every
+//! forward pack holding one of its slices has run on this stage and the stage has run
+//! `warmup + 1 + (backwards so far)` forwards; otherwise the next forward runs. With identical
+//! forward and backward packs this is exactly Megatron's 1F1B. Deadlock freedom: a stage never
+//! runs fewer forwards before a given backward than the stage after it, so every backward a
+//! stage waits for is preceded, downstream, only by forwards it has already sent (the verifier
+//! proves it on every output).
+
+use std::ops::RangeInclusive;
+
+use crate::error::Result;
+use crate::pass::{Pass, Statistics};
+use crate::registry::PassInfo;
+use slimpack_ir::step::{Direction, PackId, Phase, ReplicaId};
+use slimpack_ir::StepIr;
+
+pub(crate) const INFO: PassInfo = PassInfo {
+    name: "schedule-pipeline",
+    summary: "order packs on every stage as a generalised 1F1B pipeline schedule",
+    description: "Per replica and stage: warm-up forwards, then one backward as soon as its \
+                  forwards have run, one forward otherwise; identical to 1F1B for symmetric \
+                  packs. Phase packed -> scheduled.",
+    options: &[],
+    create: |_| Ok(Box::new(SchedulePipeline)),
+};
+
+/// The pipeline scheduling pass.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedulePipeline;
+
+/// The 1F1B order of one replica on stage `stage` of `stages`.
+pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, stage: u32, stages: u32) -> Vec<PackId> {
+    let forward = ir.packs_on(replica, Direction::Forward);
+    let backward = ir.packs_on(replica, Direction::Backward);
+    // need[b]: forwards that must have run before backward pack b.
+    let position: std::collections::HashMap<PackId, usize> =
+        forward.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+    let need: Vec<usize> = backward
+        .iter()
+        .map(|&b| {
+            ir.pack_slices(b)
+                .iter()
+                .filter_map(|&s| ir.pack_of(s, Direction::Forward))
+                .map(|f| position[&f] + 1)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let warmup = (stages - 1 - stage) as usize;
+    let (mut f, mut b) = (0, 0);
+    let mut order = Vec::with_capacity(forward.len() + backward.len());
+    while f < forward.len() || b < backward.len() {
+        let backward_ready = b < backward.len() && f >= need[b];
+        let steady = f == forward.len() || f >= warmup + 1 + b;
+        if backward_ready && steady {
+            order.push(backward[b]);
+            b += 1;
+        } else {
+            order.push(forward[f]);
+            f += 1;
+        }
+    }
+    order
+}
+
+impl Pass for SchedulePipeline {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn accepts(&self) -> RangeInclusive<Phase> {
+        Phase::Packed..=Phase::Packed
+    }
+
+    fn produces(&self) -> Option<Phase> {
+        Some(Phase::Scheduled)
+    }
+
+    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+        let stages = ir.spec.parallel.pp;
+        let mut scheduled = 0;
+        let mut max_in_flight = 0usize;
+        for replica in ir.replicas().to_vec() {
+            if ir.packs_on(replica, Direction::Forward).is_empty() {
+                continue;
+            }
+            for stage in 0..stages {
+                let order = one_f_one_b(ir, replica, stage, stages);
+                let mut in_flight: usize = 0;
+                for &pack in &order {
+                    match ir.pack(pack).direction {
+                        Direction::Forward => in_flight += 1,
+                        Direction::Backward => in_flight = in_flight.saturating_sub(1),
+                    }
+                    max_in_flight = max_in_flight.max(in_flight);
+                }
+                ir.set_schedule(replica, stage, &order);
+            }
+            scheduled += 1;
+        }
+        Ok(Statistics::new()
+            .with("replicas_scheduled", scheduled)
+            .with("max_forwards_in_flight", max_in_flight))
+    }
+}
