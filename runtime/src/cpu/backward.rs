@@ -1,0 +1,192 @@
+//! The backward of a pack of slices on one pipeline stage.
+//!
+//! The pack gathers its slices' saved activations into one block and runs the per-token
+//! backward on all rows at once. Per layer, the attention backward runs per slice in decreasing
+//! order within each sample: a slice computes the gradient of its queries and adds the gradients
+//! of the keys and values of its whole prefix into the sample's accumulators; its own rows of
+//! those accumulators are then complete (only later slices' queries, all backwarded by now, see
+//! its keys) and flow on into its K/V projections. The last stage starts from the loss; the first
+//! stage ends in the embedding's gradient.
+
+use std::collections::BTreeMap;
+
+use super::attention::{attention_backward, SliceAttention};
+use super::batch::{Batch, SampleId, Slice};
+use super::error::Result;
+use super::head::head_backward;
+use super::layer::{post_attention_backward, pre_attention_backward};
+use super::ops::embedding::embed_backward;
+use super::pack_layout::PackLayout;
+use super::params::{Grads, Params};
+use super::saved::{SavedActivations, SavedLayer};
+use super::stage_state::StageState;
+
+impl StageState {
+    /// Runs the backward of the pack `slices` on this stage: adds the gradients of this stage's
+    /// weights into `grads` and returns, per slice in the pack's order, the gradient of the
+    /// stage's input hidden states `[len, hidden]` to send to the previous stage (empty on the
+    /// first stage).
+    ///
+    /// `grad_out` holds, per slice in the same order, the gradient of this stage's output received
+    /// from the next stage; it is empty on the last stage, which starts from the loss. Every slice
+    /// must have been forwarded on this stage with exactly these bounds, its sample fully
+    /// forwarded, and a sample's slices are backwarded from its last token down (see
+    /// [`StageState`]).
+    pub fn backward_pack(
+        &mut self,
+        params: &Params,
+        grads: &mut Grads,
+        batch: &Batch,
+        slices: &[Slice],
+        grad_out: &[Vec<f32>],
+    ) -> Result<Vec<Vec<f32>>> {
+        self.check_tensors(params)?;
+        self.check_tensors(grads)?;
+        self.check_backward(batch, slices, grad_out)?;
+        if slices.is_empty() {
+            return Ok(Vec::new());
+        }
+        let layout = PackLayout::new(slices);
+        let records = slices.iter().map(|slice| {
+            self.saved
+                .remove(slice)
+                .expect("bug: the backward check found every slice saved")
+        });
+        let mut saved = SavedActivations::concat(records.collect());
+        let mut dy = match (&saved.head, &params.final_norm) {
+            (Some(head), Some(final_norm)) => {
+                let targets = layout.targets(batch);
+                let (d_final_norm, d_output) = grads.head_mut();
+                let weight = params.output_weight();
+                let scale = batch.loss_scale();
+                head_backward(
+                    &self.config,
+                    final_norm,
+                    weight,
+                    head,
+                    &targets,
+                    scale,
+                    d_final_norm,
+                    d_output,
+                )
+            }
+            _ => PackLayout::concat(&grad_out.iter().map(Vec::as_slice).collect::<Vec<_>>()),
+        };
+        for local in (0..params.layers.len()).rev() {
+            let layer_saved = saved
+                .layers
+                .pop()
+                .expect("bug: saved activations of every layer");
+            dy = self.layer_backward(params, grads, local, &layout, layer_saved, &dy);
+        }
+        self.finish_backward(&layout);
+        match grads.embedding.as_mut() {
+            Some(d_table) => {
+                embed_backward(d_table, self.config.hidden, layout.tokens(batch), &dy);
+                Ok(Vec::new())
+            }
+            None => Ok(layout.split(&dy)),
+        }
+    }
+
+    /// Drops the K/V rows of the backwarded tokens; retires samples whose backward finished.
+    fn finish_backward(&mut self, layout: &PackLayout) {
+        let mut new_frontier: BTreeMap<SampleId, usize> = BTreeMap::new();
+        for slice in &layout.slices {
+            let start = new_frontier.entry(slice.sample).or_insert(slice.start);
+            *start = (*start).min(slice.start);
+        }
+        for (sample, start) in new_frontier {
+            self.cache.finish_backward(sample, start);
+            if start == 0 {
+                self.retired.insert(sample);
+            }
+        }
+    }
+
+    /// Backward of local layer `local` for the pack's rows; returns the gradient of its input.
+    fn layer_backward(
+        &mut self,
+        params: &Params,
+        grads: &mut Grads,
+        local: usize,
+        layout: &PackLayout,
+        saved: SavedLayer,
+        dy: &[f32],
+    ) -> Vec<f32> {
+        let (layer, layer_grads) = (&params.layers[local], &mut grads.layers[local]);
+        let (d_attn, mut dx) = post_attention_backward(
+            &self.config,
+            layer,
+            layer_grads,
+            &saved.attn,
+            &saved.post,
+            dy,
+        );
+        let (dq, dk, dv) = self.attend_backward(local, layout, &saved, &d_attn);
+        let dx_pre = pre_attention_backward(
+            &self.config,
+            layer,
+            layer_grads,
+            &saved.x,
+            &saved.inv_rms,
+            &saved.normed,
+            &layout.positions,
+            dq,
+            dk,
+            dv,
+        );
+        dx.iter_mut().zip(&dx_pre).for_each(|(d, &p)| *d += p);
+        dx
+    }
+
+    /// Attention backward of every slice of the pack on local layer `layer`: returns the
+    /// gradients of the pack's own queries, keys and values (keys and values complete, including
+    /// the contributions of later slices accumulated in the cache).
+    fn attend_backward(
+        &mut self,
+        layer: usize,
+        layout: &PackLayout,
+        saved: &SavedLayer,
+        d_attn: &[f32],
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let (qw, kvw, heads) = (
+            self.config.q_width(),
+            self.config.kv_width(),
+            self.config.heads,
+        );
+        let mut dq = vec![0.0; layout.rows() * qw];
+        for index in layout.backward_order() {
+            let slice = layout.slices[index];
+            let rows = layout.rows_of(index);
+            let kv = self.cache.layer_for_backward(slice.sample, layer);
+            let prefix = slice.end() * kvw;
+            let input = SliceAttention {
+                offset: slice.start,
+                q: &saved.q[rows.start * qw..rows.end * qw],
+                keys: &kv.keys[..prefix],
+                values: &kv.values[..prefix],
+            };
+            attention_backward(
+                &self.config,
+                &input,
+                &saved.attn[rows.start * qw..rows.end * qw],
+                &saved.lse[rows.start * heads..rows.end * heads],
+                &d_attn[rows.start * qw..rows.end * qw],
+                &mut dq[rows.start * qw..rows.end * qw],
+                &mut kv.key_grads[..prefix],
+                &mut kv.value_grads[..prefix],
+            );
+        }
+        let mut dk = vec![0.0; layout.rows() * kvw];
+        let mut dv = vec![0.0; layout.rows() * kvw];
+        for (index, slice) in layout.slices.iter().enumerate() {
+            let rows = layout.rows_of(index);
+            let kv = self.cache.layer_for_backward(slice.sample, layer);
+            let own = slice.start * kvw..slice.end() * kvw;
+            dk[rows.start * kvw..rows.end * kvw].copy_from_slice(&kv.key_grads[own.clone()]);
+            dv[rows.start * kvw..rows.end * kvw].copy_from_slice(&kv.value_grads[own]);
+        }
+        (dq, dk, dv)
+    }
+}

@@ -1,0 +1,150 @@
+//! The forward of a pack of slices on one pipeline stage.
+//!
+//! The pack's per-token work runs on all its rows at once; the attention runs per slice, in
+//! increasing order within each sample: a slice first appends its keys and values to its
+//! sample's cache, then attends over the whole cached prefix. The first stage embeds the slices'
+//! tokens; the last stage ends with the head and returns the pack's share of the batch loss.
+
+use super::attention::{attention_forward, SliceAttention};
+use super::batch::{Batch, Slice};
+use super::error::Result;
+use super::head::head_forward;
+use super::layer::{post_attention_forward, pre_attention_forward, PreAttention};
+use super::ops::embedding::embed;
+use super::pack_layout::PackLayout;
+use super::params::Params;
+use super::saved::{SavedActivations, SavedLayer};
+use super::stage_state::StageState;
+
+/// What a forward pack hands on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForwardOutput {
+    /// Per slice (in the pack's order), the stage's output hidden states `[len, hidden]`, to send
+    /// to the next stage; empty on the last stage.
+    pub hidden: Vec<Vec<f32>>,
+    /// The pack's share of the batch's mean loss (its tokens' losses over the batch's predicted
+    /// tokens); 0 except on the last stage.
+    pub loss: f64,
+}
+
+impl StageState {
+    /// Runs the forward of the pack `slices` on this stage with `params` (this stage's weights).
+    ///
+    /// `hidden_in` holds, per slice in the same order, the previous stage's output `[len, hidden]`;
+    /// it is empty on the first stage, which embeds the slices' tokens instead. The slices may
+    /// come from any samples and in any order; slices of one sample must continue exactly where
+    /// that sample's forward stopped (see [`StageState`]). Saves what the slices' backward needs.
+    pub fn forward_pack(
+        &mut self,
+        params: &Params,
+        batch: &Batch,
+        slices: &[Slice],
+        hidden_in: &[Vec<f32>],
+    ) -> Result<ForwardOutput> {
+        self.check_tensors(params)?;
+        self.check_forward(batch, slices, hidden_in)?;
+        let layout = PackLayout::new(slices);
+        let mut x = match &params.embedding {
+            Some(table) => embed(table, self.config.hidden, layout.tokens(batch)),
+            None => PackLayout::concat(&hidden_in.iter().map(Vec::as_slice).collect::<Vec<_>>()),
+        };
+        let mut layers = Vec::with_capacity(params.layers.len());
+        for (local, layer) in params.layers.iter().enumerate() {
+            let pre = pre_attention_forward(&self.config, layer, &x, &layout.positions);
+            let (attn, lse) = self.attend(local, &layout, &pre);
+            let (y, post) = post_attention_forward(&self.config, layer, &x, &attn);
+            let PreAttention {
+                inv_rms, normed, q, ..
+            } = pre;
+            layers.push(SavedLayer {
+                x,
+                inv_rms,
+                normed,
+                q,
+                attn,
+                lse,
+                post,
+            });
+            x = y;
+        }
+        let mut output = ForwardOutput {
+            hidden: Vec::new(),
+            loss: 0.0,
+        };
+        let head = match &params.final_norm {
+            Some(final_norm) => {
+                let targets = layout.targets(batch);
+                let weight = params.output_weight();
+                let (loss, saved) = head_forward(
+                    &self.config,
+                    final_norm,
+                    weight,
+                    x,
+                    &targets,
+                    batch.loss_scale(),
+                );
+                output.loss = loss;
+                Some(saved)
+            }
+            None => {
+                output.hidden = layout.split(&x);
+                None
+            }
+        };
+        self.finish_forward(&layout, SavedActivations { layers, head });
+        Ok(output)
+    }
+
+    /// The attention of local layer `layer` for every slice of the pack: appends each slice's K/V
+    /// to its sample's cache and attends over the prefix. Returns `(out, lse)` for all rows.
+    fn attend(
+        &mut self,
+        layer: usize,
+        layout: &PackLayout,
+        pre: &PreAttention,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (qw, kvw, heads) = (
+            self.config.q_width(),
+            self.config.kv_width(),
+            self.config.heads,
+        );
+        let mut out = vec![0.0; layout.rows() * qw];
+        let mut lse = vec![0.0; layout.rows() * heads];
+        for index in layout.forward_order() {
+            let slice = layout.slices[index];
+            let rows = layout.rows_of(index);
+            let kv = self.cache.layer_mut(slice.sample, layer);
+            kv.keys
+                .extend_from_slice(&pre.k[rows.start * kvw..rows.end * kvw]);
+            kv.values
+                .extend_from_slice(&pre.v[rows.start * kvw..rows.end * kvw]);
+            let input = SliceAttention {
+                offset: slice.start,
+                q: &pre.q[rows.start * qw..rows.end * qw],
+                keys: &kv.keys,
+                values: &kv.values,
+            };
+            attention_forward(
+                &self.config,
+                &input,
+                &mut out[rows.start * qw..rows.end * qw],
+                &mut lse[rows.start * heads..rows.end * heads],
+            );
+        }
+        (out, lse)
+    }
+
+    /// Records the pack's progress and stores its activations per slice.
+    fn finish_forward(&mut self, layout: &PackLayout, saved: SavedActivations) {
+        if layout.slices.is_empty() {
+            return;
+        }
+        for slice in &layout.slices {
+            let forwarded = self.cache.forwarded(slice.sample).max(slice.end());
+            self.cache.finish_forward(slice.sample, forwarded);
+        }
+        for (slice, record) in layout.slices.iter().zip(saved.split(layout)) {
+            self.saved.insert(*slice, record);
+        }
+    }
+}

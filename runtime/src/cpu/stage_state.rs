@@ -1,0 +1,214 @@
+//! The state one pipeline-stage worker keeps during a training step, and the schedule rules it
+//! enforces.
+//!
+//! A [`StageState`] lives for one step on one worker (one stage of one DP replica). It holds the
+//! K/V cache of the samples in flight and the activations each forwarded slice saved, and checks
+//! every pack against the slice order before touching anything:
+//! - a slice is a non-empty token range of a sample of the batch;
+//! - per sample, forwards run in increasing order without gaps (`start` = tokens forwarded so far);
+//! - a sample's backward starts only after all its tokens were forwarded on this stage, runs in
+//!   decreasing order without gaps (`end` = tokens not yet backwarded), with exactly the slices
+//!   that were forwarded;
+//! - a sample whose backward finished is not forwarded again in the same step.
+//!
+//! A rejected pack leaves the state unchanged. The entry points themselves are in
+//! [`super::forward`] and [`super::backward`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::batch::{Batch, SampleId, Slice};
+use super::config::ModelConfig;
+use super::error::{CpuError, Result};
+use super::kv_cache::KvCache;
+use super::params::Params;
+use super::saved::SavedActivations;
+use super::stage::Stage;
+
+/// One stage worker's in-flight state during a step: K/V caches and saved activations.
+#[derive(Debug)]
+pub struct StageState {
+    pub(super) config: ModelConfig,
+    pub(super) stage: Stage,
+    pub(super) cache: KvCache,
+    /// Activations of each forwarded slice whose backward has not run.
+    pub(super) saved: BTreeMap<Slice, SavedActivations>,
+    /// Samples whose backward finished in this step.
+    pub(super) retired: BTreeSet<SampleId>,
+}
+
+/// Bytes a stage worker holds for the step in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LiveBytes {
+    /// Keys and values of the samples in flight.
+    pub kv: usize,
+    /// Gradient accumulators of those keys and values (samples in their backward).
+    pub kv_grads: usize,
+    /// Activations saved by forwarded slices whose backward has not run.
+    pub activations: usize,
+}
+
+impl LiveBytes {
+    /// Everything together.
+    pub fn total(&self) -> usize {
+        self.kv + self.kv_grads + self.activations
+    }
+}
+
+impl StageState {
+    /// A fresh state for the worker of `stage` at the start of a step.
+    pub fn new(config: &ModelConfig, stage: Stage) -> StageState {
+        StageState {
+            config: *config,
+            stage,
+            cache: KvCache::new(stage.layer_count(), config.kv_width()),
+            saved: BTreeMap::new(),
+            retired: BTreeSet::new(),
+        }
+    }
+
+    /// The stage this worker runs.
+    pub fn stage(&self) -> Stage {
+        self.stage
+    }
+
+    /// Nothing is in flight: every forwarded slice was backwarded (true at the end of a step).
+    pub fn is_drained(&self) -> bool {
+        self.saved.is_empty() && self.cache.samples_in_flight() == 0
+    }
+
+    /// Memory held for the step in flight.
+    pub fn live_bytes(&self) -> LiveBytes {
+        let (kv, kv_grads) = self.cache.bytes();
+        LiveBytes {
+            kv,
+            kv_grads,
+            activations: self.saved.values().map(SavedActivations::bytes).sum(),
+        }
+    }
+
+    /// Fails unless `tensors` (weights or gradients) belong to this worker's model and stage.
+    pub(super) fn check_tensors(&self, tensors: &Params) -> Result<()> {
+        if *tensors.config() != self.config {
+            return Err(CpuError::LayoutMismatch {
+                reason: "tensors of another model given to a stage worker".to_string(),
+            });
+        }
+        if tensors.stage() != self.stage {
+            return Err(CpuError::StageMismatch {
+                expected: self.stage,
+                got: tensors.stage(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a forward pack against the batch, the slice order and its inputs.
+    pub(super) fn check_forward(
+        &self,
+        batch: &Batch,
+        slices: &[Slice],
+        hidden_in: &[Vec<f32>],
+    ) -> Result<()> {
+        let mut next_start: BTreeMap<SampleId, usize> = BTreeMap::new();
+        let mut ordered = slices.to_vec();
+        ordered.sort();
+        for slice in &ordered {
+            batch.check_slice(slice)?;
+            if self.retired.contains(&slice.sample) {
+                return Err(CpuError::SampleRetired { slice: *slice });
+            }
+            let expected = next_start
+                .entry(slice.sample)
+                .or_insert_with(|| self.cache.forwarded(slice.sample));
+            if slice.start != *expected {
+                return Err(CpuError::ForwardOutOfOrder {
+                    slice: *slice,
+                    expected_start: *expected,
+                });
+            }
+            *expected = slice.end();
+        }
+        if self.stage.is_first() {
+            return expect_count(
+                "hidden inputs of a first-stage pack (it embeds tokens)",
+                0,
+                hidden_in.len(),
+            );
+        }
+        self.check_per_slice("hidden inputs", slices, hidden_in)
+    }
+
+    /// Checks a backward pack against the batch, the slice order and its output gradients.
+    pub(super) fn check_backward(
+        &self,
+        batch: &Batch,
+        slices: &[Slice],
+        grad_out: &[Vec<f32>],
+    ) -> Result<()> {
+        let mut next_end: BTreeMap<SampleId, usize> = BTreeMap::new();
+        let mut ordered = slices.to_vec();
+        ordered.sort_by_key(|s| (s.sample, std::cmp::Reverse(s.start)));
+        for slice in &ordered {
+            batch.check_slice(slice)?;
+            let sample_len = batch.tokens(slice.sample).len();
+            let forwarded = self.cache.forwarded(slice.sample);
+            if !self.saved.contains_key(slice) {
+                return Err(CpuError::NotForwarded { slice: *slice });
+            }
+            if forwarded != sample_len {
+                return Err(CpuError::BackwardBeforeForward {
+                    slice: *slice,
+                    forwarded,
+                    sample_len,
+                });
+            }
+            let expected = next_end
+                .entry(slice.sample)
+                .or_insert_with(|| self.cache.frontier(slice.sample).unwrap_or(sample_len));
+            if slice.end() != *expected {
+                return Err(CpuError::BackwardOutOfOrder {
+                    slice: *slice,
+                    expected_end: *expected,
+                });
+            }
+            *expected = slice.start;
+        }
+        if self.stage.is_last() {
+            return expect_count(
+                "output gradients of a last-stage pack (it starts from the loss)",
+                0,
+                grad_out.len(),
+            );
+        }
+        self.check_per_slice("output gradients", slices, grad_out)
+    }
+
+    /// One `[len, hidden]` tensor per slice, in the slices' order.
+    fn check_per_slice(&self, what: &str, slices: &[Slice], tensors: &[Vec<f32>]) -> Result<()> {
+        expect_count(
+            &format!("{what} of a pack of {} slices", slices.len()),
+            slices.len(),
+            tensors.len(),
+        )?;
+        for (slice, tensor) in slices.iter().zip(tensors) {
+            expect_count(
+                &format!("values of the {what} of slice {slice} ([len, hidden])"),
+                slice.len * self.config.hidden,
+                tensor.len(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn expect_count(what: &str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(CpuError::PackInput {
+            what: what.to_string(),
+            expected,
+            got,
+        })
+    }
+}

@@ -1,0 +1,201 @@
+//! Test harness: small models, random schedules, and a minimal pipeline executor.
+//!
+//! The executor replays a schedule (a sequence of forward and backward packs of one replica)
+//! over a list of stages, passing hidden states forward and their gradients back, then sums the
+//! tied embedding copies and merges the stages' gradients: what the real schedule executor does,
+//! minus workers and timing.
+
+use rand::seq::{IndexedRandom, SliceRandom};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::cpu::{
+    sum_tied_grads, Batch, Grads, ModelConfig, Params, Result, SampleId, Slice, Stage, StageState,
+};
+
+/// Property-test settings: `cases` cases from a fixed seed (the same cases every run), and no
+/// regression files written into the source tree (a failure prints its minimal input instead).
+pub fn deterministic_config(cases: u32) -> proptest::test_runner::Config {
+    proptest::test_runner::Config {
+        cases,
+        rng_seed: proptest::test_runner::RngSeed::Fixed(0x511e_9ac4),
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
+}
+
+/// A model with the `tiny` preset's structure (grouped-query attention, SwiGLU) at test size.
+pub fn small_config(layers: usize, tied_embeddings: bool) -> ModelConfig {
+    ModelConfig {
+        layers,
+        hidden: 16,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 4,
+        ffn: 24,
+        vocab: 32,
+        tied_embeddings,
+        norm_eps: ModelConfig::NORM_EPS,
+        rope_theta: ModelConfig::ROPE_THETA,
+    }
+}
+
+/// Weights from `seed` with norm gains spread over [0.5, 1.5], so that the gains' gradients and
+/// their effect on other gradients are exercised (a gain of exactly 1 hides some mistakes).
+pub fn params_with_random_gains(config: &ModelConfig, seed: u64) -> Params {
+    let mut params = Params::init(config, seed);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x9e37_79b9);
+    for tensor in params.tensors_mut() {
+        if tensor.kind == crate::cpu::TensorKind::NormGain {
+            tensor
+                .data
+                .iter_mut()
+                .for_each(|g| *g = rng.random_range(0.5..1.5));
+        }
+    }
+    params
+}
+
+/// One unit of a schedule.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pack {
+    Forward(Vec<Slice>),
+    Backward(Vec<Slice>),
+}
+
+/// Cuts each sample into random slices (fine and coarse cuts both occur), interleaves the
+/// slices' forwards and backwards in a random order that keeps the rules (per sample: forwards
+/// increasing; backwards decreasing, after all its forwards), and groups consecutive events of one
+/// direction into packs of random size, each shuffled. Forward and backward packs thus form two
+/// different partitions of the slices.
+pub fn random_schedule(batch: &Batch, seed: u64) -> Vec<Pack> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let slices: Vec<Vec<Slice>> = batch
+        .sample_ids()
+        .map(|s| random_slices(batch, s, &mut rng))
+        .collect();
+    let mut next_forward = vec![0; slices.len()];
+    let mut next_backward: Vec<usize> = slices.iter().map(Vec::len).collect();
+    let mut events = Vec::new();
+    loop {
+        let mut ready = Vec::new();
+        for (sample, sample_slices) in slices.iter().enumerate() {
+            if next_forward[sample] < sample_slices.len() {
+                ready.push((true, sample));
+            } else if next_backward[sample] > 0 {
+                ready.push((false, sample));
+            }
+        }
+        let Some(&(forward, sample)) = ready.choose(&mut rng) else {
+            break;
+        };
+        if forward {
+            events.push((true, slices[sample][next_forward[sample]]));
+            next_forward[sample] += 1;
+        } else {
+            next_backward[sample] -= 1;
+            events.push((false, slices[sample][next_backward[sample]]));
+        }
+    }
+    group_into_packs(events, &mut rng)
+}
+
+fn random_slices(batch: &Batch, sample: SampleId, rng: &mut ChaCha8Rng) -> Vec<Slice> {
+    let len = batch.tokens(sample).len();
+    let cut_probability = [0.0, 0.05, 0.2, 0.5][rng.random_range(0..4)];
+    let mut slices = Vec::new();
+    let mut start = 0;
+    for position in 1..=len {
+        if position == len || rng.random_bool(cut_probability) {
+            slices.push(Slice {
+                sample,
+                start,
+                len: position - start,
+            });
+            start = position;
+        }
+    }
+    slices
+}
+
+fn group_into_packs(events: Vec<(bool, Slice)>, rng: &mut ChaCha8Rng) -> Vec<Pack> {
+    let mut packs = Vec::new();
+    let mut current: Vec<Slice> = Vec::new();
+    let mut current_forward = true;
+    for (forward, slice) in events {
+        if !current.is_empty() && (forward != current_forward || rng.random_bool(0.35)) {
+            packs.push(make_pack(
+                current_forward,
+                std::mem::take(&mut current),
+                rng,
+            ));
+        }
+        current_forward = forward;
+        current.push(slice);
+    }
+    if !current.is_empty() {
+        packs.push(make_pack(current_forward, current, rng));
+    }
+    packs
+}
+
+fn make_pack(forward: bool, mut slices: Vec<Slice>, rng: &mut ChaCha8Rng) -> Pack {
+    slices.shuffle(rng);
+    if forward {
+        Pack::Forward(slices)
+    } else {
+        Pack::Backward(slices)
+    }
+}
+
+/// Samples of random tokens of the given lengths.
+pub fn batch_of(config: &ModelConfig, lengths: &[usize], seed: u64) -> Batch {
+    Batch::synthetic(config, lengths, seed).expect("test lengths are valid")
+}
+
+/// Runs `schedule` over `stages` (a partition of the model's layers; one stage is the whole
+/// model) and returns the loss and the merged gradients of the whole model.
+pub fn run_schedule(
+    params: &Params,
+    stages: &[Stage],
+    batch: &Batch,
+    schedule: &[Pack],
+) -> Result<(f64, Grads)> {
+    let stage_params = params.split(stages)?;
+    let mut grads: Vec<Grads> = stage_params.iter().map(Params::zeros_like).collect();
+    let config = params.config();
+    let mut states: Vec<StageState> = stages.iter().map(|&s| StageState::new(config, s)).collect();
+    let mut loss = 0.0;
+    for pack in schedule {
+        match pack {
+            Pack::Forward(slices) => {
+                let mut hidden = Vec::new();
+                for (state, weights) in states.iter_mut().zip(&stage_params) {
+                    let output = state.forward_pack(weights, batch, slices, &hidden)?;
+                    hidden = output.hidden;
+                    loss += output.loss;
+                }
+            }
+            Pack::Backward(slices) => {
+                let mut grad = Vec::new();
+                for index in (0..stages.len()).rev() {
+                    let (state, weights) = (&mut states[index], &stage_params[index]);
+                    grad = state.backward_pack(weights, &mut grads[index], batch, slices, &grad)?;
+                }
+            }
+        }
+    }
+    for state in &states {
+        assert!(
+            state.is_drained(),
+            "stage {} still holds {:?}",
+            state.stage(),
+            state.live_bytes()
+        );
+    }
+    if grads.len() > 1 {
+        let (first, rest) = grads.split_at_mut(1);
+        sum_tied_grads(&mut first[0], rest.last_mut().expect("more than one stage"))?;
+    }
+    Ok((loss, Params::merge(grads)?))
+}
