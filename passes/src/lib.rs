@@ -7,8 +7,12 @@
 //! - one file per pass: [`assign_dp`], [`slice`], [`pack_symmetric`], [`schedule_pipeline`].
 
 pub mod assign_dp;
+mod balance;
 mod error;
+mod micropack;
 pub mod manager;
+pub mod pack_bwd;
+pub mod pack_fwd;
 pub mod pack_symmetric;
 mod pass;
 pub mod pipeline;

@@ -21,6 +21,8 @@ pub struct PassInfo {
 pub static PASSES: &[PassInfo] = &[
     crate::assign_dp::INFO,
     crate::slice::INFO,
+    crate::pack_fwd::INFO,
+    crate::pack_bwd::INFO,
     crate::pack_symmetric::INFO,
     crate::schedule_pipeline::INFO,
 ];

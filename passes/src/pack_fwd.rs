@@ -1,0 +1,46 @@
+//! `pack-fwd{cap=N,packs=K}`: phase 2, forward half — partition each replica's slices into
+//! forward MicroPacks balanced on *forward* cost.
+//!
+//! Phase in: `assigned` (sliced). Phase out: unchanged (`pack-bwd` completes packing). Each
+//! sample's slices enter packs first slice first (their K/V prefix must exist); costs are the
+//! machine model's forward FLOPs of each slice at its offset, so a late slice of a long sample
+//! (which attends to a long prefix) weighs more than an early one of the same length. The
+//! algorithm is in [`crate::micropack`].
+
+use std::ops::RangeInclusive;
+
+use crate::error::Result;
+use crate::micropack::{pack_direction, PackOptions, OPTIONS};
+use crate::pass::{Pass, Statistics};
+use crate::registry::PassInfo;
+use slimpack_ir::step::{Direction, Phase};
+use slimpack_ir::StepIr;
+
+pub(crate) const INFO: PassInfo = PassInfo {
+    name: "pack-fwd",
+    summary: "partition slices into forward MicroPacks balanced on forward cost",
+    description: "Per replica: chain-constrained balanced partition of the slices (first slice \
+                  first) into packs of at most `cap` tokens, balancing forward FLOPs at each \
+                  slice's offset. Phase assigned -> assigned.",
+    options: OPTIONS,
+    create: |options| Ok(Box::new(PackFwd(PackOptions::parse(options)?))),
+};
+
+/// The forward packing pass.
+#[derive(Debug, Clone, Copy)]
+pub struct PackFwd(pub PackOptions);
+
+impl Pass for PackFwd {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+    fn accepts(&self) -> RangeInclusive<Phase> {
+        Phase::Assigned..=Phase::Assigned
+    }
+    fn produces(&self) -> Option<Phase> {
+        None
+    }
+    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+        pack_direction(ir, Direction::Forward, self.0, INFO.name)
+    }
+}
