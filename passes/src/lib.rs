@@ -8,6 +8,7 @@
 
 pub mod assign_dp;
 mod balance;
+pub mod dp_merge;
 mod error;
 mod micropack;
 pub mod manager;
