@@ -85,6 +85,8 @@ pub fn check(ir: &StepIr) -> Vec<VerifyError> {
         ir,
         names: Names::new(ir),
         errors: Vec::new(),
+        pack_position: HashMap::new(),
+        member_position: HashMap::new(),
     };
     verifier.stages();
     verifier.samples_and_slices();
@@ -100,6 +102,10 @@ struct Verifier<'a> {
     ir: &'a StepIr,
     names: Names,
     errors: Vec<VerifyError>,
+    /// Position of each placed pack among its replica's packs of its direction.
+    pack_position: HashMap<PackId, usize>,
+    /// Position of each slice inside each pack that holds it.
+    member_position: HashMap<(PackId, crate::step::SliceId), usize>,
 }
 
 impl Verifier<'_> {
@@ -278,7 +284,11 @@ impl Verifier<'_> {
         }
         for &replica in ir.replicas() {
             for direction in [Direction::Forward, Direction::Backward] {
-                for pack in ir.packs_on(replica, direction) {
+                for (position, pack) in ir.packs_on(replica, direction).into_iter().enumerate() {
+                    self.pack_position.insert(pack, position);
+                    for (member, slice) in ir.pack_slices(pack).into_iter().enumerate() {
+                        self.member_position.insert((pack, slice), member);
+                    }
                     self.pack(pack, replica);
                 }
             }
@@ -392,23 +402,13 @@ impl Verifier<'_> {
 
     /// (position of the pack among its replica's packs of that direction, position inside it).
     fn order_key(&self, pack: PackId, slice: crate::step::SliceId) -> (usize, usize) {
-        let ir = self.ir;
-        let direction = ir.pack(pack).direction;
-        let pack_position = ir
-            .replica_of_pack(pack)
-            .map(|r| {
-                ir.packs_on(r, direction)
-                    .iter()
-                    .position(|&p| p == pack)
-                    .unwrap_or(0)
-            })
-            .unwrap_or(0);
-        let member_position = ir
-            .pack_slices(pack)
-            .iter()
-            .position(|&s| s == slice)
-            .unwrap_or(0);
-        (pack_position, member_position)
+        (
+            self.pack_position.get(&pack).copied().unwrap_or(0),
+            self.member_position
+                .get(&(pack, slice))
+                .copied()
+                .unwrap_or(0),
+        )
     }
 
     fn schedules(&mut self) {

@@ -24,12 +24,19 @@ pub(crate) struct Item {
 pub(crate) type Partition = Vec<Vec<(usize, usize)>>;
 
 /// Partitions `chains` (each in the order its items must run) into at least `packs` packs of at
-/// most `cap` tokens, balancing cost. Returns the packs in run order.
-pub(crate) fn partition(chains: &[Vec<Item>], packs: usize, cap: u32) -> Partition {
+/// most `cap` tokens, balancing cost. Chain `c` may enter pack `k` only from `k >= release[c]`
+/// (the backward packer releases a sample once its forward is done, so backward pack k does
+/// not wait on forwards far beyond forward pack k). Returns the packs in run order.
+pub(crate) fn partition(
+    chains: &[Vec<Item>],
+    release: &[usize],
+    packs: usize,
+    cap: u32,
+) -> Partition {
     let total_items: usize = chains.iter().map(Vec::len).sum();
     let mut count = packs.max(1);
     loop {
-        let (result, fits) = attempt(chains, count, cap);
+        let (result, fits) = attempt(chains, release, count, cap);
         if fits || count >= total_items {
             return result;
         }
@@ -57,29 +64,50 @@ impl Ord for Head {
     }
 }
 
-fn attempt(chains: &[Vec<Item>], count: usize, cap: u32) -> (Partition, bool) {
+fn attempt(chains: &[Vec<Item>], release: &[usize], count: usize, cap: u32) -> (Partition, bool) {
     let mut next = vec![0usize; chains.len()];
-    let mut heads: BTreeSet<Head> = chains
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| !c.is_empty())
-        .map(|(chain, c)| Head {
-            cost: c[0].cost,
-            chain,
-        })
+    // Chains not yet released, latest release first (popped from the back).
+    let mut waiting: Vec<usize> = (0..chains.len())
+        .filter(|&c| !chains[c].is_empty())
         .collect();
+    waiting.sort_by(|a, b| release[*b].cmp(&release[*a]).then(b.cmp(a)));
+    let mut heads: BTreeSet<Head> = BTreeSet::new();
     let mut remaining_cost: f64 = chains.iter().flatten().map(|i| i.cost).sum();
     let mut result: Partition = Vec::with_capacity(count);
     let mut fits = true;
     for k in 0..count {
         let packs_left = count - k;
         let last = packs_left == 1;
+        // Release the chains due by this pack (all of them in the last pack); an empty set of
+        // heads releases the next chain early so that every pack makes progress.
+        while let Some(&chain) = waiting.last() {
+            if release[chain] > k && !last && !heads.is_empty() {
+                break;
+            }
+            waiting.pop();
+            heads.insert(Head {
+                cost: chains[chain][0].cost,
+                chain,
+            });
+        }
         let budget = remaining_cost / packs_left as f64;
         let (mut cost, mut tokens) = (0.0, 0u64);
         let mut members = Vec::new();
-        // Urgent chains first: more slices left than packs left.
-        let urgent: Vec<usize> = (0..chains.len())
-            .filter(|&c| chains[c].len() - next[c] > packs_left - 1 && next[c] < chains[c].len())
+        // Urgent chains first: more slices left than packs left (released now if waiting).
+        waiting.retain(|&chain| {
+            let urgent = chains[chain].len() > packs_left - 1;
+            if urgent {
+                heads.insert(Head {
+                    cost: chains[chain][0].cost,
+                    chain,
+                });
+            }
+            !urgent
+        });
+        let urgent: Vec<usize> = heads
+            .iter()
+            .map(|h| h.chain)
+            .filter(|&c| chains[c].len() - next[c] > packs_left - 1)
             .collect();
         for chain in urgent {
             let item = chains[chain][next[chain]];
@@ -123,11 +151,11 @@ fn attempt(chains: &[Vec<Item>], count: usize, cap: u32) -> (Partition, bool) {
         if !members.is_empty() {
             result.push(members);
         }
-        if heads.is_empty() {
+        if heads.is_empty() && waiting.is_empty() {
             break;
         }
     }
-    (result, fits && heads.is_empty())
+    (result, fits && heads.is_empty() && waiting.is_empty())
 }
 
 fn take(
@@ -166,7 +194,7 @@ mod tests {
             items(&[2.0, 2.0]),
             items(&[9.0]),
         ];
-        let parts = partition(&chains, 3, 100);
+        let parts = partition(&chains, &[0; 4], 3, 100);
         let mut seen = vec![Vec::new(); chains.len()];
         for pack in &parts {
             for &(chain, index) in pack {
@@ -184,7 +212,7 @@ mod tests {
             .iter()
             .map(|&c| items(&[c]))
             .collect();
-        let parts = partition(&chains, 4, 100);
+        let parts = partition(&chains, &[0; 8], 4, 100);
         let loads: Vec<f64> = parts
             .iter()
             .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum())
@@ -203,7 +231,7 @@ mod tests {
                 }]
             })
             .collect();
-        let parts = partition(&chains, 2, 20);
+        let parts = partition(&chains, &[0; 6], 2, 20);
         assert_eq!(parts.len(), 3);
         assert!(parts.iter().all(|p| p.len() == 2));
     }
@@ -274,11 +302,28 @@ pub(crate) fn pack_direction(
         }
         let mut chains = Vec::new();
         let mut ids = Vec::new();
+        let mut release = Vec::new();
+        let forward_position: std::collections::HashMap<_, usize> = ir
+            .packs_on(replica, Direction::Forward)
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| (p, i))
+            .collect();
         for sample in ir.samples_on(replica) {
             let mut slices = ir.slices_of(sample);
             if direction == Direction::Backward {
                 slices.reverse();
             }
+            // A backward chain is released once the sample's forward is complete: at the
+            // position of the forward pack that holds its last slice.
+            release.push(
+                slices
+                    .first()
+                    .filter(|_| direction == Direction::Backward)
+                    .and_then(|&s| ir.pack_of(s, Direction::Forward))
+                    .and_then(|p| forward_position.get(&p).copied())
+                    .unwrap_or(0),
+            );
             chains.push(
                 slices
                     .iter()
@@ -305,7 +350,7 @@ pub(crate) fn pack_direction(
         let tokens: u64 = chains.iter().flatten().map(|i| u64::from(i.tokens)).sum();
         let by_cap = tokens.div_ceil(u64::from(cap)) as usize;
         let packs = options.packs.unwrap_or(1).max(by_cap);
-        let parts = partition(&chains, packs, cap);
+        let parts = partition(&chains, &release, packs, cap);
         let loads: Vec<f64> = parts
             .iter()
             .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum())
