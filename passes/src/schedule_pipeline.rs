@@ -6,16 +6,24 @@
 //! `pp - 1 - s` forwards, the stage alternates: the next backward pack runs as soon as every
 //! forward pack holding one of its slices has run on this stage and the stage has run
 //! `warmup + 1 + (backwards so far)` forwards; otherwise the next forward runs. With identical
-//! forward and backward packs this is exactly Megatron's 1F1B. Deadlock freedom: a stage never
-//! runs fewer forwards before a given backward than the stage after it, so every backward a
-//! stage waits for is preceded, downstream, only by forwards it has already sent (the verifier
-//! proves it on every output).
+//! forward and backward packs this is exactly Megatron's 1F1B.
+//!
+//! Memory: the warm-up also bounds how many forward packs a stage holds in flight (`warmup + 1`
+//! at steady state). Where the largest forward pack's saved activations and K/V times that
+//! count would not fit in what the model states leave of device memory, the stage's warm-up
+//! shrinks to what fits, and every later stage's warm-up is capped by it.
+//!
+//! Deadlock freedom: warm-ups never increase along the pipeline, so a stage never runs fewer
+//! forwards before a given backward than the stage after it, and every backward a stage waits
+//! for is preceded, downstream, only by forwards it has already sent (the verifier proves it on
+//! every output).
 
 use std::ops::RangeInclusive;
 
 use crate::error::Result;
 use crate::pass::{Pass, Statistics};
 use crate::registry::PassInfo;
+use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::{Direction, PackId, Phase, ReplicaId};
 use slimpack_ir::StepIr;
 
@@ -34,7 +42,7 @@ pub(crate) const INFO: PassInfo = PassInfo {
 pub struct SchedulePipeline;
 
 /// The 1F1B order of one replica on stage `stage` of `stages`.
-pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, stage: u32, stages: u32) -> Vec<PackId> {
+pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, warmup: usize) -> Vec<PackId> {
     let forward = ir.packs_on(replica, Direction::Forward);
     let backward = ir.packs_on(replica, Direction::Backward);
     // need[b]: forwards that must have run before backward pack b.
@@ -51,7 +59,6 @@ pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, stage: u32, stages: u
                 .unwrap_or(0)
         })
         .collect();
-    let warmup = (stages - 1 - stage) as usize;
     let (mut f, mut b) = (0, 0);
     let mut order = Vec::with_capacity(forward.len() + backward.len());
     while f < forward.len() || b < backward.len() {
@@ -83,14 +90,22 @@ impl Pass for SchedulePipeline {
 
     fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
         let stages = ir.spec.parallel.pp;
+        let cost = CostModel::new(&ir.spec);
         let mut scheduled = 0;
         let mut max_in_flight = 0usize;
+        let mut memory_limited = 0usize;
         for replica in ir.replicas().to_vec() {
             if ir.packs_on(replica, Direction::Forward).is_empty() {
                 continue;
             }
-            for stage in 0..stages {
-                let order = one_f_one_b(ir, replica, stage, stages);
+            let warmups = warmups(ir, replica, &cost);
+            memory_limited += warmups
+                .iter()
+                .enumerate()
+                .filter(|&(s, &w)| w < (stages - 1) as usize - s)
+                .count();
+            for (stage, &warmup) in warmups.iter().enumerate() {
+                let order = one_f_one_b(ir, replica, warmup);
                 let mut in_flight: usize = 0;
                 for &pack in &order {
                     match ir.pack(pack).direction {
@@ -99,12 +114,45 @@ impl Pass for SchedulePipeline {
                     }
                     max_in_flight = max_in_flight.max(in_flight);
                 }
-                ir.set_schedule(replica, stage, &order);
+                ir.set_schedule(replica, stage as u32, &order);
             }
             scheduled += 1;
         }
         Ok(Statistics::new()
             .with("replicas_scheduled", scheduled)
-            .with("max_forwards_in_flight", max_in_flight))
+            .with("max_forwards_in_flight", max_in_flight)
+            .with("memory_limited_stages", memory_limited))
     }
+}
+
+/// Warm-up forwards of each stage of one replica: `pp - 1 - s`, reduced to what fits in
+/// memory, and never larger than the previous stage's.
+fn warmups(ir: &StepIr, replica: ReplicaId, cost: &CostModel) -> Vec<usize> {
+    let stages = ir.spec.parallel.pp;
+    let memory = cost.memory();
+    let cp = ir.replica(replica).ranks.len().max(1) as u64;
+    let largest = ir
+        .packs_on(replica, Direction::Forward)
+        .iter()
+        .map(|&p| ir.pack_tokens(p))
+        .max()
+        .unwrap_or(0)
+        .div_ceil(cp);
+    let mut result: Vec<usize> = Vec::with_capacity(stages as usize);
+    for stage in 0..stages {
+        let fixed = memory.model_state_bytes(stage) + memory.workspace_bytes();
+        let per_pack = memory.activation_bytes(largest, stage) + memory.kv_bytes(largest, stage);
+        let fits = memory
+            .capacity_bytes()
+            .saturating_sub(fixed)
+            .checked_div(per_pack)
+            .unwrap_or(u64::MAX);
+        let by_memory = fits.saturating_sub(1) as usize;
+        let mut warmup = ((stages - 1 - stage) as usize).min(by_memory);
+        if let Some(&previous) = result.last() {
+            warmup = warmup.min(previous);
+        }
+        result.push(warmup);
+    }
+    result
 }
