@@ -9,18 +9,20 @@
 //!   and printed back);
 //! - `// no-verify` — do not run the verifier.
 //!
-//! `SLIMPACK_BLESS=1 cargo test --test filetests` rewrites the expected sections from the actual
-//! output; review the diff before committing it.
+//! `SLIMPACK_BLESS=1 cargo test -p slimpack-passes --test filetests` rewrites the expected
+//! sections from the actual output; review the diff before committing it. The files live in the
+//! workspace's `tests/filetests/`; the runner lives in this crate because it needs only the IR
+//! and the passes.
 
 use std::path::{Path, PathBuf};
 
-use slimpack::ir::text;
-use slimpack::passes::{parse_pipeline, run_pipeline, ManagerOptions};
+use slimpack_ir::text;
+use slimpack_passes::{parse_pipeline, run_pipeline, ManagerOptions};
 
 const SEPARATOR: &str = "// ----- expected -----";
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/filetests");
     let mut files = Vec::new();
     collect(&root, &mut files);
     files.sort();
@@ -79,7 +81,7 @@ fn run(input: &str, name: &str) -> String {
         verify: directive("no-verify").is_none(),
         ..ManagerOptions::default()
     };
-    let result = (|| -> anyhow::Result<String> {
+    let result = (|| -> Result<String, Box<dyn std::error::Error>> {
         let pipeline = parse_pipeline(&pipeline)?;
         let mut ir = text::parse(input, name)?;
         run_pipeline(&mut ir, &pipeline, &options, &mut std::io::sink())?;
