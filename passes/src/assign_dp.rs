@@ -8,6 +8,11 @@
 //! replicas while the maximum load drops. `balance=tokens` balances token counts instead (what
 //! token-balancing packers do); `balance=none` deals samples round-robin in batch order (what a
 //! plain distributed sampler does).
+//!
+//! `cp=K` takes a static context-parallel degree out of the DP pool, as Megatron-LM does when
+//! `--context-parallel-size K` is set at a fixed world size: `dp / K` replicas of `K`
+//! consecutive DP ranks each (`[0..K)`, `[K..2K)`, ...), every one a CP group that runs all of
+//! its samples split `K` ways. `K` must divide `dp`; `cp=1` (the default) is one replica per rank.
 
 use std::ops::RangeInclusive;
 
@@ -25,10 +30,16 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Creates one replica per DP rank and places every sample: LPT on forward + \
                   backward FLOPs, then move/swap refinement between the most and least loaded \
                   replicas. Phase logical -> assigned.",
-    options: &[OptionInfo {
-        name: "balance",
-        help: "cost (default: FLOPs incl. quadratic attention), tokens, or none (round-robin)",
-    }],
+    options: &[
+        OptionInfo {
+            name: "balance",
+            help: "cost (default: FLOPs incl. quadratic attention), tokens, or none (round-robin)",
+        },
+        OptionInfo {
+            name: "cp",
+            help: "static CP degree taken from the DP pool: dp/cp replicas of cp ranks (default 1)",
+        },
+    ],
     create: |options| Ok(Box::new(AssignDp::from_options(options)?)),
 };
 
@@ -36,6 +47,8 @@ pub(crate) const INFO: PassInfo = PassInfo {
 #[derive(Debug, Clone, Copy)]
 pub struct AssignDp {
     pub balance: Balance,
+    /// DP ranks per replica (a static CP group); divides `dp`.
+    pub cp: u32,
 }
 
 impl AssignDp {
@@ -56,7 +69,16 @@ impl AssignDp {
                 })
             }
         };
-        Ok(AssignDp { balance })
+        let cp: u32 = options.get("cp", "a positive integer")?.unwrap_or(1);
+        if cp == 0 {
+            return Err(PassError::BadOption {
+                pass: INFO.name,
+                option: "cp".into(),
+                value: "0".into(),
+                message: "expected a positive integer".into(),
+            });
+        }
+        Ok(AssignDp { balance, cp })
     }
 }
 
@@ -74,7 +96,14 @@ impl Pass for AssignDp {
     }
 
     fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
-        let bins = ir.spec.parallel.dp as usize;
+        let dp = ir.spec.parallel.dp;
+        if dp % self.cp != 0 {
+            return Err(PassError::Failed {
+                pass: INFO.name,
+                message: format!("cp={} does not divide dp={dp}", self.cp),
+            });
+        }
+        let bins = (dp / self.cp) as usize;
         let cost = sample_weights(ir, Balance::Cost);
         let (bin_of, steps) = match self.balance {
             Balance::None => ((0..cost.len()).map(|i| i % bins).collect(), 0),
@@ -90,8 +119,9 @@ impl Pass for AssignDp {
                 (bin_of, steps)
             }
         };
+        let cp = self.cp;
         let replicas: Vec<_> = (0..bins as u32)
-            .map(|rank| ir.add_replica(vec![rank]))
+            .map(|group| ir.add_replica((group * cp..(group + 1) * cp).collect()))
             .collect();
         for (index, &sample) in ir.samples().to_vec().iter().enumerate() {
             ir.place_sample(sample, replicas[bin_of[index]]);

@@ -1,0 +1,250 @@
+//! `kk`: verl's Karmarkar–Karp balancing — of the global batch over DP ranks, then of each
+//! rank's samples over its micro-batches — on the workload `a·L + L²`.
+//!
+//! Source: volcengine/verl, `verl/utils/seqlen_balancing.py`: `karmarkar_karp` (the largest
+//! differencing method for k-way partitioning), `get_seqlen_balanced_partitions`,
+//! `calculate_workload` (`24576·L + L²`, "calibrated for a 7B model (hidden_size=4096)") and
+//! `rearrange_micro_batches`; `verl/trainer/ppo/ray_trainer.py`, `RayPPOTrainer._balance_batch`.
+//!
+//! - DP: the batch is split into `dp` parts of equal sample count (`equal_size=True`) balancing
+//!   the workload; each rank's samples are ordered by workload, alternating from both ends
+//!   (`partition[::2] + partition[1::2][::-1]`).
+//! - Micro-batches: each rank uses `min(n, ceil(tokens / max_token_len))` micro-batches, the
+//!   maximum over ranks (`same_micro_num_in_dp`), partitions its samples over them by workload
+//!   (`equal_size=False`), sorts them by workload and puts the small ones at both ends
+//!   (`[::2][::-1] + [1::2]`) to shorten pipeline warm-up and cool-down.
+//!
+//! The differencing method is reproduced exactly: the same initial states, the same merge, the
+//! same tie-breaks (a set orders by sum, then item count, then its (index, value) list; a state
+//! by spread, then its largest set). That order is total, so the result does not depend on the
+//! heap implementation.
+//!
+//! Deviations: `a` comes from the model instead of the constant 24576 ([`workload_coefficient`]);
+//! verl requires the batch size to be a multiple of `dp` for the DP split, a token-budgeted batch
+//! need not be, and then the split balances the workload without equal counts
+//! (`equal_size=False`); a rank with fewer samples than the common micro-batch count uses one per
+//! sample (verl asserts). `max_token_len` is not a hard cap in verl (the partition balances
+//! workload, not tokens), so the packs carry no cap.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use slimpack_ir::cost::CostModel;
+
+/// verl's constant `a`: `6 · hidden` for hidden 4096 (`calculate_workload`).
+pub const VERL_COEFFICIENT: u64 = 24_576;
+
+/// verl's workload of a sequence of `len` tokens: `a·len + len²`.
+pub fn workload(len: u32, a: u64) -> u128 {
+    let len = u128::from(len);
+    u128::from(a) * len + len * len
+}
+
+/// `a` for this model: the workload `a·L + L²` is then proportional to the forward FLOPs of a
+/// whole sample, `layers·(lin·L + att·L(L+1)/2) + head·L` with `lin` the GEMM FLOPs per token
+/// per layer, `att` the attention FLOPs per causal pair per layer and `head` the output
+/// projection's FLOPs per token, so `a = 2·(layers·lin + head) / (layers·att)` (dropping the
+/// `+L` of the causal pair count). verl's 24576 is the same ratio for its simplified 7B FLOP
+/// formula (`12h²L + 2hL²`); with the llama-7b shape (SwiGLU 11008, causal pairs, the head) it
+/// is 49,925.
+pub fn workload_coefficient(cost: &CostModel) -> u64 {
+    let flops = cost.flop_model();
+    let layers = f64::from(cost.spec().model.layers);
+    let linear = layers * flops.linear_per_token() + flops.head_per_token();
+    let attention = layers * flops.attention_per_pair();
+    (2.0 * linear / attention).round() as u64
+}
+
+/// verl's `get_seqlen_balanced_partitions`: `k` partitions of the indices of `values`, each
+/// sorted ascending, in the order of the final state (largest sum first). With `equal_size`,
+/// `values.len()` must be a multiple of `k` and every partition gets the same count.
+pub fn partition(values: &[u128], k: usize, equal_size: bool) -> Vec<Vec<usize>> {
+    assert!(k > 0, "k-way partition with k = 0; this is a bug");
+    let mut sorted: Vec<(u128, usize)> = values.iter().enumerate().map(|(i, &v)| (v, i)).collect();
+    sorted.sort_unstable();
+    let mut heap: BinaryHeap<State> = BinaryHeap::new();
+    if equal_size {
+        assert!(
+            values.len() % k == 0,
+            "equal-size partition of {} items into {k}; this is a bug",
+            values.len()
+        );
+        for chunk in sorted.chunks(k) {
+            heap.push(State::new(chunk, k));
+        }
+    } else {
+        for item in &sorted {
+            heap.push(State::new(std::slice::from_ref(item), k));
+        }
+    }
+    while heap.len() > 1 {
+        let mut first = heap.pop().expect("two states");
+        let second = heap.pop().expect("two states");
+        first.merge(second);
+        heap.push(first);
+    }
+    let Some(last) = heap.pop() else {
+        return vec![Vec::new(); k];
+    };
+    last.sets
+        .into_iter()
+        .map(|set| {
+            let mut indices: Vec<usize> = set.items.into_iter().map(|(i, _)| i).collect();
+            indices.sort_unstable();
+            indices
+        })
+        .collect()
+}
+
+/// The DP split of `_balance_batch`: `ranks` partitions of the batch (indices into `values`),
+/// each in verl's order (by workload, alternating from both ends).
+pub fn balance_ranks(values: &[u128], ranks: usize) -> Vec<Vec<usize>> {
+    let equal_size = values.len() % ranks == 0 && values.len() >= ranks;
+    let mut parts = partition(values, ranks, equal_size);
+    for part in &mut parts {
+        part.sort_by_key(|&i| (values[i], i));
+        let front = part.iter().step_by(2).copied();
+        let back: Vec<usize> = part.iter().skip(1).step_by(2).copied().collect();
+        *part = front.chain(back.into_iter().rev()).collect();
+    }
+    parts
+}
+
+/// The micro-batches of `rearrange_micro_batches`: `count` partitions of `values` (at most one
+/// per item), ordered small, ..., large, ..., small.
+pub fn micro_batches(values: &[u128], count: usize) -> Vec<Vec<usize>> {
+    let count = count.min(values.len());
+    if count == 0 {
+        return Vec::new();
+    }
+    let mut parts: Vec<Vec<usize>> = partition(values, count, false)
+        .into_iter()
+        .filter(|part| !part.is_empty())
+        .collect();
+    let total = |part: &Vec<usize>| part.iter().map(|&i| values[i]).sum::<u128>();
+    parts.sort_by(|a, b| (total(b), b[0]).cmp(&(total(a), a[0])));
+    let evens: Vec<Vec<usize>> = parts.iter().step_by(2).cloned().collect();
+    let odds = parts.iter().skip(1).step_by(2).cloned();
+    evens.into_iter().rev().chain(odds).collect()
+}
+
+/// One set of a partial partition.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+struct Set {
+    sum: u128,
+    /// (index, value) in insertion order.
+    items: Vec<(usize, u128)>,
+}
+
+impl Ord for Set {
+    /// verl's `Set.__lt__`: by sum, then item count, then the item lists.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.sum
+            .cmp(&other.sum)
+            .then(self.items.len().cmp(&other.items.len()))
+            .then_with(|| self.items.cmp(&other.items))
+    }
+}
+
+impl PartialOrd for Set {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A partial k-way partition; its sets are kept in decreasing order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct State {
+    sets: Vec<Set>,
+}
+
+impl State {
+    fn new(items: &[(u128, usize)], k: usize) -> State {
+        let mut sets = vec![Set::default(); k];
+        for (set, &(value, index)) in sets.iter_mut().zip(items) {
+            set.sum += value;
+            set.items.push((index, value));
+        }
+        let mut state = State { sets };
+        state.sort();
+        state
+    }
+
+    /// Python's `sorted(sets, reverse=True)`: stable, descending.
+    fn sort(&mut self) {
+        self.sets.sort_by(|a, b| b.cmp(a));
+    }
+
+    fn spread(&self) -> u128 {
+        self.sets[0].sum - self.sets[self.sets.len() - 1].sum
+    }
+
+    /// Largest set with the other's smallest, and so on.
+    fn merge(&mut self, other: State) {
+        let k = self.sets.len();
+        for (i, theirs) in other.sets.into_iter().enumerate() {
+            let mine = &mut self.sets[k - 1 - i];
+            mine.sum += theirs.sum;
+            mine.items.extend(theirs.items);
+        }
+        self.sort();
+    }
+}
+
+impl Ord for State {
+    /// The heap pops the largest spread first, then the state with the largest set.
+    fn cmp(&self, other: &Self) -> Ordering {
+        self.spread()
+            .cmp(&other.spread())
+            .then_with(|| self.sets[0].cmp(&other.sets[0]))
+    }
+}
+
+impl PartialOrd for State {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sums(values: &[u128], parts: &[Vec<usize>]) -> Vec<u128> {
+        parts
+            .iter()
+            .map(|p| p.iter().map(|&i| values[i]).sum())
+            .collect()
+    }
+
+    #[test]
+    fn differencing_balances_a_textbook_instance() {
+        // Karmarkar-Karp on {8, 7, 6, 5, 4} in two parts: 8-7, 6-5 -> 1, 1; 4-1 -> 3; 3-1 -> 2.
+        let values = [8, 7, 6, 5, 4];
+        let parts = partition(&values, 2, false);
+        assert_eq!(sums(&values, &parts), vec![16, 14]);
+        let parts = partition(&[1, 2, 3, 4, 5, 6], 3, true);
+        assert!(parts.iter().all(|p| p.len() == 2));
+        assert_eq!(sums(&[1, 2, 3, 4, 5, 6], &parts), vec![7, 7, 7]);
+    }
+
+    #[test]
+    fn micro_batches_put_small_ones_at_both_ends() {
+        let values: Vec<u128> = vec![50, 40, 30, 20, 10];
+        let parts = micro_batches(&values, 5);
+        let order: Vec<u128> = sums(&values, &parts);
+        assert_eq!(order, vec![10, 30, 50, 40, 20]);
+        assert_eq!(micro_batches(&values, 9).len(), 5);
+    }
+
+    #[test]
+    fn dp_split_alternates_from_both_ends() {
+        let values: Vec<u128> = (1..=8).collect();
+        let parts = balance_ranks(&values, 2);
+        for part in &parts {
+            let w: Vec<u128> = part.iter().map(|&i| values[i]).collect();
+            assert!(w[0] < w[1] && w[1] < w[2] && w[3] < w[2], "{w:?}");
+        }
+        assert_eq!(sums(&values, &parts), vec![18, 18]);
+    }
+}

@@ -1,0 +1,417 @@
+//! `pack-symmetric{policy=..,scope=..,cap=N}`: micro-batches as conventional trainers build them
+//! — the same packs for the forward and the backward pass.
+//!
+//! Phase in: `assigned`. Phase out: `packed`. Samples are grouped into packs by `policy`; each
+//! pack is added once as a forward pack and once as a backward pack with the same slices, so
+//! backward packs run in forward order (as 1F1B does with micro-batches). A sample cut into
+//! several slices is kept in one pack, in slice order (the trainers reproduced here do not split
+//! documents across micro-batches), which keeps the per-sample order invariants.
+//!
+//! `scope` says where packing happens relative to data parallelism:
+//! - `replica` (default): each replica packs the samples `assign-dp` placed on it (a rank packs
+//!   its own shard of the batch);
+//! - `global`: the trainer packs (or balances) the whole global batch first and then deals the
+//!   micro-batches to the replicas — what Megatron-style packed datasets, TRL's `pack_dataset`
+//!   and Axolotl's multipack sampler do before the distributed sampler, and what verl and
+//!   WLB-LLM do on purpose. The pass then re-places every sample on the replica of its pack; the
+//!   replicas are those of the preceding `assign-dp` (with its `cp`), whose placement is
+//!   replaced. Bins are dealt round-robin in the order the packer made them (the sampler's
+//!   shuffle is not modelled; round-robin spreads the largest documents, which favours the peer).
+//!
+//! Policies, one file each with its source and deviations:
+//! - `per-sample`: one pack per sample, in batch order;
+//! - `ffd` ([`ffd`]): first-fit decreasing into `cap`-token bins (the Megatron stack's packing);
+//! - `bfd` ([`bfd`]): TRL's best-fit decreasing into `cap`-token bins;
+//! - `first-fit` ([`first_fit`]): Axolotl's multipack first fit in sampler order, at most
+//!   `bin-size` samples per bin;
+//! - `kk` ([`karmarkar_karp`]): verl's Karmarkar–Karp on `a·L + L²` — globally, the DP split and
+//!   then each rank's micro-batches; per replica, the micro-batches only;
+//! - `wlb` ([`wlb`]): WLB-LLM's workload-balanced fill of `micro-batches` micro-batches of at
+//!   most `cap` tokens (the outlier delay runs before the IR is built).
+//!
+//! `cap` defaults to the batch's context length; it is recorded on the packs of the policies
+//! that enforce it (`ffd`, `bfd`, `first-fit`, `wlb`).
+
+pub mod bfd;
+pub mod ffd;
+pub mod first_fit;
+pub mod karmarkar_karp;
+pub mod wlb;
+
+use std::ops::RangeInclusive;
+
+use crate::error::{PassError, Result};
+use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
+use crate::registry::PassInfo;
+use slimpack_ir::cost::CostModel;
+use slimpack_ir::step::{Direction, Pack, Phase, ReplicaId, SampleId};
+use slimpack_ir::StepIr;
+
+pub(crate) const INFO: PassInfo = PassInfo {
+    name: "pack-symmetric",
+    summary: "build identical forward and backward micro-batches (conventional packing)",
+    description: "Groups samples into packs by a policy (per-sample, ffd, bfd, first-fit, kk, \
+                  wlb), per replica or over the whole batch (then dealt to the replicas), and \
+                  uses the same packs in both directions. Phase assigned -> packed.",
+    options: &[
+        OptionInfo {
+            name: "policy",
+            help: "per-sample (default), ffd, bfd, first-fit, kk or wlb",
+        },
+        OptionInfo {
+            name: "scope",
+            help: "replica (default: pack each replica's samples) or global (pack the batch, \
+                   deal packs to replicas)",
+        },
+        OptionInfo {
+            name: "cap",
+            help: "tokens per pack (default: the batch's context length)",
+        },
+        OptionInfo {
+            name: "bin-size",
+            help: "first-fit: most samples per bin (default 200, Axolotl's)",
+        },
+        OptionInfo {
+            name: "a",
+            help: "kk: the workload a*L + L^2's linear coefficient (default: from the model)",
+        },
+        OptionInfo {
+            name: "micro-batches",
+            help: "wlb: micro-batches of the step (global) or of each replica (replica scope); \
+                   default: enough for the tokens at cap, a multiple of the replicas",
+        },
+    ],
+    create: |options| Ok(Box::new(PackSymmetric::from_options(options)?)),
+};
+
+/// A sample longer than a packer's capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Oversize {
+    /// Position of the sample in the packer's input.
+    pub index: usize,
+    pub len: u32,
+    pub cap: u32,
+}
+
+/// How samples are grouped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    PerSample,
+    FirstFitDecreasing,
+    BestFitDecreasing,
+    FirstFit { bin_size: usize },
+    KarmarkarKarp { a: Option<u64> },
+    Wlb { micro_batches: Option<usize> },
+}
+
+impl Policy {
+    fn name(self) -> &'static str {
+        match self {
+            Policy::PerSample => "per-sample",
+            Policy::FirstFitDecreasing => "ffd",
+            Policy::BestFitDecreasing => "bfd",
+            Policy::FirstFit { .. } => "first-fit",
+            Policy::KarmarkarKarp { .. } => "kk",
+            Policy::Wlb { .. } => "wlb",
+        }
+    }
+
+    /// Whether packs of this policy respect (and record) the token cap.
+    fn enforces_cap(self) -> bool {
+        !matches!(self, Policy::PerSample | Policy::KarmarkarKarp { .. })
+    }
+
+    /// Whether the policy uses the cap at all (kk sizes its micro-batch count with it).
+    fn needs_cap(self) -> bool {
+        self != Policy::PerSample
+    }
+}
+
+/// Where packing happens relative to the DP split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Replica,
+    Global,
+}
+
+/// The symmetric packing pass.
+#[derive(Debug, Clone, Copy)]
+pub struct PackSymmetric {
+    pub policy: Policy,
+    pub scope: Scope,
+    pub cap: Option<u32>,
+}
+
+impl PackSymmetric {
+    fn from_options(options: &PassOptions) -> Result<PackSymmetric> {
+        let bad = |option: &str, value: String, message: &str| PassError::BadOption {
+            pass: INFO.name,
+            option: option.into(),
+            value,
+            message: message.into(),
+        };
+        let positive = |option: &str| -> Result<Option<u64>> {
+            match options.get::<u64>(option, "a positive integer")? {
+                Some(0) => Err(bad(option, "0".into(), "expected a positive integer")),
+                value => Ok(value),
+            }
+        };
+        let expected = "per-sample, ffd, bfd, first-fit, kk or wlb";
+        let policy = match options.get::<String>("policy", expected)?.as_deref() {
+            None | Some("per-sample") => Policy::PerSample,
+            Some("ffd") => Policy::FirstFitDecreasing,
+            Some("bfd") => Policy::BestFitDecreasing,
+            Some("first-fit") => Policy::FirstFit {
+                bin_size: positive("bin-size")?.map_or(first_fit::DEFAULT_BIN_SIZE, |n| n as usize),
+            },
+            Some("kk") => Policy::KarmarkarKarp {
+                a: options.get("a", "a non-negative integer")?,
+            },
+            Some("wlb") => Policy::Wlb {
+                micro_batches: positive("micro-batches")?.map(|n| n as usize),
+            },
+            Some(other) => {
+                return Err(bad("policy", other.into(), &format!("expected {expected}")))
+            }
+        };
+        let scope = match options
+            .get::<String>("scope", "replica or global")?
+            .as_deref()
+        {
+            None | Some("replica") => Scope::Replica,
+            Some("global") => Scope::Global,
+            Some(other) => return Err(bad("scope", other.into(), "expected replica or global")),
+        };
+        let cap = positive("cap")?
+            .map(|cap| u32::try_from(cap).map_err(|_| bad("cap", cap.to_string(), "too large")))
+            .transpose()?;
+        Ok(PackSymmetric { policy, scope, cap })
+    }
+
+    fn cap(&self, ir: &StepIr) -> Result<u32> {
+        self.cap.or(ir.batch.context).ok_or(PassError::Failed {
+            pass: INFO.name,
+            message: format!(
+                "policy {} needs cap=N or a batch with a context length",
+                self.policy.name()
+            ),
+        })
+    }
+}
+
+/// The samples one packer sees, with what the policies need to know of them.
+struct Items {
+    samples: Vec<SampleId>,
+    lengths: Vec<u32>,
+}
+
+impl Items {
+    fn new(ir: &StepIr, samples: Vec<SampleId>) -> Items {
+        let lengths = samples.iter().map(|&s| ir.sample(s).len).collect();
+        Items { samples, lengths }
+    }
+
+    fn tokens(&self) -> u64 {
+        self.lengths.iter().map(|&l| u64::from(l)).sum()
+    }
+
+    fn subset(&self, indices: &[usize]) -> Items {
+        Items {
+            samples: indices.iter().map(|&i| self.samples[i]).collect(),
+            lengths: indices.iter().map(|&i| self.lengths[i]).collect(),
+        }
+    }
+
+    fn resolve(&self, packs: Vec<Vec<usize>>) -> Vec<Vec<SampleId>> {
+        packs
+            .into_iter()
+            .filter(|pack| !pack.is_empty())
+            .map(|pack| pack.into_iter().map(|i| self.samples[i]).collect())
+            .collect()
+    }
+}
+
+/// Per replica, its packs (samples in pack order).
+type Plan = Vec<Vec<Vec<SampleId>>>;
+
+impl PackSymmetric {
+    /// The packs of one group of samples (a replica's, or the whole batch's), for the policies
+    /// that pack each group on its own.
+    fn bins(&self, ir: &StepIr, items: &Items, cap: u32) -> Result<Vec<Vec<usize>>> {
+        let oversize = |error: Oversize| PassError::Failed {
+            pass: INFO.name,
+            message: format!("a sample of {} tokens exceeds cap={}", error.len, error.cap),
+        };
+        match self.policy {
+            Policy::PerSample => Ok((0..items.lengths.len()).map(|i| vec![i]).collect()),
+            Policy::FirstFitDecreasing => ffd::pack(&items.lengths, cap).map_err(oversize),
+            Policy::BestFitDecreasing => bfd::pack(&items.lengths, cap).map_err(oversize),
+            Policy::FirstFit { bin_size } => {
+                first_fit::pack(&items.lengths, cap, bin_size).map_err(oversize)
+            }
+            Policy::Wlb { micro_batches } => {
+                let count = micro_batches.unwrap_or_else(|| default_count(items.tokens(), cap, 1));
+                self.wlb(ir, items, count, cap)
+            }
+            Policy::KarmarkarKarp { .. } => {
+                unreachable!("kk packs replicas jointly; this is a bug")
+            }
+        }
+    }
+
+    fn wlb(&self, ir: &StepIr, items: &Items, count: usize, cap: u32) -> Result<Vec<Vec<usize>>> {
+        let cost = CostModel::new(&ir.spec);
+        let workloads: Vec<f64> = items
+            .lengths
+            .iter()
+            .map(|&l| wlb::workload(&cost, l))
+            .collect();
+        let fill = wlb::fill(&items.lengths, &workloads, count, cap);
+        if let Some(&first) = fill.delayed.first() {
+            return Err(PassError::Failed {
+                pass: INFO.name,
+                message: format!(
+                    "wlb: a sample of {} tokens fits in none of {count} micro-batches of cap={cap} \
+                     ({} such samples); WLB-LLM delays them to a later step, which the `wlb` \
+                     strategy does before compiling",
+                    items.lengths[first],
+                    fill.delayed.len()
+                ),
+            });
+        }
+        Ok(fill.micro_batches)
+    }
+
+    /// kk's workload of every item.
+    fn kk_workloads(&self, ir: &StepIr, items: &Items) -> Vec<u128> {
+        let a = match self.policy {
+            Policy::KarmarkarKarp { a: Some(a) } => a,
+            _ => karmarkar_karp::workload_coefficient(&CostModel::new(&ir.spec)),
+        };
+        items
+            .lengths
+            .iter()
+            .map(|&l| karmarkar_karp::workload(l, a))
+            .collect()
+    }
+
+    /// verl's micro-batching of every replica: a common count, KK within each.
+    fn kk_micro_batches(&self, ir: &StepIr, groups: &[Items], cap: u32) -> Plan {
+        let count = groups
+            .iter()
+            .map(|g| (g.tokens().div_ceil(u64::from(cap)) as usize).min(g.lengths.len()))
+            .max()
+            .unwrap_or(0);
+        groups
+            .iter()
+            .map(|group| {
+                let workloads = self.kk_workloads(ir, group);
+                group.resolve(karmarkar_karp::micro_batches(&workloads, count))
+            })
+            .collect()
+    }
+
+    fn plan(&self, ir: &StepIr, replicas: &[ReplicaId], cap: u32) -> Result<Plan> {
+        let deal = |packs: Vec<Vec<SampleId>>| -> Plan {
+            let mut plan = vec![Vec::new(); replicas.len()];
+            for (index, pack) in packs.into_iter().enumerate() {
+                plan[index % replicas.len()].push(pack);
+            }
+            plan
+        };
+        match (self.scope, self.policy) {
+            (Scope::Replica, Policy::KarmarkarKarp { .. }) => {
+                let groups: Vec<Items> = replicas
+                    .iter()
+                    .map(|&r| Items::new(ir, ir.samples_on(r)))
+                    .collect();
+                Ok(self.kk_micro_batches(ir, &groups, cap))
+            }
+            (Scope::Replica, _) => replicas
+                .iter()
+                .map(|&r| {
+                    let items = Items::new(ir, ir.samples_on(r));
+                    Ok(items.resolve(self.bins(ir, &items, cap)?))
+                })
+                .collect(),
+            (Scope::Global, Policy::KarmarkarKarp { .. }) => {
+                let all = Items::new(ir, ir.samples().to_vec());
+                let workloads = self.kk_workloads(ir, &all);
+                let groups: Vec<Items> = karmarkar_karp::balance_ranks(&workloads, replicas.len())
+                    .iter()
+                    .map(|part| all.subset(part))
+                    .collect();
+                Ok(self.kk_micro_batches(ir, &groups, cap))
+            }
+            (Scope::Global, Policy::Wlb { micro_batches }) => {
+                let all = Items::new(ir, ir.samples().to_vec());
+                let count = micro_batches
+                    .unwrap_or_else(|| default_count(all.tokens(), cap, replicas.len()));
+                Ok(deal(all.resolve(self.wlb(ir, &all, count, cap)?)))
+            }
+            (Scope::Global, _) => {
+                let all = Items::new(ir, ir.samples().to_vec());
+                Ok(deal(all.resolve(self.bins(ir, &all, cap)?)))
+            }
+        }
+    }
+}
+
+/// The smallest multiple of `replicas` micro-batches of `cap` tokens that holds `tokens`.
+pub fn default_count(tokens: u64, cap: u32, replicas: usize) -> usize {
+    let replicas = replicas.max(1) as u64;
+    let per_replica = tokens.div_ceil(u64::from(cap) * replicas).max(1);
+    (per_replica * replicas) as usize
+}
+
+impl Pass for PackSymmetric {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn accepts(&self) -> RangeInclusive<Phase> {
+        Phase::Assigned..=Phase::Assigned
+    }
+
+    fn produces(&self) -> Option<Phase> {
+        Some(Phase::Packed)
+    }
+
+    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+        let cap = if self.policy.needs_cap() {
+            self.cap(ir)?
+        } else {
+            u32::MAX
+        };
+        let replicas = ir.replicas().to_vec();
+        let plan = self.plan(ir, &replicas, cap)?;
+        let recorded_cap = self.policy.enforces_cap().then_some(cap);
+        if self.scope == Scope::Global {
+            for (&replica, packs) in replicas.iter().zip(&plan) {
+                for &sample in packs.iter().flatten() {
+                    ir.place_sample(sample, replica);
+                }
+            }
+        }
+        let (mut packs, mut largest, mut most) = (0usize, 0u64, 0usize);
+        for (&replica, groups) in replicas.iter().zip(&plan) {
+            for group in groups {
+                let slices: Vec<_> = group.iter().flat_map(|&s| ir.slices_of(s)).collect();
+                for direction in [Direction::Forward, Direction::Backward] {
+                    let pack = Pack {
+                        direction,
+                        cap: recorded_cap,
+                    };
+                    ir.add_pack(pack, replica, &slices);
+                }
+                largest = largest.max(group.iter().map(|&s| u64::from(ir.sample(s).len)).sum());
+                packs += 1;
+            }
+            most = most.max(groups.len());
+        }
+        Ok(Statistics::new()
+            .with("packs_per_direction", packs)
+            .with("largest_pack_tokens", largest)
+            .with("most_packs_per_replica", most))
+    }
+}
