@@ -7,11 +7,15 @@
 //! - one file per pass: [`assign_dp`], [`slice`], [`pack_symmetric`], [`schedule_pipeline`].
 
 pub mod assign_dp;
+pub mod assign_hybrid_cp;
 mod balance;
 pub mod dp_merge;
+pub mod eqsat;
 mod error;
-mod micropack;
+pub mod micropack;
 pub mod manager;
+#[cfg(feature = "milp")]
+pub mod milp;
 pub mod pack_bwd;
 pub mod pack_fwd;
 pub mod pack_symmetric;
@@ -20,6 +24,7 @@ pub mod pipeline;
 pub mod registry;
 pub mod schedule_pipeline;
 pub mod slice;
+pub mod strategy;
 
 pub use error::{PassError, Result};
 pub use manager::{run_pipeline, ManagerOptions, PassRecord, PrintOptions};

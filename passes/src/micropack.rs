@@ -10,38 +10,185 @@
 //! slice only becomes a head once the previous one is placed, the order constraints hold by
 //! construction. The last pack takes what is left; if that breaks the token cap, the pack count
 //! grows by one and the partition is rebuilt.
+//!
+//! Two refinements follow: a bisection on a uniform per-pack budget (the same greedy, with every
+//! pack capped at the budget, keeping the smallest budget that places everything), and a local
+//! search that moves single slices out of the most loaded pack into the least loaded pack their
+//! order constraints allow. `benches/optimality_gap.rs` measures the result against the exact
+//! MILP ([`crate::milp`], feature `milp`).
 
 use std::collections::BTreeSet;
 
 /// One slice to pack: its cost in the direction being packed and its tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Item {
+pub struct Item {
     pub cost: f64,
     pub tokens: u32,
 }
 
 /// A partition: for each pack, its members as (chain, index in chain), in placement order.
-pub(crate) type Partition = Vec<Vec<(usize, usize)>>;
+pub type Partition = Vec<Vec<(usize, usize)>>;
 
 /// Partitions `chains` (each in the order its items must run) into at least `packs` packs of at
 /// most `cap` tokens, balancing cost. Chain `c` may enter pack `k` only from `k >= release[c]`
 /// (the backward packer releases a sample once its forward is done, so backward pack k does
 /// not wait on forwards far beyond forward pack k). Returns the packs in run order.
-pub(crate) fn partition(
-    chains: &[Vec<Item>],
-    release: &[usize],
-    packs: usize,
-    cap: u32,
-) -> Partition {
+pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32) -> Partition {
     let total_items: usize = chains.iter().map(Vec::len).sum();
     let mut count = packs.max(1);
-    loop {
-        let (result, fits) = attempt(chains, release, count, cap);
+    let mut best = loop {
+        let (result, fits) = attempt(chains, release, count, cap, None);
         if fits || count >= total_items {
-            return result;
+            break result;
         }
         count += 1;
+    };
+    // Tighten: bisect the smallest uniform budget that the same greedy fits into as many packs.
+    let mut high = max_load(chains, &best);
+    let mut low = (chains.iter().flatten().map(|i| i.cost).sum::<f64>() / best.len() as f64)
+        .max(chains.iter().flatten().map(|i| i.cost).fold(0.0, f64::max));
+    for _ in 0..BISECTION_STEPS {
+        if high - low <= 1e-4 * high {
+            break;
+        }
+        let budget = 0.5 * (low + high);
+        match attempt(chains, release, best.len(), cap, Some(budget)) {
+            (candidate, true) if max_load(chains, &candidate) <= budget * (1.0 + 1e-9) => {
+                high = budget;
+                if max_load(chains, &candidate) < max_load(chains, &best) {
+                    best = candidate;
+                }
+            }
+            _ => low = budget,
+        }
     }
+    improve(chains, release, cap, &mut best);
+    best
+}
+
+/// Bisection steps on the budget (each one a greedy pass): 2^-16 of the initial interval.
+const BISECTION_STEPS: usize = 16;
+
+/// Local search rounds: single-slice moves out of the most loaded pack.
+const IMPROVEMENT_ROUNDS: usize = 256;
+
+/// Slices of a target pack considered for a swap (bounds the search on large packs).
+const SWAP_CANDIDATES: usize = 64;
+
+/// The largest pack cost of a partition.
+fn max_load(chains: &[Vec<Item>], partition: &Partition) -> f64 {
+    partition
+        .iter()
+        .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum::<f64>())
+        .fold(0.0, f64::max)
+}
+
+/// Moves single slices out of the most loaded pack into another pack their order constraints
+/// allow (between the packs of the chain's neighbours, not before its release, within the cap),
+/// or swaps one with a lighter slice of another pack, while that lowers the maximum.
+fn improve(chains: &[Vec<Item>], release: &[usize], cap: u32, partition: &mut Partition) {
+    let packs = partition.len();
+    let mut pack_of: Vec<Vec<usize>> = chains.iter().map(|c| vec![0; c.len()]).collect();
+    let mut loads = vec![0.0; packs];
+    let mut tokens = vec![0u64; packs];
+    for (k, members) in partition.iter().enumerate() {
+        for &(c, i) in members {
+            pack_of[c][i] = k;
+            loads[k] += chains[c][i].cost;
+            tokens[k] += u64::from(chains[c][i].tokens);
+        }
+    }
+    for _ in 0..IMPROVEMENT_ROUNDS {
+        let heavy = (0..packs)
+            .max_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(b.cmp(&a)))
+            .unwrap_or(0);
+        let mut best: Option<(f64, usize, usize)> = None; // (new pair max, member index, target)
+        for (m, &(c, i)) in partition[heavy].iter().enumerate() {
+            let item = chains[c][i];
+            let low = if i > 0 { pack_of[c][i - 1] } else { release[c] };
+            let high = if i + 1 < chains[c].len() {
+                pack_of[c][i + 1]
+            } else {
+                packs - 1
+            };
+            for target in low.max(release[c])..=high.min(packs - 1) {
+                if target == heavy || tokens[target] + u64::from(item.tokens) > u64::from(cap) {
+                    continue;
+                }
+                let pair_max = (loads[heavy] - item.cost).max(loads[target] + item.cost);
+                if pair_max < loads[heavy] * (1.0 - 1e-9)
+                    && best.is_none_or(|(b, _, _)| pair_max < b)
+                {
+                    best = Some((pair_max, m, target));
+                }
+            }
+        }
+        if let Some((_, member, target)) = best {
+            let (c, i) = partition[heavy].remove(member);
+            let shift = (chains[c][i].cost, u64::from(chains[c][i].tokens));
+            loads[heavy] -= shift.0;
+            tokens[heavy] -= shift.1;
+            loads[target] += shift.0;
+            tokens[target] += shift.1;
+            pack_of[c][i] = target;
+            partition[target].push((c, i));
+            continue;
+        }
+        // No single move helps: try the best swap of a slice of the heavy pack with one of
+        // another pack, both within their order windows and the caps.
+        let window = |c: usize, i: usize, pack_of: &[Vec<usize>]| {
+            let low = if i > 0 { pack_of[c][i - 1] } else { 0 }.max(release[c]);
+            let high = if i + 1 < chains[c].len() {
+                pack_of[c][i + 1]
+            } else {
+                packs - 1
+            };
+            (low, high)
+        };
+        let mut swap: Option<(f64, usize, usize, usize)> = None; // (pair max, a, target, b)
+        for (a, &(ca, ia)) in partition[heavy].iter().enumerate() {
+            let (low, high) = window(ca, ia, &pack_of);
+            for target in low..=high.min(packs - 1) {
+                if target == heavy {
+                    continue;
+                }
+                for (b, &(cb, ib)) in partition[target].iter().enumerate().take(SWAP_CANDIDATES) {
+                    let delta = chains[ca][ia].cost - chains[cb][ib].cost;
+                    if cb == ca || delta <= 0.0 {
+                        continue;
+                    }
+                    let (low_b, high_b) = window(cb, ib, &pack_of);
+                    let token_delta =
+                        i64::from(chains[ca][ia].tokens) - i64::from(chains[cb][ib].tokens);
+                    let fits = tokens[target] as i64 + token_delta <= i64::from(cap)
+                        && tokens[heavy] as i64 - token_delta <= i64::from(cap);
+                    if heavy < low_b || heavy > high_b || !fits {
+                        continue;
+                    }
+                    let pair_max = (loads[heavy] - delta).max(loads[target] + delta);
+                    if pair_max < loads[heavy] * (1.0 - 1e-9)
+                        && swap.is_none_or(|(m, ..)| pair_max < m)
+                    {
+                        swap = Some((pair_max, a, target, b));
+                    }
+                }
+            }
+        }
+        let Some((_, a, target, b)) = swap else { break };
+        let (ca, ia) = partition[heavy][a];
+        let (cb, ib) = partition[target][b];
+        let delta = chains[ca][ia].cost - chains[cb][ib].cost;
+        let token_delta = i64::from(chains[ca][ia].tokens) - i64::from(chains[cb][ib].tokens);
+        partition[heavy][a] = (cb, ib);
+        partition[target][b] = (ca, ia);
+        pack_of[ca][ia] = target;
+        pack_of[cb][ib] = heavy;
+        loads[heavy] -= delta;
+        loads[target] += delta;
+        tokens[heavy] = (tokens[heavy] as i64 - token_delta) as u64;
+        tokens[target] = (tokens[target] as i64 + token_delta) as u64;
+    }
+    partition.retain(|p| !p.is_empty());
 }
 
 /// Chain-head key for the ordered set: cost (total order), then chain index for determinism.
@@ -64,7 +211,16 @@ impl Ord for Head {
     }
 }
 
-fn attempt(chains: &[Vec<Item>], release: &[usize], count: usize, cap: u32) -> (Partition, bool) {
+/// One greedy pass into `count` packs. Pack budgets are `fixed` when given (the partition then
+/// fails if anything is left over), else `remaining cost / remaining packs` with the last pack
+/// taking what is left.
+fn attempt(
+    chains: &[Vec<Item>],
+    release: &[usize],
+    count: usize,
+    cap: u32,
+    fixed: Option<f64>,
+) -> (Partition, bool) {
     let mut next = vec![0usize; chains.len()];
     // Chains not yet released, latest release first (popped from the back).
     let mut waiting: Vec<usize> = (0..chains.len())
