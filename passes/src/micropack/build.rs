@@ -1,0 +1,163 @@
+//! The IR side of MicroPack building: per replica, turn samples into chains of slice costs
+//! (machine-model FLOPs at each slice's offset, in the direction packed), partition them, and
+//! add the packs to the IR.
+
+use super::{partition, Item};
+
+/// Options shared by `pack-fwd` and `pack-bwd`.
+pub(crate) const OPTIONS: &[crate::pass::OptionInfo] = &[
+    crate::pass::OptionInfo {
+        name: "cap",
+        help: "token cap per pack (default: the batch's context length, or the longest sample)",
+    },
+    crate::pass::OptionInfo {
+        name: "packs",
+        help: "minimum packs per replica (default: tokens / cap, rounded up)",
+    },
+];
+
+/// Parsed options of a packing pass.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PackOptions {
+    pub cap: Option<u32>,
+    pub packs: Option<usize>,
+}
+
+impl PackOptions {
+    pub(crate) fn parse(options: &crate::pass::PassOptions) -> crate::Result<PackOptions> {
+        let cap: Option<u32> = options.get("cap", "a positive integer")?;
+        let packs: Option<usize> = options.get("packs", "a positive integer")?;
+        for (name, value) in [("cap", cap.map(|c| c as usize)), ("packs", packs)] {
+            if value == Some(0) {
+                return Err(crate::PassError::BadOption {
+                    pass: options.pass,
+                    option: name.into(),
+                    value: "0".into(),
+                    message: "expected a positive integer".into(),
+                });
+            }
+        }
+        Ok(PackOptions { cap, packs })
+    }
+}
+
+/// Builds the packs of one direction on every replica: chains in run order, costs from the
+/// machine model (per-layer FLOPs of the slice at its offset, in that direction).
+pub(crate) fn pack_direction(
+    ir: &mut slimpack_ir::StepIr,
+    direction: slimpack_ir::step::Direction,
+    options: PackOptions,
+    pass: &'static str,
+) -> crate::Result<crate::pass::Statistics> {
+    use slimpack_ir::step::{Direction, Pack};
+    let cost = slimpack_ir::cost::CostModel::new(&ir.spec);
+    let longest = ir
+        .samples()
+        .iter()
+        .map(|&s| ir.sample(s).len)
+        .max()
+        .unwrap_or(1);
+    let cap = options.cap.or(ir.batch.context).unwrap_or(longest);
+    let mut stats = (0usize, 0u64, 0.0f64, f64::INFINITY);
+    let mut worst_spread: f64 = 1.0;
+    for replica in ir.replicas().to_vec() {
+        if !ir.packs_on(replica, direction).is_empty() {
+            return Err(crate::PassError::Failed {
+                pass,
+                message: format!("replica already has {} packs", direction.keyword()),
+            });
+        }
+        let mut chains = Vec::new();
+        let mut ids = Vec::new();
+        let mut release = Vec::new();
+        let forward_position: std::collections::HashMap<_, usize> = ir
+            .packs_on(replica, Direction::Forward)
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| (p, i))
+            .collect();
+        for sample in ir.samples_on(replica) {
+            let mut slices = ir.slices_of(sample);
+            if direction == Direction::Backward {
+                slices.reverse();
+            }
+            // A backward chain is released once the sample's forward is complete: at the
+            // position of the forward pack that holds its last slice.
+            release.push(
+                slices
+                    .first()
+                    .filter(|_| direction == Direction::Backward)
+                    .and_then(|&s| ir.pack_of(s, Direction::Forward))
+                    .and_then(|p| forward_position.get(&p).copied())
+                    .unwrap_or(0),
+            );
+            chains.push(
+                slices
+                    .iter()
+                    .map(|&s| {
+                        let slice = ir.slice(s);
+                        Item {
+                            cost: cost
+                                .slice_flops(
+                                    u64::from(slice.len),
+                                    u64::from(slice.start),
+                                    direction,
+                                )
+                                .total(),
+                            tokens: slice.len,
+                        }
+                    })
+                    .collect::<Vec<_>>(),
+            );
+            ids.push(slices);
+        }
+        if chains.is_empty() {
+            continue;
+        }
+        let tokens: u64 = chains.iter().flatten().map(|i| u64::from(i.tokens)).sum();
+        let by_cap = tokens.div_ceil(u64::from(cap)) as usize;
+        let packs = options.packs.unwrap_or(1).max(by_cap);
+        let parts = partition(&chains, &release, packs, cap);
+        let loads: Vec<f64> = parts
+            .iter()
+            .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum())
+            .collect();
+        let mean = loads.iter().sum::<f64>() / loads.len() as f64;
+        let max = loads.iter().copied().fold(0.0, f64::max);
+        worst_spread = worst_spread.max(if mean > 0.0 { max / mean } else { 1.0 });
+        for mut members in parts {
+            // Inside a pack, slices run in sample order, each sample's in its run order.
+            members.sort_unstable();
+            let slices: Vec<_> = members.iter().map(|&(c, i)| ids[c][i]).collect();
+            let pack_tokens: u64 = members
+                .iter()
+                .map(|&(c, i)| u64::from(chains[c][i].tokens))
+                .sum();
+            stats.1 = stats.1.max(pack_tokens);
+            stats.3 = stats.3.min(pack_tokens as f64);
+            ir.add_pack(
+                Pack {
+                    direction,
+                    cap: Some(cap),
+                },
+                replica,
+                &slices,
+            );
+            stats.0 += 1;
+        }
+        stats.2 += 1.0;
+    }
+    Ok(crate::pass::Statistics::new()
+        .with("packs", stats.0)
+        .with("cap", cap)
+        .with("largest_pack_tokens", stats.1)
+        .with(
+            "smallest_pack_tokens",
+            if stats.3.is_finite() {
+                stats.3 as u64
+            } else {
+                0
+            },
+        )
+        .with("cost_spread", worst_spread))
+}

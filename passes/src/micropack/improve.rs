@@ -1,0 +1,123 @@
+//! Local search on a MicroPack partition: single-slice moves and pairwise swaps out of the most
+//! loaded pack, within each slice's order window and the token cap.
+
+use super::{Item, Partition};
+
+/// Local search rounds: single-slice moves out of the most loaded pack.
+const IMPROVEMENT_ROUNDS: usize = 256;
+
+/// Slices of a target pack considered for a swap (bounds the search on large packs).
+const SWAP_CANDIDATES: usize = 64;
+
+/// Moves single slices out of the most loaded pack into another pack their order constraints
+/// allow (between the packs of the chain's neighbours, not before its release, within the cap),
+/// or swaps one with a lighter slice of another pack, while that lowers the maximum.
+pub(super) fn improve(
+    chains: &[Vec<Item>],
+    release: &[usize],
+    cap: u32,
+    partition: &mut Partition,
+) {
+    let packs = partition.len();
+    let mut pack_of: Vec<Vec<usize>> = chains.iter().map(|c| vec![0; c.len()]).collect();
+    let mut loads = vec![0.0; packs];
+    let mut tokens = vec![0u64; packs];
+    for (k, members) in partition.iter().enumerate() {
+        for &(c, i) in members {
+            pack_of[c][i] = k;
+            loads[k] += chains[c][i].cost;
+            tokens[k] += u64::from(chains[c][i].tokens);
+        }
+    }
+    for _ in 0..IMPROVEMENT_ROUNDS {
+        let heavy = (0..packs)
+            .max_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(b.cmp(&a)))
+            .unwrap_or(0);
+        let mut best: Option<(f64, usize, usize)> = None; // (new pair max, member index, target)
+        for (m, &(c, i)) in partition[heavy].iter().enumerate() {
+            let item = chains[c][i];
+            let low = if i > 0 { pack_of[c][i - 1] } else { release[c] };
+            let high = if i + 1 < chains[c].len() {
+                pack_of[c][i + 1]
+            } else {
+                packs - 1
+            };
+            for target in low.max(release[c])..=high.min(packs - 1) {
+                if target == heavy || tokens[target] + u64::from(item.tokens) > u64::from(cap) {
+                    continue;
+                }
+                let pair_max = (loads[heavy] - item.cost).max(loads[target] + item.cost);
+                if pair_max < loads[heavy] * (1.0 - 1e-9)
+                    && best.is_none_or(|(b, _, _)| pair_max < b)
+                {
+                    best = Some((pair_max, m, target));
+                }
+            }
+        }
+        if let Some((_, member, target)) = best {
+            let (c, i) = partition[heavy].remove(member);
+            let shift = (chains[c][i].cost, u64::from(chains[c][i].tokens));
+            loads[heavy] -= shift.0;
+            tokens[heavy] -= shift.1;
+            loads[target] += shift.0;
+            tokens[target] += shift.1;
+            pack_of[c][i] = target;
+            partition[target].push((c, i));
+            continue;
+        }
+        // No single move helps: try the best swap of a slice of the heavy pack with one of
+        // another pack, both within their order windows and the caps.
+        let window = |c: usize, i: usize, pack_of: &[Vec<usize>]| {
+            let low = if i > 0 { pack_of[c][i - 1] } else { 0 }.max(release[c]);
+            let high = if i + 1 < chains[c].len() {
+                pack_of[c][i + 1]
+            } else {
+                packs - 1
+            };
+            (low, high)
+        };
+        let mut swap: Option<(f64, usize, usize, usize)> = None; // (pair max, a, target, b)
+        for (a, &(ca, ia)) in partition[heavy].iter().enumerate() {
+            let (low, high) = window(ca, ia, &pack_of);
+            for target in low..=high.min(packs - 1) {
+                if target == heavy {
+                    continue;
+                }
+                for (b, &(cb, ib)) in partition[target].iter().enumerate().take(SWAP_CANDIDATES) {
+                    let delta = chains[ca][ia].cost - chains[cb][ib].cost;
+                    if cb == ca || delta <= 0.0 {
+                        continue;
+                    }
+                    let (low_b, high_b) = window(cb, ib, &pack_of);
+                    let token_delta =
+                        i64::from(chains[ca][ia].tokens) - i64::from(chains[cb][ib].tokens);
+                    let fits = tokens[target] as i64 + token_delta <= i64::from(cap)
+                        && tokens[heavy] as i64 - token_delta <= i64::from(cap);
+                    if heavy < low_b || heavy > high_b || !fits {
+                        continue;
+                    }
+                    let pair_max = (loads[heavy] - delta).max(loads[target] + delta);
+                    if pair_max < loads[heavy] * (1.0 - 1e-9)
+                        && swap.is_none_or(|(m, ..)| pair_max < m)
+                    {
+                        swap = Some((pair_max, a, target, b));
+                    }
+                }
+            }
+        }
+        let Some((_, a, target, b)) = swap else { break };
+        let (ca, ia) = partition[heavy][a];
+        let (cb, ib) = partition[target][b];
+        let delta = chains[ca][ia].cost - chains[cb][ib].cost;
+        let token_delta = i64::from(chains[ca][ia].tokens) - i64::from(chains[cb][ib].tokens);
+        partition[heavy][a] = (cb, ib);
+        partition[target][b] = (ca, ia);
+        pack_of[ca][ia] = target;
+        pack_of[cb][ib] = heavy;
+        loads[heavy] -= delta;
+        loads[target] += delta;
+        tokens[heavy] = (tokens[heavy] as i64 - token_delta) as u64;
+        tokens[target] = (tokens[target] as i64 + token_delta) as u64;
+    }
+    partition.retain(|p| !p.is_empty());
+}

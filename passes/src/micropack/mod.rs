@@ -1,0 +1,286 @@
+//! MicroPack building: partition one replica's slices into an ordered sequence of packs whose
+//! costs balance, respecting each sample's slice order.
+//!
+//! The problem: every sample is a chain of slices that must land in packs of non-decreasing
+//! index (forward: first slice first; backward: last slice first). Packs are filled one after
+//! another; pack `k` gets the budget `remaining cost / remaining packs` and repeatedly takes the
+//! chain head with the largest cost that still fits the budget and the token cap (best fit
+//! decreasing over chain heads). A chain whose remaining length would not fit in the remaining
+//! packs is urgent: its head goes in now. Because packs are filled in order and a chain's next
+//! slice only becomes a head once the previous one is placed, the order constraints hold by
+//! construction. The last pack takes what is left; if that breaks the token cap, the pack count
+//! grows by one and the partition is rebuilt.
+//!
+//! Two refinements follow: a bisection on a uniform per-pack budget (the same greedy, with every
+//! pack capped at the budget, keeping the smallest budget that places everything), and a local
+//! search that moves single slices out of the most loaded pack into the least loaded pack their
+//! order constraints allow. `benches/optimality_gap.rs` measures the result against the exact
+//! MILP ([`crate::milp`], feature `milp`).
+
+use std::collections::BTreeSet;
+
+mod build;
+mod improve;
+
+pub(crate) use build::{pack_direction, PackOptions, OPTIONS};
+use improve::improve;
+
+/// One slice to pack: its cost in the direction being packed and its tokens.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Item {
+    pub cost: f64,
+    pub tokens: u32,
+}
+
+/// A partition: for each pack, its members as (chain, index in chain), in placement order.
+pub type Partition = Vec<Vec<(usize, usize)>>;
+
+/// Partitions `chains` (each in the order its items must run) into at least `packs` packs of at
+/// most `cap` tokens, balancing cost. Chain `c` may enter pack `k` only from `k >= release[c]`
+/// (the backward packer releases a sample once its forward is done, so backward pack k does
+/// not wait on forwards far beyond forward pack k). Returns the packs in run order.
+pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32) -> Partition {
+    let total_items: usize = chains.iter().map(Vec::len).sum();
+    let mut count = packs.max(1);
+    let mut best = loop {
+        let (result, fits) = attempt(chains, release, count, cap, None);
+        if fits || count >= total_items {
+            break result;
+        }
+        count += 1;
+    };
+    // Tighten: bisect the smallest uniform budget that the same greedy fits into as many packs.
+    let mut high = max_load(chains, &best);
+    let mut low = (chains.iter().flatten().map(|i| i.cost).sum::<f64>() / best.len() as f64)
+        .max(chains.iter().flatten().map(|i| i.cost).fold(0.0, f64::max));
+    for _ in 0..BISECTION_STEPS {
+        if high - low <= 1e-4 * high {
+            break;
+        }
+        let budget = 0.5 * (low + high);
+        match attempt(chains, release, best.len(), cap, Some(budget)) {
+            (candidate, true) if max_load(chains, &candidate) <= budget * (1.0 + 1e-9) => {
+                high = budget;
+                if max_load(chains, &candidate) < max_load(chains, &best) {
+                    best = candidate;
+                }
+            }
+            _ => low = budget,
+        }
+    }
+    improve(chains, release, cap, &mut best);
+    best
+}
+
+/// Bisection steps on the budget (each one a greedy pass): 2^-16 of the initial interval.
+const BISECTION_STEPS: usize = 16;
+
+/// The largest pack cost of a partition.
+fn max_load(chains: &[Vec<Item>], partition: &Partition) -> f64 {
+    partition
+        .iter()
+        .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum::<f64>())
+        .fold(0.0, f64::max)
+}
+
+/// Chain-head key for the ordered set: cost (total order), then chain index for determinism.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Head {
+    cost: f64,
+    chain: usize,
+}
+impl Eq for Head {}
+impl PartialOrd for Head {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Head {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.cost
+            .total_cmp(&other.cost)
+            .then(other.chain.cmp(&self.chain))
+    }
+}
+
+/// One greedy pass into `count` packs. Pack budgets are `fixed` when given (the partition then
+/// fails if anything is left over), else `remaining cost / remaining packs` with the last pack
+/// taking what is left.
+fn attempt(
+    chains: &[Vec<Item>],
+    release: &[usize],
+    count: usize,
+    cap: u32,
+    fixed: Option<f64>,
+) -> (Partition, bool) {
+    let mut next = vec![0usize; chains.len()];
+    // Chains not yet released, latest release first (popped from the back).
+    let mut waiting: Vec<usize> = (0..chains.len())
+        .filter(|&c| !chains[c].is_empty())
+        .collect();
+    waiting.sort_by(|a, b| release[*b].cmp(&release[*a]).then(b.cmp(a)));
+    let mut heads: BTreeSet<Head> = BTreeSet::new();
+    let mut remaining_cost: f64 = chains.iter().flatten().map(|i| i.cost).sum();
+    let mut result: Partition = Vec::with_capacity(count);
+    let mut fits = true;
+    for k in 0..count {
+        let packs_left = count - k;
+        let last = packs_left == 1 && fixed.is_none();
+        // Release the chains due by this pack (all of them in the last pack); an empty set of
+        // heads releases the next chain early so that every pack makes progress.
+        while let Some(&chain) = waiting.last() {
+            if release[chain] > k && !last && !heads.is_empty() {
+                break;
+            }
+            waiting.pop();
+            heads.insert(Head {
+                cost: chains[chain][0].cost,
+                chain,
+            });
+        }
+        let budget = fixed.unwrap_or(remaining_cost / packs_left as f64);
+        let (mut cost, mut tokens) = (0.0, 0u64);
+        let mut members = Vec::new();
+        // Urgent chains first: more slices left than packs left (released now if waiting).
+        waiting.retain(|&chain| {
+            let urgent = chains[chain].len() > packs_left - 1;
+            if urgent {
+                heads.insert(Head {
+                    cost: chains[chain][0].cost,
+                    chain,
+                });
+            }
+            !urgent
+        });
+        let urgent: Vec<usize> = heads
+            .iter()
+            .map(|h| h.chain)
+            .filter(|&c| chains[c].len() - next[c] > packs_left - 1)
+            .collect();
+        for chain in urgent {
+            let item = chains[chain][next[chain]];
+            take(chain, item, &mut next, &mut heads, chains);
+            cost += item.cost;
+            tokens += u64::from(item.tokens);
+            members.push((chain, next[chain] - 1));
+        }
+        while !heads.is_empty() {
+            let room = if last { f64::INFINITY } else { budget - cost };
+            let token_room = u64::from(cap).saturating_sub(tokens);
+            let fits_tokens =
+                |h: &&Head| u64::from(chains[h.chain][next[h.chain]].tokens) <= token_room;
+            // The largest head that fits both the cost budget and the token cap.
+            let mut pick = heads
+                .range(
+                    ..=Head {
+                        cost: room,
+                        chain: 0,
+                    },
+                )
+                .rev()
+                .find(fits_tokens)
+                .copied();
+            if pick.is_none() && (members.is_empty() || last) {
+                // An empty pack must make progress, and the last pack takes everything: the
+                // smallest head (a cap overflow in the last pack grows the pack count).
+                pick = heads.iter().next().copied();
+            }
+            let Some(head) = pick else { break };
+            let item = chains[head.chain][next[head.chain]];
+            take(head.chain, item, &mut next, &mut heads, chains);
+            cost += item.cost;
+            tokens += u64::from(item.tokens);
+            members.push((head.chain, next[head.chain] - 1));
+        }
+        if tokens > u64::from(cap) {
+            fits = false;
+        }
+        remaining_cost -= cost;
+        if !members.is_empty() {
+            result.push(members);
+        }
+        if heads.is_empty() && waiting.is_empty() {
+            break;
+        }
+    }
+    (result, fits && heads.is_empty() && waiting.is_empty())
+}
+
+fn take(
+    chain: usize,
+    item: Item,
+    next: &mut [usize],
+    heads: &mut BTreeSet<Head>,
+    chains: &[Vec<Item>],
+) {
+    heads.remove(&Head {
+        cost: item.cost,
+        chain,
+    });
+    next[chain] += 1;
+    if let Some(following) = chains[chain].get(next[chain]) {
+        heads.insert(Head {
+            cost: following.cost,
+            chain,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(costs: &[f64]) -> Vec<Item> {
+        costs.iter().map(|&cost| Item { cost, tokens: 1 }).collect()
+    }
+
+    #[test]
+    fn every_item_is_placed_once_and_in_chain_order() {
+        let chains = vec![
+            items(&[5.0, 6.0, 7.0]),
+            items(&[1.0]),
+            items(&[2.0, 2.0]),
+            items(&[9.0]),
+        ];
+        let parts = partition(&chains, &[0; 4], 3, 100);
+        let mut seen = vec![Vec::new(); chains.len()];
+        for pack in &parts {
+            for &(chain, index) in pack {
+                seen[chain].push(index);
+            }
+        }
+        for (chain, indices) in seen.iter().enumerate() {
+            assert_eq!(indices, &(0..chains[chain].len()).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn balances_independent_items() {
+        let chains: Vec<Vec<Item>> = [8.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.0, 1.0]
+            .iter()
+            .map(|&c| items(&[c]))
+            .collect();
+        let parts = partition(&chains, &[0; 8], 4, 100);
+        let loads: Vec<f64> = parts
+            .iter()
+            .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum())
+            .collect();
+        assert_eq!(loads.len(), 4);
+        assert!(loads.iter().all(|&l| (l - 9.0).abs() < 1e-9), "{loads:?}");
+    }
+
+    #[test]
+    fn grows_the_pack_count_to_respect_the_cap() {
+        let chains: Vec<Vec<Item>> = (0..6)
+            .map(|_| {
+                vec![Item {
+                    cost: 1.0,
+                    tokens: 10,
+                }]
+            })
+            .collect();
+        let parts = partition(&chains, &[0; 6], 2, 20);
+        assert_eq!(parts.len(), 3);
+        assert!(parts.iter().all(|p| p.len() == 2));
+    }
+}
