@@ -11,7 +11,7 @@
 use std::ops::RangeInclusive;
 
 use crate::error::Result;
-use crate::micropack::{pack_direction, PackOptions, OPTIONS};
+use crate::micropack::{pack_direction, PackOptions, BACKWARD_OPTIONS};
 use crate::pass::{Pass, Statistics};
 use crate::registry::PassInfo;
 use slimpack_ir::step::{Direction, Phase};
@@ -23,7 +23,7 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Per replica: chain-constrained balanced partition of the slices (last slice \
                   first) into packs of at most `cap` tokens, balancing backward FLOPs. Phase \
                   assigned -> packed.",
-    options: OPTIONS,
+    options: BACKWARD_OPTIONS,
     create: |options| Ok(Box::new(PackBwd(PackOptions::parse(options)?))),
 };
 

@@ -2,6 +2,11 @@
 //! (machine-model FLOPs at each slice's offset, in the direction packed), partition them, and
 //! add the packs to the IR.
 
+use std::collections::HashMap;
+
+use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId};
+use slimpack_ir::StepIr;
+
 use super::{partition, Item};
 
 /// Options shared by `pack-fwd` and `pack-bwd`.
@@ -16,11 +21,24 @@ pub(crate) const OPTIONS: &[crate::pass::OptionInfo] = &[
     },
 ];
 
+/// `pack-bwd`'s options: the shared ones, and `mirror` (the no-asymmetry ablation).
+pub(crate) const BACKWARD_OPTIONS: &[crate::pass::OptionInfo] = &[
+    OPTIONS[0],
+    OPTIONS[1],
+    crate::pass::OptionInfo {
+        name: "mirror",
+        help: "true: reuse the forward packs' slices (no asymmetric partition), in an order \
+               that keeps each sample's backward last slice first",
+    },
+];
+
 /// Parsed options of a packing pass.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PackOptions {
     pub cap: Option<u32>,
     pub packs: Option<usize>,
+    /// Backward only: mirror the forward packs instead of partitioning anew.
+    pub mirror: bool,
 }
 
 impl PackOptions {
@@ -37,19 +55,24 @@ impl PackOptions {
                 });
             }
         }
-        Ok(PackOptions { cap, packs })
+        let mirror = options
+            .get::<bool>("mirror", "true or false")?
+            .unwrap_or(false);
+        Ok(PackOptions { cap, packs, mirror })
     }
 }
 
 /// Builds the packs of one direction on every replica: chains in run order, costs from the
 /// machine model (per-layer FLOPs of the slice at its offset, in that direction).
 pub(crate) fn pack_direction(
-    ir: &mut slimpack_ir::StepIr,
-    direction: slimpack_ir::step::Direction,
+    ir: &mut StepIr,
+    direction: Direction,
     options: PackOptions,
     pass: &'static str,
 ) -> crate::Result<crate::pass::Statistics> {
-    use slimpack_ir::step::{Direction, Pack};
+    if options.mirror {
+        return mirror_forward(ir, pass);
+    }
     let cost = slimpack_ir::cost::CostModel::new(&ir.spec);
     let longest = ir
         .samples()
@@ -160,4 +183,77 @@ pub(crate) fn pack_direction(
             },
         )
         .with("cost_spread", worst_spread))
+}
+
+/// The no-asymmetry ablation: backward packs hold exactly the forward packs' slices. Their order
+/// is the forward order where possible (1F1B-friendly), except that a pack holding a later
+/// slice of a sample must come before one holding an earlier slice (Kahn's algorithm, lowest
+/// forward position first).
+fn mirror_forward(ir: &mut StepIr, pass: &'static str) -> crate::Result<crate::pass::Statistics> {
+    let mut packs = 0usize;
+    for replica in ir.replicas().to_vec() {
+        if !ir.packs_on(replica, Direction::Backward).is_empty() {
+            return Err(crate::PassError::Failed {
+                pass,
+                message: "replica already has bwd packs".into(),
+            });
+        }
+        for forward_pack in mirrored_order(ir, replica) {
+            let cap = ir.pack(forward_pack).cap;
+            let mut slices = ir.pack_slices(forward_pack);
+            slices.reverse();
+            ir.add_pack(
+                Pack {
+                    direction: Direction::Backward,
+                    cap,
+                },
+                replica,
+                &slices,
+            );
+            packs += 1;
+        }
+    }
+    Ok(crate::pass::Statistics::new()
+        .with("packs", packs)
+        .with("mirrored", true))
+}
+
+/// The forward packs of a replica in a valid backward order (see [`mirror_forward`]).
+fn mirrored_order(ir: &StepIr, replica: ReplicaId) -> Vec<PackId> {
+    let forward = ir.packs_on(replica, Direction::Forward);
+    let position: HashMap<PackId, usize> =
+        forward.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+    // before[q] = packs that must run before q: those holding a later slice of a sample q holds.
+    let mut indegree = vec![0usize; forward.len()];
+    let mut successors: Vec<Vec<usize>> = vec![Vec::new(); forward.len()];
+    for sample in ir.samples_on(replica) {
+        let slices = ir.slices_of(sample);
+        for pair in slices.windows(2) {
+            let earlier = ir
+                .pack_of(pair[0], Direction::Forward)
+                .map(|p| position[&p]);
+            let later = ir
+                .pack_of(pair[1], Direction::Forward)
+                .map(|p| position[&p]);
+            if let (Some(earlier), Some(later)) = (earlier, later) {
+                if earlier != later {
+                    successors[later].push(earlier);
+                    indegree[earlier] += 1;
+                }
+            }
+        }
+    }
+    let mut ready: std::collections::BTreeSet<usize> =
+        (0..forward.len()).filter(|&i| indegree[i] == 0).collect();
+    let mut order = Vec::with_capacity(forward.len());
+    while let Some(next) = ready.pop_first() {
+        order.push(forward[next]);
+        for &after in &successors[next] {
+            indegree[after] -= 1;
+            if indegree[after] == 0 {
+                ready.insert(after);
+            }
+        }
+    }
+    order
 }

@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 mod build;
 mod improve;
 
-pub(crate) use build::{pack_direction, PackOptions, OPTIONS};
+pub(crate) use build::{pack_direction, PackOptions, BACKWARD_OPTIONS, OPTIONS};
 use improve::improve;
 
 /// One slice to pack: its cost in the direction being packed and its tokens.
