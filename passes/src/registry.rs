@@ -20,6 +20,7 @@ pub struct PassInfo {
 /// Every registered pass, in pipeline order.
 pub static PASSES: &[PassInfo] = &[
     crate::assign_dp::INFO,
+    crate::assign_hybrid_cp::INFO,
     crate::dp_merge::INFO,
     crate::slice::INFO,
     crate::pack_fwd::INFO,

@@ -1,0 +1,384 @@
+//! Strategies: named ways to compile a training step — the peers reproduced in the step IR (and,
+//! registered the same way, slimpack's own).
+//!
+//! A strategy is a row of [`STRATEGIES`]: a name, a one-line summary, its source (repository,
+//! file, paper section), its deviations from that source, and a function giving its
+//! [`Candidate`]s for a spec and a batch — pipeline strings with a recompute mode and a label.
+//! The driver (`slimpack::driver`) compiles every candidate, simulates it and keeps the fastest
+//! that fits memory, the way a competent user of the peer would tune it: Megatron users pick
+//! the static CP degree and the recomputation granularity that run fastest without running out
+//! of memory, and so do users of the packers that leave memory to the trainer. So, unless the
+//! layout fixes `cp`, the candidates of those strategies are the static CP degrees the DP pool
+//! allows (powers of two dividing `dp`, taken from it by `assign-dp{cp=K}`) times the recompute
+//! modes ([`Choices`]); `hybrid-cp` chooses its CP degrees per sample itself and offers its
+//! `max-tokens-per-rank` settings instead.
+//!
+//! A strategy that carries state from one step to the next (WLB-LLM delays outlier documents to
+//! later steps) has an `admit` hook: it turns the drawn global batch into the samples the step
+//! trains on, updating the run's [`StrategyState`]; callers thread one state through a run.
+//!
+//! Adding a strategy: write its passes, then add a [`StrategyInfo`] with its `candidates` (and
+//! `admit` if it keeps state) to [`STRATEGIES`].
+
+use slimpack_ir::batch::Batch;
+use slimpack_ir::cost::CostModel;
+use slimpack_ir::spec::Recompute;
+use slimpack_ir::Spec;
+
+use crate::pack_symmetric::{default_count, karmarkar_karp, wlb::OutlierDelay};
+
+/// One configuration of a strategy to compile and score.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// What was chosen, for reports (`cp=2,recompute=selective`).
+    pub label: String,
+    /// The pass pipeline.
+    pub pipeline: String,
+    /// The activation recomputation the step runs with (it replaces the model's).
+    pub recompute: Recompute,
+}
+
+/// What the strategies may choose among: the recompute modes (all of them, unless the user
+/// fixed one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choices {
+    pub recompute: Vec<Recompute>,
+}
+
+impl Choices {
+    /// Every recompute mode.
+    pub fn all() -> Choices {
+        Choices {
+            recompute: Recompute::ALL.to_vec(),
+        }
+    }
+
+    /// Only `mode`.
+    pub fn fixed(mode: Recompute) -> Choices {
+        Choices {
+            recompute: vec![mode],
+        }
+    }
+}
+
+/// What a run carries from step to step for the strategies that keep state.
+#[derive(Debug, Clone, Default)]
+pub struct StrategyState {
+    /// `wlb`: the outlier queues, the samples delayed so far, and the micro-batch count of the
+    /// step last admitted.
+    pub wlb: Option<WlbState>,
+}
+
+/// `wlb`'s state between steps.
+#[derive(Debug, Clone)]
+pub struct WlbState {
+    pub delay: OutlierDelay,
+    pub micro_batches: usize,
+}
+
+impl StrategyState {
+    /// Samples and tokens waiting for a later step.
+    pub fn backlog(&self) -> (usize, u64) {
+        self.wlb.as_ref().map_or((0, 0), |wlb| wlb.delay.backlog())
+    }
+}
+
+/// A named strategy.
+pub struct StrategyInfo {
+    pub name: &'static str,
+    /// One line, shown by `slimpack passes`.
+    pub summary: &'static str,
+    /// Where it comes from: repository and file, or paper and section.
+    pub source: &'static str,
+    /// How the reproduction differs from the source, and the choices made where it is silent.
+    pub deviations: &'static str,
+    /// The configurations to try on `batch` (the admitted one, for strategies that admit).
+    pub candidates: fn(&Spec, &Batch, &StrategyState, &Choices) -> Vec<Candidate>,
+    /// Turns a drawn global batch into the step's samples, updating the run's state.
+    pub admit: Option<fn(&mut StrategyState, &Spec, &Batch) -> Batch>,
+}
+
+/// Every strategy, in the order reports list them.
+pub static STRATEGIES: &[StrategyInfo] = &[
+    StrategyInfo {
+        name: "padding",
+        summary: "no packing: one sample per micro-batch, dealt round-robin to the DP ranks",
+        source: "HF Transformers Trainer without packing: DistributedSampler + \
+                 DataCollatorWithPadding, micro-batch size 1",
+        deviations: "the issue asks for padding to the longest sample of the batch; the step \
+                     IR has no padding yet, so the micro-batches are unpadded (variable-length \
+                     attention, as with FlashAttention's unpadding); the cost is per-sample \
+                     micro-batches and no DP balance. Static CP and recomputation are searched.",
+        candidates: padding_candidates,
+        admit: None,
+    },
+    StrategyInfo {
+        name: "megatron",
+        summary: "first-fit-decreasing bins of the context length, static CP, 1F1B",
+        source: "NVIDIA NeMo nemo/utils/sequence_packing_utils.py first_fit_decreasing (the \
+                 packed THD sequences Megatron-Core runs with cu_seqlens); Megatron-LM \
+                 --context-parallel-size, --recompute-granularity, 1F1B schedule",
+        deviations: "bins are packed per global batch and dealt round-robin to the DP ranks \
+                     (no sampler shuffle); the static CP degree (a power of two from the DP \
+                     pool) and the recompute mode are the fastest combination that fits memory.",
+        candidates: megatron_candidates,
+        admit: None,
+    },
+    StrategyInfo {
+        name: "bfd",
+        summary: "TRL best-fit decreasing bins of the context length",
+        source: "huggingface/trl trl/data_utils.py pack_dataset(strategy=\"bfd\"), _pack_bfd",
+        deviations: "packs the whole global batch at once (TRL packs each datasets.map batch \
+                     of 1,000 rows); over-long samples are cut to the context beforehand \
+                     instead of truncated; bins dealt round-robin; static CP and recompute \
+                     searched as for megatron.",
+        candidates: bfd_candidates,
+        admit: None,
+    },
+    StrategyInfo {
+        name: "ff",
+        summary: "Axolotl multipack first fit in sampler order (at most 200 samples a bin)",
+        source: "axolotl-ai-cloud/axolotl src/axolotl/utils/samplers/multipack.py pack_group, \
+                 pack_parallel, MultipackBatchSampler",
+        deviations: "one packing group per global batch (Axolotl: groups of 100,000); bins \
+                     dealt round-robin (accelerate's batch-sampler sharding); static CP and \
+                     recompute searched as for megatron.",
+        candidates: ff_candidates,
+        admit: None,
+    },
+    StrategyInfo {
+        name: "kk",
+        summary: "verl Karmarkar-Karp balancing of DP ranks and micro-batches on a*L + L^2",
+        source: "volcengine/verl verl/utils/seqlen_balancing.py karmarkar_karp, \
+                 rearrange_micro_batches, calculate_workload; verl/trainer/ppo/ray_trainer.py \
+                 _balance_batch",
+        deviations: "a from the model's FLOPs (2 x linear FLOPs per token / attention FLOPs \
+                     per causal pair) instead of the constant 24576; the DP split balances \
+                     without equal counts when the batch size is not a multiple of dp; static \
+                     CP and recompute searched as for megatron.",
+        candidates: kk_candidates,
+        admit: None,
+    },
+    StrategyInfo {
+        name: "wlb",
+        summary: "WLB-LLM workload-balanced variable-length packing with outlier delay",
+        source: "Wang et al., WLB-LLM, OSDI'25 (arXiv 2503.17924), section 4.1, Algorithm 1",
+        deviations: "workload = model FLOPs (WLB-LLM profiles latencies); outlier levels at \
+                     cap/4 and cap/2 (the paper gives none); carried documents are sorted with \
+                     the new ones; N = the micro-batches the step's tokens need at the context \
+                     length, a multiple of dp, dealt round-robin; queued documents carry over \
+                     between steps (reported as backlog); static CP and recompute searched.",
+        candidates: wlb_candidates,
+        admit: Some(wlb_admit),
+    },
+    StrategyInfo {
+        name: "hybrid-cp",
+        summary: "Megatron-Core hybrid CP: per-sample power-of-two CP groups of DP ranks",
+        source: "NVIDIA/Megatron-LM megatron/core/pipeline_parallel/hybrid_cp_schedule.py \
+                 BalancedCPScheduler; --hybrid-context-parallel, --max-seqlen-per-dp-cp-rank",
+        deviations: "one set of disjoint CP groups per step instead of barrier-separated \
+                     scheduling groups (see passes/src/assign_hybrid_cp.rs); pipelined with \
+                     1F1B although Megatron-Core asserts pp=1; max-seqlen-per-dp-cp-rank \
+                     (context / 2^k) and recompute searched.",
+        candidates: hybrid_cp_candidates,
+        admit: None,
+    },
+];
+
+/// Looks a strategy up by name; the error lists the valid names.
+pub fn lookup(name: &str) -> Result<&'static StrategyInfo, String> {
+    STRATEGIES.iter().find(|s| s.name == name).ok_or_else(|| {
+        let valid: Vec<&str> = STRATEGIES.iter().map(|s| s.name).collect();
+        format!("unknown strategy '{name}' (valid: {})", valid.join(", "))
+    })
+}
+
+/// The token capacity of a micro-batch: the batch's context, or its longest sample.
+pub fn capacity(batch: &Batch) -> u32 {
+    batch
+        .context
+        .or_else(|| batch.samples.iter().map(|s| s.len).max())
+        .unwrap_or(1)
+}
+
+/// Static CP degrees a strategy may take from the DP pool: powers of two dividing `dp`, or only
+/// 1 when the layout fixes `cp` itself.
+pub fn cp_degrees(spec: &Spec) -> Vec<u32> {
+    if spec.parallel.cp.is_some() {
+        return vec![1];
+    }
+    let dp = spec.parallel.dp;
+    (0..32)
+        .map(|k| 1u32 << k)
+        .take_while(|&k| k <= dp)
+        .filter(|&k| dp % k == 0)
+        .collect()
+}
+
+/// `pipeline(cp)` for every static CP degree and recompute mode.
+fn cp_and_recompute(
+    spec: &Spec,
+    choices: &Choices,
+    pipeline: impl Fn(u32) -> String,
+) -> Vec<Candidate> {
+    let mut candidates = Vec::new();
+    for cp in cp_degrees(spec) {
+        for &recompute in &choices.recompute {
+            let label = if spec.parallel.cp.is_some() {
+                format!("recompute={}", recompute.as_str())
+            } else {
+                format!("cp={cp},recompute={}", recompute.as_str())
+            };
+            candidates.push(Candidate {
+                label,
+                pipeline: pipeline(cp),
+                recompute,
+            });
+        }
+    }
+    candidates
+}
+
+/// Global-scope packing by `policy` (with extra options), after a round-robin DP split into
+/// static CP groups, then 1F1B.
+fn global_packing(spec: &Spec, batch: &Batch, choices: &Choices, policy: &str) -> Vec<Candidate> {
+    let cap = capacity(batch);
+    cp_and_recompute(spec, choices, |cp| {
+        format!(
+            "assign-dp{{cp={cp},balance=none}},\
+             pack-symmetric{{policy={policy},scope=global,cap={cap}}},schedule-pipeline"
+        )
+    })
+}
+
+fn padding_candidates(spec: &Spec, _: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
+    cp_and_recompute(spec, c, |cp| {
+        format!("assign-dp{{cp={cp},balance=none}},pack-symmetric{{policy=per-sample}},schedule-pipeline")
+    })
+}
+
+fn megatron_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
+    global_packing(spec, b, c, "ffd")
+}
+
+fn bfd_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
+    global_packing(spec, b, c, "bfd")
+}
+
+fn ff_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
+    global_packing(spec, b, c, "first-fit")
+}
+
+fn kk_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
+    let a = karmarkar_karp::workload_coefficient(&CostModel::new(spec));
+    global_packing(spec, b, c, &format!("kk,a={a}"))
+}
+
+fn wlb_candidates(spec: &Spec, b: &Batch, state: &StrategyState, c: &Choices) -> Vec<Candidate> {
+    let count = state.wlb.as_ref().map_or_else(
+        || default_count(b.tokens(), capacity(b), spec.parallel.dp as usize),
+        |wlb| wlb.micro_batches,
+    );
+    global_packing(spec, b, c, &format!("wlb,micro-batches={count}"))
+}
+
+/// WLB-LLM's admission: outlier queues and delays, with `N` micro-batches for the drawn batch's
+/// tokens at the context length (a multiple of `dp`, hence of every static CP split's replica
+/// count).
+fn wlb_admit(state: &mut StrategyState, spec: &Spec, batch: &Batch) -> Batch {
+    let cap = capacity(batch);
+    let count = default_count(batch.tokens(), cap, spec.parallel.dp as usize);
+    let wlb = state.wlb.get_or_insert_with(|| WlbState {
+        delay: OutlierDelay::for_cap(cap),
+        micro_batches: count,
+    });
+    wlb.micro_batches = count;
+    wlb.delay.admit(batch, &CostModel::new(spec), count, cap)
+}
+
+fn hybrid_cp_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
+    let context = capacity(b);
+    let mut candidates = Vec::new();
+    for degree in cp_degrees(&Spec {
+        parallel: slimpack_ir::spec::ParallelSpec {
+            cp: None,
+            ..spec.parallel
+        },
+        ..spec.clone()
+    }) {
+        let per_rank = context.div_ceil(degree);
+        for &recompute in &c.recompute {
+            candidates.push(Candidate {
+                label: format!(
+                    "max-tokens-per-rank={per_rank},recompute={}",
+                    recompute.as_str()
+                ),
+                pipeline: format!(
+                    "assign-hybrid-cp{{max-tokens-per-rank={per_rank}}},\
+                     pack-symmetric{{policy=per-sample}},schedule-pipeline"
+                ),
+                recompute,
+            });
+        }
+    }
+    candidates
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::parse_pipeline;
+    use slimpack_ir::batch::Sample;
+
+    fn batch() -> Batch {
+        let samples = [40, 10, 64, 5]
+            .iter()
+            .enumerate()
+            .map(|(doc, &len)| Sample {
+                len,
+                doc: doc as u64,
+                piece: 0,
+            })
+            .collect();
+        Batch {
+            samples,
+            documents: 4,
+            documents_cut: 0,
+            context: Some(64),
+            source: "test".into(),
+        }
+    }
+
+    #[test]
+    fn every_candidate_pipeline_parses() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=4").unwrap();
+        let mut state = StrategyState::default();
+        for strategy in STRATEGIES {
+            let batch = match strategy.admit {
+                Some(admit) => admit(&mut state, &spec, &batch()),
+                None => batch(),
+            };
+            let candidates = (strategy.candidates)(&spec, &batch, &state, &Choices::all());
+            assert!(!candidates.is_empty(), "{}", strategy.name);
+            for candidate in candidates {
+                parse_pipeline(&candidate.pipeline)
+                    .unwrap_or_else(|e| panic!("{}: {}: {e}", strategy.name, candidate.pipeline));
+            }
+        }
+    }
+
+    #[test]
+    fn cp_degrees_come_from_the_dp_pool_unless_the_layout_fixes_cp() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=8").unwrap();
+        assert_eq!(cp_degrees(&spec), vec![1, 2, 4, 8]);
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=6").unwrap();
+        assert_eq!(cp_degrees(&spec), vec![1, 2]);
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,cp=2,pp=1,dp=8").unwrap();
+        assert_eq!(cp_degrees(&spec), vec![1]);
+        assert_eq!(
+            megatron_candidates(&spec, &batch(), &StrategyState::default(), &Choices::all()).len(),
+            3
+        );
+        assert!(lookup("nope").is_err_and(|e| e.contains("megatron")));
+    }
+}
