@@ -7,6 +7,7 @@ use std::time::Instant;
 use slimpack_ir::batch::Batch;
 use slimpack_ir::{Spec, StepIr};
 use slimpack_passes::{parse_pipeline, run_pipeline, ManagerOptions, PassRecord, Result};
+use slimpack_runtime::sim::Metrics;
 
 /// How to compile.
 #[derive(Debug, Clone, Default)]
@@ -64,11 +65,18 @@ pub struct CompileReport<'a> {
     pub replicas: usize,
     pub passes: &'a [PassRecord],
     pub compile_ms: f64,
+    /// The simulator's figures (`step_time_s`, `tokens_per_s`, `mfu`, ...) for a scheduled IR.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub simulation: Option<&'a Metrics>,
+    /// Wall time of the simulation, milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub simulate_ms: Option<f64>,
 }
 
 impl Compiled {
-    /// The report of this compilation.
-    pub fn report(&self) -> CompileReport<'_> {
+    /// The report of this compilation, with the simulator's figures (and the time they took)
+    /// when the IR was simulated.
+    pub fn report<'a>(&'a self, simulation: Option<(&'a Metrics, f64)>) -> CompileReport<'a> {
         let ir = &self.ir;
         let (samples, slices, packs, replicas) = ir.counts();
         CompileReport {
@@ -88,6 +96,8 @@ impl Compiled {
             replicas,
             passes: &self.passes,
             compile_ms: self.compile_ms,
+            simulation: simulation.map(|(metrics, _)| metrics),
+            simulate_ms: simulation.map(|(_, ms)| ms),
         }
     }
 }

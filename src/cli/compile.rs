@@ -6,8 +6,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use slimpack::{compile, CompileOptions};
-use slimpack_ir::text;
+use slimpack_ir::step::Phase;
+use slimpack_ir::{text, StepIr};
 use slimpack_passes::{ManagerOptions, PassRecord, PrintOptions};
+use slimpack_runtime::sim::{self, SimResult};
 
 use super::input::{BatchArgs, SpecArgs};
 
@@ -73,6 +75,40 @@ impl PassManagerArgs {
     }
 }
 
+/// Simulation outputs shared by `compile` and `simulate`.
+#[derive(Debug, Args)]
+pub struct SimulationArgs {
+    /// Write a Chrome-trace / Perfetto JSON timeline of the simulated step.
+    #[arg(long, value_name = "FILE.json")]
+    trace: Option<PathBuf>,
+    /// Draw the simulated step as an SVG timeline (one row per device group).
+    #[arg(long, value_name = "FILE.svg")]
+    timeline: Option<PathBuf>,
+}
+
+impl SimulationArgs {
+    /// True when a picture was asked for.
+    pub fn wanted(&self) -> bool {
+        self.trace.is_some() || self.timeline.is_some()
+    }
+
+    /// Simulates `ir` and writes the pictures asked for; returns the result and its wall ms.
+    pub fn simulate(&self, ir: &StepIr) -> anyhow::Result<(SimResult, f64)> {
+        let start = std::time::Instant::now();
+        let result = sim::simulate(ir, &slimpack::machine::cost_model(&ir.spec))?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        if let Some(path) = &self.trace {
+            std::fs::write(path, sim::trace::chrome_trace(&result))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        if let Some(path) = &self.timeline {
+            std::fs::write(path, sim::svg::timeline(&result))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        Ok((result, ms))
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct CompileArgs {
     #[command(flatten)]
@@ -93,6 +129,8 @@ pub struct CompileArgs {
     report: ReportFormat,
     #[command(flatten)]
     manager: PassManagerArgs,
+    #[command(flatten)]
+    pictures: SimulationArgs,
 }
 
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
@@ -119,7 +157,21 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let report = compiled.report();
+    let simulation = if compiled.ir.phase() >= Phase::Scheduled {
+        Some(args.pictures.simulate(&compiled.ir)?)
+    } else if args.pictures.wanted() {
+        bail!(
+            "--trace/--timeline need a scheduled step, but the pipeline stops at phase '{}' (use --strategy or add the packing and scheduling passes)",
+            compiled.ir.phase()
+        );
+    } else {
+        None
+    };
+    let report = compiled.report(
+        simulation
+            .as_ref()
+            .map(|(result, ms)| (&result.metrics, *ms)),
+    );
     match args.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         ReportFormat::Text => {
@@ -144,6 +196,9 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 report.replicas,
                 report.compile_ms
             );
+            if let Some((result, ms)) = &simulation {
+                super::report::print_metrics(&result.metrics, *ms);
+            }
         }
     }
     Ok(())
