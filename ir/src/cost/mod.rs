@@ -80,17 +80,37 @@ pub struct PackTime {
     pub compute_s: f64,
     /// The attention kernels' share of `compute_s` (the window a CP exchange can hide in).
     pub attention_s: f64,
-    /// Sequence-parallel TP collectives; mostly not overlapped, so serial with compute.
+    /// The GEMMs' share of `compute_s` (the window TP collectives overlap with).
+    pub gemm_s: f64,
+    /// Sequence-parallel TP collectives (all-gather / reduce-scatter), before overlap.
     pub tp_comm_s: f64,
+    /// The part of `tp_comm_s` the GEMMs do not hide ([`exposed_tp_comm`]).
+    pub tp_exposed_s: f64,
     /// CP ring K/V exchange of a merged group (0 without CP); overlappable with attention.
     pub cp_comm_s: f64,
 }
 
 impl PackTime {
-    /// Compute plus TP collectives plus whatever CP exchange the attention kernels cannot hide.
+    /// Compute plus the exposed TP collectives plus whatever CP exchange the attention kernels
+    /// cannot hide.
     pub fn critical_path_s(&self) -> f64 {
-        self.compute_s + self.tp_comm_s + (self.cp_comm_s - self.attention_s).max(0.0)
+        self.compute_s + self.tp_exposed_s + (self.cp_comm_s - self.attention_s).max(0.0)
     }
+}
+
+/// The exposed part of `tp_comm_s` TP-collective seconds next to `gemm_s` GEMM seconds.
+/// Megatron-Core on Hopper overlaps them with the GEMMs that consume or produce them
+/// (`--tp-comm-overlap`, Transformer Engine userbuffers: each all-gather / reduce-scatter is
+/// split into `tp` ring steps, each hidden behind the partial GEMM of the previous step; Wang et
+/// al., "Overlap Communication with Dependent Computation via Decomposition in Large Deep
+/// Learning Models", ASPLOS 2023). The first of the `tp` steps stays exposed, and whatever the
+/// GEMMs are too short to hide.
+pub fn exposed_tp_comm(tp_comm_s: f64, gemm_s: f64, tp: u32) -> f64 {
+    if tp <= 1 {
+        return tp_comm_s;
+    }
+    let first_step = tp_comm_s / f64::from(tp);
+    first_step + (tp_comm_s - first_step - gemm_s).max(0.0)
 }
 
 /// Cost model of one spec: FLOPs, times and memory.
@@ -317,8 +337,9 @@ impl CostModel {
         let layers = f64::from(self.layers_per_stage);
         let tokens = tokens as f64 / split;
         let (first, last) = (stage == 0, self.is_last(stage));
+        let gemm_s = self.linear_time(tokens, last, direction);
         let compute_s = layers * attention_layer_s
-            + self.linear_time(tokens, last, direction)
+            + gemm_s
             + self.elementwise_time(tokens, first, last, direction)
             + self.kernel_overhead(first, last, direction);
         let tp_comm_s = layers * self.comm.tp_layer_time(tokens, direction)
@@ -330,7 +351,9 @@ impl CostModel {
         PackTime {
             compute_s,
             attention_s: layers * attention_layer_s,
+            gemm_s,
             tp_comm_s,
+            tp_exposed_s: exposed_tp_comm(tp_comm_s, gemm_s, self.spec.parallel.tp),
             cp_comm_s,
         }
     }

@@ -72,17 +72,15 @@ fn megatron_style_llama7b_mfu_on_h100() {
     // on H100 clusters"; Bekman's ml-engineering: "around 50% MFU ... considered a win"). The
     // model gives (pack level, i.e. without pipeline bubbles, DP sync, optimizer or host
     // overheads, which cost whole steps a few points more):
-    //   tp=1 58.6%, tp=2 54.1%, tp=4 46.0%, tp=8 33.2%.
-    // tp=1 sits just above the whole-step band, as a pack-level figure should. tp=8 sits below
-    // it, and that is physics rather than a miscalibration: each of llama-7b's four
-    // sequence-parallel collectives per layer moves 32 MiB at 450 GB/s (~100 µs with latency),
-    // as long as the layer's compute on 1/8 of the work, and Megatron does not hide them unless
-    // TE's userbuffer overlap is on — which is why 7B models are trained at tp ≤ 2.
+    //   tp=1 58.6%, tp=2 56.0%, tp=4 53.7%, tp=8 48.5%
+    // with the TP collectives overlapped with the GEMMs as Megatron-Core does on Hopper
+    // (`--tp-comm-overlap`; see `exposed_tp_comm`). Each of llama-7b's four sequence-parallel
+    // collectives per layer moves 32 MiB at 450 GB/s (~100 us), as long as the layer's compute
+    // on 1/8 of the work, so at tp=8 the exposed first ring step still costs a few points.
     let mfu: Vec<f64> = [1, 2, 4, 8].into_iter().map(llama7b_mfu).collect();
-    for (tp, value) in [1, 2, 4].into_iter().zip(&mfu) {
+    for (tp, value) in [1, 2, 4, 8].into_iter().zip(&mfu) {
         assert!((0.40..=0.60).contains(value), "tp={tp}: MFU {value:.3}");
     }
-    assert!((0.25..0.40).contains(&mfu[3]), "tp=8: MFU {:.3}", mfu[3]);
     assert!(
         mfu.windows(2).all(|w| w[0] > w[1]),
         "MFU must fall with TP: {mfu:?}"
@@ -163,7 +161,7 @@ fn dp_merge_splits_work_and_pays_a_ring_exchange() {
         merged.cp_comm_s
     );
     // Long-context attention hides the exchange.
-    assert!(merged.critical_path_s() == merged.compute_s + merged.tp_comm_s);
+    assert!(merged.critical_path_s() == merged.compute_s + merged.tp_exposed_s);
 }
 
 #[test]
