@@ -6,6 +6,7 @@
 //! embeds; the `slimpack` binary is a thin command line over it.
 
 pub mod compile;
+pub mod driver;
 
 pub use compile::{compile, CompileOptions, Compiled};
 pub use slimpack_codegen as codegen;

@@ -1,5 +1,6 @@
 //! Argument parsing and dispatch.
 
+pub mod bench;
 mod compile;
 mod input;
 mod opt;
@@ -23,6 +24,8 @@ enum Command {
     Opt(opt::OptArgs),
     /// List the passes with one-line summaries.
     Passes(passes::PassesArgs),
+    /// Run the strategies side by side on global batches of a dataset, through the simulator.
+    Bench(bench::BenchArgs),
 }
 
 /// Runs the command line and returns the process exit status.
@@ -40,6 +43,7 @@ pub fn main() -> i32 {
         Command::Compile(args) => compile::run(args),
         Command::Opt(args) => opt::run(args),
         Command::Passes(args) => passes::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => 0,

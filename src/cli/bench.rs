@@ -1,0 +1,436 @@
+//! `slimpack bench`: the strategies side by side on N global batches of a dataset, every one
+//! compiled in the same IR and scored by the same simulator.
+//!
+//! Each strategy's run is tuned once, as a user tunes a job: on the first step the driver
+//! compiles and simulates every candidate configuration the strategy offers (static CP degree,
+//! recomputation, ...) and keeps the fastest that fits memory; the later steps run that
+//! configuration. Strategies that carry state between steps (wlb) get one state per run.
+//! Figures are means over the steps, except `peak_memory_bytes` (the highest step), `oom` (any
+//! step), compile time (p50/p95 over the steps, the chosen configuration's) and the speedup
+//! (mean tokens/s over megatron's: a throughput ratio, fair to a strategy that trains fewer
+//! tokens in a step, as wlb does when it delays outliers).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use slimpack::driver;
+use slimpack_ir::batch::Batch;
+use slimpack_ir::Spec;
+use slimpack_passes::strategy::{self, Choices, StrategyInfo, StrategyState, STRATEGIES};
+
+use super::compile::ReportFormat;
+use super::input::{BatchArgs, SpecArgs};
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    spec: SpecArgs,
+    #[command(flatten)]
+    batch: BatchArgs,
+    /// The dataset to draw global batches from (the same as --batch).
+    #[arg(long, value_name = "FILE")]
+    dataset: Option<PathBuf>,
+    /// Number of global batches (steps), drawn in a seeded order (--seed).
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    steps: usize,
+    /// Strategies to run, comma-separated (default: all of them).
+    #[arg(long, value_name = "a,b,..")]
+    strategies: Option<String>,
+    /// Report format: text (a table on stdout) or json (one object on stdout).
+    #[arg(long, value_enum, default_value = "text")]
+    report: ReportFormat,
+    /// Print every candidate configuration tried on step 1, and how it scored (to stderr).
+    #[arg(long, short)]
+    verbose: bool,
+}
+
+/// One step of one strategy.
+struct StepFigures {
+    metrics: slimpack_runtime::sim::Metrics,
+    compile_ms: f64,
+}
+
+/// One strategy's run.
+struct StrategyRun {
+    strategy: &'static StrategyInfo,
+    chosen: String,
+    /// Every candidate tried on step 1.
+    tuning: Vec<driver::Evaluation>,
+    steps: Vec<StepFigures>,
+    backlog: (usize, u64),
+}
+
+/// A row of the report (field names and order are the `--report json` contract).
+#[derive(Debug, Serialize)]
+struct Row {
+    name: &'static str,
+    step_time_s: f64,
+    tokens_per_s: f64,
+    mfu: f64,
+    efficiency: f64,
+    dp_imbalance: f64,
+    pp_imbalance: f64,
+    bubble_fraction: f64,
+    peak_memory_bytes: u64,
+    oom: bool,
+    compile_ms_p50: f64,
+    compile_ms_p95: f64,
+    speedup_vs_megatron: Option<f64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Backlog {
+    samples: usize,
+    tokens: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct Config {
+    model: String,
+    cluster: String,
+    parallel: String,
+    world: u64,
+    dataset: String,
+    context: Option<u32>,
+    global_batch: Option<usize>,
+    global_batch_tokens: Option<u64>,
+    seed: u64,
+    steps: usize,
+    /// "search" (every mode tried) or the mode given with --recompute.
+    recompute: String,
+    tuning: &'static str,
+    /// The configuration each strategy ran with.
+    chosen: std::collections::BTreeMap<&'static str, String>,
+    /// Samples and tokens still delayed at the end of the run (strategies that delay).
+    backlog: std::collections::BTreeMap<&'static str, Backlog>,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    config: Config,
+    strategies: Vec<Row>,
+}
+
+const TUNING: &str = "per run: every candidate on step 1, the fastest that fits kept for all steps";
+
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let job = args.spec.job()?;
+    let mut batch_args = args.batch;
+    if let Some(dataset) = args.dataset {
+        batch_args.batch = Some(dataset);
+    }
+    if args.steps == 0 {
+        bail!("--steps: must be at least 1");
+    }
+    let (dataset, options) = job.dataset(&batch_args)?;
+    let batches = dataset.global_batches(&options, args.steps)?;
+    let strategies = select(args.strategies.as_deref())?;
+    let choices = match args.spec.recompute {
+        Some(_) => Choices::fixed(job.spec.model.recompute),
+        None => Choices::all(),
+    };
+    let progress = progress_bar();
+    let mut runs = Vec::with_capacity(strategies.len());
+    for strategy in strategies {
+        progress.set_message(strategy.name);
+        runs.push(run_strategy(
+            strategy, &job.spec, &batches, &choices, &progress,
+        )?);
+    }
+    progress.finish_and_clear();
+    if args.verbose {
+        eprint!("{}", tuning_table(&runs));
+    }
+    let report = Report {
+        config: Config {
+            model: job.spec.model.name.clone(),
+            cluster: job.spec.cluster.name.clone(),
+            parallel: job.spec.parallel.to_string(),
+            world: job.spec.parallel.world(),
+            dataset: dataset.name.clone(),
+            context: options.context,
+            global_batch: options.global_batch,
+            global_batch_tokens: options.global_batch_tokens,
+            seed: options.seed,
+            steps: args.steps,
+            recompute: match args.spec.recompute {
+                Some(_) => job.spec.model.recompute.as_str().to_string(),
+                None => "search".to_string(),
+            },
+            tuning: TUNING,
+            chosen: runs
+                .iter()
+                .map(|r| (r.strategy.name, r.chosen.clone()))
+                .collect(),
+            backlog: runs
+                .iter()
+                .filter(|r| r.strategy.admit.is_some())
+                .map(|r| {
+                    let (samples, tokens) = r.backlog;
+                    (r.strategy.name, Backlog { samples, tokens })
+                })
+                .collect(),
+        },
+        strategies: rows(&runs),
+    };
+    match args.report {
+        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        ReportFormat::Text => print!("{}", table(&report)),
+    }
+    Ok(())
+}
+
+/// The strategies named by `--strategies`, in the registry's order, or all of them.
+fn select(names: Option<&str>) -> anyhow::Result<Vec<&'static StrategyInfo>> {
+    let Some(names) = names else {
+        return Ok(STRATEGIES.iter().collect());
+    };
+    let mut wanted = Vec::new();
+    for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let strategy = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategies: {e}"))?;
+        if !wanted
+            .iter()
+            .any(|s: &&StrategyInfo| s.name == strategy.name)
+        {
+            wanted.push(strategy);
+        }
+    }
+    if wanted.is_empty() {
+        bail!("--strategies: no strategy named");
+    }
+    Ok(STRATEGIES
+        .iter()
+        .filter(|s| wanted.iter().any(|w| w.name == s.name))
+        .collect())
+}
+
+/// A progress bar on a terminal; nothing otherwise.
+fn progress_bar() -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(0);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg:>10} [{bar:32}] {pos}/{len} compiles {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// Tunes `strategy` on the first batch, then runs the chosen configuration on every batch.
+fn run_strategy(
+    strategy: &'static StrategyInfo,
+    spec: &Spec,
+    batches: &[Batch],
+    choices: &Choices,
+    progress: &ProgressBar,
+) -> anyhow::Result<StrategyRun> {
+    let mut state = StrategyState::default();
+    let mut chosen: Option<String> = None;
+    let mut tuning = Vec::new();
+    let mut steps = Vec::with_capacity(batches.len());
+    for (index, drawn) in batches.iter().enumerate() {
+        let batch = driver::admit(strategy, &mut state, spec, drawn);
+        let evaluation = match &chosen {
+            None => {
+                let candidates = (strategy.candidates)(spec, &batch, &state, choices).len();
+                progress.inc_length(candidates as u64 + batches.len() as u64 - 1);
+                let choice = driver::choose(strategy, spec, &batch, &state, choices)?;
+                progress.inc(candidates as u64);
+                tuning = choice.evaluations;
+                let best = &tuning[choice.chosen];
+                chosen = Some(best.candidate.label.clone());
+                driver::Evaluation {
+                    candidate: best.candidate.clone(),
+                    metrics: best.metrics.clone(),
+                    compile_ms: best.compile_ms,
+                }
+            }
+            Some(label) => {
+                let candidate = (strategy.candidates)(spec, &batch, &state, choices)
+                    .into_iter()
+                    .find(|c| &c.label == label)
+                    .with_context(|| {
+                        format!(
+                            "strategy '{}' no longer offers {label} at step {}",
+                            strategy.name,
+                            index + 1
+                        )
+                    })?;
+                let (evaluation, _) = driver::evaluate(strategy, spec, &batch, &candidate)?;
+                progress.inc(1);
+                evaluation
+            }
+        };
+        steps.push(StepFigures {
+            metrics: evaluation.metrics,
+            compile_ms: evaluation.compile_ms,
+        });
+    }
+    Ok(StrategyRun {
+        strategy,
+        chosen: chosen.unwrap_or_default(),
+        tuning,
+        steps,
+        backlog: state.backlog(),
+    })
+}
+
+fn rows(runs: &[StrategyRun]) -> Vec<Row> {
+    let mean = |run: &StrategyRun, f: &dyn Fn(&StepFigures) -> f64| {
+        run.steps.iter().map(f).sum::<f64>() / run.steps.len() as f64
+    };
+    let megatron = runs
+        .iter()
+        .find(|r| r.strategy.name == "megatron")
+        .map(|r| mean(r, &|s| s.metrics.tokens_per_s));
+    runs.iter()
+        .map(|run| {
+            let mean = |f: &dyn Fn(&StepFigures) -> f64| mean(run, f);
+            let mut compile: Vec<f64> = run.steps.iter().map(|s| s.compile_ms).collect();
+            compile.sort_by(f64::total_cmp);
+            Row {
+                name: run.strategy.name,
+                step_time_s: mean(&|s| s.metrics.step_time_s),
+                tokens_per_s: mean(&|s| s.metrics.tokens_per_s),
+                mfu: mean(&|s| s.metrics.mfu),
+                efficiency: mean(&|s| s.metrics.efficiency),
+                dp_imbalance: mean(&|s| s.metrics.dp_imbalance),
+                pp_imbalance: mean(&|s| s.metrics.pp_imbalance),
+                bubble_fraction: mean(&|s| s.metrics.bubble_fraction),
+                peak_memory_bytes: run
+                    .steps
+                    .iter()
+                    .map(|s| s.metrics.peak_memory_bytes)
+                    .max()
+                    .unwrap_or(0),
+                oom: run.steps.iter().any(|s| s.metrics.oom),
+                compile_ms_p50: percentile(&compile, 0.50),
+                compile_ms_p95: percentile(&compile, 0.95),
+                speedup_vs_megatron: megatron
+                    .filter(|&m| m > 0.0)
+                    .map(|m| mean(&|s| s.metrics.tokens_per_s) / m),
+            }
+        })
+        .collect()
+}
+
+/// The nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The text report: a header, the table, and notes.
+fn table(report: &Report) -> String {
+    use std::fmt::Write;
+    let config = &report.config;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{} on {} ({}, {} devices), {} steps of {} from {} (seed {}), context {}",
+        config.model,
+        config.cluster,
+        config.parallel,
+        config.world,
+        config.steps,
+        budget(config),
+        config.dataset,
+        config.seed,
+        config.context.map_or("none".into(), |c| c.to_string()),
+    );
+    let _ = writeln!(
+        out,
+        "tuning: {}; recompute: {}",
+        config.tuning, config.recompute
+    );
+    let _ = writeln!(
+        out,
+        "\n{:<10} {:>9} {:>11} {:>6} {:>6} {:>6} {:>6} {:>6} {:>9} {:>4} {:>15} {:>7}  {}",
+        "strategy",
+        "step s",
+        "tokens/s",
+        "MFU",
+        "eff",
+        "DP imb",
+        "PP imb",
+        "bubble",
+        "peak GiB",
+        "OOM",
+        "compile ms p50/95",
+        "speedup",
+        "config"
+    );
+    for row in &report.strategies {
+        let _ = writeln!(
+            out,
+            "{:<10} {:>9.3} {:>11.0} {:>5.1}% {:>5.1}% {:>6.2} {:>6.2} {:>5.1}% {:>9.1} {:>4} {:>15} {:>7}  {}",
+            row.name,
+            row.step_time_s,
+            row.tokens_per_s,
+            100.0 * row.mfu,
+            100.0 * row.efficiency,
+            row.dp_imbalance,
+            row.pp_imbalance,
+            100.0 * row.bubble_fraction,
+            row.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+            if row.oom { "yes" } else { "no" },
+            format!("{:.1}/{:.1}", row.compile_ms_p50, row.compile_ms_p95),
+            row.speedup_vs_megatron
+                .map_or("-".into(), |s| format!("{s:.2}x")),
+            config.chosen.get(row.name).map_or("", String::as_str),
+        );
+    }
+    for (name, backlog) in &config.backlog {
+        let _ = writeln!(
+            out,
+            "\n{name}: {} samples ({} tokens) still delayed at the end of the run (not in its figures)",
+            backlog.samples, backlog.tokens
+        );
+    }
+    out
+}
+
+/// `--verbose`: every candidate of every strategy on step 1.
+fn tuning_table(runs: &[StrategyRun]) -> String {
+    use std::fmt::Write;
+    let mut out = String::from("candidates on step 1 (* = chosen: the fastest that fits):\n");
+    for run in runs {
+        let _ = writeln!(out, "  {}", run.strategy.name);
+        for evaluation in &run.tuning {
+            let metrics = &evaluation.metrics;
+            let mark = if evaluation.candidate.label == run.chosen {
+                '*'
+            } else {
+                ' '
+            };
+            let _ = writeln!(
+                out,
+                "   {mark} {:<44} {:>9.3} s {:>7.1} GiB {:>4} {:>8.1} ms",
+                evaluation.candidate.label,
+                metrics.step_time_s,
+                metrics.peak_memory_bytes as f64 / (1u64 << 30) as f64,
+                if metrics.oom { "OOM" } else { "" },
+                evaluation.compile_ms,
+            );
+        }
+    }
+    out
+}
+
+fn budget(config: &Config) -> String {
+    match (config.global_batch, config.global_batch_tokens) {
+        (Some(samples), _) => format!("{samples} samples"),
+        (None, Some(tokens)) => format!("{tokens} tokens"),
+        (None, None) => "the whole dataset".into(),
+    }
+}

@@ -1,0 +1,227 @@
+//! The strategy driver: compiles every candidate configuration of a strategy, scores each with
+//! the simulator, and keeps the fastest that fits memory — the autotuner above the compiler.
+//!
+//! A strategy (`slimpack_passes::strategy`) offers candidates: pipelines with a recompute mode
+//! and a label (`cp=2,recompute=selective`). [`choose`] compiles each on the batch (with the
+//! model's recompute mode replaced by the candidate's), simulates it, and returns the fastest
+//! candidate whose predicted peak memory fits the device; if none fits, the one with the least
+//! peak memory, marked OOM. Candidates run on parallel threads; the choice is deterministic
+//! (ties go to the earlier candidate). [`admit`] applies a strategy's admission hook (the steps
+//! a run carries over, e.g. WLB-LLM's delayed outliers) before a batch is compiled.
+
+use std::time::Instant;
+
+use slimpack_ir::batch::Batch;
+use slimpack_ir::Spec;
+use slimpack_passes::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
+use slimpack_passes::{ManagerOptions, PassError};
+use slimpack_runtime::sim::{self, Metrics, SimError};
+
+use crate::compile::{compile, CompileOptions, Compiled};
+
+/// Why a strategy could not be compiled.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error("strategy '{strategy}', candidate {candidate}: {source}")]
+    Compile {
+        strategy: &'static str,
+        candidate: String,
+        #[source]
+        source: PassError,
+    },
+    #[error("strategy '{strategy}', candidate {candidate}: {source}")]
+    Simulate {
+        strategy: &'static str,
+        candidate: String,
+        #[source]
+        source: SimError,
+    },
+    #[error("strategy '{strategy}' offers no candidate for this spec and batch")]
+    NoCandidate { strategy: &'static str },
+}
+
+/// One candidate compiled and simulated.
+#[derive(Debug)]
+pub struct Evaluation {
+    pub candidate: Candidate,
+    pub metrics: Metrics,
+    /// Wall time of building the IR and running the candidate's pipeline.
+    pub compile_ms: f64,
+}
+
+/// The outcome of [`choose`].
+#[derive(Debug)]
+pub struct Choice {
+    /// Every candidate, in the strategy's order.
+    pub evaluations: Vec<Evaluation>,
+    /// Index of the chosen candidate in `evaluations`.
+    pub chosen: usize,
+    /// The chosen candidate's compiled step.
+    pub compiled: Compiled,
+}
+
+impl Choice {
+    /// The chosen candidate's evaluation.
+    pub fn best(&self) -> &Evaluation {
+        &self.evaluations[self.chosen]
+    }
+}
+
+/// The spec a candidate runs with: `spec` with the candidate's recompute mode.
+pub fn candidate_spec(spec: &Spec, candidate: &Candidate) -> Spec {
+    let mut spec = spec.clone();
+    spec.model.recompute = candidate.recompute;
+    spec
+}
+
+/// The batch a step of `strategy` trains on: `batch` itself, or what its admission hook makes
+/// of it (updating `state`).
+pub fn admit(
+    strategy: &StrategyInfo,
+    state: &mut StrategyState,
+    spec: &Spec,
+    batch: &Batch,
+) -> Batch {
+    match strategy.admit {
+        Some(admit) => admit(state, spec, batch),
+        None => batch.clone(),
+    }
+}
+
+/// Compiles and simulates one candidate.
+pub fn evaluate(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    candidate: &Candidate,
+) -> Result<(Evaluation, Compiled), DriverError> {
+    let spec = candidate_spec(spec, candidate);
+    let options = CompileOptions {
+        pipeline: candidate.pipeline.clone(),
+        manager: ManagerOptions::default(),
+    };
+    let start = Instant::now();
+    let compiled = compile(&spec, batch, &options, &mut std::io::sink()).map_err(|source| {
+        DriverError::Compile {
+            strategy: strategy.name,
+            candidate: candidate.label.clone(),
+            source,
+        }
+    })?;
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    let result =
+        sim::simulate(&compiled.ir, &crate::machine::cost_model(&spec)).map_err(|source| {
+            DriverError::Simulate {
+                strategy: strategy.name,
+                candidate: candidate.label.clone(),
+                source,
+            }
+        })?;
+    let evaluation = Evaluation {
+        candidate: candidate.clone(),
+        metrics: result.metrics,
+        compile_ms,
+    };
+    Ok((evaluation, compiled))
+}
+
+/// Compiles and simulates every candidate `strategy` offers for `batch` (already admitted) and
+/// keeps the fastest that fits memory, or the least memory-hungry when none fits.
+pub fn choose(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+) -> Result<Choice, DriverError> {
+    let candidates = (strategy.candidates)(spec, batch, state, choices);
+    if candidates.is_empty() {
+        return Err(DriverError::NoCandidate {
+            strategy: strategy.name,
+        });
+    }
+    let outcomes = evaluate_all(strategy, spec, batch, &candidates);
+    let mut evaluations = Vec::with_capacity(outcomes.len());
+    let mut best: Option<(usize, Compiled)> = None;
+    for outcome in outcomes {
+        let (evaluation, compiled) = outcome?;
+        let index = evaluations.len();
+        let better = match &best {
+            None => true,
+            Some((current, _)) => preferred(&evaluation.metrics, &evaluations[*current]),
+        };
+        evaluations.push(evaluation);
+        if better {
+            best = Some((index, compiled));
+        }
+    }
+    let (chosen, compiled) = best.expect("at least one candidate was evaluated");
+    Ok(Choice {
+        evaluations,
+        chosen,
+        compiled,
+    })
+}
+
+/// Whether `metrics` beats `current`: fitting beats not fitting; then the shorter step (when
+/// both fit) or the smaller peak (when neither does).
+fn preferred(metrics: &Metrics, current: &Evaluation) -> bool {
+    let other = &current.metrics;
+    match (metrics.oom, other.oom) {
+        (false, true) => true,
+        (true, false) => false,
+        (false, false) => metrics.step_time_s < other.step_time_s,
+        (true, true) => metrics.peak_memory_bytes < other.peak_memory_bytes,
+    }
+}
+
+/// Evaluates the candidates on up to `available_parallelism` threads, results in candidate
+/// order.
+fn evaluate_all(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    candidates: &[Candidate],
+) -> Vec<Result<(Evaluation, Compiled), DriverError>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(candidates.len())
+        .max(1);
+    if threads == 1 {
+        return candidates
+            .iter()
+            .map(|c| evaluate(strategy, spec, batch, c))
+            .collect();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut slots: Vec<Option<Result<(Evaluation, Compiled), DriverError>>> =
+        (0..candidates.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(candidate) = candidates.get(index) else {
+                            return done;
+                        };
+                        done.push((index, evaluate(strategy, spec, batch, candidate)));
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            let done = worker
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            for (index, outcome) in done {
+                slots[index] = Some(outcome);
+            }
+        }
+    });
+    slots
+        .into_iter()
+        .map(|slot| slot.expect("every candidate was evaluated"))
+        .collect()
+}
