@@ -88,6 +88,21 @@ pub fn admit(
     }
 }
 
+/// One step of `strategy` on a drawn `batch`: admits it (updating `state`, which a caller
+/// compiling several steps of one run keeps between them) and [`choose`]s among the candidates.
+/// Returns the batch the step trained on with the choice.
+pub fn compile_step(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    state: &mut StrategyState,
+    choices: &Choices,
+) -> Result<(Batch, Choice), DriverError> {
+    let admitted = admit(strategy, state, spec, batch);
+    let choice = choose(strategy, spec, &admitted, state, choices)?;
+    Ok((admitted, choice))
+}
+
 /// Compiles and simulates one candidate.
 pub fn evaluate(
     strategy: &StrategyInfo,

@@ -68,10 +68,9 @@ fn json_report_has_every_strategy_with_the_contract_fields() {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        names,
-        vec!["padding", "megatron", "bfd", "ff", "kk", "wlb", "hybrid-cp"]
-    );
+    // The peers, in registry order (other strategies may follow them).
+    let peers = ["padding", "megatron", "bfd", "ff", "kk", "wlb", "hybrid-cp"];
+    assert_eq!(names[..peers.len()], peers);
     // serde_json's map sorts keys; the printed order is checked on the text.
     let mut sorted_fields = FIELDS.to_vec();
     sorted_fields.sort_unstable();

@@ -17,6 +17,7 @@
 //! - `pack-placement`: every pack is placed on a replica, is not empty, and holds only slices of
 //!   samples placed on that replica.
 //! - `pack-cap`: a pack's tokens do not exceed its cap.
+//! - `pack-padding`: a padded pack is padded to at least its own tokens.
 //! - `pack-unique`: a slice is in at most one pack per direction.
 //! - `forward-order`: per sample, forward packs run its slices in increasing slice order (a
 //!   later slice sits in a later pack, or later in the same pack).
@@ -330,6 +331,16 @@ impl Verifier<'_> {
                     &name,
                     "pack-cap",
                     format!("{tokens} tokens exceed the pack's cap of {cap}"),
+                );
+            }
+        }
+        if let Some(padded) = ir.padding(pack) {
+            let tokens = ir.pack_tokens(pack);
+            if tokens > u64::from(padded) {
+                self.report(
+                    &name,
+                    "pack-padding",
+                    format!("padded to {padded} tokens but holds {tokens}"),
                 );
             }
         }

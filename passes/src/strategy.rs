@@ -102,13 +102,14 @@ pub struct StrategyInfo {
 pub static STRATEGIES: &[StrategyInfo] = &[
     StrategyInfo {
         name: "padding",
-        summary: "no packing: one sample per micro-batch, dealt round-robin to the DP ranks",
-        source: "HF Transformers Trainer without packing: DistributedSampler + \
-                 DataCollatorWithPadding, micro-batch size 1",
-        deviations: "the issue asks for padding to the longest sample of the batch; the step \
-                     IR has no padding yet, so the micro-batches are unpadded (variable-length \
-                     attention, as with FlashAttention's unpadding); the cost is per-sample \
-                     micro-batches and no DP balance. Static CP and recomputation are searched.",
+        summary: "no packing: one sample per micro-batch, padded to the batch's longest sample",
+        source: "a trainer without sequence packing: HF Transformers Trainer with a \
+                 DistributedSampler and micro-batch size 1, or Megatron-LM without packed \
+                 sequences (static micro-batch shape)",
+        deviations: "samples dealt round-robin to the DP ranks in batch order; padding to the \
+                     longest sample of the global batch (a collator would pad to the longest \
+                     of the micro-batch, i.e. not at all); static CP and recompute searched as \
+                     for megatron.",
         candidates: padding_candidates,
         admit: None,
     },
@@ -253,7 +254,9 @@ fn global_packing(spec: &Spec, batch: &Batch, choices: &Choices, policy: &str) -
 
 fn padding_candidates(spec: &Spec, _: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
     cp_and_recompute(spec, c, |cp| {
-        format!("assign-dp{{cp={cp},balance=none}},pack-symmetric{{policy=per-sample}},schedule-pipeline")
+        format!(
+            "assign-dp{{cp={cp},balance=none}},pack-symmetric{{policy=padding}},schedule-pipeline"
+        )
     })
 }
 

@@ -5,6 +5,8 @@
 //! and replicas are kept in creation order, slices in offset order, a pack's slices and a
 //! replica's packs by the `position` on their edges.
 
+use std::collections::BTreeMap;
+
 use petgraph::stable_graph::StableDiGraph;
 use petgraph::visit::EdgeRef;
 use petgraph::Direction::{Incoming, Outgoing};
@@ -23,6 +25,8 @@ pub struct StepIr {
     samples: Vec<SampleId>,
     stages: Vec<StageId>,
     replicas: Vec<ReplicaId>,
+    /// Padded length of the packs that are padded (see [`StepIr::set_padding`]).
+    padding: BTreeMap<PackId, u32>,
 }
 
 impl StepIr {
@@ -36,6 +40,7 @@ impl StepIr {
             samples: Vec::new(),
             stages: Vec::new(),
             replicas: Vec::new(),
+            padding: BTreeMap::new(),
         };
         let per_stage = ir.spec.layers_per_stage();
         for index in 0..ir.spec.parallel.pp {
@@ -58,6 +63,7 @@ impl StepIr {
             samples: Vec::new(),
             stages: Vec::new(),
             replicas: Vec::new(),
+            padding: BTreeMap::new(),
         };
         for stage in stages {
             ir.add_stage(*stage);
@@ -364,6 +370,19 @@ impl StepIr {
             .into_iter()
             .filter(|&p| self.pack(p).direction == direction)
             .min()
+    }
+
+    /// Pads `pack` to `tokens` tokens: it runs as one sequence of that length — its slices, then
+    /// padding tokens that attend to them — as a trainer that does not pack pads a micro-batch to
+    /// a fixed shape. The padding is computed but holds no sample's tokens. The verifier checks
+    /// that `tokens` is at least the pack's own tokens.
+    pub fn set_padding(&mut self, pack: PackId, tokens: u32) {
+        self.padding.insert(pack, tokens);
+    }
+
+    /// The length a pack is padded to, if it is padded.
+    pub fn padding(&self, pack: PackId) -> Option<u32> {
+        self.padding.get(&pack).copied()
     }
 
     /// Tokens in a pack.

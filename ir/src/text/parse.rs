@@ -607,6 +607,15 @@ impl Parser<'_> {
                 cap = Some(self.number(value, "token cap")?);
             }
         }
+        let mut padded = None;
+        if let Token::Word(word) = self.peek() {
+            if word == "pad" {
+                self.next();
+                self.expect(Token::Equals, "'=' after 'pad'")?;
+                let value = self.value()?;
+                padded = Some(self.number(value, "padded length")?);
+            }
+        }
         let (members, members_at) = self.value()?;
         let Value::List(items) = members else {
             return Err(self.error_at(members_at, "expected the pack's slices [%a, %b, ...]"));
@@ -623,11 +632,12 @@ impl Parser<'_> {
             }
         }
         self.end_of_statement()?;
-        Ok(Named::Pack(body.ir_mut().add_pack(
-            Pack { direction, cap },
-            replica,
-            &slices,
-        )))
+        let ir = body.ir_mut();
+        let pack = ir.add_pack(Pack { direction, cap }, replica, &slices);
+        if let Some(padded) = padded {
+            ir.set_padding(pack, padded);
+        }
+        Ok(Named::Pack(pack))
     }
 
     fn schedule(&mut self, body: &mut Body) -> Result<()> {

@@ -73,6 +73,9 @@ pub fn print(ir: &StepIr) -> String {
                 if let Some(cap) = ir.pack(pack_id).cap {
                     let _ = write!(out, " cap={cap}");
                 }
+                if let Some(padded) = ir.padding(pack_id) {
+                    let _ = write!(out, " pad={padded}");
+                }
                 let members: Vec<&str> = ir
                     .pack_slices(pack_id)
                     .iter()

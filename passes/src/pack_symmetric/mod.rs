@@ -20,6 +20,7 @@
 //!
 //! Policies, one file each with its source and deviations:
 //! - `per-sample`: one pack per sample, in batch order;
+//! - `padding` ([`padding`]): one pack per sample, padded to the batch's longest sample;
 //! - `ffd` ([`ffd`]): first-fit decreasing into `cap`-token bins (the Megatron stack's packing);
 //! - `bfd` ([`bfd`]): TRL's best-fit decreasing into `cap`-token bins;
 //! - `first-fit` ([`first_fit`]): Axolotl's multipack first fit in sampler order, at most
@@ -36,6 +37,7 @@ pub mod bfd;
 pub mod ffd;
 pub mod first_fit;
 pub mod karmarkar_karp;
+pub mod padding;
 pub mod wlb;
 
 use std::ops::RangeInclusive;
@@ -50,13 +52,13 @@ use slimpack_ir::StepIr;
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "pack-symmetric",
     summary: "build identical forward and backward micro-batches (conventional packing)",
-    description: "Groups samples into packs by a policy (per-sample, ffd, bfd, first-fit, kk, \
-                  wlb), per replica or over the whole batch (then dealt to the replicas), and \
+    description: "Groups samples into packs by a policy (per-sample, padding, ffd, bfd, \
+                  first-fit, kk, wlb), per replica or over the whole batch (then dealt to the replicas), and \
                   uses the same packs in both directions. Phase assigned -> packed.",
     options: &[
         OptionInfo {
             name: "policy",
-            help: "per-sample (default), ffd, bfd, first-fit, kk or wlb",
+            help: "per-sample (default), padding, ffd, bfd, first-fit, kk or wlb",
         },
         OptionInfo {
             name: "scope",
@@ -97,6 +99,7 @@ pub struct Oversize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Policy {
     PerSample,
+    Padding,
     FirstFitDecreasing,
     BestFitDecreasing,
     FirstFit { bin_size: usize },
@@ -108,6 +111,7 @@ impl Policy {
     fn name(self) -> &'static str {
         match self {
             Policy::PerSample => "per-sample",
+            Policy::Padding => "padding",
             Policy::FirstFitDecreasing => "ffd",
             Policy::BestFitDecreasing => "bfd",
             Policy::FirstFit { .. } => "first-fit",
@@ -118,12 +122,15 @@ impl Policy {
 
     /// Whether packs of this policy respect (and record) the token cap.
     fn enforces_cap(self) -> bool {
-        !matches!(self, Policy::PerSample | Policy::KarmarkarKarp { .. })
+        !matches!(
+            self,
+            Policy::PerSample | Policy::Padding | Policy::KarmarkarKarp { .. }
+        )
     }
 
     /// Whether the policy uses the cap at all (kk sizes its micro-batch count with it).
     fn needs_cap(self) -> bool {
-        self != Policy::PerSample
+        !matches!(self, Policy::PerSample | Policy::Padding)
     }
 }
 
@@ -156,9 +163,10 @@ impl PackSymmetric {
                 value => Ok(value),
             }
         };
-        let expected = "per-sample, ffd, bfd, first-fit, kk or wlb";
+        let expected = "per-sample, padding, ffd, bfd, first-fit, kk or wlb";
         let policy = match options.get::<String>("policy", expected)?.as_deref() {
             None | Some("per-sample") => Policy::PerSample,
+            Some("padding") => Policy::Padding,
             Some("ffd") => Policy::FirstFitDecreasing,
             Some("bfd") => Policy::BestFitDecreasing,
             Some("first-fit") => Policy::FirstFit {
@@ -243,7 +251,9 @@ impl PackSymmetric {
             message: format!("a sample of {} tokens exceeds cap={}", error.len, error.cap),
         };
         match self.policy {
-            Policy::PerSample => Ok((0..items.lengths.len()).map(|i| vec![i]).collect()),
+            Policy::PerSample | Policy::Padding => {
+                Ok((0..items.lengths.len()).map(|i| vec![i]).collect())
+            }
             Policy::FirstFitDecreasing => ffd::pack(&items.lengths, cap).map_err(oversize),
             Policy::BestFitDecreasing => bfd::pack(&items.lengths, cap).map_err(oversize),
             Policy::FirstFit { bin_size } => {
@@ -386,6 +396,10 @@ impl Pass for PackSymmetric {
         let replicas = ir.replicas().to_vec();
         let plan = self.plan(ir, &replicas, cap)?;
         let recorded_cap = self.policy.enforces_cap().then_some(cap);
+        let padded_to = (self.policy == Policy::Padding).then(|| {
+            let lengths: Vec<u32> = ir.samples().iter().map(|&s| ir.sample(s).len).collect();
+            padding::padded_length(&lengths)
+        });
         if self.scope == Scope::Global {
             for (&replica, packs) in replicas.iter().zip(&plan) {
                 for &sample in packs.iter().flatten() {
@@ -402,7 +416,10 @@ impl Pass for PackSymmetric {
                         direction,
                         cap: recorded_cap,
                     };
-                    ir.add_pack(pack, replica, &slices);
+                    let pack = ir.add_pack(pack, replica, &slices);
+                    if let Some(tokens) = padded_to {
+                        ir.set_padding(pack, tokens);
+                    }
                 }
                 largest = largest.max(group.iter().map(|&s| u64::from(ir.sample(s).len)).sum());
                 packs += 1;
