@@ -353,9 +353,16 @@ fn table(report: &Report) -> String {
         "tuning: {}; recompute: {}",
         config.tuning, config.recompute
     );
+    let width = report
+        .strategies
+        .iter()
+        .map(|r| r.name.len())
+        .max()
+        .unwrap_or(0)
+        .max("strategy".len());
     let _ = writeln!(
         out,
-        "\n{:<10} {:>9} {:>11} {:>6} {:>6} {:>6} {:>6} {:>6} {:>9} {:>4} {:>15} {:>7}  {}",
+        "\n{:<width$} {:>9} {:>11} {:>6} {:>6} {:>6} {:>6} {:>6} {:>9} {:>4} {:>17} {:>7}  {}",
         "strategy",
         "step s",
         "tokens/s",
@@ -373,7 +380,7 @@ fn table(report: &Report) -> String {
     for row in &report.strategies {
         let _ = writeln!(
             out,
-            "{:<10} {:>9.3} {:>11.0} {:>5.1}% {:>5.1}% {:>6.2} {:>6.2} {:>5.1}% {:>9.1} {:>4} {:>15} {:>7}  {}",
+            "{:<width$} {:>9.3} {:>11.0} {:>5.1}% {:>5.1}% {:>6.2} {:>6.2} {:>5.1}% {:>9.1} {:>4} {:>17} {:>7}  {}",
             row.name,
             row.step_time_s,
             row.tokens_per_s,
