@@ -44,9 +44,10 @@ pub fn workload(len: u32, a: u64) -> u128 {
 /// whole sample, `layers·(lin·L + att·L(L+1)/2) + head·L` with `lin` the GEMM FLOPs per token
 /// per layer, `att` the attention FLOPs per causal pair per layer and `head` the output
 /// projection's FLOPs per token, so `a = 2·(layers·lin + head) / (layers·att)` (dropping the
-/// `+L` of the causal pair count). verl's 24576 is the same ratio for its simplified 7B FLOP
-/// formula (`12h²L + 2hL²`); with the llama-7b shape (SwiGLU 11008, causal pairs, the head) it
-/// is 49,925.
+/// `+L` of the causal pair count). verl's 24576 is `6·hidden` for hidden 4096: Megatron's
+/// `24·s·h² + 4·s²·h` per layer, which counts attention over the full `s × s` square; counting
+/// the causal half that FlashAttention computes doubles `a`. For llama-7b (SwiGLU 11008, the
+/// output projection included) this gives 50,408; for llama-13b 62,752.
 pub fn workload_coefficient(cost: &CostModel) -> u64 {
     let flops = cost.flop_model();
     let layers = f64::from(cost.spec().model.layers);
@@ -209,6 +210,7 @@ impl PartialOrd for State {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slimpack_ir::Spec;
 
     fn sums(values: &[u128], parts: &[Vec<usize>]) -> Vec<u128> {
         parts
@@ -246,5 +248,16 @@ mod tests {
             assert!(w[0] < w[1] && w[1] < w[2] && w[3] < w[2], "{w:?}");
         }
         assert_eq!(sums(&values, &parts), vec![18, 18]);
+    }
+
+    #[test]
+    fn coefficient_from_the_model() {
+        let a = |model| {
+            let spec = Spec::from_presets(model, "h100-sxm", "tp=1,pp=1,dp=1").unwrap();
+            workload_coefficient(&CostModel::new(&spec))
+        };
+        // 2 x (32 x 2 x 202.4M + 2 x 4096 x 32000) / (32 x 4 x 4096) for llama-7b.
+        assert_eq!(a("llama-7b"), 50_408);
+        assert_eq!(a("llama-13b"), 62_752);
     }
 }
