@@ -27,14 +27,14 @@ pub enum DriverError {
         strategy: &'static str,
         candidate: String,
         #[source]
-        source: PassError,
+        source: Box<PassError>,
     },
     #[error("strategy '{strategy}', candidate {candidate}: {source}")]
     Simulate {
         strategy: &'static str,
         candidate: String,
         #[source]
-        source: SimError,
+        source: Box<SimError>,
     },
     #[error("strategy '{strategy}' offers no candidate for this spec and batch")]
     NoCandidate { strategy: &'static str },
@@ -120,7 +120,7 @@ pub fn evaluate(
         DriverError::Compile {
             strategy: strategy.name,
             candidate: candidate.label.clone(),
-            source,
+            source: Box::new(source),
         }
     })?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -129,7 +129,7 @@ pub fn evaluate(
             DriverError::Simulate {
                 strategy: strategy.name,
                 candidate: candidate.label.clone(),
-                source,
+                source: Box::new(source),
             }
         })?;
     let evaluation = Evaluation {

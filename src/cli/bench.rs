@@ -362,7 +362,7 @@ fn table(report: &Report) -> String {
         .max("strategy".len());
     let _ = writeln!(
         out,
-        "\n{:<width$} {:>9} {:>11} {:>6} {:>6} {:>6} {:>6} {:>6} {:>9} {:>4} {:>17} {:>7}  {}",
+        "\n{:<width$} {:>9} {:>11} {:>6} {:>6} {:>6} {:>6} {:>6} {:>9} {:>4} {:>17} {:>7}  config",
         "strategy",
         "step s",
         "tokens/s",
@@ -375,7 +375,6 @@ fn table(report: &Report) -> String {
         "OOM",
         "compile ms p50/95",
         "speedup",
-        "config"
     );
     for row in &report.strategies {
         let _ = writeln!(
