@@ -5,27 +5,33 @@
 //! order within each sample: a slice computes the gradient of its queries and adds the gradients
 //! of the keys and values of its whole prefix into the sample's accumulators; its own rows of
 //! those accumulators are then complete (only later slices' queries, all backwarded by now, see
-//! its keys) and flow on into its K/V projections. The last stage starts from the loss; the first
-//! stage ends in the embedding's gradient.
+//! its keys) and flow on into its K/V projections. Under context parallelism each worker gathers
+//! the prefix K/V, computes its queries' share of the prefix's K/V gradients, and the group sums
+//! those shares into each owner's accumulators (see [`super::cp`]). The last stage starts from
+//! the loss; the first stage ends in the embedding's gradient.
 
 use std::collections::BTreeMap;
 
+use slimpack_ir::step::Direction;
+
 use super::attention::{attention_backward, SliceAttention};
 use super::batch::{Batch, SampleId, Slice};
+use super::cp::gather::{gather_prefix, scatter_add_grads};
 use super::error::Result;
 use super::head::head_backward;
 use super::layer::{post_attention_backward, pre_attention_backward};
 use super::ops::embedding::embed_backward;
 use super::pack_layout::PackLayout;
 use super::params::{Grads, Params};
+use super::profile;
 use super::saved::{SavedActivations, SavedLayer};
 use super::stage_state::StageState;
 
 impl StageState {
     /// Runs the backward of the pack `slices` on this stage: adds the gradients of this stage's
     /// weights into `grads` and returns, per slice in the pack's order, the gradient of the
-    /// stage's input hidden states `[len, hidden]` to send to the previous stage (empty on the
-    /// first stage).
+    /// stage's input hidden states `[tokens held, hidden]` to send to the previous stage (empty on
+    /// the first stage).
     ///
     /// `grad_out` holds, per slice in the same order, the gradient of this stage's output received
     /// from the next stage; it is empty on the last stage, which starts from the loss. Every slice
@@ -46,7 +52,8 @@ impl StageState {
         if slices.is_empty() {
             return Ok(Vec::new());
         }
-        let layout = PackLayout::new(slices);
+        let _timer = profile::pack_scope(Direction::Backward);
+        let layout = PackLayout::new(slices, self.shard);
         let records = slices.iter().map(|slice| {
             self.saved
                 .remove(slice)
@@ -77,7 +84,7 @@ impl StageState {
                 .layers
                 .pop()
                 .expect("bug: saved activations of every layer");
-            dy = self.layer_backward(params, grads, local, &layout, layer_saved, &dy);
+            dy = self.layer_backward(params, grads, local, &layout, layer_saved, &dy)?;
         }
         self.finish_backward(&layout);
         match grads.embedding.as_mut() {
@@ -113,7 +120,7 @@ impl StageState {
         layout: &PackLayout,
         saved: SavedLayer,
         dy: &[f32],
-    ) -> Vec<f32> {
+    ) -> Result<Vec<f32>> {
         let (layer, layer_grads) = (&params.layers[local], &mut grads.layers[local]);
         let (d_attn, mut dx) = post_attention_backward(
             &self.config,
@@ -123,7 +130,7 @@ impl StageState {
             &saved.post,
             dy,
         );
-        let (dq, dk, dv) = self.attend_backward(local, layout, &saved, &d_attn);
+        let (dq, dk, dv) = self.attend_backward(local, layout, &saved, &d_attn)?;
         let dx_pre = pre_attention_backward(
             &self.config,
             layer,
@@ -137,7 +144,7 @@ impl StageState {
             dv,
         );
         dx.iter_mut().zip(&dx_pre).for_each(|(d, &p)| *d += p);
-        dx
+        Ok(dx)
     }
 
     /// Attention backward of every slice of the pack on local layer `layer`: returns the
@@ -149,7 +156,7 @@ impl StageState {
         layout: &PackLayout,
         saved: &SavedLayer,
         d_attn: &[f32],
-    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         let (qw, kvw, heads) = (
             self.config.q_width(),
             self.config.kv_width(),
@@ -159,34 +166,73 @@ impl StageState {
         for index in layout.backward_order() {
             let slice = layout.slices[index];
             let rows = layout.rows_of(index);
+            let q_rows = rows.start * qw..rows.end * qw;
+            let bounds = self.cache.slices_until(slice.sample, slice.end());
             let kv = self.cache.layer_for_backward(slice.sample, layer);
+            let sharded = self.shard.size > 1;
+            let gathered = match sharded {
+                true => Some(gather_prefix(&mut *self.exchange, &bounds, kv, kvw)?),
+                false => None,
+            };
+            let (keys, values) = match &gathered {
+                Some((keys, values)) => (&keys[..], &values[..]),
+                None => (&kv.keys[..], &kv.values[..]),
+            };
             let prefix = slice.end() * kvw;
             let input = SliceAttention {
-                offset: slice.start,
-                q: &saved.q[rows.start * qw..rows.end * qw],
-                keys: &kv.keys[..prefix],
-                values: &kv.values[..prefix],
+                positions: &layout.positions[rows.clone()],
+                q: &saved.q[q_rows.clone()],
+                keys: &keys[..prefix],
+                values: &values[..prefix],
             };
-            attention_backward(
-                &self.config,
-                &input,
-                &saved.attn[rows.start * qw..rows.end * qw],
-                &saved.lse[rows.start * heads..rows.end * heads],
-                &d_attn[rows.start * qw..rows.end * qw],
-                &mut dq[rows.start * qw..rows.end * qw],
-                &mut kv.key_grads[..prefix],
-                &mut kv.value_grads[..prefix],
+            let heads_rows = rows.start * heads..rows.end * heads;
+            let (out, lse, d_out) = (
+                &saved.attn[q_rows.clone()],
+                &saved.lse[heads_rows],
+                &d_attn[q_rows.clone()],
             );
+            if !sharded {
+                attention_backward(
+                    &self.config,
+                    &input,
+                    out,
+                    lse,
+                    d_out,
+                    &mut dq[q_rows],
+                    &mut kv.key_grads[..prefix],
+                    &mut kv.value_grads[..prefix],
+                );
+                continue;
+            }
+            let (mut d_keys, mut d_values) = match rows.is_empty() {
+                true => (Vec::new(), Vec::new()),
+                false => (vec![0.0; prefix], vec![0.0; prefix]),
+            };
+            if !rows.is_empty() {
+                attention_backward(
+                    &self.config,
+                    &input,
+                    out,
+                    lse,
+                    d_out,
+                    &mut dq[q_rows],
+                    &mut d_keys,
+                    &mut d_values,
+                );
+            }
+            drop(gathered);
+            scatter_add_grads(&mut *self.exchange, &bounds, d_keys, d_values, kv, kvw)?;
         }
         let mut dk = vec![0.0; layout.rows() * kvw];
         let mut dv = vec![0.0; layout.rows() * kvw];
         for (index, slice) in layout.slices.iter().enumerate() {
             let rows = layout.rows_of(index);
+            let first_row = self.cache.rows_before(slice.sample, slice.start);
             let kv = self.cache.layer_for_backward(slice.sample, layer);
-            let own = slice.start * kvw..slice.end() * kvw;
+            let own = first_row * kvw..(first_row + rows.len()) * kvw;
             dk[rows.start * kvw..rows.end * kvw].copy_from_slice(&kv.key_grads[own.clone()]);
             dv[rows.start * kvw..rows.end * kvw].copy_from_slice(&kv.value_grads[own]);
         }
-        (dq, dk, dv)
+        Ok((dq, dk, dv))
     }
 }

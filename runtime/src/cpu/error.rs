@@ -73,6 +73,9 @@ pub enum CpuError {
     /// A list of stages does not partition the model's layers, or a stage range is invalid.
     #[error("invalid pipeline stages: {reason}")]
     InvalidStages { reason: String },
+    /// A context-parallel exchange failed: another worker of the group stopped.
+    #[error("context-parallel exchange aborted: {reason}")]
+    ExchangeAborted { reason: String },
     /// Two tensor sets that must have the same layout differ.
     #[error("tensor layouts differ: {reason}")]
     LayoutMismatch { reason: String },

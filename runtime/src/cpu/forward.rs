@@ -2,25 +2,30 @@
 //!
 //! The pack's per-token work runs on all its rows at once; the attention runs per slice, in
 //! increasing order within each sample: a slice first appends its keys and values to its
-//! sample's cache, then attends over the whole cached prefix. The first stage embeds the slices'
-//! tokens; the last stage ends with the head and returns the pack's share of the batch loss.
+//! sample's cache, then attends over the whole cached prefix (gathered from the group's workers
+//! under context parallelism). The first stage embeds the slices' tokens; the last stage ends
+//! with the head and returns the pack's share of the batch loss.
+
+use slimpack_ir::step::Direction;
 
 use super::attention::{attention_forward, SliceAttention};
 use super::batch::{Batch, Slice};
+use super::cp::gather::gather_prefix;
 use super::error::Result;
 use super::head::head_forward;
 use super::layer::{post_attention_forward, pre_attention_forward, PreAttention};
 use super::ops::embedding::embed;
 use super::pack_layout::PackLayout;
 use super::params::Params;
+use super::profile;
 use super::saved::{SavedActivations, SavedLayer};
 use super::stage_state::StageState;
 
 /// What a forward pack hands on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ForwardOutput {
-    /// Per slice (in the pack's order), the stage's output hidden states `[len, hidden]`, to send
-    /// to the next stage; empty on the last stage.
+    /// Per slice (in the pack's order), the stage's output hidden states `[tokens held, hidden]`,
+    /// to send to the next stage; empty on the last stage.
     pub hidden: Vec<Vec<f32>>,
     /// The pack's share of the batch's mean loss (its tokens' losses over the batch's predicted
     /// tokens); 0 except on the last stage.
@@ -30,7 +35,8 @@ pub struct ForwardOutput {
 impl StageState {
     /// Runs the forward of the pack `slices` on this stage with `params` (this stage's weights).
     ///
-    /// `hidden_in` holds, per slice in the same order, the previous stage's output `[len, hidden]`;
+    /// `hidden_in` holds, per slice in the same order, the previous stage's output
+    /// `[tokens held, hidden]` (`len` tokens unless the worker is one of a DP-Merge group);
     /// it is empty on the first stage, which embeds the slices' tokens instead. The slices may
     /// come from any samples and in any order; slices of one sample must continue exactly where
     /// that sample's forward stopped (see [`StageState`]). Saves what the slices' backward needs.
@@ -43,7 +49,12 @@ impl StageState {
     ) -> Result<ForwardOutput> {
         self.check_tensors(params)?;
         self.check_forward(batch, slices, hidden_in)?;
-        let layout = PackLayout::new(slices);
+        let _timer = profile::pack_scope(Direction::Forward);
+        let layout = PackLayout::new(slices, self.shard);
+        for index in layout.forward_order() {
+            let slice = layout.slices[index];
+            self.cache.begin_slice(slice.sample, slice.start, slice.len);
+        }
         let mut x = match &params.embedding {
             Some(table) => embed(table, self.config.hidden, layout.tokens(batch)),
             None => PackLayout::concat(&hidden_in.iter().map(Vec::as_slice).collect::<Vec<_>>()),
@@ -51,7 +62,7 @@ impl StageState {
         let mut layers = Vec::with_capacity(params.layers.len());
         for (local, layer) in params.layers.iter().enumerate() {
             let pre = pre_attention_forward(&self.config, layer, &x, &layout.positions);
-            let (attn, lse) = self.attend(local, &layout, &pre);
+            let (attn, lse) = self.attend(local, &layout, &pre)?;
             let (y, post) = post_attention_forward(&self.config, layer, &x, &attn);
             let PreAttention {
                 inv_rms, normed, q, ..
@@ -102,7 +113,7 @@ impl StageState {
         layer: usize,
         layout: &PackLayout,
         pre: &PreAttention,
-    ) -> (Vec<f32>, Vec<f32>) {
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
         let (qw, kvw, heads) = (
             self.config.q_width(),
             self.config.kv_width(),
@@ -113,16 +124,25 @@ impl StageState {
         for index in layout.forward_order() {
             let slice = layout.slices[index];
             let rows = layout.rows_of(index);
+            let bounds = self.cache.slices_until(slice.sample, slice.end());
             let kv = self.cache.layer_mut(slice.sample, layer);
             kv.keys
                 .extend_from_slice(&pre.k[rows.start * kvw..rows.end * kvw]);
             kv.values
                 .extend_from_slice(&pre.v[rows.start * kvw..rows.end * kvw]);
+            let gathered = match self.shard.size {
+                1 => None,
+                _ => Some(gather_prefix(&mut *self.exchange, &bounds, kv, kvw)?),
+            };
+            let (keys, values) = match &gathered {
+                Some((keys, values)) => (&keys[..], &values[..]),
+                None => (&kv.keys[..], &kv.values[..]),
+            };
             let input = SliceAttention {
-                offset: slice.start,
+                positions: &layout.positions[rows.clone()],
                 q: &pre.q[rows.start * qw..rows.end * qw],
-                keys: &kv.keys,
-                values: &kv.values,
+                keys,
+                values,
             };
             attention_forward(
                 &self.config,
@@ -131,7 +151,7 @@ impl StageState {
                 &mut lse[rows.start * heads..rows.end * heads],
             );
         }
-        (out, lse)
+        Ok((out, lse))
     }
 
     /// Records the pack's progress and stores its activations per slice.

@@ -1,31 +1,40 @@
 //! How the slices of a pack map to the rows of the pack's concatenated tensors.
 //!
 //! A pack runs its per-token work (norms, projections, MLP, head) as one block of rows: slice
-//! `i`'s tokens are rows `offsets[i]..offsets[i] + len` in the order the slices were given.
-//! Saved activations are stored per slice (forward and backward packs differ), so they are split
-//! by these ranges after the forward and concatenated again by the backward pack's layout.
+//! `i`'s tokens are rows `offsets[i]..offsets[i] + lens[i]` in the order the slices were given.
+//! A worker of a context-parallel group holds only its share of each slice ([`CpShard`]): its
+//! rows are those tokens, at their sample positions. Saved activations are stored per slice
+//! (forward and backward packs differ), so they are split by these ranges after the forward and
+//! concatenated again by the backward pack's layout.
 
 use super::batch::{Batch, Slice};
+use super::cp::CpShard;
 
 /// Row ranges of a pack's slices in its concatenated tensors.
 pub(crate) struct PackLayout {
     pub slices: Vec<Slice>,
     offsets: Vec<usize>,
+    /// Rows of each slice (its tokens held by this worker).
+    lens: Vec<usize>,
     /// Position in its sample of every row.
     pub positions: Vec<usize>,
 }
 
 impl PackLayout {
-    pub fn new(slices: &[Slice]) -> PackLayout {
+    /// The rows `shard` holds of each of `slices`.
+    pub fn new(slices: &[Slice], shard: CpShard) -> PackLayout {
         let mut offsets = Vec::with_capacity(slices.len());
+        let mut lens = Vec::with_capacity(slices.len());
         let mut positions = Vec::new();
         for slice in slices {
             offsets.push(positions.len());
-            positions.extend(slice.start..slice.end());
+            positions.extend(shard.positions(slice.start, slice.len));
+            lens.push(positions.len() - offsets[offsets.len() - 1]);
         }
         PackLayout {
             slices: slices.to_vec(),
             offsets,
+            lens,
             positions,
         }
     }
@@ -37,7 +46,7 @@ impl PackLayout {
 
     /// Row range of slice `index`.
     pub fn rows_of(&self, index: usize) -> std::ops::Range<usize> {
-        self.offsets[index]..self.offsets[index] + self.slices[index].len
+        self.offsets[index]..self.offsets[index] + self.lens[index]
     }
 
     /// Indices of the slices ordered by sample, then start (the forward's order within a sample).
@@ -61,18 +70,22 @@ impl PackLayout {
 
     /// Next-token target of every row.
     pub fn targets(&self, batch: &Batch) -> Vec<Option<u32>> {
-        self.slices
-            .iter()
-            .flat_map(|slice| batch.targets(slice))
-            .collect()
+        let mut targets = Vec::with_capacity(self.rows());
+        for (index, slice) in self.slices.iter().enumerate() {
+            let tokens = batch.tokens(slice.sample);
+            let rows = &self.positions[self.rows_of(index)];
+            targets.extend(rows.iter().map(|&p| tokens.get(p + 1).copied()));
+        }
+        targets
     }
 
     /// Token id of every row.
     pub fn tokens<'a>(&'a self, batch: &'a Batch) -> impl Iterator<Item = u32> + 'a {
-        self.slices.iter().flat_map(|slice| {
-            batch.tokens(slice.sample)[slice.start..slice.end()]
+        (0..self.slices.len()).flat_map(move |index| {
+            let tokens = batch.tokens(self.slices[index].sample);
+            self.positions[self.rows_of(index)]
                 .iter()
-                .copied()
+                .map(move |&p| tokens[p])
         })
     }
 

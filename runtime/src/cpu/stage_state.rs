@@ -13,11 +13,18 @@
 //!
 //! A rejected pack leaves the state unchanged. The entry points themselves are in
 //! [`super::forward`] and [`super::backward`].
+//!
+//! A worker of a DP-Merge group ([`StageState::with_exchange`]) holds its share of every slice's
+//! tokens ([`super::cp`]): its hidden inputs, output gradients and outputs have one row per token
+//! it holds, and its attention goes through the group's [`KvExchange`]. Every worker of the group
+//! must run the same packs in the same order. A failed exchange (the group was aborted) fails the
+//! pack midway; the step is then lost.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::batch::{Batch, SampleId, Slice};
 use super::config::ModelConfig;
+use super::cp::{CpShard, KvExchange, LocalExchange};
 use super::error::{CpuError, Result};
 use super::kv_cache::KvCache;
 use super::params::Params;
@@ -29,6 +36,10 @@ use super::stage::Stage;
 pub struct StageState {
     pub(super) config: ModelConfig,
     pub(super) stage: Stage,
+    /// This worker's share of each slice.
+    pub(super) shard: CpShard,
+    /// How it sees the K/V of the other workers of its group.
+    pub(super) exchange: Box<dyn KvExchange>,
     pub(super) cache: KvCache,
     /// Activations of each forwarded slice whose backward has not run.
     pub(super) saved: BTreeMap<Slice, SavedActivations>,
@@ -57,13 +68,31 @@ impl LiveBytes {
 impl StageState {
     /// A fresh state for the worker of `stage` at the start of a step.
     pub fn new(config: &ModelConfig, stage: Stage) -> StageState {
+        StageState::with_exchange(config, stage, Box::new(LocalExchange))
+    }
+
+    /// A fresh state for one worker of a context-parallel group on `stage`, linked to the
+    /// group's other workers by `exchange` (a [`LocalExchange`] makes it a group of one).
+    pub fn with_exchange(
+        config: &ModelConfig,
+        stage: Stage,
+        exchange: Box<dyn KvExchange>,
+    ) -> StageState {
+        let shard = exchange.shard();
         StageState {
             config: *config,
             stage,
-            cache: KvCache::new(stage.layer_count(), config.kv_width()),
+            shard,
+            exchange,
+            cache: KvCache::new(stage.layer_count(), config.kv_width(), shard),
             saved: BTreeMap::new(),
             retired: BTreeSet::new(),
         }
+    }
+
+    /// This worker's place in its context-parallel group.
+    pub fn shard(&self) -> CpShard {
+        self.shard
     }
 
     /// The stage this worker runs.
@@ -183,7 +212,7 @@ impl StageState {
         self.check_per_slice("output gradients", slices, grad_out)
     }
 
-    /// One `[len, hidden]` tensor per slice, in the slices' order.
+    /// One `[tokens held, hidden]` tensor per slice, in the slices' order.
     fn check_per_slice(&self, what: &str, slices: &[Slice], tensors: &[Vec<f32>]) -> Result<()> {
         expect_count(
             &format!("{what} of a pack of {} slices", slices.len()),
@@ -192,8 +221,8 @@ impl StageState {
         )?;
         for (slice, tensor) in slices.iter().zip(tensors) {
             expect_count(
-                &format!("values of the {what} of slice {slice} ([len, hidden])"),
-                slice.len * self.config.hidden,
+                &format!("values of the {what} of slice {slice} ([tokens held, hidden])"),
+                self.shard.len_of(slice.start, slice.len) * self.config.hidden,
                 tensor.len(),
             )?;
         }

@@ -127,6 +127,7 @@ impl<'a> MatMut<'a> {
 
 /// `c = alpha · a · b + beta · c` (with `beta == 0`, `c`'s old contents are ignored).
 pub(crate) fn gemm(alpha: f32, a: Mat<'_>, b: Mat<'_>, beta: f32, c: MatMut<'_>) {
+    let _timer = crate::cpu::profile::gemm_scope();
     assert!(
         a.cols == b.rows && a.rows == c.rows && b.cols == c.cols,
         "bug: gemm shapes {}x{} · {}x{} -> {}x{}",

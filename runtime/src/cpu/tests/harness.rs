@@ -9,8 +9,12 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
 use crate::cpu::{
-    sum_tied_grads, Batch, Grads, ModelConfig, Params, Result, SampleId, Slice, Stage, StageState,
+    sum_tied_grads, Batch, Grads, KvExchange, LocalExchange, ModelConfig, Params, Result, SampleId,
+    Slice, Stage, StageState, ThreadExchange,
 };
 
 /// Property-test settings: `cases` cases from a fixed seed (the same cases every run), and no
@@ -161,10 +165,97 @@ pub fn run_schedule(
     batch: &Batch,
     schedule: &[Pack],
 ) -> Result<(f64, Grads)> {
+    let exchanges = stages
+        .iter()
+        .map(|_| Box::new(LocalExchange) as Box<dyn KvExchange>);
+    let (loss, grads) = run_worker(params, stages, batch, schedule, exchanges.collect())?;
+    Ok((loss, merge_stages(grads)?))
+}
+
+/// Runs `schedule` on a DP-Merge group of `size` workers (threads), each with its share of
+/// every slice on every stage, and returns the summed loss and gradients of the whole model.
+pub fn run_schedule_merged(
+    params: &Params,
+    stages: &[Stage],
+    batch: &Batch,
+    schedule: &[Pack],
+    size: usize,
+) -> Result<(f64, Grads)> {
+    let abort = Arc::new(AtomicBool::new(false));
+    // One group per stage; worker `rank` takes end `rank` of each.
+    let mut groups: Vec<Vec<ThreadExchange>> = stages
+        .iter()
+        .map(|_| ThreadExchange::group(size, Arc::clone(&abort)))
+        .collect();
+    let mut per_worker: Vec<Vec<Box<dyn KvExchange>>> = (0..size).map(|_| Vec::new()).collect();
+    for group in &mut groups {
+        for (rank, end) in group.drain(..).enumerate() {
+            per_worker[rank].push(Box::new(end));
+        }
+    }
+    let results: Vec<Result<(f64, Vec<Grads>)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = per_worker
+            .into_iter()
+            .map(|exchanges| {
+                let abort = Arc::clone(&abort);
+                scope.spawn(move || {
+                    // A failed worker releases the others from their exchanges.
+                    let raise = AbortOnDrop(abort);
+                    let result = run_worker(params, stages, batch, schedule, exchanges);
+                    if result.is_ok() {
+                        std::mem::forget(raise);
+                    }
+                    result
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("worker panicked"))
+            .collect()
+    });
+    let mut loss = 0.0;
+    let mut total: Option<Vec<Grads>> = None;
+    for result in results {
+        let (worker_loss, grads) = result?;
+        loss += worker_loss;
+        match &mut total {
+            None => total = Some(grads),
+            Some(total) => {
+                for (sum, part) in total.iter_mut().zip(&grads) {
+                    sum.add_assign(part)?;
+                }
+            }
+        }
+    }
+    Ok((loss, merge_stages(total.expect("at least one worker"))?))
+}
+
+/// Raises the abort flag when dropped (on an error, or while unwinding from a panic).
+struct AbortOnDrop(Arc<AtomicBool>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// One worker's pass over the schedule: every stage in turn, with one exchange per stage.
+fn run_worker(
+    params: &Params,
+    stages: &[Stage],
+    batch: &Batch,
+    schedule: &[Pack],
+    exchanges: Vec<Box<dyn KvExchange>>,
+) -> Result<(f64, Vec<Grads>)> {
     let stage_params = params.split(stages)?;
     let mut grads: Vec<Grads> = stage_params.iter().map(Params::zeros_like).collect();
     let config = params.config();
-    let mut states: Vec<StageState> = stages.iter().map(|&s| StageState::new(config, s)).collect();
+    let mut states: Vec<StageState> = stages
+        .iter()
+        .zip(exchanges)
+        .map(|(&s, exchange)| StageState::with_exchange(config, s, exchange))
+        .collect();
     let mut loss = 0.0;
     for pack in schedule {
         match pack {
@@ -193,9 +284,14 @@ pub fn run_schedule(
             state.live_bytes()
         );
     }
+    Ok((loss, grads))
+}
+
+/// Sums the tied embedding copies and merges the stages' gradients into the whole model's.
+fn merge_stages(mut grads: Vec<Grads>) -> Result<Grads> {
     if grads.len() > 1 {
         let (first, rest) = grads.split_at_mut(1);
         sum_tied_grads(&mut first[0], rest.last_mut().expect("more than one stage"))?;
     }
-    Ok((loss, Params::merge(grads)?))
+    Params::merge(grads)
 }
