@@ -73,7 +73,10 @@ pub struct StrategyState {
 #[derive(Debug, Clone)]
 pub struct WlbState {
     pub delay: OutlierDelay,
+    /// `N` of the step last admitted.
     pub micro_batches: usize,
+    /// `S_max` of the step last admitted.
+    pub cap: u32,
 }
 
 impl StrategyState {
@@ -240,10 +243,9 @@ fn cp_and_recompute(
     candidates
 }
 
-/// Global-scope packing by `policy` (with extra options), after a round-robin DP split into
-/// static CP groups, then 1F1B.
-fn global_packing(spec: &Spec, batch: &Batch, choices: &Choices, policy: &str) -> Vec<Candidate> {
-    let cap = capacity(batch);
+/// Global-scope packing by `policy` (with extra options) into micro-batches of `cap` tokens,
+/// after a round-robin DP split into static CP groups, then 1F1B.
+fn global_packing(spec: &Spec, choices: &Choices, policy: &str, cap: u32) -> Vec<Candidate> {
     cp_and_recompute(spec, choices, |cp| {
         format!(
             "assign-dp{{cp={cp},balance=none}},\
@@ -261,41 +263,53 @@ fn padding_candidates(spec: &Spec, _: &Batch, _: &StrategyState, c: &Choices) ->
 }
 
 fn megatron_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
-    global_packing(spec, b, c, "ffd")
+    global_packing(spec, c, "ffd", capacity(b))
 }
 
 fn bfd_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
-    global_packing(spec, b, c, "bfd")
+    global_packing(spec, c, "bfd", capacity(b))
 }
 
 fn ff_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
-    global_packing(spec, b, c, "first-fit")
+    global_packing(spec, c, "first-fit", capacity(b))
 }
 
 fn kk_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
     let a = karmarkar_karp::workload_coefficient(&CostModel::new(spec));
-    global_packing(spec, b, c, &format!("kk,a={a}"))
+    global_packing(spec, c, &format!("kk,a={a}"), capacity(b))
 }
 
 fn wlb_candidates(spec: &Spec, b: &Batch, state: &StrategyState, c: &Choices) -> Vec<Candidate> {
-    let count = state.wlb.as_ref().map_or_else(
-        || default_count(b.tokens(), capacity(b), spec.parallel.dp as usize),
-        |wlb| wlb.micro_batches,
-    );
-    global_packing(spec, b, c, &format!("wlb,micro-batches={count}"))
+    let (count, cap) = match &state.wlb {
+        Some(wlb) => (wlb.micro_batches, wlb.cap),
+        None => {
+            let cap = capacity(b);
+            (
+                default_count(b.tokens(), cap, spec.parallel.dp as usize),
+                cap,
+            )
+        }
+    };
+    global_packing(spec, c, &format!("wlb,micro-batches={count}"), cap)
 }
 
 /// WLB-LLM's admission: outlier queues and delays, with `N` micro-batches for the drawn batch's
 /// tokens at the context length (a multiple of `dp`, hence of every static CP split's replica
-/// count).
+/// count). Without a context, `S_max` is the longest sample drawn or waiting.
 fn wlb_admit(state: &mut StrategyState, spec: &Spec, batch: &Batch) -> Batch {
-    let cap = capacity(batch);
+    let waiting = state
+        .wlb
+        .as_ref()
+        .map_or(0, |wlb| wlb.delay.longest_waiting());
+    let cap = capacity(batch).max(waiting);
     let count = default_count(batch.tokens(), cap, spec.parallel.dp as usize);
     let wlb = state.wlb.get_or_insert_with(|| WlbState {
         delay: OutlierDelay::for_cap(cap),
         micro_batches: count,
+        cap,
     });
     wlb.micro_batches = count;
+    wlb.cap = cap;
     wlb.delay.admit(batch, &CostModel::new(spec), count, cap)
 }
 
@@ -368,6 +382,52 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{}: {}: {e}", strategy.name, candidate.pipeline));
             }
         }
+    }
+
+    /// Over several steps, every wlb candidate compiles exactly the samples the admission
+    /// admitted (the pass reproduces the admission's fill), and no token is lost: what was drawn
+    /// is either trained on or still waiting.
+    #[test]
+    fn wlb_compiles_what_it_admits_and_drops_nothing() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=4").unwrap();
+        let wlb = lookup("wlb").unwrap();
+        let mut state = StrategyState::default();
+        let (mut drawn, mut trained) = (0u64, 0u64);
+        let mut seed = 7u64;
+        for step in 0..8u64 {
+            let samples: Vec<Sample> = (0..30)
+                .map(|i| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    Sample {
+                        len: 1 + ((seed >> 33) % 64) as u32,
+                        doc: step * 100 + i,
+                        piece: 0,
+                    }
+                })
+                .collect();
+            let batch = Batch {
+                documents: samples.len(),
+                samples,
+                documents_cut: 0,
+                context: Some(64),
+                source: "test".into(),
+            };
+            drawn += batch.tokens();
+            let admitted = (wlb.admit.unwrap())(&mut state, &spec, &batch);
+            trained += admitted.tokens();
+            for candidate in (wlb.candidates)(&spec, &admitted, &state, &Choices::all()) {
+                let mut ir = slimpack_ir::StepIr::from_batch(spec.clone(), &admitted);
+                let pipeline = parse_pipeline(&candidate.pipeline).unwrap();
+                let options = crate::ManagerOptions::default();
+                crate::run_pipeline(&mut ir, &pipeline, &options, &mut std::io::sink())
+                    .unwrap_or_else(|e| panic!("step {step}, {}: {e}", candidate.label));
+                assert_eq!(ir.tokens(), admitted.tokens());
+            }
+        }
+        assert_eq!(drawn, trained + state.backlog().1);
+        assert!(state.backlog().0 > 0, "the test should exercise the delay");
     }
 
     #[test]

@@ -163,6 +163,12 @@ impl OutlierDelay {
         admitted_batch(batch, samples)
     }
 
+    /// The longest sample waiting for a later step (0 when none is).
+    pub fn longest_waiting(&self) -> u32 {
+        let waiting = self.levels.iter().flatten().chain(&self.carried);
+        waiting.map(|s| s.len).max().unwrap_or(0)
+    }
+
     /// Samples and tokens waiting for a later step (queued outliers and delayed samples).
     pub fn backlog(&self) -> (usize, u64) {
         let waiting = self.levels.iter().flatten().chain(&self.carried);
