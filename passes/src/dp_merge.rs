@@ -4,7 +4,8 @@
 //! Phase in: `assigned` (one replica per DP rank, from `assign-dp`). Phase out: unchanged.
 //! A sample is *dominant* when its estimated cost exceeds `threshold` times the mean replica
 //! load (no placement can then balance the replicas), and *memory-infeasible* when its
-//! activations and K/V on one device exceed what the model states leave of HBM. It gets
+//! activations and K/V on one device exceed `memory` times what the model states leave of HBM
+//! (the rest is headroom for the other packs in flight). It gets
 //! `k = 2^ceil(log2(need))` replicas (cost or memory ratio, at most dp), on an aligned block of
 //! k DP ranks — aligned so that a block smaller than a node stays inside a node under
 //! Megatron's rank order. Blocks are chosen least-loaded first and never overlap. Each merged
@@ -39,6 +40,9 @@ pub(crate) const INFO: PassInfo = PassInfo {
 #[derive(Debug, Clone, Copy)]
 pub struct DpMerge {
     pub threshold: f64,
+    /// Largest fraction of a device's free memory (HBM less model states and workspace) one
+    /// sample's activations and K/V may take; the rest is for the other packs in flight.
+    pub memory: f64,
 }
 
 impl DpMerge {
@@ -46,15 +50,27 @@ impl DpMerge {
         let threshold: f64 = options
             .get("threshold", "a positive number")?
             .unwrap_or(1.0);
-        if !(threshold.is_finite() && threshold > 0.0) {
-            return Err(PassError::BadOption {
-                pass: INFO.name,
-                option: "threshold".into(),
-                value: threshold.to_string(),
-                message: "expected a positive number".into(),
-            });
+        let memory: f64 = options
+            .get("memory", "a fraction in (0, 1]")?
+            .unwrap_or(0.5);
+        for (name, value, valid) in [
+            (
+                "threshold",
+                threshold,
+                threshold.is_finite() && threshold > 0.0,
+            ),
+            ("memory", memory, memory > 0.0 && memory <= 1.0),
+        ] {
+            if !valid {
+                return Err(PassError::BadOption {
+                    pass: INFO.name,
+                    option: name.into(),
+                    value: value.to_string(),
+                    message: "out of range".into(),
+                });
+            }
         }
-        Ok(DpMerge { threshold })
+        Ok(DpMerge { threshold, memory })
     }
 }
 
@@ -67,14 +83,21 @@ fn merge_degree(need: f64, limit: u32) -> u32 {
     k
 }
 
-/// Per-device bytes one sample needs on the first stage when it runs alone: its saved
-/// activations and K/V, plus the model states.
-fn sample_memory(cost: &CostModel, tokens: u64) -> u64 {
+/// Per-device bytes one sample needs when it runs alone, on its most loaded stage: the model
+/// states and workspace, its saved activations and K/V, and the dK/dV accumulators its
+/// backward fills.
+fn sample_memory(cost: &CostModel, stages: u32, tokens: u64) -> u64 {
     let memory = cost.memory();
-    memory.model_state_bytes(0)
-        + memory.activation_bytes(tokens, 0)
-        + memory.kv_bytes(tokens, 0)
-        + memory.workspace_bytes()
+    (0..stages)
+        .map(|stage| {
+            memory.model_state_bytes(stage)
+                + memory.workspace_bytes()
+                + memory.activation_bytes(tokens, stage)
+                + memory.kv_bytes(tokens, stage)
+                + memory.kv_grad_bytes(tokens, stage)
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 impl Pass for DpMerge {
@@ -101,6 +124,7 @@ impl Pass for DpMerge {
             });
         }
         let cost_model = CostModel::new(&ir.spec);
+        let stages = ir.spec.parallel.pp;
         let weights = sample_weights(ir, Balance::Cost);
         let samples: Vec<SampleId> = ir.samples().to_vec();
         let mean = weights.iter().sum::<f64>() / f64::from(dp);
@@ -114,10 +138,11 @@ impl Pass for DpMerge {
             } else {
                 1.0
             };
-            let memory = sample_memory(&cost_model, tokens) as f64;
-            let by_memory = if memory > capacity {
-                let fixed = sample_memory(&cost_model, 0) as f64;
-                (memory - fixed) / (capacity - fixed).max(1.0)
+            let fixed = sample_memory(&cost_model, stages, 0) as f64;
+            let needed = sample_memory(&cost_model, stages, tokens) as f64 - fixed;
+            let allowed = self.memory * (capacity - fixed).max(1.0);
+            let by_memory = if needed > allowed {
+                needed / allowed
             } else {
                 1.0
             };

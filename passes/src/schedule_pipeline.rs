@@ -59,11 +59,27 @@ pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, warmup: usize) -> Vec
                 .unwrap_or(0)
         })
         .collect();
+    // In-flight work is counted in packs when the backward packs are the forward packs (1F1B
+    // exactly), in tokens otherwise: the stage keeps `warmup + 1` average forward packs' worth
+    // of tokens in flight, however the two partitions cut them.
+    let symmetric = forward.len() == backward.len()
+        && forward
+            .iter()
+            .zip(&backward)
+            .all(|(&f, &b)| same_slices(ir, f, b));
+    let weight = |pack: PackId| if symmetric { 1 } else { ir.pack_tokens(pack) };
+    let forward_prefix = prefix_sums(forward.iter().map(|&p| weight(p)));
+    let backward_prefix = prefix_sums(backward.iter().map(|&p| weight(p)));
+    let mean_forward =
+        forward_prefix.last().copied().unwrap_or(0) as f64 / forward.len().max(1) as f64;
+    let window = ((warmup + 1) as f64 * mean_forward).round() as u64;
     let (mut f, mut b) = (0, 0);
     let mut order = Vec::with_capacity(forward.len() + backward.len());
     while f < forward.len() || b < backward.len() {
-        let backward_ready = b < backward.len() && f >= need[b];
-        let steady = f == forward.len() || f >= warmup + 1 + b;
+        // A backward runs `warmup` forwards after the last forward it needs, as in 1F1B: the
+        // stage keeps the pipeline fed while that forward travels to the last stage and back.
+        let backward_ready = b < backward.len() && f >= (need[b] + warmup).min(forward.len());
+        let steady = f == forward.len() || forward_prefix[f] >= window + backward_prefix[b];
         if backward_ready && steady {
             order.push(backward[b]);
             b += 1;
@@ -73,6 +89,24 @@ pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, warmup: usize) -> Vec
         }
     }
     order
+}
+
+/// `[0, w0, w0 + w1, ...]`.
+fn prefix_sums(weights: impl Iterator<Item = u64>) -> Vec<u64> {
+    let mut sums = vec![0];
+    for weight in weights {
+        sums.push(sums.last().copied().unwrap_or(0) + weight);
+    }
+    sums
+}
+
+/// Whether two packs hold the same slices (in any order).
+fn same_slices(ir: &StepIr, a: PackId, b: PackId) -> bool {
+    let mut left = ir.pack_slices(a);
+    let mut right = ir.pack_slices(b);
+    left.sort_unstable();
+    right.sort_unstable();
+    left == right
 }
 
 impl Pass for SchedulePipeline {

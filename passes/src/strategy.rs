@@ -187,6 +187,48 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         candidates: hybrid_cp_candidates,
         admit: None,
     },
+    StrategyInfo {
+        name: "slimpack",
+        summary: "SlimPack: slices, asymmetric forward/backward MicroPacks, DP-Merge, eqsat",
+        source: "Fine-Grained Asymmetric Packing (SlimPack), arXiv 2509.26246, sections 3-5",
+        deviations: "phase 2 is a chain-constrained balanced-partition heuristic with local \
+                     search and e-graph refinement instead of the paper's MILP; slice size, pack \
+                     cap and recompute are searched with the simulator (see passes/src/slimpack.rs).",
+        candidates: crate::slimpack::full,
+        admit: None,
+    },
+    StrategyInfo {
+        name: "slimpack-no-asymmetric",
+        summary: "ablation: backward packs mirror the forward packs",
+        source: "passes/src/slimpack.rs",
+        deviations: "pack-bwd{mirror=true}",
+        candidates: crate::slimpack::no_asymmetric,
+        admit: None,
+    },
+    StrategyInfo {
+        name: "slimpack-no-dp-merge",
+        summary: "ablation: no DP-Merge groups",
+        source: "passes/src/slimpack.rs",
+        deviations: "no dp-merge pass",
+        candidates: crate::slimpack::no_dp_merge,
+        admit: None,
+    },
+    StrategyInfo {
+        name: "slimpack-no-slicing",
+        summary: "ablation: whole samples, no slices",
+        source: "passes/src/slimpack.rs",
+        deviations: "no slice pass; packs capped at the context",
+        candidates: crate::slimpack::no_slicing,
+        admit: None,
+    },
+    StrategyInfo {
+        name: "slimpack-no-eqsat",
+        summary: "ablation: no e-graph refinement",
+        source: "passes/src/slimpack.rs",
+        deviations: "no eqsat pass",
+        candidates: crate::slimpack::no_eqsat,
+        admit: None,
+    },
 ];
 
 /// Looks a strategy up by name; the error lists the valid names.

@@ -5,9 +5,10 @@ use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 
-use slimpack::{compile, CompileOptions};
+use slimpack::{compile, driver, CompileOptions};
 use slimpack_ir::step::Phase;
 use slimpack_ir::{text, StepIr};
+use slimpack_passes::strategy::{self, Choices, StrategyState};
 use slimpack_passes::{ManagerOptions, PassRecord, PrintOptions};
 use slimpack_runtime::sim::{self, SimResult};
 
@@ -115,6 +116,23 @@ pub struct CompileArgs {
     spec: SpecArgs,
     #[command(flatten)]
     batch: BatchArgs,
+    /// Strategy to compile with: slimpack or a peer (padding, megatron, bfd, ff, kk, wlb,
+    /// hybrid-cp); its candidate configurations are simulated and the fastest that fits
+    /// memory is kept. Without --strategy or --passes, compile stops at the logical IR.
+    #[arg(long, value_name = "NAME", conflicts_with = "passes")]
+    strategy: Option<String>,
+    /// slimpack ablation: backward packs mirror the forward packs.
+    #[arg(long)]
+    no_asymmetric: bool,
+    /// slimpack ablation: no DP-Merge groups.
+    #[arg(long)]
+    no_dp_merge: bool,
+    /// slimpack ablation: whole samples, no slices.
+    #[arg(long)]
+    no_slicing: bool,
+    /// slimpack ablation: no e-graph refinement.
+    #[arg(long)]
+    no_eqsat: bool,
     /// Pass pipeline to run, e.g. 'slice{size=8192}' (see `slimpack passes`).
     #[arg(long, default_value = "")]
     passes: String,
@@ -133,18 +151,75 @@ pub struct CompileArgs {
     pictures: SimulationArgs,
 }
 
+impl CompileArgs {
+    /// The strategy asked for, ablations applied (`slimpack` + `--no-eqsat` is
+    /// `slimpack-no-eqsat`).
+    fn strategy_name(&self) -> anyhow::Result<Option<String>> {
+        let ablations: Vec<&str> = [
+            (self.no_asymmetric, "asymmetric"),
+            (self.no_dp_merge, "dp-merge"),
+            (self.no_slicing, "slicing"),
+            (self.no_eqsat, "eqsat"),
+        ]
+        .iter()
+        .filter(|(on, _)| *on)
+        .map(|(_, idea)| *idea)
+        .collect();
+        match (self.strategy.as_deref(), ablations.as_slice()) {
+            (strategy, []) => Ok(strategy.map(str::to_string)),
+            (Some("slimpack"), [idea]) => Ok(Some(format!("slimpack-no-{idea}"))),
+            (Some("slimpack"), _) => bail!(
+                "give one ablation flag at a time (--no-{})",
+                ablations.join(", --no-")
+            ),
+            _ => bail!("--no-{} applies to --strategy slimpack", ablations[0]),
+        }
+    }
+}
+
+/// What `--strategy` chose: the strategy, its candidate's label, and how many were tried.
+struct Chosen {
+    strategy: &'static str,
+    label: String,
+    candidates: usize,
+}
+
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let job = args.spec.job()?;
     let batch = job.batch(&args.batch)?;
+    let strategy = args.strategy_name()?;
     let emit = args.emit.or(args.output.as_ref().map(|_| Emit::Ir));
     if emit.is_some() && args.output.is_none() && args.report == ReportFormat::Json {
         bail!("--emit to standard output and --report json would mix on stdout; give -o FILE");
     }
-    let options = CompileOptions {
-        pipeline: args.passes.clone(),
-        manager: args.manager.options(),
+    let (compiled, chosen) = match &strategy {
+        Some(name) => {
+            let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
+            let choices = match args.spec.recompute {
+                Some(_) => Choices::fixed(job.spec.model.recompute),
+                None => Choices::all(),
+            };
+            let mut state = StrategyState::default();
+            let batch = driver::admit(info, &mut state, &job.spec, &batch);
+            let choice = driver::choose(info, &job.spec, &batch, &state, &choices)?;
+            let chosen = Chosen {
+                strategy: info.name,
+                label: choice.best().candidate.label.clone(),
+                candidates: choice.evaluations.len(),
+            };
+            (choice.compiled, Some(chosen))
+        }
+        None => {
+            let options = CompileOptions {
+                pipeline: args.passes.clone(),
+                manager: args.manager.options(),
+            };
+            (
+                compile(&job.spec, &batch, &options, &mut std::io::stderr())?,
+                None,
+            )
+        }
     };
-    let compiled = compile(&job.spec, &batch, &options, &mut std::io::stderr())?;
     args.manager.report_times(&compiled.passes);
     if let Some(Emit::Ir) = emit {
         let printed = text::print(&compiled.ir);
@@ -173,7 +248,15 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             .map(|(result, ms)| (&result.metrics, *ms)),
     );
     match args.report {
-        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        ReportFormat::Json => {
+            let mut value = serde_json::to_value(&report)?;
+            if let Some(chosen) = &chosen {
+                value["strategy"] = chosen.strategy.into();
+                value["candidate"] = chosen.label.clone().into();
+                value["candidates_tried"] = chosen.candidates.into();
+            }
+            println!("{}", serde_json::to_string_pretty(&value)?)
+        }
         ReportFormat::Text => {
             eprintln!(
                 "compiled {} samples ({} tokens, {} documents, {} cut at context {}) from {}",
@@ -196,6 +279,12 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 report.replicas,
                 report.compile_ms
             );
+            if let Some(chosen) = &chosen {
+                eprintln!(
+                    "  strategy {}: chose {} of {} candidates",
+                    chosen.strategy, chosen.label, chosen.candidates
+                );
+            }
             if let Some((result, ms)) = &simulation {
                 super::report::print_metrics(&result.metrics, *ms);
             }

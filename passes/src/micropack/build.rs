@@ -137,10 +137,18 @@ pub(crate) fn pack_direction(
         if chains.is_empty() {
             continue;
         }
-        let tokens: u64 = chains.iter().flatten().map(|i| u64::from(i.tokens)).sum();
-        let by_cap = tokens.div_ceil(u64::from(cap)) as usize;
-        let packs = options.packs.unwrap_or(1).max(by_cap);
-        let parts = partition(&chains, &release, packs, cap);
+        let parts = if direction == Direction::Backward {
+            windowed(&chains, &release, forward_position.len(), cap)
+        } else {
+            let tokens: u64 = chains.iter().flatten().map(|i| u64::from(i.tokens)).sum();
+            let by_cap = tokens.div_ceil(u64::from(cap)) as usize;
+            partition(
+                &chains,
+                &release,
+                options.packs.unwrap_or(1).max(by_cap),
+                cap,
+            )
+        };
         let loads: Vec<f64> = parts
             .iter()
             .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum())
@@ -183,6 +191,48 @@ pub(crate) fn pack_direction(
             },
         )
         .with("cost_spread", worst_spread))
+}
+
+/// Forward packs per backward window: the samples whose forward completes within a window of
+/// this many forward packs are backwarded by as many backward packs, balanced on backward cost
+/// among themselves. The window bounds how long activations wait for their backward (memory)
+/// while leaving room to rebalance (the asymmetry).
+const BACKWARD_WINDOW: usize = 4;
+
+/// Backward packs window by window (see [`BACKWARD_WINDOW`]): chains grouped by the window of
+/// their release, each group partitioned into as many packs as its window has forward packs
+/// (more if the cap needs them), in window order.
+fn windowed(
+    chains: &[Vec<Item>],
+    release: &[usize],
+    forward_packs: usize,
+    cap: u32,
+) -> super::Partition {
+    let windows = forward_packs.div_ceil(BACKWARD_WINDOW).max(1);
+    let mut groups: Vec<Vec<usize>> = vec![Vec::new(); windows];
+    for (chain, &r) in release.iter().enumerate() {
+        groups[(r / BACKWARD_WINDOW).min(windows - 1)].push(chain);
+    }
+    let mut parts = Vec::new();
+    for (window, members) in groups.iter().enumerate() {
+        if members.is_empty() {
+            continue;
+        }
+        let sub: Vec<Vec<Item>> = members.iter().map(|&c| chains[c].clone()).collect();
+        let sub_release: Vec<usize> = members
+            .iter()
+            .map(|&c| release[c].saturating_sub(window * BACKWARD_WINDOW))
+            .collect();
+        let in_window = (forward_packs - window * BACKWARD_WINDOW).min(BACKWARD_WINDOW);
+        let tokens: u64 = sub.iter().flatten().map(|i| u64::from(i.tokens)).sum();
+        let count = in_window
+            .max(tokens.div_ceil(u64::from(cap)) as usize)
+            .max(1);
+        for pack in partition(&sub, &sub_release, count, cap) {
+            parts.push(pack.into_iter().map(|(c, i)| (members[c], i)).collect());
+        }
+    }
+    parts
 }
 
 /// The no-asymmetry ablation: backward packs hold exactly the forward packs' slices. Their order

@@ -119,13 +119,14 @@ fn attempt(
         .filter(|&c| !chains[c].is_empty())
         .collect();
     waiting.sort_by(|a, b| release[*b].cmp(&release[*a]).then(b.cmp(a)));
-    let mut heads: BTreeSet<Head> = BTreeSet::new();
+    let mut heads = Heads::default();
     let mut remaining_cost: f64 = chains.iter().flatten().map(|i| i.cost).sum();
     let mut result: Partition = Vec::with_capacity(count);
     let mut fits = true;
     for k in 0..count {
         let packs_left = count - k;
         let last = packs_left == 1 && fixed.is_none();
+        heads.begin_release(k);
         // Release the chains due by this pack (all of them in the last pack); an empty set of
         // heads releases the next chain early so that every pack makes progress.
         while let Some(&chain) = waiting.last() {
@@ -133,7 +134,7 @@ fn attempt(
                 break;
             }
             waiting.pop();
-            heads.insert(Head {
+            heads.start(Head {
                 cost: chains[chain][0].cost,
                 chain,
             });
@@ -145,7 +146,7 @@ fn attempt(
         waiting.retain(|&chain| {
             let urgent = chains[chain].len() > packs_left - 1;
             if urgent {
-                heads.insert(Head {
+                heads.start(Head {
                     cost: chains[chain][0].cost,
                     chain,
                 });
@@ -153,7 +154,9 @@ fn attempt(
             !urgent
         });
         let urgent: Vec<usize> = heads
+            .open
             .iter()
+            .chain(heads.fresh.iter())
             .map(|h| h.chain)
             .filter(|&c| chains[c].len() - next[c] > packs_left - 1)
             .collect();
@@ -169,9 +172,10 @@ fn attempt(
             let token_room = u64::from(cap).saturating_sub(tokens);
             let fits_tokens =
                 |h: &&Head| u64::from(chains[h.chain][next[h.chain]].tokens) <= token_room;
-            // The largest head that fits both the cost budget and the token cap.
-            let mut pick = heads
-                .range(
+            // The largest head that fits both the cost budget and the token cap, continuing a
+            // started sample before starting a new one (fewer samples half-done, less memory).
+            let largest_fitting = |set: &BTreeSet<Head>| {
+                set.range(
                     ..=Head {
                         cost: room,
                         chain: 0,
@@ -179,11 +183,21 @@ fn attempt(
                 )
                 .rev()
                 .find(fits_tokens)
-                .copied();
+                .copied()
+            };
+            // New chains in the order they became available (the oldest released backward
+            // first: it frees its sample's memory), each the largest of its release.
+            let mut pick = largest_fitting(&heads.open).or_else(|| {
+                heads
+                    .fresh
+                    .iter()
+                    .find(|h| h.cost <= room && fits_tokens(h))
+                    .copied()
+            });
             if pick.is_none() && (members.is_empty() || last) {
                 // An empty pack must make progress, and the last pack takes everything: the
                 // smallest head (a cap overflow in the last pack grows the pack count).
-                pick = heads.iter().next().copied();
+                pick = heads.smallest();
             }
             let Some(head) = pick else { break };
             let item = chains[head.chain][next[head.chain]];
@@ -206,23 +220,62 @@ fn attempt(
     (result, fits && heads.is_empty() && waiting.is_empty())
 }
 
-fn take(
-    chain: usize,
-    item: Item,
-    next: &mut [usize],
-    heads: &mut BTreeSet<Head>,
-    chains: &[Vec<Item>],
-) {
-    heads.remove(&Head {
+fn take(chain: usize, item: Item, next: &mut [usize], heads: &mut Heads, chains: &[Vec<Item>]) {
+    let head = Head {
         cost: item.cost,
         chain,
-    });
+    };
+    if !heads.open.remove(&head) {
+        heads.fresh.retain(|h| *h != head);
+    }
     next[chain] += 1;
     if let Some(following) = chains[chain].get(next[chain]) {
-        heads.insert(Head {
+        heads.open.insert(Head {
             cost: following.cost,
             chain,
         });
+    }
+}
+
+/// The chain heads available to the pack being filled: of chains already started (`open`) and
+/// of chains not started yet (`fresh`, in the order they were released, each release's
+/// heads most costly first).
+#[derive(Debug, Default)]
+struct Heads {
+    open: BTreeSet<Head>,
+    fresh: Vec<Head>,
+    /// Where the current release's heads start in `fresh`.
+    release_start: usize,
+    /// The pack the current release belongs to.
+    release_pack: Option<usize>,
+}
+
+impl Heads {
+    /// Makes a chain available; chains released for the same pack are kept most costly first.
+    fn start(&mut self, head: Head) {
+        self.fresh.push(head);
+        self.fresh[self.release_start..].sort_by(|a, b| b.cmp(a));
+    }
+
+    /// Marks the start of the chains released for pack `k`.
+    fn begin_release(&mut self, k: usize) {
+        if self.release_pack != Some(k) {
+            self.release_pack = Some(k);
+            self.release_start = self.fresh.len();
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.open.is_empty() && self.fresh.is_empty()
+    }
+
+    /// The cheapest head of either set.
+    fn smallest(&self) -> Option<Head> {
+        let fresh = self.fresh.iter().min().copied();
+        match (self.open.first().copied(), fresh) {
+            (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+            (a, b) => a.or(b),
+        }
     }
 }
 
