@@ -8,7 +8,6 @@
 
 pub mod assign_dp;
 pub mod assign_hybrid_cp;
-pub mod assign_hybrid_cp;
 mod balance;
 pub mod dp_merge;
 pub mod eqsat;
@@ -25,7 +24,7 @@ pub mod pipeline;
 pub mod registry;
 pub mod schedule_pipeline;
 pub mod slice;
-pub mod strategy;
+pub mod slimpack;
 pub mod strategy;
 
 pub use error::{PassError, Result};

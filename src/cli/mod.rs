@@ -5,6 +5,8 @@ mod compile;
 mod input;
 mod opt;
 mod passes;
+mod report;
+mod simulate;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +26,8 @@ enum Command {
     Opt(opt::OptArgs),
     /// List the passes with one-line summaries.
     Passes(passes::PassesArgs),
+    /// Predict the time and memory of a compiled step (scheduled IR).
+    Simulate(simulate::SimulateArgs),
     /// Run the strategies side by side on global batches of a dataset, through the simulator.
     Bench(bench::BenchArgs),
 }
@@ -43,6 +47,7 @@ pub fn main() -> i32 {
         Command::Compile(args) => compile::run(args),
         Command::Opt(args) => opt::run(args),
         Command::Passes(args) => passes::run(args),
+        Command::Simulate(args) => simulate::run(args),
         Command::Bench(args) => bench::run(args),
     };
     match result {
