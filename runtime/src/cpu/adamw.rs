@@ -7,7 +7,9 @@
 //! embeddings split across stages both copies see the same summed gradient and the same state,
 //! so they stay identical.
 
-use super::error::Result;
+use std::ops::Range;
+
+use super::error::{CpuError, Result};
 use super::params::{Grads, Params, TensorKind};
 
 /// AdamW hyper-parameters.
@@ -63,16 +65,7 @@ impl AdamW {
         self.first_moment.check_same_layout(params)?;
         self.first_moment.check_same_layout(grads)?;
         self.steps += 1;
-        let AdamWConfig {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-        } = self.config;
-        let t = self.steps as i32;
-        let step_size = lr / (1.0 - f64::from(beta1).powi(t)) as f32;
-        let sqrt_bias2 = (1.0 - f64::from(beta2).powi(t)).sqrt() as f32;
+        let rates = StepRates::new(&self.config, self.steps);
         let tensors = params
             .tensors_mut()
             .into_iter()
@@ -80,24 +73,123 @@ impl AdamW {
             .zip(self.first_moment.tensors_mut())
             .zip(self.second_moment.tensors_mut());
         for (((param, grad), m), v) in tensors {
-            let decay = match param.kind {
-                TensorKind::Matrix => 1.0 - lr * weight_decay,
-                TensorKind::NormGain => 1.0,
-            };
-            let values = param
-                .data
-                .iter_mut()
-                .zip(grad.data)
-                .zip(m.data.iter_mut())
-                .zip(v.data.iter_mut());
-            for (((p, &g), m), v) in values {
-                *p *= decay;
-                *m = beta1 * *m + (1.0 - beta1) * g;
-                *v = beta2 * *v + (1.0 - beta2) * g * g;
-                *p -= step_size * *m / (v.sqrt() / sqrt_bias2 + eps);
-            }
+            rates.update(param.kind, param.data, grad.data, m.data, v.data);
         }
         Ok(())
+    }
+}
+
+/// AdamW over one data-parallel rank's shard of a stage's tensors (ZeRO stage 1, Megatron's
+/// distributed optimizer): the moments of flat indices `range` only (see
+/// [`Params::flat_range`]). Every value gets exactly the update [`AdamW`] gives it.
+#[derive(Debug, Clone)]
+pub struct ShardedAdamW {
+    config: AdamWConfig,
+    steps: u32,
+    range: Range<usize>,
+    first_moment: Vec<f32>,
+    second_moment: Vec<f32>,
+}
+
+impl ShardedAdamW {
+    /// Fresh state (zero moments) for the flat indices `range` of tensors laid out like `params`.
+    pub fn new(config: AdamWConfig, params: &Params, range: Range<usize>) -> ShardedAdamW {
+        assert!(
+            range.end <= params.numel(),
+            "bug: shard {range:?} past the {} values",
+            params.numel()
+        );
+        ShardedAdamW {
+            config,
+            steps: 0,
+            first_moment: vec![0.0; range.len()],
+            second_moment: vec![0.0; range.len()],
+            range,
+        }
+    }
+
+    /// The flat indices this state covers.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+
+    /// Applies one update to the shard of `params` from the shard's (already summed) gradient.
+    pub fn step(&mut self, params: &mut Params, grad_shard: &[f32]) -> Result<()> {
+        if grad_shard.len() != self.range.len() {
+            return Err(CpuError::LayoutMismatch {
+                reason: format!(
+                    "a gradient shard of {} values for an optimizer shard of {}",
+                    grad_shard.len(),
+                    self.range.len()
+                ),
+            });
+        }
+        self.steps += 1;
+        let rates = StepRates::new(&self.config, self.steps);
+        let mut offset = 0;
+        for piece in params.flat_range_mut(self.range.clone()) {
+            let part = offset..offset + piece.data.len();
+            offset = part.end;
+            rates.update(
+                piece.kind,
+                piece.data,
+                &grad_shard[part.clone()],
+                &mut self.first_moment[part.clone()],
+                &mut self.second_moment[part],
+            );
+        }
+        Ok(())
+    }
+}
+
+/// The per-step constants of the update.
+struct StepRates {
+    config: AdamWConfig,
+    step_size: f32,
+    sqrt_bias2: f32,
+}
+
+impl StepRates {
+    fn new(config: &AdamWConfig, step: u32) -> StepRates {
+        let t = step as i32;
+        StepRates {
+            config: *config,
+            step_size: config.lr / (1.0 - f64::from(config.beta1).powi(t)) as f32,
+            sqrt_bias2: (1.0 - f64::from(config.beta2).powi(t)).sqrt() as f32,
+        }
+    }
+
+    /// Updates `values` in place, with their gradients and moments.
+    fn update(
+        &self,
+        kind: TensorKind,
+        values: &mut [f32],
+        grads: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+    ) {
+        let AdamWConfig {
+            lr,
+            beta1,
+            beta2,
+            eps,
+            weight_decay,
+        } = self.config;
+        let decay = match kind {
+            TensorKind::Matrix => 1.0 - lr * weight_decay,
+            TensorKind::NormGain => 1.0,
+        };
+        let values = values
+            .iter_mut()
+            .zip(grads)
+            .zip(m.iter_mut())
+            .zip(v.iter_mut());
+        for (((p, &g), m), v) in values {
+            *p *= decay;
+            *m = beta1 * *m + (1.0 - beta1) * g;
+            *v = beta2 * *v + (1.0 - beta2) * g * g;
+            *p -= self.step_size * *m / (v.sqrt() / self.sqrt_bias2 + eps);
+        }
     }
 }
 
@@ -150,5 +242,52 @@ mod tests {
         // Untouched entries with zero gradient stay zero.
         assert_eq!(params.layers[0].wq[0], 0.0);
         assert_eq!(adamw.steps(), 2);
+    }
+
+    #[test]
+    fn shards_over_any_split_update_like_the_whole() {
+        let config = ModelConfig {
+            layers: 2,
+            ..micro()
+        };
+        let mut params = Params::zeros(&config, Stage::whole(&config));
+        let mut grads = params.zeros_like();
+        for (index, (p, g)) in params
+            .tensors_mut()
+            .into_iter()
+            .flat_map(|t| t.data.iter_mut())
+            .zip(
+                grads
+                    .tensors_mut()
+                    .into_iter()
+                    .flat_map(|t| t.data.iter_mut()),
+            )
+            .enumerate()
+        {
+            *p = (index as f32 * 0.37).sin();
+            *g = (index as f32 * 0.11).cos();
+        }
+        let mut whole = params.clone();
+        let mut adamw = AdamW::new(AdamWConfig::default(), &whole);
+        let numel = params.numel();
+        // Bounds inside tensors, on tensor borders, and an empty shard.
+        let bounds = [0, 5, 6, 6, 17, numel];
+        let mut shards: Vec<ShardedAdamW> = bounds
+            .windows(2)
+            .map(|w| ShardedAdamW::new(AdamWConfig::default(), &params, w[0]..w[1]))
+            .collect();
+        for _ in 0..2 {
+            adamw.step(&mut whole, &grads).unwrap();
+            for shard in &mut shards {
+                let grad: Vec<f32> = grads
+                    .flat_range(shard.range())
+                    .iter()
+                    .flat_map(|piece| piece.data.iter().copied())
+                    .collect();
+                shard.step(&mut params, &grad).unwrap();
+            }
+        }
+        assert_eq!(params, whole);
+        assert!(shards[0].step(&mut params, &[1.0]).is_err());
     }
 }

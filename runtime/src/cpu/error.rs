@@ -76,6 +76,18 @@ pub enum CpuError {
     /// A context-parallel exchange failed: another worker of the group stopped.
     #[error("context-parallel exchange aborted: {reason}")]
     ExchangeAborted { reason: String },
+    /// The executor was given a step IR that is not scheduled yet.
+    #[error("the CPU executor runs scheduled step IR, got phase '{phase}' (run a pipeline that ends in schedule-pipeline)")]
+    NotScheduled { phase: String },
+    /// The executor runs data and pipeline parallelism with DP-Merge, without TP or static CP.
+    #[error("the CPU executor runs layouts with tp=1 and no static cp, got {layout}")]
+    UnsupportedLayout { layout: String },
+    /// The step's schedule cannot be executed as given.
+    #[error("schedule: {message}")]
+    Schedule { message: String },
+    /// A worker of the executor failed; the step was abandoned.
+    #[error("worker {worker}: {message}")]
+    WorkerFailed { worker: String, message: String },
     /// Two tensor sets that must have the same layout differ.
     #[error("tensor layouts differ: {reason}")]
     LayoutMismatch { reason: String },

@@ -36,6 +36,7 @@ mod config;
 mod counting_alloc;
 pub mod cp;
 mod error;
+pub mod exec;
 mod forward;
 mod head;
 mod kv_cache;
@@ -53,7 +54,7 @@ mod stage_state;
 #[cfg(test)]
 mod tests;
 
-pub use adamw::{AdamW, AdamWConfig};
+pub use adamw::{AdamW, AdamWConfig, ShardedAdamW};
 pub use batch::{Batch, SampleId, Slice};
 pub use compare::{tensor_diff, TensorDiff};
 pub use config::ModelConfig;

@@ -11,6 +11,8 @@
 //! are summed and the sum given to both copies ([`sum_tied_grads`]), so that both stages apply the
 //! same update and the copies stay bit-identical. [`Params::merge`] checks that they are.
 
+use std::ops::Range;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -221,6 +223,44 @@ impl Params {
         self.tensors().iter().map(|t| t.data.len()).sum()
     }
 
+    /// The values at flat indices `range` of the tensors laid end to end in
+    /// [`Params::tensors`] order, as pieces of the tensors they fall in (a data-parallel shard:
+    /// the distributed optimizer splits the flat parameter space into contiguous ranges).
+    pub fn flat_range(&self, range: Range<usize>) -> Vec<TensorRef<'_>> {
+        let mut pieces = Vec::new();
+        let mut offset = 0;
+        for tensor in self.tensors() {
+            let (start, end) = (offset, offset + tensor.data.len());
+            offset = end;
+            let (lo, hi) = (range.start.max(start), range.end.min(end));
+            if lo < hi {
+                pieces.push(TensorRef {
+                    data: &tensor.data[lo - start..hi - start],
+                    ..tensor
+                });
+            }
+        }
+        pieces
+    }
+
+    /// [`Params::flat_range`], mutably.
+    pub fn flat_range_mut(&mut self, range: Range<usize>) -> Vec<TensorMut<'_>> {
+        let mut pieces = Vec::new();
+        let mut offset = 0;
+        for tensor in self.tensors_mut() {
+            let (start, end) = (offset, offset + tensor.data.len());
+            offset = end;
+            let (lo, hi) = (range.start.max(start), range.end.min(end));
+            if lo < hi {
+                pieces.push(TensorMut {
+                    data: &mut tensor.data[lo - start..hi - start],
+                    ..tensor
+                });
+            }
+        }
+        pieces
+    }
+
     /// Adds `other` element-wise (gradient accumulation and data-parallel all-reduce).
     pub fn add_assign(&mut self, other: &Params) -> Result<()> {
         self.check_same_layout(other)?;
@@ -355,7 +395,7 @@ impl Params {
 
     /// The stage's copy of a tied embedding that is split across stages: the embedding on the
     /// first stage, `output` on the last; `None` otherwise.
-    fn tied_copy_mut(&mut self) -> Option<&mut Vec<f32>> {
+    pub(crate) fn tied_copy_mut(&mut self) -> Option<&mut Vec<f32>> {
         if !self.config.tied_embeddings || self.stage == Stage::whole(&self.config) {
             return None;
         }

@@ -8,6 +8,9 @@
 //! fast thread can post round `r + 1` while a slow one is still collecting round `r` (it cannot
 //! post `r + 2` before everyone has collected `r`: that needs everyone's round `r + 1`).
 //!
+//! The rendezvous lets go of a round's values once every thread collected them, so they live
+//! exactly as long as the callers hold them.
+//!
 //! Waits give up when the shared abort flag is raised (another worker failed), so that a failed
 //! step ends instead of hanging; they poll it every [`ABORT_POLL`].
 
@@ -31,7 +34,9 @@ pub struct Rendezvous<T> {
 struct Slots<T> {
     /// The round each slot set holds.
     round: [u64; 2],
+    /// Threads that posted to each set, and that collected from it.
     count: [usize; 2],
+    collected: [usize; 2],
     values: [Vec<Option<Arc<T>>>; 2],
 }
 
@@ -47,6 +52,7 @@ impl<T> Rendezvous<T> {
             state: Mutex::new(Slots {
                 round: [u64::MAX; 2],
                 count: [0; 2],
+                collected: [0; 2],
                 values: [
                     (0..size).map(|_| None).collect(),
                     (0..size).map(|_| None).collect(),
@@ -78,6 +84,7 @@ impl<T> Rendezvous<T> {
         if slots.round[set] != round {
             slots.round[set] = round;
             slots.count[set] = 0;
+            slots.collected[set] = 0;
             slots.values[set].iter_mut().for_each(|v| *v = None);
         }
         slots.values[set][rank] = Some(Arc::new(value));
@@ -95,10 +102,17 @@ impl<T> Rendezvous<T> {
                 .expect("a rendezvous lock is never poisoned")
                 .0;
         }
-        Ok(slots.values[set]
+        let values = slots.values[set]
             .iter()
             .map(|v| Arc::clone(v.as_ref().expect("every rank posted")))
-            .collect())
+            .collect();
+        slots.collected[set] += 1;
+        if slots.collected[set] == self.size {
+            // The last collector lets go of the round: its values live only as long as the
+            // callers keep them.
+            slots.values[set].iter_mut().for_each(|v| *v = None);
+        }
+        Ok(values)
     }
 }
 

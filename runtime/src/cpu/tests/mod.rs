@@ -3,6 +3,7 @@
 //! worker threads) against the reference, and the schedule checks.
 
 mod errors;
+mod executor;
 mod gradcheck;
 mod harness;
 mod merged;

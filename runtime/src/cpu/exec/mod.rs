@@ -1,0 +1,242 @@
+//! The CPU executor: runs a scheduled step IR as a real training step, exactly as compiled.
+//!
+//! - One worker thread per device — a DP rank on a pipeline stage, the simulator's device group
+//!   (`runtime::sim::Layout`) — holding that stage's weights, a gradient buffer, and its shard
+//!   of the AdamW state. A plain replica's packs run on its rank's devices; a DP-Merge group's
+//!   packs run on all its ranks' devices at once, each with its load-balanced share of every
+//!   slice, computing attention across the group through a K/V all-gather
+//!   ([`crate::cpu::cp`]). A rank in both a plain replica and a DP-Merge group runs both on its
+//!   devices, interleaved by a [`DeviceOrder`] (see there).
+//! - Each device runs its packs in order — per replica and stage the IR's schedule — with
+//!   slices, K/V carried across slices, and forward and backward packs exactly as the IR holds
+//!   them; activations flow to the same rank's next stage and gradients back through channels.
+//! - After its last pack each stage sums the tied embedding's gradient with the other pipeline
+//!   end, reduce-scatters the gradients over DP, steps AdamW on its shard and all-gathers the
+//!   weights (ZeRO-1, as the simulator's memory model assumes).
+//!
+//! Measured: every task's wall time with its op breakdown ([`crate::cpu::profile`]), every
+//! worker's real peak memory ([`MemoryMeter`](crate::cpu::MemoryMeter), when the binary installs
+//! the [`CountingAllocator`](crate::cpu::CountingAllocator)), and the step time from the moment
+//! all workers are ready to the last one's end.
+//!
+//! [`check_reference`] compares the result with the unsliced single-worker reference step.
+
+mod check;
+mod mailbox;
+mod order;
+mod plan;
+mod result;
+mod sync;
+mod worker;
+
+pub use check::{check_reference, ReferenceCheck};
+pub use order::DeviceOrder;
+pub use plan::{Device, Plan, PlanPack};
+pub use result::{Execution, SyncTimes, TaskRecord, WorkerReport};
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::cpu::adamw::AdamWConfig;
+use crate::cpu::batch::Batch;
+use crate::cpu::cp::ThreadExchange;
+use crate::cpu::error::{CpuError, Result};
+use crate::cpu::params::Params;
+use crate::cpu::stage::Stage;
+
+use mailbox::mailboxes;
+use sync::{shard_range, Collectives};
+use worker::{Outcome, Worker};
+
+/// Runs one training step of `plan` on `batch` from the whole-model weights `params`, devices
+/// interleaving replicas as `order` says, and updates the weights with AdamW (`adamw`).
+pub fn execute(
+    plan: &Plan,
+    order: &DeviceOrder,
+    batch: &Batch,
+    params: &Params,
+    adamw: AdamWConfig,
+) -> Result<Execution> {
+    let config = *params.config();
+    if params.stage() != Stage::whole(&config) {
+        return Err(CpuError::StageMismatch {
+            expected: Stage::whole(&config),
+            got: params.stage(),
+        });
+    }
+    let lens: Vec<usize> = batch.sample_ids().map(|s| batch.tokens(s).len()).collect();
+    if lens != plan.sample_lens {
+        return Err(CpuError::Schedule {
+            message: format!(
+                "the batch has {} samples of other lengths than the step's {}",
+                lens.len(),
+                plan.sample_lens.len()
+            ),
+        });
+    }
+    order.check(plan)?;
+    let weights = params.split(&plan.stages)?;
+    let devices = plan.devices();
+    let abort = Arc::new(AtomicBool::new(false));
+    let (inboxes, outboxes) = mailboxes(devices.len(), &abort);
+    let collectives = Collectives::new(plan.dp, plan.pp(), &abort);
+    let mut exchanges = merged_group_exchanges(plan, &abort);
+    let epoch = Instant::now();
+    let outcomes: Vec<std::thread::Result<Result<Outcome>>> = std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(devices.len());
+        for (inbox, &device) in inboxes.into_iter().zip(&devices) {
+            let index = plan.device_index(device);
+            let worker = Worker {
+                device,
+                plan,
+                order: order.tasks(index),
+                config,
+                batch,
+                weights: &weights[device.stage],
+                adamw,
+                inbox,
+                outboxes: outboxes.clone(),
+                exchanges: std::mem::take(&mut exchanges[index]),
+                collectives: &collectives,
+                epoch,
+                abort: Arc::clone(&abort),
+            };
+            let thread = std::thread::Builder::new()
+                .name(format!("rank{}-stage{}", device.rank, device.stage))
+                .spawn_scoped(scope, move || worker.run())
+                .expect("the OS can start a worker thread");
+            handles.push(thread);
+        }
+        handles.into_iter().map(|h| h.join()).collect()
+    });
+    let outcomes = collect_outcomes(&devices, outcomes)?;
+    assemble(plan, &config, outcomes)
+}
+
+/// Per device, its ends of the exchanges of the DP-Merge groups it belongs to (one group per
+/// merged replica and stage), by replica.
+fn merged_group_exchanges(
+    plan: &Plan,
+    abort: &Arc<AtomicBool>,
+) -> Vec<BTreeMap<usize, ThreadExchange>> {
+    let mut per_device: Vec<BTreeMap<usize, ThreadExchange>> =
+        plan.devices().iter().map(|_| BTreeMap::new()).collect();
+    for (replica, ranks) in plan.replicas.iter().enumerate() {
+        if ranks.len() < 2 {
+            continue;
+        }
+        for stage in 0..plan.pp() {
+            let ends = ThreadExchange::group(ranks.len(), Arc::clone(abort));
+            for (&rank, end) in ranks.iter().zip(ends) {
+                per_device[plan.device_index(Device { rank, stage })].insert(replica, end);
+            }
+        }
+    }
+    per_device
+}
+
+/// The workers' outcomes, or the error of the worker that failed first (not the aborts its
+/// failure caused in the others), naming the worker.
+fn collect_outcomes(
+    devices: &[Device],
+    outcomes: Vec<std::thread::Result<Result<Outcome>>>,
+) -> Result<Vec<Outcome>> {
+    let mut ok = Vec::with_capacity(outcomes.len());
+    let mut errors = Vec::new();
+    for (device, outcome) in devices.iter().zip(outcomes) {
+        let worker = format!("rank {}, stage {}", device.rank, device.stage);
+        match outcome {
+            Ok(Ok(outcome)) => ok.push(outcome),
+            Ok(Err(error)) if is_abort(&error) => errors.push((true, error)),
+            Ok(Err(error)) => errors.push((
+                false,
+                CpuError::WorkerFailed {
+                    worker,
+                    message: error.to_string(),
+                },
+            )),
+            Err(_) => errors.push((
+                false,
+                CpuError::WorkerFailed {
+                    worker,
+                    message: "panicked (a bug in slimpack; the panic message is above)".to_string(),
+                },
+            )),
+        }
+    }
+    if errors.is_empty() {
+        return Ok(ok);
+    }
+    let root = errors.iter().position(|(abort, _)| !abort).unwrap_or(0);
+    Err(errors.swap_remove(root).1)
+}
+
+/// An error a worker got because another one failed first.
+fn is_abort(error: &CpuError) -> bool {
+    matches!(error, CpuError::WorkerFailed { worker, .. } if worker == "peer")
+        || matches!(error, CpuError::ExchangeAborted { .. })
+}
+
+/// Joins the workers' outcomes into the step's result.
+fn assemble(
+    plan: &Plan,
+    config: &crate::cpu::config::ModelConfig,
+    outcomes: Vec<Outcome>,
+) -> Result<Execution> {
+    let step_start = outcomes
+        .iter()
+        .map(|o| o.started_s)
+        .fold(f64::INFINITY, f64::min);
+    let mut loss = 0.0;
+    let mut tasks = Vec::new();
+    let mut workers = Vec::with_capacity(outcomes.len());
+    let mut shards: Vec<Vec<Vec<f32>>> = vec![Vec::new(); plan.pp()];
+    let mut stage_params: Vec<Option<Params>> = vec![None; plan.pp()];
+    for outcome in outcomes {
+        loss += outcome.loss;
+        for mut task in outcome.tasks {
+            task.start_s -= step_start;
+            task.end_s -= step_start;
+            tasks.push(task);
+        }
+        let mut report = outcome.report;
+        report.finish_s -= step_start;
+        let stage = report.stage;
+        shards[stage].push(outcome.grad_shard);
+        match &stage_params[stage] {
+            None => stage_params[stage] = Some(outcome.params),
+            Some(first) if *first == outcome.params => {}
+            Some(_) => panic!("bug: DP ranks of stage {stage} disagree on the updated weights"),
+        }
+        workers.push(report);
+    }
+    let step_time_s = workers.iter().map(|w| w.finish_s).fold(0.0, f64::max);
+    let mut grads = Vec::with_capacity(plan.pp());
+    for (stage, parts) in plan.stages.iter().zip(shards) {
+        let mut stage_grads = Params::zeros(config, *stage);
+        let numel = stage_grads.numel();
+        for (rank, part) in parts.iter().enumerate() {
+            let mut offset = 0;
+            for piece in stage_grads.flat_range_mut(shard_range(numel, plan.dp, rank)) {
+                let len = piece.data.len();
+                piece.data.copy_from_slice(&part[offset..offset + len]);
+                offset += len;
+            }
+        }
+        grads.push(stage_grads);
+    }
+    let params = stage_params
+        .into_iter()
+        .map(|p| p.expect("every stage has a worker"))
+        .collect();
+    Ok(Execution {
+        loss,
+        grads: Params::merge(grads)?,
+        params: Params::merge(params)?,
+        step_time_s,
+        workers,
+        tasks,
+    })
+}

@@ -1,0 +1,190 @@
+//! [`Plan`]: a scheduled step IR as the executor needs it — stages, replicas, packs with their
+//! slices in the core's terms, and each replica's per-stage schedule.
+
+use slimpack_ir::step::{Direction, Phase, StepIr};
+
+use crate::cpu::batch::{Batch, SampleId, Slice};
+use crate::cpu::config::ModelConfig;
+use crate::cpu::error::{CpuError, Result};
+use crate::cpu::stage::Stage;
+
+/// One pack of the step.
+#[derive(Debug, Clone)]
+pub struct PlanPack {
+    pub direction: Direction,
+    /// Index into [`Plan::replicas`].
+    pub replica: usize,
+    /// Its slices, in the pack's order; samples are numbered in the IR's batch order.
+    pub slices: Vec<Slice>,
+    /// The pack's name in the printed IR (`%f3`, `%b7`).
+    pub name: String,
+}
+
+/// A scheduled step in executable form.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Data-parallel ranks.
+    pub dp: usize,
+    /// Pipeline stages, in order.
+    pub stages: Vec<Stage>,
+    /// DP ranks of each replica, in the IR's replica order.
+    pub replicas: Vec<Vec<usize>>,
+    /// Every pack, in the IR's canonical order (per replica, forward packs then backward).
+    pub packs: Vec<PlanPack>,
+    /// `schedules[replica][stage]`: the order of the replica's packs (indices into `packs`).
+    pub schedules: Vec<Vec<Vec<usize>>>,
+    /// Sample lengths in batch order.
+    pub sample_lens: Vec<usize>,
+}
+
+/// A device: one DP rank on one pipeline stage (one worker thread).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Device {
+    pub rank: usize,
+    pub stage: usize,
+}
+
+impl Plan {
+    /// The plan of `ir` (phase `scheduled` or later) for the model `config`.
+    pub fn new(ir: &StepIr, config: &ModelConfig) -> Result<Plan> {
+        if ir.phase() < Phase::Scheduled {
+            return Err(CpuError::NotScheduled {
+                phase: ir.phase().to_string(),
+            });
+        }
+        if ir.spec.parallel.tp != 1 || ir.spec.parallel.cp_degree() != 1 {
+            return Err(CpuError::UnsupportedLayout {
+                layout: ir.spec.parallel.to_string(),
+            });
+        }
+        let stages = ir
+            .stages()
+            .iter()
+            .map(|&id| {
+                let stage = ir.stage(id);
+                let first = stage.first_layer as usize;
+                Stage::new(config, first..first + stage.layers as usize)
+            })
+            .collect::<Result<Vec<Stage>>>()?;
+        Stage::check_partition(&stages)?;
+        let sample_index: std::collections::HashMap<_, _> = ir
+            .samples()
+            .iter()
+            .enumerate()
+            .map(|(index, &id)| (id, index))
+            .collect();
+        let mut plan = Plan {
+            dp: ir.spec.parallel.dp as usize,
+            stages,
+            replicas: Vec::new(),
+            packs: Vec::new(),
+            schedules: Vec::new(),
+            sample_lens: ir
+                .samples()
+                .iter()
+                .map(|&s| ir.sample(s).len as usize)
+                .collect(),
+        };
+        let mut numbers = [0usize; 2];
+        let mut pack_index = std::collections::HashMap::new();
+        for (replica, &replica_id) in ir.replicas().iter().enumerate() {
+            let ranks: Vec<usize> = ir
+                .replica(replica_id)
+                .ranks
+                .iter()
+                .map(|&r| r as usize)
+                .collect();
+            if let Some(&rank) = ranks.iter().find(|&&r| r >= plan.dp) {
+                return Err(CpuError::Schedule {
+                    message: format!("replica {replica} names DP rank {rank} of {}", plan.dp),
+                });
+            }
+            plan.replicas.push(ranks);
+            for (slot, direction) in [Direction::Forward, Direction::Backward]
+                .into_iter()
+                .enumerate()
+            {
+                for pack in ir.packs_on(replica_id, direction) {
+                    let slices = ir
+                        .pack_slices(pack)
+                        .into_iter()
+                        .map(|slice| {
+                            let bounds = ir.slice(slice);
+                            Slice {
+                                sample: SampleId(sample_index[&ir.sample_of(slice)]),
+                                start: bounds.start as usize,
+                                len: bounds.len as usize,
+                            }
+                        })
+                        .collect();
+                    pack_index.insert(pack, plan.packs.len());
+                    plan.packs.push(PlanPack {
+                        direction,
+                        replica,
+                        slices,
+                        name: format!("%{}{}", ["f", "b"][slot], numbers[slot]),
+                    });
+                    numbers[slot] += 1;
+                }
+            }
+            let schedules = (0..plan.stages.len() as u32)
+                .map(|stage| {
+                    ir.schedule(replica_id, stage)
+                        .into_iter()
+                        .map(|pack| pack_index[&pack])
+                        .collect()
+                })
+                .collect();
+            plan.schedules.push(schedules);
+        }
+        plan.check_schedules()?;
+        Ok(plan)
+    }
+
+    /// Pipeline stages.
+    pub fn pp(&self) -> usize {
+        self.stages.len()
+    }
+
+    /// Every device, by index (`stage · dp + rank`, the simulator's group order).
+    pub fn devices(&self) -> Vec<Device> {
+        (0..self.pp())
+            .flat_map(|stage| (0..self.dp).map(move |rank| Device { rank, stage }))
+            .collect()
+    }
+
+    /// The index of a device.
+    pub fn device_index(&self, device: Device) -> usize {
+        device.stage * self.dp + device.rank
+    }
+
+    /// The batch's samples with seeded random tokens, one per token of each IR sample.
+    pub fn synthetic_batch(&self, config: &ModelConfig, seed: u64) -> Result<Batch> {
+        Batch::synthetic(config, &self.sample_lens, seed)
+    }
+
+    /// Every replica with packs has a complete schedule on every stage (the verifier's
+    /// `schedule-complete`; checked again because an unverified IR can reach the executor).
+    fn check_schedules(&self) -> Result<()> {
+        for (replica, schedules) in self.schedules.iter().enumerate() {
+            let mut expected: Vec<usize> = (0..self.packs.len())
+                .filter(|&p| self.packs[p].replica == replica)
+                .collect();
+            expected.sort_unstable();
+            for (stage, order) in schedules.iter().enumerate() {
+                let mut listed = order.clone();
+                listed.sort_unstable();
+                if listed != expected {
+                    return Err(CpuError::Schedule {
+                        message: format!(
+                            "replica {replica} lists {} of its {} packs on stage {stage} (each exactly once)",
+                            order.len(),
+                            expected.len()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
