@@ -3,3 +3,4 @@
 //! - [`cpu`]: a real training step of a small Llama-style model on the CPU.
 
 pub mod cpu;
+pub mod sim;

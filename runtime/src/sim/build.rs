@@ -1,0 +1,513 @@
+//! From a scheduled step IR to the task graph, every task timed and sized by the cost model.
+//!
+//! Tasks, per replica `r`, stage `s` and pack `p` (a replica's tasks at `s` run on the device
+//! groups of its DP ranks at `s`):
+//! - `F p` / `B p` on the compute stream, chained in the order of `StepIr::schedule(r, s)`;
+//! - forward `p` on `s` → send → forward `p` on `s + 1`; backward `p` on `s + 1` → send →
+//!   backward `p` on `s`; a send holds the communication streams of both ends;
+//! - backward `p` on the last stage after the last-stage forward of every slice it holds (so,
+//!   through the chain of sends, after that forward on every stage);
+//! - per stage: every backward of the stage, on every replica → gradient reduce-scatter →
+//!   optimizer step → parameter all-gather. A stage's sync overlaps the backwards still running
+//!   on earlier stages.
+//!
+//! Durations come from [`CostModel`]: a pack's critical path (compute, exposed TP collectives,
+//! the part of a merged group's CP exchange that the attention kernels cannot hide), sends,
+//! the two halves of the DP sync, the optimizer step. Nothing here computes a cost itself.
+
+use std::ops::Range;
+
+use slimpack_ir::cost::{recomputed_forward, CostModel, DirectionFactors, OpKind};
+use slimpack_ir::step::{Direction, SliceId, StepIr};
+
+use super::error::SimError;
+use super::layout::{GroupId, Layout};
+use super::memory::MemoryEffect;
+use super::result::PackInfo;
+use super::task::{PackIndex, Task, TaskGraph, TaskGraphBuilder, TaskId, TaskKind};
+
+/// Token count at which the efficiency curves are taken as saturated, for the ideal time.
+const SATURATED_TOKENS: f64 = (1u64 << 30) as f64;
+
+/// Marks an empty slot of a node-indexed table.
+const NONE: u32 = u32::MAX;
+
+/// The task graph and what the executor and the metrics need besides it.
+pub(super) struct Built {
+    pub graph: TaskGraph,
+    pub packs: Vec<PackInfo>,
+    /// DP ranks of each replica, in the IR's replica order.
+    pub replicas: Vec<Vec<u32>>,
+    /// Model states plus workspace of each device group.
+    pub baselines: Vec<u64>,
+    /// Model FLOPs of the whole step (the MFU numerator).
+    pub model_flops: f64,
+    /// Tokens of the step.
+    pub tokens: u64,
+}
+
+/// One slice as the builder needs it.
+struct SliceInfo {
+    len: u64,
+    /// The last slice of its sample: its backward is the sample's first and allocates the
+    /// dK/dV accumulators of `earlier` (positions in `Builder::earlier_lens`).
+    last: bool,
+    earlier: Range<u32>,
+    /// The slice's IR node index.
+    node: usize,
+}
+
+/// Saturated kernel rates and the share of backward FLOPs that re-runs forward kernels.
+struct IdealRates {
+    gemm_forward: f64,
+    gemm_backward: f64,
+    attention_forward: f64,
+    attention_backward: f64,
+    linear_replay_share: f64,
+    attention_replay_share: f64,
+}
+
+impl IdealRates {
+    fn new(cost: &CostModel) -> IdealRates {
+        let throughput = cost.throughput();
+        let rate = |op| throughput.rate(op, SATURATED_TOKENS);
+        let recompute = cost.spec().model.recompute;
+        let factors = DirectionFactors::of(Direction::Backward, recompute);
+        let (linear_replay, attention_replay) = recomputed_forward(recompute);
+        IdealRates {
+            gemm_forward: rate(OpKind::GemmForward),
+            gemm_backward: rate(OpKind::GemmBackward),
+            attention_forward: rate(OpKind::AttentionForward),
+            attention_backward: rate(OpKind::AttentionBackward),
+            linear_replay_share: linear_replay / factors.linear,
+            attention_replay_share: attention_replay / factors.attention,
+        }
+    }
+
+    /// Seconds of `linear` and `attention` FLOPs at the saturated rates of `direction` (the
+    /// backward's recomputed forward work at the forward rates).
+    fn seconds(&self, linear: f64, attention: f64, direction: Direction) -> f64 {
+        match direction {
+            Direction::Forward => linear / self.gemm_forward + attention / self.attention_forward,
+            Direction::Backward => {
+                let (lr, ar) = (self.linear_replay_share, self.attention_replay_share);
+                linear * lr / self.gemm_forward
+                    + linear * (1.0 - lr) / self.gemm_backward
+                    + attention * ar / self.attention_forward
+                    + attention * (1.0 - ar) / self.attention_backward
+            }
+        }
+    }
+}
+
+/// Builds the task graph of `ir` (which must be scheduled) under `cost`.
+pub(super) fn build(ir: &StepIr, cost: &CostModel, layout: Layout) -> Result<Built, SimError> {
+    if ir.stages().len() != layout.pp as usize {
+        return Err(SimError::Stages {
+            stages: ir.stages().len(),
+            pp: layout.pp,
+        });
+    }
+    let mut builder = Builder::new(ir, cost, layout)?;
+    builder.collect_packs();
+    builder.compute_tasks()?;
+    builder.pipeline_sends();
+    builder.last_stage_edges();
+    builder.dp_sync();
+    Ok(builder.finish())
+}
+
+struct Builder<'a> {
+    ir: &'a StepIr,
+    cost: &'a CostModel,
+    layout: Layout,
+    rates: IdealRates,
+    replicas: Vec<Vec<u32>>,
+    packs: Vec<PackInfo>,
+    /// Slices of each pack, as positions in `slices` / `pairs`.
+    pack_slices: Vec<Range<u32>>,
+    slices: Vec<SliceInfo>,
+    /// `(len, prefix)` of each slice, the shape the cost model takes.
+    pairs: Vec<(u64, u64)>,
+    earlier_lens: Vec<u64>,
+    /// Pack index by IR node index.
+    pack_of_node: Vec<u32>,
+    /// Forward pack index by slice node index.
+    forward_of_node: Vec<u32>,
+    /// Compute task of (pack, stage): `compute[pack · pp + stage]`.
+    compute: Vec<TaskId>,
+    tasks: TaskGraphBuilder,
+    model_flops: f64,
+    tokens: u64,
+}
+
+impl<'a> Builder<'a> {
+    fn new(ir: &'a StepIr, cost: &'a CostModel, layout: Layout) -> Result<Builder<'a>, SimError> {
+        let mut replicas = Vec::with_capacity(ir.replicas().len());
+        for (index, &replica) in ir.replicas().iter().enumerate() {
+            let ranks = ir.replica(replica).ranks.clone();
+            if ranks.is_empty() {
+                return Err(SimError::EmptyReplica { replica: index });
+            }
+            if let Some(&rank) = ranks.iter().find(|&&rank| rank >= layout.dp) {
+                return Err(SimError::RankOutOfRange {
+                    replica: index,
+                    rank,
+                    dp: layout.dp,
+                });
+            }
+            replicas.push(ranks);
+        }
+        let node_bound = ir
+            .graph()
+            .node_indices()
+            .map(|n| n.index() + 1)
+            .max()
+            .unwrap_or(0);
+        Ok(Builder {
+            ir,
+            cost,
+            layout,
+            rates: IdealRates::new(cost),
+            replicas,
+            packs: Vec::new(),
+            pack_slices: Vec::new(),
+            slices: Vec::new(),
+            pairs: Vec::new(),
+            earlier_lens: Vec::new(),
+            pack_of_node: vec![NONE; node_bound],
+            forward_of_node: vec![NONE; node_bound],
+            compute: Vec::new(),
+            tasks: TaskGraphBuilder::default(),
+            model_flops: 0.0,
+            tokens: 0,
+        })
+    }
+
+    /// Numbers the packs as the IR's text form does (per replica, forward then backward) and
+    /// gathers their slices.
+    fn collect_packs(&mut self) {
+        let ir = self.ir;
+        let mut numbers = [0u32; 2];
+        for (replica, &replica_id) in ir.replicas().iter().enumerate() {
+            for (slot, direction) in [Direction::Forward, Direction::Backward]
+                .into_iter()
+                .enumerate()
+            {
+                for pack in ir.packs_on(replica_id, direction) {
+                    let index = self.packs.len() as u32;
+                    self.pack_of_node[pack.node().index()] = index;
+                    let first = self.slices.len() as u32;
+                    let mut tokens = 0;
+                    for slice_id in ir.pack_slices(pack) {
+                        let slice = *ir.slice(slice_id);
+                        let (len, prefix) = (u64::from(slice.len), u64::from(slice.start));
+                        tokens += len;
+                        let last = ir.next_slice(slice_id).is_none();
+                        let first_backward = direction == Direction::Backward && last;
+                        let earlier = self.earlier_slices(slice_id, first_backward && prefix > 0);
+                        let node = slice_id.node().index();
+                        self.slices.push(SliceInfo {
+                            len,
+                            last,
+                            earlier,
+                            node,
+                        });
+                        self.pairs.push((len, prefix));
+                        if direction == Direction::Forward {
+                            self.forward_of_node[node] = index;
+                            self.model_flops += self.cost.model_flops(len, prefix);
+                            self.tokens += len;
+                        }
+                    }
+                    self.pack_slices.push(first..self.slices.len() as u32);
+                    self.packs.push(PackInfo {
+                        direction,
+                        number: numbers[slot],
+                        replica: replica as u32,
+                        tokens,
+                        slices: self.slices.len() as u32 - first,
+                    });
+                    numbers[slot] += 1;
+                }
+            }
+        }
+    }
+
+    /// Records the lengths of the slices before `slice` in its sample when `wanted`.
+    fn earlier_slices(&mut self, slice: SliceId, wanted: bool) -> Range<u32> {
+        let start = self.earlier_lens.len() as u32;
+        if wanted {
+            let ir = self.ir;
+            for earlier in ir.slices_of(ir.sample_of(slice)) {
+                if earlier == slice {
+                    break;
+                }
+                self.earlier_lens.push(u64::from(ir.slice(earlier).len));
+            }
+        }
+        start..self.earlier_lens.len() as u32
+    }
+
+    /// One compute task per (pack, stage), chained in each per-stage schedule.
+    fn compute_tasks(&mut self) -> Result<(), SimError> {
+        let pp = self.layout.pp as usize;
+        self.tasks = TaskGraphBuilder::with_capacity(self.packs.len() * pp * 2 + 3 * pp);
+        self.compute = vec![TaskId(u32::MAX); self.packs.len() * pp];
+        let mut seen = vec![NONE; self.packs.len()];
+        let mut pack_count = vec![0usize; self.replicas.len()];
+        for pack in &self.packs {
+            pack_count[pack.replica as usize] += 1;
+        }
+        let ir = self.ir;
+        for (replica, &replica_id) in ir.replicas().iter().enumerate() {
+            let expected = pack_count[replica];
+            if expected == 0 {
+                continue;
+            }
+            for stage in 0..self.layout.pp {
+                let order = ir.schedule(replica_id, stage);
+                let stamp = (replica * pp + stage as usize) as u32;
+                let mut previous: Option<TaskId> = None;
+                for pack_id in &order {
+                    let pack = self.pack_of_node[pack_id.node().index()];
+                    let foreign =
+                        pack == NONE || self.packs[pack as usize].replica != replica as u32;
+                    if foreign || seen[pack as usize] == stamp {
+                        return Err(SimError::Schedule {
+                            replica,
+                            stage,
+                            message: "lists a pack twice or a pack of another replica".into(),
+                        });
+                    }
+                    seen[pack as usize] = stamp;
+                    let task = self.compute_task(PackIndex(pack), stage);
+                    if let Some(previous) = previous {
+                        self.tasks.add_edge(previous, task);
+                    }
+                    previous = Some(task);
+                }
+                if order.len() != expected {
+                    return Err(SimError::Schedule {
+                        replica,
+                        stage,
+                        message: format!(
+                            "lists {} packs, the replica has {expected} (each exactly once)",
+                            order.len()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn compute_task(&mut self, pack: PackIndex, stage: u32) -> TaskId {
+        let info = self.packs[pack.0 as usize];
+        let range = self.pack_slices[pack.0 as usize].clone();
+        let pairs = &self.pairs[range.start as usize..range.end as usize];
+        let ranks = &self.replicas[info.replica as usize];
+        let time = self.cost.pack_time_on(stage, pairs, info.direction, ranks);
+        let mut linear = 0.0;
+        let mut attention = 0.0;
+        for &(len, prefix) in pairs {
+            let flops = self.cost.stage_flops(stage, len, prefix, info.direction);
+            linear += flops.linear;
+            attention += flops.attention;
+        }
+        let layout = self.layout;
+        let groups = self
+            .tasks
+            .add_groups(ranks.iter().map(|&rank| layout.group(rank, stage)));
+        let kind = match info.direction {
+            Direction::Forward => TaskKind::Forward,
+            Direction::Backward => TaskKind::Backward,
+        };
+        let task = self.tasks.add_task(Task {
+            kind,
+            stage,
+            replica: Some(info.replica),
+            pack: Some(pack),
+            groups,
+            duration_s: time.critical_path_s(),
+            cp_exchange_s: time.cp_comm_s,
+            ideal_device_s: self.rates.seconds(linear, attention, info.direction),
+            memory: self.memory_effect(pack, stage),
+        });
+        self.compute[pack.0 as usize * layout.pp as usize + stage as usize] = task;
+        task
+    }
+
+    /// Per-device memory of a pack on `stage`: each device of a CP group (merged replicas
+    /// times static CP) holds `1 / cp` of every slice's tokens, rounded up.
+    fn memory_effect(&self, pack: PackIndex, stage: u32) -> MemoryEffect {
+        let info = &self.packs[pack.0 as usize];
+        let memory = self.cost.memory();
+        let split = self.split(info.replica);
+        let share = |len: u64| len.div_ceil(split);
+        let kept = |len: u64| {
+            memory.activation_bytes(share(len), stage) + memory.kv_bytes(share(len), stage)
+        };
+        let range = self.pack_slices[pack.0 as usize].clone();
+        let slices = &self.slices[range.start as usize..range.end as usize];
+        let mut effect = MemoryEffect {
+            temporary: memory.temporary_bytes(share(info.tokens), stage, info.direction),
+            ..MemoryEffect::default()
+        };
+        for slice in slices {
+            match info.direction {
+                Direction::Forward => effect.allocated += kept(slice.len),
+                Direction::Backward => {
+                    effect.freed += kept(slice.len);
+                    if slice.last {
+                        let earlier = &self.earlier_lens
+                            [slice.earlier.start as usize..slice.earlier.end as usize];
+                        for &len in earlier {
+                            effect.allocated += memory.kv_grad_bytes(share(len), stage);
+                        }
+                    } else {
+                        effect.freed += memory.kv_grad_bytes(share(slice.len), stage);
+                    }
+                }
+            }
+        }
+        effect
+    }
+
+    /// CP degree of a replica: its merged DP ranks times the static CP degree.
+    fn split(&self, replica: u32) -> u64 {
+        self.replicas[replica as usize].len() as u64 * u64::from(self.layout.cp)
+    }
+
+    /// Activations forward to the next stage, gradients back to the previous one.
+    fn pipeline_sends(&mut self) {
+        let pp = self.layout.pp;
+        for index in 0..self.packs.len() {
+            let info = self.packs[index];
+            let tokens = info.tokens.div_ceil(self.split(info.replica));
+            for boundary in 0..pp.saturating_sub(1) {
+                let (from, to) = match info.direction {
+                    Direction::Forward => (boundary, boundary + 1),
+                    Direction::Backward => (boundary + 1, boundary),
+                };
+                let ranks = &self.replicas[info.replica as usize];
+                let layout = self.layout;
+                let from_device = layout.first_device(layout.group(ranks[0], from));
+                let to_device = layout.first_device(layout.group(ranks[0], to));
+                let groups = self.tasks.add_groups(
+                    ranks
+                        .iter()
+                        .map(|&rank| layout.group(rank, from))
+                        .chain(ranks.iter().map(|&rank| layout.group(rank, to))),
+                );
+                let send = self.tasks.add_task(Task {
+                    kind: TaskKind::Send(info.direction),
+                    stage: from,
+                    replica: Some(info.replica),
+                    pack: Some(PackIndex(index as u32)),
+                    groups,
+                    duration_s: self.cost.send_time(tokens, from_device, to_device),
+                    cp_exchange_s: 0.0,
+                    ideal_device_s: 0.0,
+                    memory: MemoryEffect::default(),
+                });
+                let base = index * pp as usize;
+                self.tasks
+                    .add_edge(self.compute[base + from as usize], send);
+                self.tasks.add_edge(send, self.compute[base + to as usize]);
+            }
+        }
+    }
+
+    /// A backward pack on the last stage waits for the forward of each of its slices there.
+    fn last_stage_edges(&mut self) {
+        let pp = self.layout.pp as usize;
+        let last = pp - 1;
+        let mut linked = vec![NONE; self.packs.len()];
+        for index in 0..self.packs.len() {
+            if self.packs[index].direction != Direction::Backward {
+                continue;
+            }
+            let backward = self.compute[index * pp + last];
+            for position in self.pack_slices[index].clone() {
+                let forward = self.forward_of_node[self.slices[position as usize].node];
+                if forward == NONE || linked[forward as usize] == index as u32 {
+                    continue;
+                }
+                linked[forward as usize] = index as u32;
+                self.tasks
+                    .add_edge(self.compute[forward as usize * pp + last], backward);
+            }
+        }
+    }
+
+    /// Per stage: reduce-scatter after every backward of the stage, optimizer, all-gather.
+    fn dp_sync(&mut self) {
+        let layout = self.layout;
+        let all_ranks: Vec<u32> = (0..layout.dp).collect();
+        for stage in 0..layout.pp {
+            let sync = self.cost.dp_sync(stage, &all_ranks);
+            let stage_task = |kind, duration_s, groups| Task {
+                kind,
+                stage,
+                replica: None,
+                pack: None,
+                groups,
+                duration_s,
+                cp_exchange_s: 0.0,
+                ideal_device_s: 0.0,
+                memory: MemoryEffect::default(),
+            };
+            let groups = self.stage_groups(stage);
+            let reduce = self.tasks.add_task(stage_task(
+                TaskKind::GradReduceScatter,
+                sync.grad_reduce_scatter_s,
+                groups,
+            ));
+            let groups = self.stage_groups(stage);
+            let optimizer = self.tasks.add_task(stage_task(
+                TaskKind::Optimizer,
+                self.cost.optimizer_time(stage),
+                groups,
+            ));
+            let groups = self.stage_groups(stage);
+            let gather = self.tasks.add_task(stage_task(
+                TaskKind::ParamAllGather,
+                sync.param_all_gather_s,
+                groups,
+            ));
+            for (index, pack) in self.packs.iter().enumerate() {
+                if pack.direction == Direction::Backward {
+                    let backward = self.compute[index * layout.pp as usize + stage as usize];
+                    self.tasks.add_edge(backward, reduce);
+                }
+            }
+            self.tasks.add_edge(reduce, optimizer);
+            self.tasks.add_edge(optimizer, gather);
+        }
+    }
+
+    fn stage_groups(&mut self, stage: u32) -> Range<u32> {
+        let layout = self.layout;
+        self.tasks
+            .add_groups((0..layout.dp).map(|rank| layout.group(rank, stage)))
+    }
+
+    fn finish(self) -> Built {
+        let memory = self.cost.memory();
+        let baselines = (0..self.layout.groups() as u32)
+            .map(|group| {
+                let stage = self.layout.stage_of(GroupId(group));
+                memory.model_state_bytes(stage) + memory.workspace_bytes()
+            })
+            .collect();
+        Built {
+            graph: self.tasks.finish(),
+            packs: self.packs,
+            replicas: self.replicas,
+            baselines,
+            model_flops: self.model_flops,
+            tokens: self.tokens,
+        }
+    }
+}

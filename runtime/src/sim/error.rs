@@ -1,0 +1,37 @@
+//! The simulator's errors: one line each, naming what was wrong and where.
+
+use slimpack_ir::step::Phase;
+
+/// Why a step could not be simulated.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SimError {
+    /// The IR has not been scheduled yet.
+    #[error("the simulator needs a scheduled step IR, got phase '{phase}' (run the passes through schedule-pipeline first)")]
+    NotScheduled { phase: Phase },
+    /// The cost model was built for another spec than the IR's.
+    #[error("the cost model describes {cost} but the IR was compiled for {ir}")]
+    SpecMismatch { cost: String, ir: String },
+    /// The IR's stages do not match the layout's pipeline degree.
+    #[error("the IR has {stages} stages but the layout has pp={pp}")]
+    Stages { stages: usize, pp: u32 },
+    /// A replica names a DP rank outside the layout.
+    #[error("replica %r{replica} has DP rank {rank}, outside dp={dp}")]
+    RankOutOfRange { replica: usize, rank: u32, dp: u32 },
+    /// A replica has no DP ranks.
+    #[error("replica %r{replica} has no DP ranks")]
+    EmptyReplica { replica: usize },
+    /// A per-stage schedule does not list the replica's packs exactly once each.
+    #[error("schedule %r{replica} %st{stage}: {message}")]
+    Schedule {
+        replica: usize,
+        stage: u32,
+        message: String,
+    },
+    /// Some tasks never became ready: the dependencies form a cycle.
+    #[error("the schedule deadlocks: {task} never becomes ready ({unfinished} of {total} tasks cannot run)")]
+    Deadlock {
+        task: String,
+        unfinished: usize,
+        total: usize,
+    },
+}
