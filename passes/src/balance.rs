@@ -54,6 +54,12 @@ pub(crate) fn lpt(weights: &[f64], initial: &[f64]) -> Vec<usize> {
     bin_of
 }
 
+/// Improving moves or swaps at most (each one scans the items once).
+const REFINE_STEPS: usize = 512;
+
+/// Items of the heaviest and of the lightest bin paired for swaps in one step.
+const SWAP_SCAN: usize = 128;
+
 /// Moves and swaps between the heaviest and the lightest bin (bins start at `initial` loads)
 /// while that lowers the heavier of the two; returns the number of improving steps.
 pub(crate) fn refine(weights: &[f64], bin_of: &mut [usize], initial: &[f64]) -> usize {
@@ -63,7 +69,7 @@ pub(crate) fn refine(weights: &[f64], bin_of: &mut [usize], initial: &[f64]) -> 
         loads[bin] += weights[item];
     }
     let mut steps = 0;
-    for _ in 0..4 * weights.len().max(1) {
+    for _ in 0..REFINE_STEPS {
         let heavy = (0..bins)
             .max_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(b.cmp(&a)))
             .unwrap_or(0);
@@ -92,7 +98,9 @@ pub(crate) fn refine(weights: &[f64], bin_of: &mut [usize], initial: &[f64]) -> 
         let light_items: Vec<usize> = (0..weights.len()).filter(|&i| bin_of[i] == light).collect();
         for &h in &heavy_items {
             consider(weights[h], h, None, &mut best);
-            for &l in light_items.iter().take(256) {
+        }
+        for &h in heavy_items.iter().take(SWAP_SCAN) {
+            for &l in light_items.iter().take(SWAP_SCAN) {
                 consider(weights[h] - weights[l], h, Some(l), &mut best);
             }
         }

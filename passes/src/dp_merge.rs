@@ -9,12 +9,12 @@
 //! `k = 2^ceil(log2(need))` replicas (cost or memory ratio, at most dp), on an aligned block of
 //! k DP ranks — aligned so that a block smaller than a node stays inside a node under
 //! Megatron's rank order. Blocks are chosen least-loaded first and never overlap. Each merged
-//! rank carries `cost / k` of the sample; the other samples are then re-placed by LPT from
-//! those loads and refined.
+//! rank carries `cost / k` of the sample; the other samples keep their placement and are then
+//! moved and swapped between replicas until the loads, merged shares included, balance again.
 
 use std::ops::RangeInclusive;
 
-use crate::balance::{lpt, refine, sample_weights, Balance};
+use crate::balance::{refine, sample_weights, Balance};
 use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
 use crate::registry::PassInfo;
@@ -176,7 +176,9 @@ impl Pass for DpMerge {
             }
             merged.push((ranks, index));
         }
-        // Re-place every other sample around the merged shares.
+        // Rebalance the other samples around the merged shares, starting from the current
+        // placement: only the samples the refinement moves are placed again (each placement
+        // edit costs the replica's degree in the graph).
         let is_merged: Vec<bool> = {
             let mut flags = vec![false; samples.len()];
             for (_, index) in &merged {
@@ -184,12 +186,21 @@ impl Pass for DpMerge {
             }
             flags
         };
+        let rank_of = |replica| plain.iter().position(|&r| r == replica).unwrap_or(0);
         let rest: Vec<usize> = (0..samples.len()).filter(|&i| !is_merged[i]).collect();
         let rest_weights: Vec<f64> = rest.iter().map(|&i| weights[i]).collect();
-        let mut bin_of = lpt(&rest_weights, &loads);
-        refine(&rest_weights, &mut bin_of, &loads);
+        let before: Vec<usize> = rest
+            .iter()
+            .map(|&i| ir.replica_of_sample(samples[i]).map_or(0, rank_of))
+            .collect();
+        let mut bin_of = before.clone();
+        if !merged.is_empty() {
+            refine(&rest_weights, &mut bin_of, &loads);
+        }
         for (position, &index) in rest.iter().enumerate() {
-            ir.place_sample(samples[index], plain[bin_of[position]]);
+            if bin_of[position] != before[position] {
+                ir.place_sample(samples[index], plain[bin_of[position]]);
+            }
         }
         let groups = merged.len();
         let mut largest = 1;

@@ -6,6 +6,9 @@ use super::{Item, Partition};
 /// Local search rounds: single-slice moves out of the most loaded pack.
 const IMPROVEMENT_ROUNDS: usize = 256;
 
+/// Lightest packs considered as swap partners of each slice of the heaviest pack.
+const SWAP_TARGETS: usize = 8;
+
 /// Slices of a target pack considered for a swap (bounds the search on large packs).
 const SWAP_CANDIDATES: usize = 64;
 
@@ -33,19 +36,24 @@ pub(super) fn improve(
         let heavy = (0..packs)
             .max_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(b.cmp(&a)))
             .unwrap_or(0);
+        // Packs from the lightest: the best target of a move is the lightest one allowed.
+        let mut by_load: Vec<usize> = (0..packs).collect();
+        by_load.sort_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
         let mut best: Option<(f64, usize, usize)> = None; // (new pair max, member index, target)
         for (m, &(c, i)) in partition[heavy].iter().enumerate() {
             let item = chains[c][i];
-            let low = if i > 0 { pack_of[c][i - 1] } else { release[c] };
+            let low = if i > 0 { pack_of[c][i - 1] } else { release[c] }.max(release[c]);
             let high = if i + 1 < chains[c].len() {
                 pack_of[c][i + 1]
             } else {
                 packs - 1
             };
-            for target in low.max(release[c])..=high.min(packs - 1) {
-                if target == heavy || tokens[target] + u64::from(item.tokens) > u64::from(cap) {
-                    continue;
-                }
+            let target = by_load.iter().copied().find(|&t| {
+                t != heavy
+                    && (low..=high).contains(&t)
+                    && tokens[t] + u64::from(item.tokens) <= u64::from(cap)
+            });
+            if let Some(target) = target {
                 let pair_max = (loads[heavy] - item.cost).max(loads[target] + item.cost);
                 if pair_max < loads[heavy] * (1.0 - 1e-9)
                     && best.is_none_or(|(b, _, _)| pair_max < b)
@@ -79,10 +87,12 @@ pub(super) fn improve(
         let mut swap: Option<(f64, usize, usize, usize)> = None; // (pair max, a, target, b)
         for (a, &(ca, ia)) in partition[heavy].iter().enumerate() {
             let (low, high) = window(ca, ia, &pack_of);
-            for target in low..=high.min(packs - 1) {
-                if target == heavy {
-                    continue;
-                }
+            let targets = by_load
+                .iter()
+                .copied()
+                .filter(|&t| t != heavy && (low..=high.min(packs - 1)).contains(&t))
+                .take(SWAP_TARGETS);
+            for target in targets {
                 for (b, &(cb, ib)) in partition[target].iter().enumerate().take(SWAP_CANDIDATES) {
                     let delta = chains[ca][ia].cost - chains[cb][ib].cost;
                     if cb == ca || delta <= 0.0 {

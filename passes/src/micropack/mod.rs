@@ -17,7 +17,7 @@
 //! order constraints allow. `benches/optimality_gap.rs` measures the result against the exact
 //! MILP ([`crate::milp`], feature `milp`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 mod build;
 mod improve;
@@ -72,6 +72,10 @@ pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32
     best
 }
 
+/// Heads (largest cost first) examined for one that also fits the token room: bounds the scan
+/// when the cap, not the cost budget, is what fills a pack.
+const TOKEN_SCAN: usize = 64;
+
 /// Bisection steps on the budget (each one a greedy pass): 2^-16 of the initial interval.
 const BISECTION_STEPS: usize = 16;
 
@@ -120,6 +124,8 @@ fn attempt(
         .collect();
     waiting.sort_by(|a, b| release[*b].cmp(&release[*a]).then(b.cmp(a)));
     let mut heads = Heads::default();
+    // Only chains of several slices can become urgent before the last pack.
+    let multi_slice: Vec<usize> = (0..chains.len()).filter(|&c| chains[c].len() > 1).collect();
     let mut remaining_cost: f64 = chains.iter().flatten().map(|i| i.cost).sum();
     let mut result: Partition = Vec::with_capacity(count);
     let mut fits = true;
@@ -153,12 +159,12 @@ fn attempt(
             }
             !urgent
         });
-        let urgent: Vec<usize> = heads
-            .open
+        let urgent: Vec<usize> = multi_slice
             .iter()
-            .chain(heads.fresh.iter())
-            .map(|h| h.chain)
-            .filter(|&c| chains[c].len() - next[c] > packs_left - 1)
+            .copied()
+            .filter(|&c| {
+                chains[c].len() - next[c] > packs_left - 1 && heads.contains(c, chains, &next)
+            })
             .collect();
         for chain in urgent {
             let item = chains[chain][next[chain]];
@@ -182,6 +188,7 @@ fn attempt(
                     },
                 )
                 .rev()
+                .take(TOKEN_SCAN)
                 .find(fits_tokens)
                 .copied()
             };
@@ -190,9 +197,8 @@ fn attempt(
             let mut pick = largest_fitting(&heads.open).or_else(|| {
                 heads
                     .fresh
-                    .iter()
-                    .find(|h| h.cost <= room && fits_tokens(h))
-                    .copied()
+                    .values()
+                    .find_map(|release| largest_fitting(release))
             });
             if pick.is_none() && (members.is_empty() || last) {
                 // An empty pack must make progress, and the last pack takes everything: the
@@ -226,7 +232,7 @@ fn take(chain: usize, item: Item, next: &mut [usize], heads: &mut Heads, chains:
         chain,
     };
     if !heads.open.remove(&head) {
-        heads.fresh.retain(|h| *h != head);
+        heads.remove_fresh(&head);
     }
     next[chain] += 1;
     if let Some(following) = chains[chain].get(next[chain]) {
@@ -238,31 +244,53 @@ fn take(chain: usize, item: Item, next: &mut [usize], heads: &mut Heads, chains:
 }
 
 /// The chain heads available to the pack being filled: of chains already started (`open`) and
-/// of chains not started yet (`fresh`, in the order they were released, each release's
-/// heads most costly first).
+/// of chains not started yet (`fresh`, grouped by the pack at which they were released, oldest
+/// release first).
 #[derive(Debug, Default)]
 struct Heads {
     open: BTreeSet<Head>,
-    fresh: Vec<Head>,
-    /// Where the current release's heads start in `fresh`.
-    release_start: usize,
-    /// The pack the current release belongs to.
-    release_pack: Option<usize>,
+    fresh: BTreeMap<usize, BTreeSet<Head>>,
+    /// Which release group new fresh heads join, and where each fresh chain sits.
+    current_release: usize,
+    release_of: HashMap<usize, usize>,
 }
 
 impl Heads {
-    /// Makes a chain available; chains released for the same pack are kept most costly first.
+    /// Makes a chain available in the current release group.
     fn start(&mut self, head: Head) {
-        self.fresh.push(head);
-        self.fresh[self.release_start..].sort_by(|a, b| b.cmp(a));
+        self.fresh
+            .entry(self.current_release)
+            .or_default()
+            .insert(head);
+        self.release_of.insert(head.chain, self.current_release);
     }
 
-    /// Marks the start of the chains released for pack `k`.
+    /// Chains made available from now on belong to the release of pack `k`.
     fn begin_release(&mut self, k: usize) {
-        if self.release_pack != Some(k) {
-            self.release_pack = Some(k);
-            self.release_start = self.fresh.len();
+        self.current_release = k;
+    }
+
+    fn remove_fresh(&mut self, head: &Head) {
+        if let Some(release) = self.release_of.remove(&head.chain) {
+            if let Some(set) = self.fresh.get_mut(&release) {
+                set.remove(head);
+                if set.is_empty() {
+                    self.fresh.remove(&release);
+                }
+            }
         }
+    }
+
+    /// Whether chain `c`'s next item is an available head.
+    fn contains(&self, c: usize, chains: &[Vec<Item>], next: &[usize]) -> bool {
+        let Some(item) = chains[c].get(next[c]) else {
+            return false;
+        };
+        let head = Head {
+            cost: item.cost,
+            chain: c,
+        };
+        self.open.contains(&head) || self.release_of.contains_key(&c)
     }
 
     fn is_empty(&self) -> bool {
@@ -271,7 +299,12 @@ impl Heads {
 
     /// The cheapest head of either set.
     fn smallest(&self) -> Option<Head> {
-        let fresh = self.fresh.iter().min().copied();
+        let fresh = self
+            .fresh
+            .values()
+            .filter_map(|set| set.first())
+            .min()
+            .copied();
         match (self.open.first().copied(), fresh) {
             (Some(a), Some(b)) => Some(if b < a { b } else { a }),
             (a, b) => a.or(b),
