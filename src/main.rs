@@ -5,6 +5,10 @@
 
 mod cli;
 
+#[global_allocator]
+static ALLOCATOR: slimpack_runtime::cpu::CountingAllocator =
+    slimpack_runtime::cpu::CountingAllocator::new();
+
 fn main() {
     std::process::exit(cli::main());
 }

@@ -1,11 +1,13 @@
 //! Argument parsing and dispatch.
 
 pub mod bench;
+mod calibrate;
 mod compile;
 mod input;
 mod opt;
 mod passes;
 mod report;
+mod run;
 mod simulate;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +32,10 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Run the strategies side by side on global batches of a dataset, through the simulator.
     Bench(bench::BenchArgs),
+    /// Execute a compiled step for real (CPU backend), measured against the simulator.
+    Run(run::RunArgs),
+    /// Measure this machine's kernels into the machine model's calibration tables.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 /// Runs the command line and returns the process exit status.
@@ -49,6 +55,8 @@ pub fn main() -> i32 {
         Command::Passes(args) => passes::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Run(args) => run::run(args),
+        Command::Calibrate(args) => calibrate::run(args),
     };
     match result {
         Ok(()) => 0,

@@ -31,6 +31,7 @@ mod adamw;
 mod attention;
 mod backward;
 mod batch;
+pub mod calibration;
 mod compare;
 mod config;
 mod counting_alloc;

@@ -1,0 +1,261 @@
+//! Calibration of the machine model on this machine: the CPU backend measures its own kernels
+//! and writes the [`Calibration`] tables the cost model uses for the `cpu` cluster preset.
+//!
+//! Method: for each token count `n`, one sample of `n` tokens runs as one slice in one pack,
+//! forward then backward, through the whole model — the very code the executor runs — and the
+//! per-op profile ([`super::profile`]) splits each direction's time into GEMMs, attention and
+//! element-wise work. Each table point is the cost model's work for that pack over the measured
+//! time of its class, so that the model's formula gives back what was measured:
+//! - `gemm-forward` / `gemm-backward`: linear FLOPs of every layer plus the output projection
+//!   (`FlopModel`), forward and 2x forward, over the GEMM time, at `n` pack tokens;
+//! - `attention-forward` / `attention-backward`: causal attention FLOPs of the slice at prefix
+//!   0 (forward, and 2.5x forward), over the attention time, at query length `n`;
+//! - `elementwise`: the traffic model's bytes of both directions (`Traffic`) over the rest of
+//!   the pack's time (norms, RoPE, SwiGLU, residuals, embedding, loss, copies, allocation).
+//!
+//! The cost model also charges a fixed overhead per kernel (`DeviceProfile::kernel_overhead_s`
+//! times its kernel counts). The CPU's per-op overheads are inside the measured times already,
+//! so that charge is taken off the measured time first (from every class in proportion) — the
+//! model's total for the pack then equals the measurement. Each point is the median of repeated
+//! runs; `threads` copies run at once (as many as the workers the runs will use) so that the
+//! rates include the sharing of memory bandwidth and caches between cores.
+//!
+//! [`shipped`] is the calibration measured for the `cpu` preset's device and shipped in the
+//! repository (`runtime/calibration/cpu.json`).
+
+use std::time::Instant;
+
+use slimpack_ir::cost::{
+    causal_pairs, Calibration, CalibrationPoint, CalibrationTable, CostModel, OpKind, Traffic,
+    BACKWARD_ATTENTION_FACTOR, BACKWARD_LINEAR_FACTOR, EMBEDDING_KERNELS, HEAD_KERNELS,
+    KERNELS_PER_LAYER_BACKWARD, KERNELS_PER_LAYER_FORWARD,
+};
+use slimpack_ir::step::Direction;
+use slimpack_ir::Spec;
+
+use super::batch::{Batch, SampleId, Slice};
+use super::config::ModelConfig;
+use super::error::Result;
+use super::params::Params;
+use super::profile::{self, OpTimes};
+use super::stage::Stage;
+use super::stage_state::StageState;
+
+/// The calibration file of the `cpu` preset's device, as shipped.
+const SHIPPED_CPU: &str = include_str!("../../calibration/cpu.json");
+
+/// The shipped calibration of `device` (a [`slimpack_ir::spec::GpuSpec`] name), if slimpack
+/// ships one: `cpu-2core`, measured with [`measure`] on the machines the CPU runtime runs on.
+pub fn shipped(device: &str) -> Option<Calibration> {
+    let calibration = Calibration::from_json(SHIPPED_CPU, "runtime/calibration/cpu.json")
+        .expect("the shipped calibration parses (a test checks it)");
+    (calibration.device == device).then_some(calibration)
+}
+
+/// How to measure.
+#[derive(Debug, Clone)]
+pub struct CalibrationOptions {
+    /// Token counts to measure at, increasing.
+    pub tokens: Vec<usize>,
+    /// Least seconds of repeated runs per point (at least three runs).
+    pub min_seconds: f64,
+    /// Copies measured at once.
+    pub threads: usize,
+}
+
+impl Default for CalibrationOptions {
+    fn default() -> Self {
+        CalibrationOptions {
+            tokens: vec![16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192],
+            min_seconds: 0.5,
+            threads: 1,
+        }
+    }
+}
+
+/// One point's measured seconds per class and direction.
+#[derive(Debug, Clone, Copy, Default)]
+struct PackTimes {
+    forward: OpTimes,
+    backward: OpTimes,
+}
+
+/// Measures the kernels of `spec`'s model (fp32, one stage, tp 1) and returns the tables.
+pub fn measure(spec: &Spec, options: &CalibrationOptions) -> Result<Calibration> {
+    let config = ModelConfig::from_spec(&spec.model)?;
+    let cost = CostModel::new(spec);
+    let flops = cost.flop_model();
+    let traffic = Traffic::new(&spec.model, 1);
+    let overhead = cost.throughput().profile().kernel_overhead_s;
+    let layers = config.layers as f64;
+    let kernels_forward = KERNELS_PER_LAYER_FORWARD * layers + EMBEDDING_KERNELS + HEAD_KERNELS;
+    let kernels_backward = KERNELS_PER_LAYER_BACKWARD * layers + EMBEDDING_KERNELS + HEAD_KERNELS;
+    let mut tables: [Vec<CalibrationPoint>; 5] = Default::default();
+    for &n in &options.tokens {
+        let times = measure_point(&config, n, options)?;
+        let forward = without_overhead(times.forward, overhead * kernels_forward);
+        let backward = without_overhead(times.backward, overhead * kernels_backward);
+        let tokens = n as f64;
+        let linear = (flops.linear_per_token() * layers + flops.head_per_token()) * tokens;
+        let attention = flops.attention_per_pair() * causal_pairs(n as u64, 0) as f64 * layers;
+        let bytes = tokens
+            * (traffic.layer(Direction::Forward) * layers
+                + traffic.layer(Direction::Backward) * layers
+                + traffic.embedding(Direction::Forward)
+                + traffic.embedding(Direction::Backward)
+                + traffic.head(Direction::Forward)
+                + traffic.head(Direction::Backward));
+        let elementwise_s = forward.elementwise_forward_s + backward.elementwise_backward_s;
+        let rates = [
+            linear / forward.gemm_forward_s,
+            BACKWARD_LINEAR_FACTOR * linear / backward.gemm_backward_s,
+            attention / forward.attention_forward_s,
+            BACKWARD_ATTENTION_FACTOR * attention / backward.attention_backward_s,
+            bytes / elementwise_s,
+        ];
+        for (table, rate) in tables.iter_mut().zip(rates) {
+            if rate.is_finite() && rate > 0.0 {
+                table.push(CalibrationPoint { tokens, rate });
+            }
+        }
+    }
+    let mut calibration = Calibration::new(spec.cluster.gpu.name.clone());
+    calibration.source = format!(
+        "slimpack calibrate --backend cpu: model {}, tp=1, fp32, {} thread(s) at once, median of runs of at least {} s per point",
+        spec.model.name, options.threads, options.min_seconds
+    );
+    for (op, points) in OpKind::ALL.into_iter().zip(tables) {
+        if !points.is_empty() {
+            let table = CalibrationTable::new(points)
+                .expect("measured points are positive and the token counts increase");
+            calibration.insert(op, table);
+        }
+    }
+    Ok(calibration)
+}
+
+/// `times` with `overhead` seconds taken off, from every class in proportion.
+fn without_overhead(times: OpTimes, overhead: f64) -> OpTimes {
+    let total = times.total_s();
+    let keep = ((total - overhead) / total).max(0.1);
+    OpTimes {
+        gemm_forward_s: times.gemm_forward_s * keep,
+        gemm_backward_s: times.gemm_backward_s * keep,
+        attention_forward_s: times.attention_forward_s * keep,
+        attention_backward_s: times.attention_backward_s * keep,
+        elementwise_forward_s: times.elementwise_forward_s * keep,
+        elementwise_backward_s: times.elementwise_backward_s * keep,
+        exchange_s: times.exchange_s * keep,
+    }
+}
+
+/// Median per-class times of a pack of one `n`-token slice, with `threads` copies at once.
+fn measure_point(
+    config: &ModelConfig,
+    n: usize,
+    options: &CalibrationOptions,
+) -> Result<PackTimes> {
+    let params = Params::init(config, 1);
+    let batch = Batch::synthetic(config, &[n], 2)?;
+    let runs: Vec<Result<Vec<PackTimes>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..options.threads.max(1))
+            .map(|_| scope.spawn(|| repeated_runs(config, &params, &batch, options.min_seconds)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a calibration thread panicked"))
+            .collect()
+    });
+    let mut all = Vec::new();
+    for run in runs {
+        all.extend(run?);
+    }
+    Ok(PackTimes {
+        forward: median(all.iter().map(|t| t.forward).collect()),
+        backward: median(all.iter().map(|t| t.backward).collect()),
+    })
+}
+
+fn repeated_runs(
+    config: &ModelConfig,
+    params: &Params,
+    batch: &Batch,
+    min_seconds: f64,
+) -> Result<Vec<PackTimes>> {
+    let slice = [Slice {
+        sample: SampleId(0),
+        start: 0,
+        len: batch.tokens(SampleId(0)).len(),
+    }];
+    let mut grads = params.zeros_like();
+    let start = Instant::now();
+    let mut runs = Vec::new();
+    // One untimed run first: page faults of fresh buffers, instruction caches.
+    for warm in [true, false] {
+        loop {
+            let mut state = StageState::new(config, Stage::whole(config));
+            profile::take();
+            state.forward_pack(params, batch, &slice, &[])?;
+            let forward = profile::take();
+            state.backward_pack(params, &mut grads, batch, &slice, &[])?;
+            let backward = profile::take();
+            if warm {
+                break;
+            }
+            runs.push(PackTimes { forward, backward });
+            if runs.len() >= 3 && start.elapsed().as_secs_f64() >= min_seconds {
+                return Ok(runs);
+            }
+        }
+    }
+    Ok(runs)
+}
+
+/// The per-class median of `times` (each class on its own).
+fn median(mut times: Vec<OpTimes>) -> OpTimes {
+    let mut class = |get: fn(&OpTimes) -> f64| {
+        times.sort_by(|a, b| get(a).total_cmp(&get(b)));
+        get(&times[times.len() / 2])
+    };
+    OpTimes {
+        gemm_forward_s: class(|t| t.gemm_forward_s),
+        gemm_backward_s: class(|t| t.gemm_backward_s),
+        attention_forward_s: class(|t| t.attention_forward_s),
+        attention_backward_s: class(|t| t.attention_backward_s),
+        elementwise_forward_s: class(|t| t.elementwise_forward_s),
+        elementwise_backward_s: class(|t| t.elementwise_backward_s),
+        exchange_s: class(|t| t.exchange_s),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_calibration_parses_and_covers_every_op_kind() {
+        let calibration = shipped("cpu-2core").expect("shipped for the cpu preset's device");
+        for op in OpKind::ALL {
+            assert!(calibration.tables.contains_key(&op), "{op:?}");
+        }
+        assert!(shipped("H100-SXM5-80GB").is_none());
+    }
+
+    #[test]
+    fn a_tiny_measurement_gives_positive_increasing_tables() {
+        let mut spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+        spec.model.layers = 1;
+        let options = CalibrationOptions {
+            tokens: vec![8, 64],
+            min_seconds: 0.0,
+            threads: 1,
+        };
+        let calibration = measure(&spec, &options).unwrap();
+        assert_eq!(calibration.device, "cpu-2core");
+        for op in OpKind::ALL {
+            let points = calibration.tables[&op].points();
+            assert_eq!(points.len(), 2, "{op:?}");
+            assert!(points.iter().all(|p| p.rate > 0.0));
+        }
+    }
+}

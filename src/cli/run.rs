@@ -1,0 +1,396 @@
+//! `slimpack run --backend cpu`: compile a step (or read one), execute it for real on the CPU
+//! backend, and set what it measured beside what the simulator predicted; with
+//! `--check-reference`, compare the loss and every gradient with the unsliced reference step.
+//!
+//! The step runs as compiled: one worker per (DP rank, stage), packs in their schedule order
+//! (see `slimpack_runtime::cpu::exec`). Devices that a plain replica and a DP-Merge group share
+//! interleave the two as the simulator predicted (`--interleave simulated`, the default), so
+//! that measurement and prediction describe the same execution. Token ids are seeded random
+//! (`--token-seed`); the weights come from `--init-seed`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+
+use slimpack::{compile, driver, CompileOptions};
+use slimpack_ir::cost::CostModel;
+use slimpack_ir::spec::Recompute;
+use slimpack_ir::{text, Spec, StepIr};
+use slimpack_passes::strategy::{self, Choices, StrategyState};
+use slimpack_runtime::cpu::exec::{
+    check_reference, execute, DeviceOrder, Execution, Plan, ReferenceCheck, TaskRecord,
+};
+use slimpack_runtime::cpu::profile::OpTimes;
+use slimpack_runtime::cpu::{calibration, AdamWConfig, ModelConfig, Params};
+use slimpack_runtime::sim::{self, SimResult, TaskKind};
+
+use super::compile::ReportFormat;
+use super::input::{BatchArgs, SpecArgs};
+use super::report::gib;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// The CPU backend (fp32 models such as `tiny`).
+    Cpu,
+    /// The CUDA backend.
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Interleave {
+    /// Each device runs its packs in the order of their simulated start times.
+    Simulated,
+    /// Each device runs every replica's schedule in full, replicas in IR order.
+    ReplicaMajor,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Backend to execute on: cpu, or cuda (where built with it).
+    #[arg(long, value_enum)]
+    backend: Backend,
+    #[command(flatten)]
+    spec: SpecArgs,
+    #[command(flatten)]
+    batch: BatchArgs,
+    /// Run this scheduled step IR as is (its own spec) instead of compiling one.
+    #[arg(long, value_name = "FILE.sir", conflicts_with_all = ["strategy", "passes"])]
+    ir: Option<PathBuf>,
+    /// Compile with this strategy (slimpack, an ablation such as slimpack-no-eqsat, or a peer).
+    #[arg(long, value_name = "NAME", conflicts_with = "passes")]
+    strategy: Option<String>,
+    /// Compile with this pass pipeline, e.g. 'slice{size=64},assign-dp,pack-symmetric,schedule-pipeline'.
+    #[arg(long, value_name = "PIPELINE")]
+    passes: Option<String>,
+    /// Also run the unsliced single-worker reference step and compare loss and gradients.
+    #[arg(long)]
+    check_reference: bool,
+    /// Seed of the batch's random token ids.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    token_seed: u64,
+    /// Seed of the initial weights.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    init_seed: u64,
+    /// How a device shared by a plain replica and a DP-Merge group interleaves them.
+    #[arg(long, value_enum, default_value = "simulated")]
+    interleave: Interleave,
+    /// Include every task's measured and predicted time in the JSON report.
+    #[arg(long)]
+    tasks: bool,
+    /// Report format: text (stderr) or json (one object on stdout).
+    #[arg(long, value_enum, default_value = "text")]
+    report: ReportFormat,
+}
+
+/// One pack task, measured and predicted.
+#[derive(Debug, Serialize)]
+struct TaskComparison {
+    name: String,
+    stage: usize,
+    rank: usize,
+    tokens: usize,
+    measured_s: f64,
+    predicted_s: f64,
+    ops: OpTimes,
+}
+
+/// `run --report json`.
+#[derive(Debug, Serialize)]
+struct RunReport {
+    backend: &'static str,
+    model: String,
+    cluster: String,
+    parallel: String,
+    /// The strategy and its chosen candidate, or the pipeline, or the IR file.
+    schedule: String,
+    samples: usize,
+    tokens: u64,
+    workers: usize,
+    loss: f64,
+    ref_loss: Option<f64>,
+    loss_rel_err: Option<f64>,
+    max_grad_rel_err: Option<f32>,
+    worst_grad_tensor: Option<String>,
+    max_param_diff_lr: Option<f32>,
+    step_time_s: f64,
+    tokens_per_s: f64,
+    /// Per worker (DP rank on a stage, in the simulator's device order), real peak bytes.
+    peak_memory_bytes: Option<Vec<u64>>,
+    /// Per worker, bytes held when the step started (weights, gradients, optimizer shard).
+    model_state_bytes: Option<Vec<u64>>,
+    predicted_step_time_s: f64,
+    predicted_peak_memory_bytes: Vec<u64>,
+    /// |predicted − measured| / measured.
+    step_time_ape: f64,
+    /// Mean over workers of |predicted − measured| / measured peak memory.
+    peak_memory_mape: Option<f64>,
+    /// Mean over pack tasks of |predicted − measured| / measured run time.
+    op_time_mape: f64,
+    /// Where the workers' pack time went, summed over workers.
+    ops: OpTimes,
+    calibrated: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tasks: Option<Vec<TaskComparison>>,
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    if args.backend == Backend::Cuda {
+        bail!(cuda_unavailable());
+    }
+    let (ir, schedule) = step(&args)?;
+    let config = ModelConfig::from_spec(&ir.spec.model).context("--backend cpu")?;
+    if ir.spec.model.recompute != Recompute::None {
+        bail!(
+            "--backend cpu runs recompute=none only; the step was compiled with recompute={}",
+            ir.spec.model.recompute.as_str()
+        );
+    }
+    let (cost, calibrated) = cost_model(&ir.spec)?;
+    let simulated = sim::simulate(&ir, &cost)?;
+    let plan = Plan::new(&ir, &config)?;
+    let order = match args.interleave {
+        Interleave::ReplicaMajor => DeviceOrder::replica_major(&plan),
+        Interleave::Simulated => {
+            let starts = compute_task_map(&simulated, |_, span| span.start_s);
+            DeviceOrder::by_start_times(&plan, |pack, stage| starts.get(&(pack, stage)).copied())?
+        }
+    };
+    let batch = plan.synthetic_batch(&config, args.token_seed)?;
+    let params = Params::init(&config, args.init_seed);
+    let adamw = AdamWConfig::default();
+    let execution = execute(&plan, &order, &batch, &params, adamw)?;
+    let check = match args.check_reference {
+        true => Some(check_reference(&execution, &params, &batch, adamw)?),
+        false => None,
+    };
+    let report = compare(
+        &ir, &plan, schedule, &execution, check, &simulated, calibrated, args.tasks,
+    );
+    match args.report {
+        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        ReportFormat::Text => print_text(&report),
+    }
+    Ok(())
+}
+
+/// What `--backend cuda` says in this build.
+fn cuda_unavailable() -> String {
+    if cfg!(feature = "cuda") {
+        "--backend cuda: no CUDA device (the CUDA backend found none on this machine)".to_string()
+    } else {
+        "--backend cuda: not available in this build (slimpack was compiled without the `cuda` feature; rebuild with --features cuda on a machine with a CUDA device)".to_string()
+    }
+}
+
+/// The step to run and how it was made.
+fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
+    if let Some(path) = &args.ir {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let ir = text::parse(&source, &path.display().to_string())?;
+        slimpack_ir::verify::verify(&ir)?;
+        return Ok((ir, format!("ir {}", path.display())));
+    }
+    let job = args.spec.job()?;
+    let batch = job.batch(&args.batch)?;
+    match (&args.strategy, &args.passes) {
+        (Some(name), _) => {
+            let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
+            // The CPU backend executes without recomputation: only those candidates.
+            let choices = Choices::fixed(job.spec.model.recompute);
+            let mut state = StrategyState::default();
+            let (_, choice) = driver::compile_step(info, &job.spec, &batch, &mut state, &choices)?;
+            let label = choice.best().candidate.label.clone();
+            Ok((
+                choice.compiled.ir,
+                format!("strategy {} ({label})", info.name),
+            ))
+        }
+        (None, Some(pipeline)) => {
+            let options = CompileOptions {
+                pipeline: pipeline.clone(),
+                ..CompileOptions::default()
+            };
+            let compiled = compile(&job.spec, &batch, &options, &mut std::io::stderr())?;
+            Ok((compiled.ir, format!("passes {pipeline}")))
+        }
+        (None, None) => bail!("give --strategy NAME, --passes PIPELINE or --ir FILE.sir"),
+    }
+}
+
+/// The machine model of `spec`: the shipped measurement of this machine where there is one
+/// for the spec's device, the facade's model otherwise.
+fn cost_model(spec: &Spec) -> anyhow::Result<(CostModel, bool)> {
+    match calibration::shipped(&spec.cluster.gpu.name) {
+        Some(calibration) => Ok((CostModel::with_calibration(spec, calibration)?, true)),
+        None => Ok((slimpack::machine::cost_model(spec), false)),
+    }
+}
+
+/// A value per pack compute task of the simulation, by (pack, stage).
+fn compute_task_map(
+    simulated: &SimResult,
+    value: impl Fn(&sim::Task, sim::Span) -> f64,
+) -> HashMap<(usize, usize), f64> {
+    simulated
+        .tasks()
+        .filter(|(task, _)| matches!(task.kind, TaskKind::Forward | TaskKind::Backward))
+        .filter_map(|(task, span)| {
+            let pack = task.pack?.0 as usize;
+            Some(((pack, task.stage as usize), value(task, span)))
+        })
+        .collect()
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    ir: &StepIr,
+    plan: &Plan,
+    schedule: String,
+    execution: &Execution,
+    check: Option<ReferenceCheck>,
+    simulated: &SimResult,
+    calibrated: bool,
+    with_tasks: bool,
+) -> RunReport {
+    let predicted = &simulated.metrics;
+    let durations = compute_task_map(simulated, |task, _| task.duration_s);
+    // A DP-Merge group's pack runs on each member: the slowest member is the task's time.
+    let mut measured: HashMap<(usize, usize), &TaskRecord> = HashMap::new();
+    for record in &execution.tasks {
+        let slot = measured
+            .entry((record.pack, record.stage))
+            .or_insert(record);
+        if record.run_s() > slot.run_s() {
+            *slot = record;
+        }
+    }
+    let mut comparisons: Vec<TaskComparison> = measured
+        .values()
+        .map(|record| TaskComparison {
+            name: record.name.clone(),
+            stage: record.stage,
+            rank: record.rank,
+            tokens: plan.packs[record.pack].slices.iter().map(|s| s.len).sum(),
+            measured_s: record.run_s(),
+            predicted_s: durations[&(record.pack, record.stage)],
+            ops: record.ops,
+        })
+        .collect();
+    comparisons.sort_by(|a, b| (a.stage, &a.name).cmp(&(b.stage, &b.name)));
+    let op_time_mape = mean(comparisons.iter().map(|c| ape(c.predicted_s, c.measured_s)));
+    let peaks: Option<Vec<u64>> = execution
+        .workers
+        .iter()
+        .map(|w| w.peak_memory_bytes)
+        .collect();
+    let states: Option<Vec<u64>> = execution
+        .workers
+        .iter()
+        .map(|w| w.model_state_bytes)
+        .collect();
+    let peak_memory_mape = peaks.as_ref().map(|peaks| {
+        let pairs = peaks.iter().zip(&predicted.peak_memory_per_device);
+        mean(pairs.map(|(&m, &p)| ape(p as f64, m as f64)))
+    });
+    let mut ops = OpTimes::default();
+    for worker in &execution.workers {
+        ops += worker.ops;
+    }
+    RunReport {
+        backend: "cpu",
+        model: ir.spec.model.name.clone(),
+        cluster: ir.spec.cluster.name.clone(),
+        parallel: ir.spec.parallel.to_string(),
+        schedule,
+        samples: ir.samples().len(),
+        tokens: ir.tokens(),
+        workers: execution.workers.len(),
+        loss: execution.loss,
+        ref_loss: check.as_ref().map(|c| c.ref_loss),
+        loss_rel_err: check.as_ref().map(|c| c.loss_rel_err),
+        max_grad_rel_err: check.as_ref().map(|c| c.max_grad_rel_err),
+        worst_grad_tensor: check.as_ref().map(|c| c.worst_grad_tensor.clone()),
+        max_param_diff_lr: check.as_ref().map(|c| c.max_param_diff_lr),
+        step_time_s: execution.step_time_s,
+        tokens_per_s: ir.tokens() as f64 / execution.step_time_s,
+        peak_memory_bytes: peaks,
+        model_state_bytes: states,
+        predicted_step_time_s: predicted.step_time_s,
+        predicted_peak_memory_bytes: predicted.peak_memory_per_device.clone(),
+        step_time_ape: ape(predicted.step_time_s, execution.step_time_s),
+        peak_memory_mape,
+        op_time_mape,
+        ops,
+        calibrated,
+        tasks: with_tasks.then_some(comparisons),
+    }
+}
+
+/// Absolute percentage error of a prediction, as a fraction.
+fn ape(predicted: f64, measured: f64) -> f64 {
+    (predicted - measured).abs() / measured
+}
+
+fn mean(values: impl Iterator<Item = f64>) -> f64 {
+    let (sum, count) = values.fold((0.0, 0usize), |(s, n), v| (s + v, n + 1));
+    if count == 0 {
+        0.0
+    } else {
+        sum / count as f64
+    }
+}
+
+fn print_text(report: &RunReport) {
+    eprintln!(
+        "ran {} samples ({} tokens) of {} on the CPU ({}, {} workers), {}",
+        report.samples,
+        report.tokens,
+        report.model,
+        report.parallel,
+        report.workers,
+        report.schedule
+    );
+    eprintln!(
+        "  loss {:.6}, step {:.4} s ({:.0} tokens/s); predicted {:.4} s ({:+.1}%)",
+        report.loss,
+        report.step_time_s,
+        report.tokens_per_s,
+        report.predicted_step_time_s,
+        100.0 * (report.predicted_step_time_s / report.step_time_s - 1.0)
+    );
+    if let (Some(ref_loss), Some(err)) = (report.ref_loss, report.max_grad_rel_err) {
+        eprintln!(
+            "  reference loss {ref_loss:.6} (relative difference {:.1e}); max gradient error {err:.1e} ({})",
+            report.loss_rel_err.unwrap_or_default(),
+            report.worst_grad_tensor.as_deref().unwrap_or("")
+        );
+    }
+    if let Some(peaks) = &report.peak_memory_bytes {
+        let worst = peaks.iter().copied().max().unwrap_or(0);
+        let predicted = report
+            .predicted_peak_memory_bytes
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        eprintln!(
+            "  peak memory {} per worker at most; predicted {} (MAPE {:.1}%)",
+            gib(worst),
+            gib(predicted),
+            100.0 * report.peak_memory_mape.unwrap_or_default()
+        );
+    }
+    eprintln!(
+        "  per-pack time MAPE {:.1}%{}",
+        100.0 * report.op_time_mape,
+        if report.calibrated {
+            ""
+        } else {
+            " (uncalibrated machine model)"
+        }
+    );
+}
