@@ -9,6 +9,7 @@
 //! (ties go to the earlier candidate). [`admit`] applies a strategy's admission hook (the steps
 //! a run carries over, e.g. WLB-LLM's delayed outliers) before a batch is compiled.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use slimpack_ir::batch::Batch;
@@ -190,38 +191,55 @@ fn preferred(metrics: &Metrics, current: &Evaluation) -> bool {
     }
 }
 
-/// Evaluates the candidates on up to `available_parallelism` threads, results in candidate
-/// order.
+/// Evaluates the candidates in parallel, results in candidate order.
 fn evaluate_all(
     strategy: &StrategyInfo,
     spec: &Spec,
     batch: &Batch,
     candidates: &[Candidate],
 ) -> Vec<Result<(Evaluation, Compiled), DriverError>> {
+    parallel_map(candidates, |candidate| {
+        evaluate(strategy, spec, batch, candidate)
+    })
+}
+
+/// Compiles and simulates the steps of a run whose configuration is chosen — each step's
+/// (admitted) batch with its candidate — in parallel; evaluations in step order.
+pub fn evaluate_steps(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    steps: &[(Batch, Candidate)],
+) -> Result<Vec<Evaluation>, DriverError> {
+    parallel_map(steps, |(batch, candidate)| {
+        evaluate(strategy, spec, batch, candidate).map(|(evaluation, _)| evaluation)
+    })
+    .into_iter()
+    .collect()
+}
+
+/// `f` over `items` on up to `available_parallelism` threads; results in item order. A panic
+/// in `f` is re-raised here.
+fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .min(candidates.len())
+        .min(items.len())
         .max(1);
     if threads == 1 {
-        return candidates
-            .iter()
-            .map(|c| evaluate(strategy, spec, batch, c))
-            .collect();
+        return items.iter().map(&f).collect();
     }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut slots: Vec<Option<Result<(Evaluation, Compiled), DriverError>>> =
-        (0..candidates.len()).map(|_| None).collect();
+    let next = AtomicUsize::new(0);
+    let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
     std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 scope.spawn(|| {
                     let mut done = Vec::new();
                     loop {
-                        let index = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(candidate) = candidates.get(index) else {
+                        let index = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = items.get(index) else {
                             return done;
                         };
-                        done.push((index, evaluate(strategy, spec, batch, candidate)));
+                        done.push((index, f(item)));
                     }
                 })
             })
@@ -230,13 +248,13 @@ fn evaluate_all(
             let done = worker
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            for (index, outcome) in done {
-                slots[index] = Some(outcome);
+            for (index, result) in done {
+                slots[index] = Some(result);
             }
         }
     });
     slots
         .into_iter()
-        .map(|slot| slot.expect("every candidate was evaluated"))
+        .map(|slot| slot.expect("every item was processed"))
         .collect()
 }

@@ -223,7 +223,8 @@ fn progress_bar() -> ProgressBar {
     bar
 }
 
-/// Tunes `strategy` on the first batch, then runs the chosen configuration on every batch.
+/// Tunes `strategy` on the first batch, then runs the chosen configuration on every batch (the
+/// later steps in parallel: the admissions, which carry state, run in step order first).
 fn run_strategy(
     strategy: &'static StrategyInfo,
     spec: &Spec,
@@ -232,50 +233,43 @@ fn run_strategy(
     progress: &ProgressBar,
 ) -> anyhow::Result<StrategyRun> {
     let mut state = StrategyState::default();
-    let mut chosen: Option<String> = None;
-    let mut tuning = Vec::new();
-    let mut steps = Vec::with_capacity(batches.len());
-    for (index, drawn) in batches.iter().enumerate() {
+    let first = driver::admit(strategy, &mut state, spec, &batches[0]);
+    let candidates = (strategy.candidates)(spec, &first, &state, choices).len() as u64;
+    progress.inc_length(candidates + batches.len() as u64 - 1);
+    let choice = driver::choose(strategy, spec, &first, &state, choices)?;
+    progress.inc(candidates);
+    let tuning = choice.evaluations;
+    let chosen = tuning[choice.chosen].candidate.label.clone();
+    let mut later = Vec::with_capacity(batches.len() - 1);
+    for (index, drawn) in batches.iter().enumerate().skip(1) {
         let batch = driver::admit(strategy, &mut state, spec, drawn);
-        let evaluation = match &chosen {
-            None => {
-                let candidates = (strategy.candidates)(spec, &batch, &state, choices).len();
-                progress.inc_length(candidates as u64 + batches.len() as u64 - 1);
-                let choice = driver::choose(strategy, spec, &batch, &state, choices)?;
-                progress.inc(candidates as u64);
-                tuning = choice.evaluations;
-                let best = &tuning[choice.chosen];
-                chosen = Some(best.candidate.label.clone());
-                driver::Evaluation {
-                    candidate: best.candidate.clone(),
-                    metrics: best.metrics.clone(),
-                    compile_ms: best.compile_ms,
-                }
-            }
-            Some(label) => {
-                let candidate = (strategy.candidates)(spec, &batch, &state, choices)
-                    .into_iter()
-                    .find(|c| &c.label == label)
-                    .with_context(|| {
-                        format!(
-                            "strategy '{}' no longer offers {label} at step {}",
-                            strategy.name,
-                            index + 1
-                        )
-                    })?;
-                let (evaluation, _) = driver::evaluate(strategy, spec, &batch, &candidate)?;
-                progress.inc(1);
-                evaluation
-            }
-        };
+        let candidate = (strategy.candidates)(spec, &batch, &state, choices)
+            .into_iter()
+            .find(|c| c.label == chosen)
+            .with_context(|| {
+                format!(
+                    "strategy '{}' no longer offers {chosen} at step {}",
+                    strategy.name,
+                    index + 1
+                )
+            })?;
+        later.push((batch, candidate));
+    }
+    let best = &tuning[choice.chosen];
+    let mut steps = vec![StepFigures {
+        metrics: best.metrics.clone(),
+        compile_ms: best.compile_ms,
+    }];
+    for evaluation in driver::evaluate_steps(strategy, spec, &later)? {
         steps.push(StepFigures {
             metrics: evaluation.metrics,
             compile_ms: evaluation.compile_ms,
         });
     }
+    progress.inc(later.len() as u64);
     Ok(StrategyRun {
         strategy,
-        chosen: chosen.unwrap_or_default(),
+        chosen,
         tuning,
         steps,
         backlog: state.backlog(),
