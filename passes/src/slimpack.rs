@@ -5,8 +5,9 @@
 //! dominant or over-long samples), `slice{size=S}`, `pack-fwd{cap=C}` and `pack-bwd{cap=C}`
 //! (phase 2: two different partitions, each balanced on its own direction's cost), `eqsat`
 //! (e-graph refinement of the packs), `schedule-pipeline` (slice-level 1F1B, memory-aware).
-//! Knobs: the slice size `S` (a sixteenth, an eighth or a quarter of the context, at least
-//! 1024 tokens), the pack cap `C = 2 S`, and the recompute mode; the driver scores every
+//! Knobs: the slice size `S` (a sixteenth or an eighth of the context, at least 1024 tokens),
+//! the pack cap `C = 2 S`, a static CP degree taken from the DP pool (as the peers may; without
+//! one, DP-Merge forms CP groups per sample), and the recompute mode; the driver scores every
 //! candidate with the simulator and keeps the fastest that fits memory.
 //!
 //! Ablations (`--no-<idea>` on the command line, `slimpack-no-<idea>` as strategy names):
@@ -16,7 +17,7 @@
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 
-use crate::strategy::{capacity, Candidate, Choices, StrategyState};
+use crate::strategy::{capacity, cp_degrees, Candidate, Choices, StrategyState};
 
 /// Which ideas a variant keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,10 +38,10 @@ impl Ideas {
     };
 }
 
-/// Slice sizes tried for a context length: context / 16, / 8 and / 4, at least 1024 tokens,
-/// without duplicates.
+/// Slice sizes tried for a context length: context / 16 and / 8, at least 1024 tokens, without
+/// duplicates.
 pub fn slice_sizes(context: u32) -> Vec<u32> {
-    let mut sizes: Vec<u32> = [16, 8, 4]
+    let mut sizes: Vec<u32> = [16, 8]
         .iter()
         .map(|&d| (context / d).max(1024).min(context))
         .collect();
@@ -48,8 +49,23 @@ pub fn slice_sizes(context: u32) -> Vec<u32> {
     sizes
 }
 
-/// The candidates of a variant.
-pub fn candidates_with(ideas: Ideas, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
+/// The candidates of a variant: slice sizes x static CP degrees x recompute modes.
+pub fn candidates_with(
+    ideas: Ideas,
+    spec: &Spec,
+    batch: &Batch,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let mut candidates = Vec::new();
+    for cp in cp_degrees(spec) {
+        candidates.extend(candidates_at(ideas, cp, batch, choices));
+    }
+    candidates
+}
+
+/// The candidates with `cp` DP ranks per replica (a static CP group; DP-Merge only without
+/// one, since it merges single ranks).
+fn candidates_at(ideas: Ideas, cp: u32, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
     let context = capacity(batch);
     let sizes = if ideas.slicing {
         slice_sizes(context)
@@ -63,8 +79,12 @@ pub fn candidates_with(ideas: Ideas, batch: &Batch, choices: &Choices) -> Vec<Ca
         } else {
             context
         };
-        let mut passes = vec!["assign-dp".to_string()];
-        if ideas.dp_merge {
+        let mut passes = vec![if cp > 1 {
+            format!("assign-dp{{cp={cp}}}")
+        } else {
+            "assign-dp".to_string()
+        }];
+        if ideas.dp_merge && cp == 1 {
             passes.push("dp-merge".into());
         }
         if ideas.slicing {
@@ -82,7 +102,10 @@ pub fn candidates_with(ideas: Ideas, batch: &Batch, choices: &Choices) -> Vec<Ca
         passes.push("schedule-pipeline".into());
         for &recompute in &choices.recompute {
             candidates.push(Candidate {
-                label: format!("slice={size},cap={cap},recompute={}", recompute.as_str()),
+                label: format!(
+                    "cp={cp},slice={size},cap={cap},recompute={}",
+                    recompute.as_str()
+                ),
                 pipeline: passes.join(","),
                 recompute,
             });
@@ -97,12 +120,12 @@ pub fn candidates_with(ideas: Ideas, batch: &Batch, choices: &Choices) -> Vec<Ca
 macro_rules! variant {
     ($name:ident, $ideas:expr) => {
         pub(crate) fn $name(
-            _: &Spec,
+            spec: &Spec,
             batch: &Batch,
             _: &StrategyState,
             choices: &Choices,
         ) -> Vec<Candidate> {
-            candidates_with($ideas, batch, choices)
+            candidates_with($ideas, spec, batch, choices)
         }
     };
 }
@@ -143,7 +166,7 @@ mod tests {
 
     #[test]
     fn slice_sizes_follow_the_context() {
-        assert_eq!(slice_sizes(131072), vec![8192, 16384, 32768]);
+        assert_eq!(slice_sizes(131072), vec![8192, 16384]);
         assert_eq!(slice_sizes(4096), vec![1024]);
     }
 }
