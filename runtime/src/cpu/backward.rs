@@ -60,7 +60,7 @@ impl StageState {
                 .expect("bug: the backward check found every slice saved")
         });
         let mut saved = SavedActivations::concat(records.collect());
-        let mut dy = match (&saved.head, &params.final_norm) {
+        let mut dy = match (saved.head.take(), &params.final_norm) {
             (Some(head), Some(final_norm)) => {
                 let targets = layout.targets(batch);
                 let (d_final_norm, d_output) = grads.head_mut();

@@ -16,8 +16,8 @@
 //! The cost model also charges a fixed overhead per kernel (`DeviceProfile::kernel_overhead_s`
 //! times its kernel counts). The CPU's per-op overheads are inside the measured times already,
 //! so that charge is taken off the measured time first (from every class in proportion) — the
-//! model's total for the pack then equals the measurement. Each point is the median of repeated
-//! runs; `threads` copies run at once (as many as the workers the runs will use) so that the
+//! model's total for the pack then equals the measurement. Each class's time is its fastest of
+//! repeated runs (other processes on the machine only ever add time); `threads` copies run at once (as many as the workers the runs will use) so that the
 //! rates include the sharing of memory bandwidth and caches between cores.
 //!
 //! [`shipped`] is the calibration measured for the `cpu` preset's device and shipped in the
@@ -121,7 +121,7 @@ pub fn measure(spec: &Spec, options: &CalibrationOptions) -> Result<Calibration>
     }
     let mut calibration = Calibration::new(spec.cluster.gpu.name.clone());
     calibration.source = format!(
-        "slimpack calibrate --backend cpu: model {}, tp=1, fp32, {} thread(s) at once, median of runs of at least {} s per point",
+        "slimpack calibrate --backend cpu: model {}, tp=1, fp32, {} thread(s) at once, fastest of runs of at least {} s per point",
         spec.model.name, options.threads, options.min_seconds
     );
     for (op, points) in OpKind::ALL.into_iter().zip(tables) {
@@ -149,7 +149,7 @@ fn without_overhead(times: OpTimes, overhead: f64) -> OpTimes {
     }
 }
 
-/// Median per-class times of a pack of one `n`-token slice, with `threads` copies at once.
+/// Fastest per-class times of a pack of one `n`-token slice, with `threads` copies at once.
 fn measure_point(
     config: &ModelConfig,
     n: usize,
@@ -171,8 +171,8 @@ fn measure_point(
         all.extend(run?);
     }
     Ok(PackTimes {
-        forward: median(all.iter().map(|t| t.forward).collect()),
-        backward: median(all.iter().map(|t| t.backward).collect()),
+        forward: fastest(&all.iter().map(|t| t.forward).collect::<Vec<_>>()),
+        backward: fastest(&all.iter().map(|t| t.backward).collect::<Vec<_>>()),
     })
 }
 
@@ -211,12 +211,9 @@ fn repeated_runs(
     Ok(runs)
 }
 
-/// The per-class median of `times` (each class on its own).
-fn median(mut times: Vec<OpTimes>) -> OpTimes {
-    let mut class = |get: fn(&OpTimes) -> f64| {
-        times.sort_by(|a, b| get(a).total_cmp(&get(b)));
-        get(&times[times.len() / 2])
-    };
+/// The per-class minimum of `times` (each class on its own).
+fn fastest(times: &[OpTimes]) -> OpTimes {
+    let class = |get: fn(&OpTimes) -> f64| times.iter().map(get).fold(f64::INFINITY, f64::min);
     OpTimes {
         gemm_forward_s: class(|t| t.gemm_forward_s),
         gemm_backward_s: class(|t| t.gemm_backward_s),

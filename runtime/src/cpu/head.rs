@@ -2,12 +2,13 @@
 //!
 //! The loss of a block of rows is `loss_scale · Σ CE(row)` over the rows that have a target;
 //! with `loss_scale = 1 / (predicted tokens of the whole batch)` the per-pack losses of a step add
-//! up to the batch's mean loss. The logits (`[rows, vocab]`) are not kept: the backward
-//! recomputes them from the saved normed rows, which costs one GEMM and saves the largest
-//! activation of the model.
+//! up to the batch's mean loss. The head keeps the final norm's input and output and the fp32
+//! softmax of the logits (`[rows, vocab]`) for its backward — what the machine model's memory
+//! counts for the last stage — so the backward runs the output projection's two gradient GEMMs
+//! and no recomputation.
 
 use super::config::ModelConfig;
-use super::ops::cross_entropy::{cross_entropy_backward, cross_entropy_sum};
+use super::ops::cross_entropy::{cross_entropy_backward, cross_entropy_softmax};
 use super::ops::gemm::{gemm, Mat, MatMut};
 use super::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 
@@ -16,6 +17,8 @@ pub(crate) struct SavedHead {
     pub x: Vec<f32>,
     pub inv_rms: Vec<f32>,
     pub normed: Vec<f32>,
+    /// Softmax of the logits, `[rows, vocab]`.
+    pub probs: Vec<f32>,
 }
 
 /// Final norm, logits and the scaled loss of the rows `x` (`targets[r]` is row `r`'s target).
@@ -28,9 +31,15 @@ pub(crate) fn head_forward(
     loss_scale: f32,
 ) -> (f64, SavedHead) {
     let (normed, inv_rms) = rmsnorm_forward(&x, final_norm, config.norm_eps);
-    let logits = logits(config, output, &normed);
-    let loss = cross_entropy_sum(&logits, config.vocab, targets) * f64::from(loss_scale);
-    (loss, SavedHead { x, inv_rms, normed })
+    let mut probs = logits(config, output, &normed);
+    let loss = cross_entropy_softmax(&mut probs, config.vocab, targets) * f64::from(loss_scale);
+    let saved = SavedHead {
+        x,
+        inv_rms,
+        normed,
+        probs,
+    };
+    (loss, saved)
 }
 
 /// Backward of [`head_forward`]: adds into the gradients of the final norm and the output
@@ -40,7 +49,7 @@ pub(crate) fn head_backward(
     config: &ModelConfig,
     final_norm: &[f32],
     output: &[f32],
-    saved: &SavedHead,
+    saved: SavedHead,
     targets: &[Option<u32>],
     loss_scale: f32,
     d_final_norm: &mut [f32],
@@ -48,7 +57,7 @@ pub(crate) fn head_backward(
 ) -> Vec<f32> {
     let (h, v) = (config.hidden, config.vocab);
     let rows = saved.normed.len() / h;
-    let mut d_logits = logits(config, output, &saved.normed);
+    let mut d_logits = saved.probs;
     cross_entropy_backward(&mut d_logits, v, targets, loss_scale);
     gemm(
         1.0,

@@ -30,6 +30,8 @@ pub(crate) struct PostAttention {
     pub normed: Vec<f32>,
     pub gate: Vec<f32>,
     pub up: Vec<f32>,
+    /// SwiGLU's output, the down projection's input.
+    pub activation: Vec<f32>,
 }
 
 /// RMSNorm, Q/K/V projections and RoPE of the rows `x`, at sample positions `positions`.
@@ -103,7 +105,8 @@ pub(crate) fn post_attention_forward(
     let (normed, inv_rms) = rmsnorm_forward(&mid, &layer.mlp_norm, config.norm_eps);
     let gate = linear(&normed, &layer.w_gate, h, f);
     let up = linear(&normed, &layer.w_up, h, f);
-    let mut y = linear(&swiglu_forward(&gate, &up), &layer.w_down, f, h);
+    let activation = swiglu_forward(&gate, &up);
+    let mut y = linear(&activation, &layer.w_down, f, h);
     y.iter_mut().zip(&mid).for_each(|(o, &r)| *o += r);
     let saved = PostAttention {
         mid,
@@ -111,6 +114,7 @@ pub(crate) fn post_attention_forward(
         normed,
         gate,
         up,
+        activation,
     };
     (y, saved)
 }
@@ -127,9 +131,8 @@ pub(crate) fn post_attention_backward(
     dy: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
     let (h, f, qw) = (config.hidden, config.ffn, config.q_width());
-    let activation = swiglu_forward(&saved.gate, &saved.up);
-    linear_weight_grad(&activation, dy, f, h, &mut grads.w_down);
-    let mut d_activation = vec![0.0; activation.len()];
+    linear_weight_grad(&saved.activation, dy, f, h, &mut grads.w_down);
+    let mut d_activation = vec![0.0; saved.activation.len()];
     linear_input_grad_add(dy, &layer.w_down, f, h, &mut d_activation);
     let (d_gate, d_up) = swiglu_backward(&saved.gate, &saved.up, &d_activation);
     linear_weight_grad(&saved.normed, &d_gate, h, f, &mut grads.w_gate);

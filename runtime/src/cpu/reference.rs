@@ -82,7 +82,7 @@ fn sample_step(
         config,
         final_norm,
         output,
-        &head,
+        head,
         &targets,
         scale,
         d_final_norm,

@@ -38,11 +38,17 @@ impl fmt::Debug for SavedActivations {
 }
 
 impl SavedActivations {
-    /// Splits a pack's activations into one record per slice of `layout`.
+    /// Splits a pack's activations into one record per slice of `layout`. Field by field, so
+    /// that at most one field exists twice at a time; a pack of one slice keeps its tensors.
     pub fn split(self, layout: &PackLayout) -> Vec<SavedActivations> {
         let (layers, has_head) = (self.layers.len(), self.head.is_some());
-        let mut per_slice: Vec<Vec<Vec<f32>>> = vec![Vec::new(); layout.slices.len()];
+        let count = layout.slices.len();
+        let mut per_slice: Vec<Vec<Vec<f32>>> = vec![Vec::new(); count];
         for field in self.into_fields() {
+            if count == 1 {
+                per_slice[0].push(field);
+                continue;
+            }
             for (fields, part) in per_slice.iter_mut().zip(layout.split(&field)) {
                 fields.push(part);
             }
@@ -53,14 +59,25 @@ impl SavedActivations {
             .collect()
     }
 
-    /// Concatenates the records of a pack's slices (in the pack's order) into one block.
+    /// Concatenates the records of a pack's slices (in the pack's order) into one block. Field
+    /// by field, freeing the pieces of each field as it is joined; one record is kept as is.
     pub fn concat(parts: Vec<SavedActivations>) -> SavedActivations {
         let (layers, has_head) = (parts[0].layers.len(), parts[0].head.is_some());
-        let parts: Vec<Vec<Vec<f32>>> = parts.into_iter().map(Self::into_fields).collect();
-        let fields = (0..parts[0].len())
-            .map(|k| {
-                let pieces: Vec<&[f32]> = parts.iter().map(|fields| &fields[k][..]).collect();
-                PackLayout::concat(&pieces)
+        let mut per_field: Vec<Vec<Vec<f32>>> = Vec::new();
+        for fields in parts.into_iter().map(Self::into_fields) {
+            per_field.resize_with(fields.len(), Vec::new);
+            for (pieces, field) in per_field.iter_mut().zip(fields) {
+                pieces.push(field);
+            }
+        }
+        let fields = per_field
+            .into_iter()
+            .map(|mut pieces| match pieces.len() {
+                1 => pieces.pop().expect("one piece"),
+                _ => {
+                    let slices: Vec<&[f32]> = pieces.iter().map(Vec::as_slice).collect();
+                    PackLayout::concat(&slices)
+                }
             })
             .collect();
         SavedActivations::from_fields(fields, layers, has_head)
@@ -83,12 +100,14 @@ impl SavedActivations {
                 &post.normed,
                 &post.gate,
                 &post.up,
+                &post.activation,
             ] {
                 bytes += field.capacity() * 4;
             }
         }
         if let Some(head) = &self.head {
-            bytes += (head.x.capacity() + head.inv_rms.capacity() + head.normed.capacity()) * 4;
+            let fields = [&head.x, &head.inv_rms, &head.normed, &head.probs];
+            bytes += fields.iter().map(|f| f.capacity() * 4).sum::<usize>();
         }
         bytes
     }
@@ -109,10 +128,11 @@ impl SavedActivations {
                 post.normed,
                 post.gate,
                 post.up,
+                post.activation,
             ]);
         }
         if let Some(head) = self.head {
-            fields.extend([head.x, head.inv_rms, head.normed]);
+            fields.extend([head.x, head.inv_rms, head.normed, head.probs]);
         }
         fields
     }
@@ -134,6 +154,7 @@ impl SavedActivations {
                     normed: next(),
                     gate: next(),
                     up: next(),
+                    activation: next(),
                 },
             })
             .collect();
@@ -141,6 +162,7 @@ impl SavedActivations {
             x: next(),
             inv_rms: next(),
             normed: next(),
+            probs: next(),
         });
         SavedActivations { layers, head }
     }
