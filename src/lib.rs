@@ -7,6 +7,7 @@
 
 pub mod compile;
 pub mod driver;
+pub mod machine;
 
 pub use compile::{compile, CompileOptions, Compiled};
 pub use slimpack_codegen as codegen;
