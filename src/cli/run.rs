@@ -25,7 +25,7 @@ use slimpack_runtime::cpu::exec::{
 };
 use slimpack_runtime::cpu::profile::OpTimes;
 use slimpack_runtime::cpu::{calibration, AdamWConfig, ModelConfig, Params};
-use slimpack_runtime::sim::{self, SimResult, TaskKind};
+use slimpack_runtime::sim::{self, MemoryEffect, SimResult, TaskKind};
 
 use super::compile::ReportFormat;
 use super::input::{BatchArgs, SpecArgs};
@@ -77,6 +77,10 @@ pub struct RunArgs {
     /// How a device shared by a plain replica and a DP-Merge group interleaves them.
     #[arg(long, value_enum, default_value = "simulated")]
     interleave: Interleave,
+    /// Execute the step this many times (from the same weights) and report the fastest run:
+    /// other processes on the machine only ever add time.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    repeat: usize,
     /// Include every task's measured and predicted time in the JSON report.
     #[arg(long)]
     tasks: bool,
@@ -95,6 +99,30 @@ struct TaskComparison {
     measured_s: f64,
     predicted_s: f64,
     ops: OpTimes,
+    /// Bytes the task held only while it ran: measured, and the model's temporaries.
+    temporary_bytes: Option<u64>,
+    predicted_temporary_bytes: u64,
+}
+
+/// Measured memory against the simulator's memory model, term by term (fractions are means of
+/// |predicted − measured| / measured over workers or tasks).
+#[derive(Debug, Serialize)]
+struct MemoryTerms {
+    /// The model's fixed per-device allowance (it has no counterpart on the heap).
+    workspace_bytes: u64,
+    /// Peak memory with that allowance left out of the prediction.
+    peak_without_workspace_mape: f64,
+    /// Weights, gradients and optimizer shard at the step's start (predicted: the baseline
+    /// without the workspace).
+    model_state_mape: f64,
+    /// After each pack task, the bytes held above the model states (saved activations, K/V,
+    /// dK/dV accumulators; measured: also activations sent and not yet consumed).
+    held_mape: f64,
+    /// While each pack task runs, the bytes it holds above what it holds before and after
+    /// (measured) against the model's temporaries.
+    temporary_mape: f64,
+    /// Measured over predicted temporaries, summed over tasks.
+    temporary_ratio: f64,
 }
 
 /// `run --report json`.
@@ -115,7 +143,10 @@ struct RunReport {
     max_grad_rel_err: Option<f32>,
     worst_grad_tensor: Option<String>,
     max_param_diff_lr: Option<f32>,
+    /// The fastest run's step time (see `step_time_runs_s`).
     step_time_s: f64,
+    /// Every run's step time, in order (`--repeat`).
+    step_time_runs_s: Vec<f64>,
     tokens_per_s: f64,
     /// Per worker (DP rank on a stage, in the simulator's device order), real peak bytes.
     peak_memory_bytes: Option<Vec<u64>>,
@@ -129,6 +160,8 @@ struct RunReport {
     peak_memory_mape: Option<f64>,
     /// Mean over pack tasks of |predicted − measured| / measured run time.
     op_time_mape: f64,
+    /// The memory model term by term (with the counting allocator).
+    memory_terms: Option<MemoryTerms>,
     /// Where the workers' pack time went, summed over workers.
     ops: OpTimes,
     calibrated: bool,
@@ -161,14 +194,35 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let batch = plan.synthetic_batch(&config, args.token_seed)?;
     let params = Params::init(&config, args.init_seed);
     let adamw = AdamWConfig::default();
-    let execution = execute(&plan, &order, &batch, &params, adamw)?;
+    let mut runs_s = Vec::with_capacity(args.repeat.max(1));
+    let mut fastest: Option<Execution> = None;
+    for _ in 0..args.repeat.max(1) {
+        let execution = execute(&plan, &order, &batch, &params, adamw)?;
+        runs_s.push(execution.step_time_s);
+        if fastest
+            .as_ref()
+            .is_none_or(|f| execution.step_time_s < f.step_time_s)
+        {
+            fastest = Some(execution);
+        }
+    }
+    let execution = fastest.expect("at least one run");
     let check = match args.check_reference {
         true => Some(check_reference(&execution, &params, &batch, adamw)?),
         false => None,
     };
-    let report = compare(
-        &ir, &plan, schedule, &execution, check, &simulated, calibrated, args.tasks,
+    let mut report = compare(
+        &ir,
+        &plan,
+        schedule,
+        &execution,
+        check,
+        &simulated,
+        cost.memory().workspace_bytes(),
+        calibrated,
+        args.tasks,
     );
+    report.step_time_runs_s = runs_s;
     match args.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         ReportFormat::Text => print_text(&report),
@@ -253,11 +307,17 @@ fn compare(
     execution: &Execution,
     check: Option<ReferenceCheck>,
     simulated: &SimResult,
+    workspace: u64,
     calibrated: bool,
     with_tasks: bool,
 ) -> RunReport {
     let predicted = &simulated.metrics;
     let durations = compute_task_map(simulated, |task, _| task.duration_s);
+    let temporaries = compute_task_map(simulated, |task, _| task.memory.temporary as f64);
+    let temporaries: HashMap<(usize, usize), u64> = temporaries
+        .into_iter()
+        .map(|(k, v)| (k, v as u64))
+        .collect();
     // A DP-Merge group's pack runs on each member: the slowest member is the task's time.
     let mut measured: HashMap<(usize, usize), &TaskRecord> = HashMap::new();
     for record in &execution.tasks {
@@ -278,6 +338,8 @@ fn compare(
             measured_s: record.run_s(),
             predicted_s: durations[&(record.pack, record.stage)],
             ops: record.ops,
+            temporary_bytes: record.memory.map(|m| m.temporary_bytes()),
+            predicted_temporary_bytes: temporaries[&(record.pack, record.stage)],
         })
         .collect();
     comparisons.sort_by(|a, b| (a.stage, &a.name).cmp(&(b.stage, &b.name)));
@@ -300,6 +362,7 @@ fn compare(
     for worker in &execution.workers {
         ops += worker.ops;
     }
+    let memory_terms = memory_terms(plan, execution, simulated, workspace);
     RunReport {
         backend: "cpu",
         model: ir.spec.model.name.clone(),
@@ -316,6 +379,7 @@ fn compare(
         worst_grad_tensor: check.as_ref().map(|c| c.worst_grad_tensor.clone()),
         max_param_diff_lr: check.as_ref().map(|c| c.max_param_diff_lr),
         step_time_s: execution.step_time_s,
+        step_time_runs_s: Vec::new(),
         tokens_per_s: ir.tokens() as f64 / execution.step_time_s,
         peak_memory_bytes: peaks,
         model_state_bytes: states,
@@ -324,10 +388,67 @@ fn compare(
         step_time_ape: ape(predicted.step_time_s, execution.step_time_s),
         peak_memory_mape,
         op_time_mape,
+        memory_terms,
         ops,
         calibrated,
         tasks: with_tasks.then_some(comparisons),
     }
+}
+
+/// The memory terms of every worker and task (`None` without the counting allocator).
+fn memory_terms(
+    plan: &Plan,
+    execution: &Execution,
+    simulated: &SimResult,
+    workspace: u64,
+) -> Option<MemoryTerms> {
+    let effects: HashMap<(usize, usize), MemoryEffect> = simulated
+        .tasks()
+        .filter(|(task, _)| matches!(task.kind, TaskKind::Forward | TaskKind::Backward))
+        .filter_map(|(task, _)| Some(((task.pack?.0 as usize, task.stage as usize), task.memory)))
+        .collect();
+    let (mut peaks, mut states, mut held, mut temporary) = (vec![], vec![], vec![], vec![]);
+    let (mut measured_temporary, mut predicted_temporary) = (0u64, 0u64);
+    for (index, worker) in execution.workers.iter().enumerate() {
+        let device = plan.devices()[index];
+        let group = &simulated.memory[plan.device_index(device)];
+        let measured_state = worker.model_state_bytes?;
+        let predicted_state = group.baseline_bytes.saturating_sub(workspace);
+        states.push(ape(predicted_state as f64, measured_state as f64));
+        let peak = worker.peak_memory_bytes?;
+        peaks.push(ape(
+            group.peak_bytes.saturating_sub(workspace) as f64,
+            peak as f64,
+        ));
+        let mut predicted_held = 0i64;
+        let records = execution
+            .tasks
+            .iter()
+            .filter(|t| t.rank == device.rank && t.stage == device.stage);
+        for record in records {
+            let memory = record.memory?;
+            let effect = effects[&(record.pack, record.stage)];
+            predicted_held += effect.allocated as i64 - effect.freed as i64;
+            let measured_held = memory.after_bytes.saturating_sub(measured_state);
+            if predicted_held > 0 && measured_held > 0 {
+                held.push(ape(predicted_held as f64, measured_held as f64));
+            }
+            let measured = memory.temporary_bytes();
+            if measured > 0 {
+                temporary.push(ape(effect.temporary as f64, measured as f64));
+            }
+            measured_temporary += measured;
+            predicted_temporary += effect.temporary;
+        }
+    }
+    Some(MemoryTerms {
+        workspace_bytes: workspace,
+        peak_without_workspace_mape: mean(peaks.into_iter()),
+        model_state_mape: mean(states.into_iter()),
+        held_mape: mean(held.into_iter()),
+        temporary_mape: mean(temporary.into_iter()),
+        temporary_ratio: measured_temporary as f64 / predicted_temporary.max(1) as f64,
+    })
 }
 
 /// Absolute percentage error of a prediction, as a fraction.

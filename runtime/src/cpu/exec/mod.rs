@@ -32,7 +32,7 @@ mod worker;
 pub use check::{check_reference, ReferenceCheck};
 pub use order::DeviceOrder;
 pub use plan::{Device, Plan, PlanPack};
-pub use result::{Execution, SyncTimes, TaskRecord, WorkerReport};
+pub use result::{Execution, SyncTimes, TaskMemory, TaskRecord, WorkerReport};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;

@@ -25,6 +25,27 @@ pub struct TaskRecord {
     pub wait_s: f64,
     /// Where the rest went.
     pub ops: OpTimes,
+    /// The worker's memory around the task (with the counting allocator).
+    pub memory: Option<TaskMemory>,
+}
+
+/// A worker's heap bytes around one task.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TaskMemory {
+    /// Held when the task started.
+    pub before_bytes: u64,
+    /// Held when it ended (its input dropped, its output sent).
+    pub after_bytes: u64,
+    /// The most held while it ran.
+    pub peak_bytes: u64,
+}
+
+impl TaskMemory {
+    /// Bytes the task held only while it ran, above what it held before and after.
+    pub fn temporary_bytes(&self) -> u64 {
+        self.peak_bytes
+            .saturating_sub(self.before_bytes.max(self.after_bytes))
+    }
 }
 
 impl TaskRecord {

@@ -26,7 +26,7 @@ use crate::cpu::stage_state::StageState;
 
 use super::mailbox::{Inbox, Outboxes, Tag};
 use super::plan::{Device, Plan};
-use super::result::{SyncTimes, TaskRecord, WorkerReport};
+use super::result::{SyncTimes, TaskMemory, TaskRecord, WorkerReport};
 use super::sync::{shard_range, Collectives, Sync};
 
 /// Everything a worker starts with.
@@ -60,6 +60,11 @@ pub struct Outcome {
     pub grad_shard: Vec<f32>,
     /// The stage's weights after the step.
     pub params: Params,
+}
+
+/// A meter's bytes now (never negative: blocks freed by others are taken off their meters).
+fn bytes_now(meter: &MemoryMeter) -> u64 {
+    meter.current_bytes().max(0) as u64
 }
 
 /// Raises the step's abort flag unless disarmed (on an error or a panic), so that the other
@@ -104,8 +109,22 @@ impl Worker<'_> {
         let mut states: BTreeMap<usize, StageState> = BTreeMap::new();
         let mut loss = 0.0;
         let mut tasks = Vec::with_capacity(self.order.len());
+        let mut peak = meter.map_or(0, bytes_now);
         for &pack in self.order {
-            let record = self.run_task(pack, &params, &mut grads, &mut states, &mut loss)?;
+            let before = meter.map(|m| {
+                m.reset_peak();
+                bytes_now(m)
+            });
+            let mut record = self.run_task(pack, &params, &mut grads, &mut states, &mut loss)?;
+            if let (Some(meter), Some(before_bytes)) = (meter, before) {
+                let memory = TaskMemory {
+                    before_bytes,
+                    after_bytes: bytes_now(meter),
+                    peak_bytes: meter.peak_bytes().max(0) as u64,
+                };
+                peak = peak.max(memory.peak_bytes);
+                record.memory = Some(memory);
+            }
             tasks.push(record);
         }
         if let Some(state) = states.values().find(|s| !s.is_drained()) {
@@ -126,6 +145,9 @@ impl Worker<'_> {
             dp: self.plan.dp,
             pp: self.plan.pp(),
         };
+        if let Some(meter) = meter {
+            meter.reset_peak();
+        }
         let grad_shard = sync.run(&mut params, grads, &mut optimizer, &mut sync_times)?;
         let finish_s = self.epoch.elapsed().as_secs_f64();
         let mut ops = OpTimes::default();
@@ -136,7 +158,7 @@ impl Worker<'_> {
             rank: self.device.rank,
             stage: self.device.stage,
             model_state_bytes: model_state,
-            peak_memory_bytes: meter.map(|m| m.peak_bytes().max(0) as u64),
+            peak_memory_bytes: meter.map(|m| peak.max(m.peak_bytes().max(0) as u64)),
             finish_s,
             busy_s: tasks.iter().map(TaskRecord::run_s).sum(),
             ops,
@@ -219,6 +241,7 @@ impl Worker<'_> {
             end_s: self.epoch.elapsed().as_secs_f64(),
             wait_s,
             ops,
+            memory: None,
         })
     }
 
