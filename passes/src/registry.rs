@@ -25,6 +25,7 @@ pub static PASSES: &[PassInfo] = &[
     crate::slice::INFO,
     crate::pack_fwd::INFO,
     crate::pack_bwd::INFO,
+    crate::eqsat::INFO,
     crate::pack_symmetric::INFO,
     crate::schedule_pipeline::INFO,
 ];

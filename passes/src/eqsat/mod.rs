@@ -1,0 +1,484 @@
+//! `eqsat{nodes=N,iters=N,ms=N,grain=N,fanout=N,focus=N,scope=bottleneck|all}`: refine the MicroPacks
+//! of the slowest replicas by equality saturation (egg), and keep the result only if it is
+//! cheaper.
+//!
+//! Phase in: `packed` (the intended place: after `pack-fwd,pack-bwd`, before
+//! `schedule-pipeline`) or `scheduled`. Phase out: unchanged. It runs before scheduling because
+//! what it changes is the packs, and `schedule-pipeline` then orders the final packs with its
+//! memory-aware warm-up, exactly as it orders any packs; run after scheduling, the pass re-runs
+//! `schedule-pipeline` on the rebuilt step (and so replaces whatever order the input had).
+//!
+//! Per replica, slowest first: its forward and backward packs become a term of the schedule
+//! language ([`language`]); the rules ([`slicing`]: split and merge slices; [`regroup`]: move and
+//! swap slices between neighbouring packs under the order, cap and release rules) grow its
+//! e-graph within the node and iteration limits; the cheapest term under the bottom-up cost
+//! ([`cost`]: pack = the machine model's pack time on the slowest stage, sequence = sum +
+//! (pp-1) x max, replica = forward + backward) is extracted; its slices are refined so both
+//! directions share them ([`rebuild`]); and the result is kept only if its cost, evaluated on
+//! those refined slices, is lower than the input's. The step costs the maximum over replicas,
+//! so with `scope=bottleneck` (the default) the pass stops at the first replica that is no
+//! slower than what the replicas already refined cost: improving it could not lower the step.
+//!
+//! What is absent: rank merging (DP-Merge of two replicas for a dominant sample, DESIGN §3.4).
+//! A merged group shares its ranks with their plain replicas, which then run the group's packs
+//! and their own in one stream; the IR orders packs only within a replica, so how a rank
+//! interleaves the two — which is what decides whether a merge pays — is not in the IR, and a
+//! merge also has to move other samples between replicas (re-packing both), which is not a
+//! local rewrite. `dp-merge` makes that decision with the same cost model, before packing.
+//!
+//! Determinism: egg is built with its `deterministic` feature (insertion-ordered maps), rules
+//! and candidates are ordered, and there is no time limit unless `ms` is given (a time limit
+//! makes the result depend on the machine's speed). Statistics: e-nodes and e-classes (summed
+//! over the replicas' e-graphs), iterations, applications per rule, stop reasons, the step's
+//! cost before and after (seconds, by the cost above), the relative gain and the time spent.
+
+mod analysis;
+mod cost;
+mod encode;
+mod extract;
+mod language;
+mod rebuild;
+mod regroup;
+mod slicing;
+#[cfg(test)]
+mod testing;
+#[cfg(test)]
+mod tests;
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use egg::{RecExpr, Rewrite, Runner, StopReason};
+use indexmap::IndexMap;
+
+use crate::error::{PassError, Result};
+use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
+use crate::registry::PassInfo;
+use analysis::{Knobs, ScheduleAnalysis};
+use cost::PackTimer;
+use encode::ReplicaPlan;
+use language::Schedule;
+use slimpack_ir::cost::CostModel;
+use slimpack_ir::step::{Direction, Phase, ReplicaId};
+use slimpack_ir::StepIr;
+
+pub use language::Span;
+
+pub(crate) const INFO: PassInfo = PassInfo {
+    name: "eqsat",
+    summary: "refine the slowest replicas' MicroPacks by equality saturation (egg)",
+    description: "Per replica, slowest first: encode the forward and backward packs as a term, \
+                  saturate with slicing (split/merge) and regrouping (move/swap between \
+                  neighbouring packs) rules under node and iteration limits, extract the \
+                  cheapest term under the machine model, and keep it only if it is cheaper. \
+                  Phase packed (or scheduled, then re-scheduled) -> unchanged.",
+    options: OPTIONS,
+    create: |options| Ok(Box::new(Eqsat::from_options(options)?)),
+};
+
+const OPTIONS: &[OptionInfo] = &[
+    OptionInfo {
+        name: "nodes",
+        help: "e-node limit per replica's e-graph (default 4000)",
+    },
+    OptionInfo {
+        name: "iters",
+        help: "iteration limit per replica (default 6)",
+    },
+    OptionInfo {
+        name: "ms",
+        help: "time limit per replica in milliseconds (default none: results then depend on speed)",
+    },
+    OptionInfo {
+        name: "grain",
+        help: "split slices only at multiples of this many tokens (default: the largest slice / 8, a power of two)",
+    },
+    OptionInfo {
+        name: "fanout",
+        help: "regroupings added per matched pair of packs, best first (default 2)",
+    },
+    OptionInfo {
+        name: "focus",
+        help: "regroup around this many of the slowest packs of each direction (default 3)",
+    },
+    OptionInfo {
+        name: "scope",
+        help: "bottleneck (default: only replicas that bound the step) or all",
+    },
+];
+
+/// Which replicas the pass refines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Slowest first, while a replica is slower than the refined ones.
+    Bottleneck,
+    All,
+}
+
+/// The equality-saturation pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Eqsat {
+    pub nodes: usize,
+    pub iters: usize,
+    pub time_limit: Option<Duration>,
+    pub grain: Option<u32>,
+    pub fanout: usize,
+    /// Regroup around this many of the slowest packs per direction.
+    pub focus: usize,
+    pub scope: Scope,
+}
+
+impl Default for Eqsat {
+    fn default() -> Eqsat {
+        Eqsat {
+            nodes: 4000,
+            iters: 6,
+            time_limit: None,
+            grain: None,
+            fanout: 2,
+            focus: 3,
+            scope: Scope::Bottleneck,
+        }
+    }
+}
+
+impl Eqsat {
+    fn from_options(options: &PassOptions) -> Result<Eqsat> {
+        let defaults = Eqsat::default();
+        let positive = |name: &str| -> Result<Option<u64>> {
+            let value: Option<u64> = options.get(name, "a positive integer")?;
+            if value == Some(0) {
+                return Err(PassError::BadOption {
+                    pass: INFO.name,
+                    option: name.into(),
+                    value: "0".into(),
+                    message: "expected a positive integer".into(),
+                });
+            }
+            Ok(value)
+        };
+        let scope = match options.get::<String>("scope", "bottleneck or all")? {
+            None => defaults.scope,
+            Some(scope) if scope == "bottleneck" => Scope::Bottleneck,
+            Some(scope) if scope == "all" => Scope::All,
+            Some(other) => {
+                return Err(PassError::BadOption {
+                    pass: INFO.name,
+                    option: "scope".into(),
+                    value: other,
+                    message: "expected bottleneck or all".into(),
+                })
+            }
+        };
+        Ok(Eqsat {
+            nodes: positive("nodes")?.map_or(defaults.nodes, |n| n as usize),
+            iters: positive("iters")?.map_or(defaults.iters, |n| n as usize),
+            time_limit: positive("ms")?.map(Duration::from_millis),
+            grain: positive("grain")?.map(|g| g.min(u64::from(u32::MAX)) as u32),
+            fanout: positive("fanout")?.map_or(defaults.fanout, |n| n as usize),
+            focus: positive("focus")?.map_or(defaults.focus, |n| n as usize),
+            scope,
+        })
+    }
+
+    /// Runs the rules over the plan's term within the limits.
+    ///
+    /// egg times its phases with quanta, whose first use in a process calibrates the TSC for
+    /// 0.5 to 200 ms, longer than the whole pass; so egg runs under a mock quanta clock (its
+    /// time limit then never fires: the result depends on the limits only), and the pass's
+    /// own time limit, if any, is checked with `std::time` by a hook between iterations.
+    fn saturate(
+        &self,
+        analysis: ScheduleAnalysis,
+        term: RecExpr<Schedule>,
+        rules: &[Rewrite<Schedule, ScheduleAnalysis>],
+    ) -> Runner<Schedule, ScheduleAnalysis> {
+        let (clock, _) = quanta::Clock::mock();
+        let start = Instant::now();
+        let time_limit = self.time_limit;
+        quanta::with_clock(&clock, || {
+            Runner::new(analysis)
+                .with_expr(&term)
+                .with_node_limit(self.nodes)
+                .with_iter_limit(self.iters)
+                .with_hook(move |_| match time_limit {
+                    Some(limit) if start.elapsed() > limit => Err("time-limit".into()),
+                    _ => Ok(()),
+                })
+                .run(rules)
+        })
+    }
+
+    fn rules() -> Vec<Rewrite<Schedule, ScheduleAnalysis>> {
+        let mut rules = slicing::rules();
+        rules.extend(regroup::rules());
+        rules
+    }
+}
+
+/// One replica to refine: its plan, its timer and its input cost.
+struct Job {
+    replica: ReplicaId,
+    plan: ReplicaPlan,
+    timer: Rc<RefCell<PackTimer>>,
+    cost_before: f64,
+}
+
+/// What saturating one replica gave.
+struct Outcome {
+    cost_after: f64,
+    /// The refined plan, when it is cheaper than the input.
+    plan: Option<ReplicaPlan>,
+    nodes: usize,
+    classes: usize,
+    iterations: usize,
+    stop: String,
+}
+
+/// Totals over the replicas, for the statistics.
+#[derive(Default)]
+struct Totals {
+    optimized: usize,
+    improved: usize,
+    nodes: usize,
+    classes: usize,
+    iterations: usize,
+    applied: IndexMap<String, usize>,
+    stops: IndexMap<String, usize>,
+}
+
+impl Eqsat {
+    /// Saturates one replica and extracts its cheapest schedule.
+    fn optimize(&self, ir: &StepIr, job: &Job, grain: u32, totals: &mut Totals) -> Outcome {
+        let Job {
+            replica,
+            plan,
+            timer,
+            cost_before,
+        } = job;
+        let (replica, cost_before) = (*replica, *cost_before);
+        let caps = [Direction::Forward, Direction::Backward].map(|direction| {
+            ir.packs_on(replica, direction)
+                .iter()
+                .map(|&p| ir.pack(p).cap.map_or(u64::MAX, u64::from))
+                .max()
+                .unwrap_or(u64::MAX)
+        });
+        let knobs = Knobs {
+            grain,
+            fanout: self.fanout,
+            focus: self.focus,
+        };
+        let facts = Rc::new(plan.facts(ir, caps, knobs, &mut timer.borrow_mut()));
+        let focus = facts
+            .kept_seconds
+            .each_ref()
+            .map(|seconds| ReplicaPlan::focus(seconds, self.focus));
+        let analysis = ScheduleAnalysis {
+            facts: Rc::clone(&facts),
+            timer: Rc::clone(timer),
+        };
+        let rules = Eqsat::rules();
+        let runner = self.saturate(analysis, plan.term(&focus), &rules);
+        for rule in &rules {
+            let count: usize = runner
+                .iterations
+                .iter()
+                .filter_map(|i| i.applied.get(&rule.name))
+                .sum();
+            *totals.applied.entry(rule.name.to_string()).or_default() += count;
+        }
+        let input_max = facts
+            .kept_seconds
+            .each_ref()
+            .map(|seconds| seconds.iter().copied().fold(0.0, f64::max));
+        let sequences = extract::sequences(&runner.egraph, runner.roots[0]);
+        let [forward, backward] =
+            extract::best_sequences(&runner.egraph, sequences, input_max, timer, &facts);
+        let extracted = plan.decode(&forward, &backward);
+        let (candidate, cost_after) = cheapest_combination(ir, plan, &extracted, timer);
+        let cheaper = cost_after < cost_before * (1.0 - 1e-9);
+        Outcome {
+            cost_after: if cheaper { cost_after } else { cost_before },
+            plan: (cheaper && candidate != *plan).then_some(candidate),
+            nodes: runner.egraph.total_size(),
+            classes: runner.egraph.number_of_classes(),
+            iterations: runner.iterations.len(),
+            stop: stop_reason(runner.stop_reason.as_ref()),
+        }
+    }
+}
+
+/// The extracted plan, or one of its directions with the input's other direction, whichever
+/// costs least once refined: a cut made in one direction is a cut in the other too, which the
+/// extraction of that other direction did not pay for.
+fn cheapest_combination(
+    ir: &StepIr,
+    input: &ReplicaPlan,
+    extracted: &ReplicaPlan,
+    timer: &RefCell<PackTimer>,
+) -> (ReplicaPlan, f64) {
+    let lengths: Vec<u32> = input.samples.iter().map(|&s| ir.sample(s).len).collect();
+    let combination = |forward: &ReplicaPlan, backward: &ReplicaPlan| ReplicaPlan {
+        samples: input.samples.clone(),
+        forward: forward.forward.clone(),
+        backward: backward.backward.clone(),
+    };
+    let mut best: Option<(ReplicaPlan, f64)> = None;
+    for plan in [
+        combination(extracted, extracted),
+        combination(input, extracted),
+        combination(extracted, input),
+    ] {
+        let refined = rebuild::refine(&plan, &lengths);
+        let cost = timer
+            .borrow_mut()
+            .replica_seconds(&refined.forward, &refined.backward);
+        if best.as_ref().is_none_or(|(_, least)| cost < *least) {
+            best = Some((refined, cost));
+        }
+    }
+    best.expect("three combinations are tried")
+}
+
+fn stop_reason(reason: Option<&StopReason>) -> String {
+    match reason {
+        Some(StopReason::Saturated) => "saturated".into(),
+        Some(StopReason::IterationLimit(_)) => "iteration-limit".into(),
+        Some(StopReason::NodeLimit(_)) => "node-limit".into(),
+        Some(StopReason::TimeLimit(_)) => "time-limit".into(),
+        Some(StopReason::Other(reason)) => reason.clone(),
+        None => "not-run".into(),
+    }
+}
+
+/// The default grain: an eighth of the largest slice, rounded down to a power of two.
+fn default_grain(ir: &StepIr) -> u32 {
+    let largest = ir
+        .all_slices()
+        .iter()
+        .map(|&s| ir.slice(s).len)
+        .max()
+        .unwrap_or(1);
+    let eighth = (largest / 8).max(1);
+    1 << (31 - eighth.leading_zeros())
+}
+
+impl Pass for Eqsat {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn accepts(&self) -> RangeInclusive<Phase> {
+        Phase::Packed..=Phase::Scheduled
+    }
+
+    fn produces(&self) -> Option<Phase> {
+        None
+    }
+
+    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+        let start = Instant::now();
+        let model = CostModel::new(&ir.spec);
+        let grain = self.grain.unwrap_or_else(|| default_grain(ir));
+        // Every replica with packs, its plan, timer and input cost; slowest first. Replicas
+        // without a CP exchange share one timer (and its memo tables).
+        let mut jobs: Vec<Job> = Vec::new();
+        let mut shared: Option<Rc<RefCell<PackTimer>>> = None;
+        for (replica, plan) in ReplicaPlan::all(ir) {
+            let ranks = ir.replica(replica).ranks.clone();
+            let own = PackTimer::new(model.clone(), ranks);
+            let timer = match &shared {
+                Some(timer) if !own.context_parallel() => Rc::clone(timer),
+                _ => {
+                    let timer = Rc::new(RefCell::new(own));
+                    if !timer.borrow().context_parallel() {
+                        shared = Some(Rc::clone(&timer));
+                    }
+                    timer
+                }
+            };
+            let cost_before = timer
+                .borrow_mut()
+                .replica_seconds(&plan.forward, &plan.backward);
+            jobs.push(Job {
+                replica,
+                plan,
+                timer,
+                cost_before,
+            });
+        }
+        jobs.sort_by(|a, b| b.cost_before.total_cmp(&a.cost_before));
+        let setup_ms = start.elapsed().as_secs_f64() * 1e3;
+        let step_before = jobs.first().map_or(0.0, |job| job.cost_before);
+        let mut bound: f64 = 0.0;
+        let mut totals = Totals::default();
+        let mut plans = BTreeMap::new();
+        for job in &jobs {
+            if self.scope == Scope::Bottleneck && job.cost_before <= bound {
+                // Sorted slowest first: no later replica bounds the step either.
+                break;
+            }
+            let outcome = self.optimize(ir, job, grain, &mut totals);
+            totals.optimized += 1;
+            totals.nodes += outcome.nodes;
+            totals.classes += outcome.classes;
+            totals.iterations += outcome.iterations;
+            *totals.stops.entry(outcome.stop).or_default() += 1;
+            bound = bound.max(outcome.cost_after);
+            if let Some(plan) = outcome.plan {
+                totals.improved += 1;
+                plans.insert(job.replica, plan);
+            }
+        }
+        let step_after = jobs
+            .iter()
+            .skip(totals.optimized)
+            .map(|job| job.cost_before)
+            .fold(bound, f64::max);
+        let egraph_ms = start.elapsed().as_secs_f64() * 1e3 - setup_ms;
+        if !plans.is_empty() {
+            let scheduled = ir.phase() >= Phase::Scheduled;
+            *ir = rebuild::rebuild(ir, &plans);
+            if scheduled {
+                crate::schedule_pipeline::SchedulePipeline.run(ir)?;
+                ir.advance(Phase::Scheduled);
+            }
+        }
+        let result = if plans.is_empty() {
+            "kept-input"
+        } else {
+            "improved"
+        };
+        let gain = if step_before > 0.0 {
+            (step_before - step_after) / step_before
+        } else {
+            0.0
+        };
+        Ok(Statistics::new()
+            .with("replicas_optimized", totals.optimized)
+            .with("replicas_improved", totals.improved)
+            .with("result", result)
+            .with("e_nodes", totals.nodes)
+            .with("e_classes", totals.classes)
+            .with("iterations", totals.iterations)
+            .with(
+                "rule_applications",
+                serde_json::to_value(&totals.applied).unwrap_or_default(),
+            )
+            .with(
+                "stop_reasons",
+                serde_json::to_value(&totals.stops).unwrap_or_default(),
+            )
+            .with("grain", grain)
+            .with("cost_before_s", step_before)
+            .with("cost_after_s", step_after)
+            .with("gain", gain)
+            .with("setup_ms", setup_ms)
+            .with("egraph_ms", egraph_ms)
+            .with("ms", start.elapsed().as_secs_f64() * 1e3))
+    }
+}

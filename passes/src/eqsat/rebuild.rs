@@ -1,0 +1,163 @@
+//! Back to the IR: refine a plan's slices so both directions share them, and rebuild the step.
+//!
+//! A plan's forward and backward packs may cut a sample differently (a slice split or merged in
+//! one direction only). The IR's slices are shared by both directions, so [`refine`] cuts every
+//! span at every boundary either direction has: each piece then sits in the forward pack and
+//! the backward pack that held the span containing it. Order is kept: forward, a sample's
+//! pieces run in non-decreasing pack order and, within a pack, by offset; backward, in
+//! non-increasing pack order (within a pack the order is free). Coverage is kept: each
+//! direction's spans tile every sample exactly (checked; a failure is a bug in a rule).
+//!
+//! The IR has no operation to take slices out of packs, so [`rebuild`] builds a new step with
+//! the same spec, stages, replicas and samples, copies the untouched replicas' slices and packs
+//! as they are and lays out the planned ones. Members of a planned pack are ordered as
+//! `pack-fwd` and `pack-bwd` order them: by sample, forward first piece first, backward last
+//! piece first.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::encode::ReplicaPlan;
+use super::language::Span;
+use slimpack_ir::step::{Direction, Pack, Phase, ReplicaId, SampleId, Slice, SliceId};
+use slimpack_ir::StepIr;
+
+/// The plan with both directions cut at the union of their boundaries.
+pub fn refine(plan: &ReplicaPlan, lengths: &[u32]) -> ReplicaPlan {
+    let mut cuts: Vec<BTreeSet<u32>> = vec![BTreeSet::new(); plan.samples.len()];
+    for direction in [Direction::Forward, Direction::Backward] {
+        let mut covered = vec![Vec::new(); plan.samples.len()];
+        for span in plan.packs(direction).iter().flatten() {
+            cuts[span.sample as usize].extend([span.start, span.end()]);
+            covered[span.sample as usize].push((span.start, span.end()));
+        }
+        for (sample, ranges) in covered.iter_mut().enumerate() {
+            ranges.sort_unstable();
+            let tiles = ranges.windows(2).all(|w| w[0].1 == w[1].0)
+                && ranges.first().map(|r| r.0) == Some(0)
+                && ranges.last().map(|r| r.1) == Some(lengths[sample]);
+            assert!(
+                tiles,
+                "eqsat: {direction:?} spans of sample {sample} do not tile it ({ranges:?}); this is a bug"
+            );
+        }
+    }
+    let cut = |packs: &[Vec<Span>]| -> Vec<Vec<Span>> {
+        packs
+            .iter()
+            .map(|pack| {
+                let mut pieces = Vec::with_capacity(pack.len());
+                for span in pack {
+                    let inner = cuts[span.sample as usize].range(span.start + 1..span.end());
+                    let mut start = span.start;
+                    for &boundary in inner.chain(std::iter::once(&span.end())) {
+                        pieces.push(Span {
+                            sample: span.sample,
+                            start,
+                            len: boundary - start,
+                        });
+                        start = boundary;
+                    }
+                }
+                pieces.sort_unstable();
+                pieces
+            })
+            .collect()
+    };
+    ReplicaPlan {
+        samples: plan.samples.clone(),
+        forward: cut(&plan.forward),
+        backward: cut(&plan.backward),
+    }
+}
+
+/// A new step equal to `ir` except for the replicas in `plans`, whose packs (and their
+/// samples' slices) are laid out from the (refined) plans. The phase is `packed`.
+pub fn rebuild(ir: &StepIr, plans: &BTreeMap<ReplicaId, ReplicaPlan>) -> StepIr {
+    let stages: Vec<_> = ir.stages().iter().map(|&s| *ir.stage(s)).collect();
+    let mut new = StepIr::with_stages(ir.spec.clone(), ir.batch.clone(), &stages);
+    let mut replicas = HashMap::new();
+    for &replica in ir.replicas() {
+        replicas.insert(replica, new.add_replica(ir.replica(replica).ranks.clone()));
+    }
+    // A planned sample's pieces, from its forward packs (both directions hold the same pieces).
+    let mut pieces: HashMap<SampleId, Vec<Span>> = HashMap::new();
+    for plan in plans.values() {
+        for span in plan.forward.iter().flatten() {
+            pieces
+                .entry(plan.samples[span.sample as usize])
+                .or_default()
+                .push(*span);
+        }
+    }
+    let mut planned: HashMap<(SampleId, u32), SliceId> = HashMap::new();
+    let mut copied: HashMap<SliceId, SliceId> = HashMap::new();
+    let mut samples = Vec::with_capacity(ir.samples().len());
+    for &sample in ir.samples() {
+        let new_sample = new.add_bare_sample(*ir.sample(sample));
+        samples.push((sample, new_sample));
+        match pieces.get_mut(&sample) {
+            Some(spans) => {
+                spans.sort_unstable();
+                for span in spans.iter() {
+                    let slice = Slice {
+                        start: span.start,
+                        len: span.len,
+                    };
+                    planned.insert((sample, span.start), new.add_slice(new_sample, slice));
+                }
+            }
+            None => {
+                for slice in ir.slices_of(sample) {
+                    copied.insert(slice, new.add_slice(new_sample, *ir.slice(slice)));
+                }
+            }
+        }
+    }
+    for &replica in ir.replicas() {
+        for direction in [Direction::Forward, Direction::Backward] {
+            let old_packs = ir.packs_on(replica, direction);
+            let Some(plan) = plans.get(&replica) else {
+                for pack in old_packs {
+                    let slices: Vec<SliceId> =
+                        ir.pack_slices(pack).iter().map(|s| copied[s]).collect();
+                    new.add_pack(*ir.pack(pack), replicas[&replica], &slices);
+                }
+                continue;
+            };
+            for (position, spans) in plan.packs(direction).iter().enumerate() {
+                let slices: Vec<SliceId> = member_order(spans, direction)
+                    .iter()
+                    .map(|s| planned[&(plan.samples[s.sample as usize], s.start)])
+                    .collect();
+                // Regrouping never adds or removes packs: position k keeps input pack k's cap.
+                let pack = Pack {
+                    direction,
+                    cap: ir.pack(old_packs[position]).cap,
+                };
+                new.add_pack(pack, replicas[&replica], &slices);
+            }
+        }
+    }
+    // Samples are placed last: `add_pack` numbers a pack by scanning its replica's edges, and
+    // so scans only packs while no sample is placed yet.
+    for (sample, new_sample) in samples {
+        if let Some(replica) = ir.replica_of_sample(sample) {
+            new.place_sample(new_sample, replicas[&replica]);
+        }
+    }
+    new.advance(Phase::Packed);
+    new
+}
+
+/// A pack's spans in the order `pack-fwd` / `pack-bwd` list them: by sample, each sample's in
+/// its run order.
+fn member_order(spans: &[Span], direction: Direction) -> Vec<Span> {
+    let mut members = spans.to_vec();
+    match direction {
+        Direction::Forward => members.sort_unstable(),
+        Direction::Backward => {
+            members.sort_unstable_by(|a, b| a.sample.cmp(&b.sample).then(b.start.cmp(&a.start)))
+        }
+    }
+    members
+}

@@ -1,0 +1,123 @@
+//! Tests of the whole pass: it verifies, never costs more than its input, and is deterministic.
+
+use proptest::prelude::*;
+
+use super::cost::PackTimer;
+use super::encode::ReplicaPlan;
+use crate::manager::{run_pipeline, ManagerOptions};
+use crate::pass::Statistics;
+use crate::pipeline::parse_pipeline;
+use slimpack_ir::batch::Sample;
+use slimpack_ir::cost::CostModel;
+use slimpack_ir::step::BatchInfo;
+use slimpack_ir::{text, verify, Spec, StepIr};
+
+fn step(model: &str, cluster: &str, parallel: &str, lengths: &[u32]) -> StepIr {
+    let spec = Spec::from_presets(model, cluster, parallel).unwrap();
+    let mut ir = StepIr::new(spec, BatchInfo::default());
+    for (doc, &len) in lengths.iter().enumerate() {
+        ir.add_sample(Sample {
+            len,
+            doc: doc as u64,
+            piece: 0,
+        });
+    }
+    ir
+}
+
+fn run(ir: &mut StepIr, pipeline: &str) -> Vec<Statistics> {
+    let entries = parse_pipeline(pipeline).unwrap();
+    run_pipeline(
+        ir,
+        &entries,
+        &ManagerOptions::default(),
+        &mut std::io::sink(),
+    )
+    .unwrap_or_else(|e| panic!("{pipeline}: {e}"))
+    .into_iter()
+    .map(|record| record.statistics)
+    .collect()
+}
+
+/// The step's cost as the pass counts it: the slowest replica's.
+fn step_cost(ir: &StepIr) -> f64 {
+    let model = CostModel::new(&ir.spec);
+    ReplicaPlan::all(ir)
+        .into_iter()
+        .map(|(replica, plan)| {
+            let mut timer = PackTimer::new(model.clone(), ir.replica(replica).ranks.clone());
+            timer.replica_seconds(&plan.forward, &plan.backward)
+        })
+        .fold(0.0, f64::max)
+}
+
+const PACKED: &str = "assign-dp,slice{size=8192},pack-fwd{cap=32768},pack-bwd{cap=32768}";
+
+fn long_tailed() -> Vec<u32> {
+    (0..96u32)
+        .map(|i| 300 + (i * 7919 % 97) * 40 + if i % 13 == 0 { 20_000 } else { 0 })
+        .collect()
+}
+
+#[test]
+fn the_pass_lowers_the_cost_of_a_long_tailed_batch() {
+    let mut ir = step("llama-7b", "h100-sxm", "tp=8,pp=4,dp=2", &long_tailed());
+    run(&mut ir, PACKED);
+    let before = step_cost(&ir);
+    let stats = run(&mut ir, "eqsat");
+    let after = step_cost(&ir);
+    let stats = &stats[0];
+    assert_eq!(stats.get("result").unwrap(), "improved", "{stats:?}");
+    assert!(after < before, "{after} >= {before}");
+    let reported = stats.get("cost_after_s").unwrap().as_f64().unwrap();
+    assert!(
+        (reported - after).abs() <= 1e-9 * after,
+        "{reported} vs {after}"
+    );
+    assert!(verify::check(&ir).is_empty());
+    run(&mut ir, "schedule-pipeline");
+}
+
+#[test]
+fn the_same_input_gives_the_same_output() {
+    let compile = || {
+        let mut ir = step("llama-7b", "h100-sxm", "tp=8,pp=4,dp=2", &long_tailed());
+        run(&mut ir, PACKED);
+        run(&mut ir, "eqsat{scope=all},schedule-pipeline");
+        text::print(&ir)
+    };
+    assert_eq!(compile(), compile());
+}
+
+/// After scheduling, the pass re-schedules what it changed; the result still verifies.
+#[test]
+fn the_pass_runs_after_scheduling_too() {
+    let mut ir = step("llama-7b", "h100-sxm", "tp=8,pp=4,dp=2", &long_tailed());
+    run(&mut ir, &format!("{PACKED},schedule-pipeline"));
+    let before = step_cost(&ir);
+    run(&mut ir, "eqsat");
+    assert_eq!(ir.phase(), slimpack_ir::step::Phase::Scheduled);
+    assert!(step_cost(&ir) < before);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// On random batches and layouts the output verifies and never costs more than the input.
+    #[test]
+    fn output_verifies_and_never_costs_more(
+        lengths in prop::collection::vec(1u32..6000, 1..40),
+        slice in prop::sample::select(vec![256u32, 1000, 2048]),
+        cap in prop::sample::select(vec![2048u32, 4096, 16384]),
+        layout in prop::sample::select(vec!["tp=1,pp=1,dp=1", "tp=1,pp=2,dp=2", "tp=1,pp=4,dp=1", "tp=1,pp=2,dp=4"]),
+        scope in prop::sample::select(vec!["bottleneck", "all"]),
+        grain in prop::sample::select(vec![64u32, 128, 512]),
+    ) {
+        let mut ir = step("tiny", "cpu", layout, &lengths);
+        run(&mut ir, &format!("assign-dp,dp-merge,slice{{size={slice}}},pack-fwd{{cap={cap}}},pack-bwd{{cap={cap}}}"));
+        let before = step_cost(&ir);
+        run(&mut ir, &format!("eqsat{{scope={scope},grain={grain},nodes=3000,iters=4}},schedule-pipeline"));
+        prop_assert!(verify::check(&ir).is_empty(), "{:?}", verify::check(&ir));
+        prop_assert!(step_cost(&ir) <= before, "{} > {before}", step_cost(&ir));
+    }
+}
