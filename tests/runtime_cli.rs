@@ -1,0 +1,144 @@
+//! `slimpack run` and `slimpack calibrate` as scripts see them: the JSON report's contract, the
+//! reference check through the binary (which installs the counting allocator, so real peak
+//! memory is reported), and clear refusals.
+
+use std::process::{Command, Output};
+
+fn slimpack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_slimpack"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the slimpack binary runs")
+}
+
+const STEP: [&str; 12] = [
+    "--model",
+    "tiny",
+    "--cluster",
+    "cpu",
+    "--parallel",
+    "tp=1,pp=2,dp=2",
+    "--synthetic",
+    "lognormal:median=24,sigma=0.8,count=10,seed=3",
+    "--context",
+    "64",
+    "--passes",
+    "assign-dp,slice{size=16},pack-fwd{cap=32},pack-bwd{cap=32},schedule-pipeline",
+];
+
+#[test]
+fn run_check_reference_reports_json() {
+    let mut args = vec!["run", "--backend", "cpu"];
+    args.extend(STEP);
+    args.extend(["--check-reference", "--report", "json", "--tasks"]);
+    let output = slimpack(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("one JSON object");
+    let number = |key: &str| {
+        report[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("'{key}' is a number in {report}"))
+    };
+    let (loss, ref_loss) = (number("loss"), number("ref_loss"));
+    assert!(
+        (loss - ref_loss).abs() <= 1e-5 * ref_loss,
+        "{loss} vs {ref_loss}"
+    );
+    assert!(number("max_grad_rel_err") <= 1e-5, "{report}");
+    assert!(number("step_time_s") > 0.0 && number("predicted_step_time_s") > 0.0);
+    // Four workers (2 stages x 2 ranks): real peaks from the counting allocator, at least the
+    // weights, gradients and optimizer shard each held from the start.
+    let peaks = report["peak_memory_bytes"].as_array().expect("per worker");
+    let states = report["model_state_bytes"].as_array().expect("per worker");
+    let predicted = report["predicted_peak_memory_bytes"]
+        .as_array()
+        .expect("per device");
+    assert_eq!(
+        (peaks.len(), states.len(), predicted.len()),
+        (4, 4, 4),
+        "{report}"
+    );
+    for (peak, state) in peaks.iter().zip(states) {
+        let (peak, state) = (peak.as_u64().unwrap(), state.as_u64().unwrap());
+        assert!(
+            state > 0 && peak > state,
+            "peak {peak}, model states {state}"
+        );
+    }
+    assert!(
+        report["memory_terms"]["model_state_mape"].as_f64().unwrap() < 0.01,
+        "{report}"
+    );
+    let tasks = report["tasks"]
+        .as_array()
+        .expect("--tasks lists the pack tasks");
+    assert!(
+        !tasks.is_empty()
+            && tasks
+                .iter()
+                .all(|t| t["measured_s"].as_f64().unwrap() > 0.0)
+    );
+}
+
+#[test]
+fn run_on_cuda_says_it_is_not_available() {
+    let mut args = vec!["run", "--backend", "cuda"];
+    args.extend(STEP);
+    let output = slimpack(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.starts_with("error: --backend cuda: "), "{stderr}");
+    assert!(stderr.contains("not available in this build") || stderr.contains("no CUDA device"));
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn run_refuses_models_the_cpu_backend_cannot_execute() {
+    let output = slimpack(&[
+        "run",
+        "--backend",
+        "cpu",
+        "--model",
+        "llama-7b",
+        "--cluster",
+        "cpu",
+        "--parallel",
+        "dp=1",
+        "--synthetic",
+        "lognormal:median=24,sigma=0.8,count=2",
+        "--passes",
+        "assign-dp,pack-symmetric,schedule-pipeline",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("fp32"), "{stderr}");
+}
+
+#[test]
+fn calibrate_writes_tables_the_cost_model_reads() {
+    let path = std::env::temp_dir().join(format!("slimpack-calibrate-{}.json", std::process::id()));
+    let path_text = path.display().to_string();
+    let output = slimpack(&[
+        "calibrate",
+        "--backend",
+        "cpu",
+        "--tokens",
+        "8,16",
+        "--min-seconds",
+        "0",
+        "-o",
+        &path_text,
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let calibration = slimpack::ir::cost::Calibration::load(&path).expect("a calibration file");
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(calibration.device, "cpu-2core");
+    assert_eq!(calibration.tables.len(), 5);
+}
