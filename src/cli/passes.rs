@@ -1,12 +1,13 @@
-//! `slimpack passes`: the registry, listed.
+//! `slimpack passes`: the pass registry and the strategies, listed.
 
 use clap::Args;
 
 use slimpack_passes::registry::PASSES;
+use slimpack_passes::strategy::STRATEGIES;
 
 #[derive(Debug, Args)]
 pub struct PassesArgs {
-    /// Also print each pass's description and options.
+    /// Also print each pass's description and options, and each strategy's source and deviations.
     #[arg(long, short)]
     verbose: bool,
 }
@@ -21,6 +22,15 @@ pub fn run(args: PassesArgs) -> anyhow::Result<()> {
             for option in pass.options {
                 println!("  {:width$}    {}=  {}", "", option.name, option.help);
             }
+        }
+    }
+    let width = STRATEGIES.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    println!("\nStrategies (use with --strategy NAME):");
+    for strategy in STRATEGIES {
+        println!("  {:width$}  {}", strategy.name, strategy.summary);
+        if args.verbose {
+            println!("  {:width$}  source: {}", "", strategy.source);
+            println!("  {:width$}  deviations: {}", "", strategy.deviations);
         }
     }
     Ok(())

@@ -5,7 +5,7 @@
 //! and replicas are kept in creation order, slices in offset order, a pack's slices and a
 //! replica's packs by the `position` on their edges.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use petgraph::stable_graph::StableDiGraph;
 use petgraph::visit::EdgeRef;
@@ -27,6 +27,9 @@ pub struct StepIr {
     replicas: Vec<ReplicaId>,
     /// Padded length of the packs that are padded (see [`StepIr::set_padding`]).
     padding: BTreeMap<PackId, u32>,
+    /// Packs added so far per (replica, direction): the position of the next one. Packs are
+    /// never removed, so this equals `packs_on(..).len()` without walking the replica's edges.
+    pack_counts: HashMap<(ReplicaId, Direction), u32>,
 }
 
 impl StepIr {
@@ -41,6 +44,7 @@ impl StepIr {
             stages: Vec::new(),
             replicas: Vec::new(),
             padding: BTreeMap::new(),
+            pack_counts: HashMap::new(),
         };
         let per_stage = ir.spec.layers_per_stage();
         for index in 0..ir.spec.parallel.pp {
@@ -64,6 +68,7 @@ impl StepIr {
             stages: Vec::new(),
             replicas: Vec::new(),
             padding: BTreeMap::new(),
+            pack_counts: HashMap::new(),
         };
         for stage in stages {
             ir.add_stage(*stage);
@@ -282,7 +287,12 @@ impl StepIr {
 
     /// Appends a pack of `slices` (in that order) to the replica's packs of its direction.
     pub fn add_pack(&mut self, pack: Pack, replica: ReplicaId, slices: &[SliceId]) -> PackId {
-        let position = self.packs_on(replica, pack.direction).len() as u32;
+        let count = self
+            .pack_counts
+            .entry((replica, pack.direction))
+            .or_insert(0);
+        let position = *count;
+        *count += 1;
         let id = PackId(self.graph.add_node(Node::Pack(pack)));
         self.graph
             .add_edge(id.0, replica.0, Edge::Placed { position });

@@ -220,6 +220,20 @@ impl<'a> Builder<'a> {
                             self.tokens += len;
                         }
                     }
+                    // A padded micro-batch computes `padded - tokens` more tokens that attend
+                    // causally to everything before them; they hold memory like a slice but
+                    // count in no throughput or model-FLOPs figure.
+                    if let Some(padded) = ir.padding(pack).map(u64::from).filter(|&p| p > tokens) {
+                        let node = self.slices.last().map_or(0, |s| s.node);
+                        self.slices.push(SliceInfo {
+                            len: padded - tokens,
+                            last: true,
+                            earlier: 0..0,
+                            node,
+                        });
+                        self.pairs.push((padded - tokens, tokens));
+                        tokens = padded;
+                    }
                     self.pack_slices.push(first..self.slices.len() as u32);
                     self.packs.push(PackInfo {
                         direction,
