@@ -5,8 +5,8 @@
 //! dominant or over-long samples), `slice{size=S}`, `pack-fwd{cap=C}` and `pack-bwd{cap=C}`
 //! (phase 2: two different partitions, each balanced on its own direction's cost), `eqsat`
 //! (e-graph refinement of the packs), `schedule-pipeline` (slice-level 1F1B, memory-aware).
-//! Knobs: the slice size `S` (a sixteenth or an eighth of the context, at least 1024 tokens),
-//! the pack cap `C = 2 S`, a static CP degree taken from the DP pool (as the peers may; without
+//! Knobs: the slice size `S` (an eighth or a half of the context, at least 1024 tokens), the
+//! pack cap `C` (the context, as the peers' bins), a static CP degree taken from the DP pool (as the peers may; without
 //! one, DP-Merge forms CP groups per sample), and the recompute mode; the driver scores every
 //! candidate with the simulator and keeps the fastest that fits memory.
 //!
@@ -38,10 +38,10 @@ impl Ideas {
     };
 }
 
-/// Slice sizes tried for a context length: context / 16 and / 8, at least 1024 tokens, without
+/// Slice sizes tried for a context length: context / 8 and / 2, at least 1024 tokens, without
 /// duplicates.
 pub fn slice_sizes(context: u32) -> Vec<u32> {
-    let mut sizes: Vec<u32> = [16, 8]
+    let mut sizes: Vec<u32> = [8, 2]
         .iter()
         .map(|&d| (context / d).max(1024).min(context))
         .collect();
@@ -74,11 +74,9 @@ fn candidates_at(ideas: Ideas, cp: u32, batch: &Batch, choices: &Choices) -> Vec
     };
     let mut candidates = Vec::new();
     for size in sizes {
-        let cap = if ideas.slicing {
-            size.saturating_mul(2).min(context.max(size))
-        } else {
-            context
-        };
+        // Packs as large as the context: GEMMs near their peak, few per-pack overheads; the
+        // slices are what lets a pack mix pieces of long and short samples at that size.
+        let cap = context.max(size);
         let mut passes = vec![if cp > 1 {
             format!("assign-dp{{cp={cp}}}")
         } else {
@@ -166,7 +164,7 @@ mod tests {
 
     #[test]
     fn slice_sizes_follow_the_context() {
-        assert_eq!(slice_sizes(131072), vec![8192, 16384]);
+        assert_eq!(slice_sizes(131072), vec![16384, 65536]);
         assert_eq!(slice_sizes(4096), vec![1024]);
     }
 }
