@@ -165,6 +165,7 @@ mod tests {
     #[test]
     fn slice_sizes_follow_the_context() {
         assert_eq!(slice_sizes(131072), vec![16384, 65536]);
-        assert_eq!(slice_sizes(4096), vec![1024]);
+        assert_eq!(slice_sizes(4096), vec![1024, 2048]);
+        assert_eq!(slice_sizes(1024), vec![1024]);
     }
 }
