@@ -22,6 +22,7 @@ use super::head::head_backward;
 use super::layer::{post_attention_backward, pre_attention_backward};
 use super::ops::embedding::embed_backward;
 use super::pack_layout::PackLayout;
+use super::padding::{padding_backward, padding_key};
 use super::params::{Grads, Params};
 use super::profile;
 use super::saved::{SavedActivations, SavedLayer};
@@ -46,20 +47,45 @@ impl StageState {
         slices: &[Slice],
         grad_out: &[Vec<f32>],
     ) -> Result<Vec<Vec<f32>>> {
+        self.backward_padded_pack(params, grads, batch, slices, 0, grad_out)
+    }
+
+    /// [`StageState::backward_pack`] of a pack padded with `padding` tokens (see
+    /// [`super::padding`]): it takes the padding of the forward pack of the same slices, and
+    /// `grad_out` and the result have one more tensor, the padding's.
+    pub fn backward_padded_pack(
+        &mut self,
+        params: &Params,
+        grads: &mut Grads,
+        batch: &Batch,
+        slices: &[Slice],
+        padding: usize,
+        grad_out: &[Vec<f32>],
+    ) -> Result<Vec<Vec<f32>>> {
         self.check_tensors(params)?;
         self.check_tensors(grads)?;
-        self.check_backward(batch, slices, grad_out)?;
+        self.check_backward(batch, slices, padding, grad_out)?;
         if slices.is_empty() {
             return Ok(Vec::new());
         }
         let _timer = profile::pack_scope(Direction::Backward);
-        let layout = PackLayout::new(slices, self.shard);
-        let records = slices.iter().map(|slice| {
-            self.saved
-                .remove(slice)
-                .expect("bug: the backward check found every slice saved")
-        });
-        let mut saved = SavedActivations::concat(records.collect());
+        let layout = PackLayout::new(slices, self.shard, padding);
+        let mut records: Vec<SavedActivations> = slices
+            .iter()
+            .map(|slice| {
+                self.saved
+                    .remove(slice)
+                    .expect("bug: the backward check found every slice saved")
+            })
+            .collect();
+        if padding > 0 {
+            let record = self
+                .padded
+                .remove(&padding_key(slices))
+                .expect("bug: the backward check found the padding");
+            records.push(record.saved);
+        }
+        let mut saved = SavedActivations::concat(records);
         let mut dy = match (saved.head.take(), &params.final_norm) {
             (Some(head), Some(final_norm)) => {
                 let targets = layout.targets(batch);
@@ -130,7 +156,9 @@ impl StageState {
             &saved.post,
             dy,
         );
-        let (dq, dk, dv) = self.attend_backward(local, layout, &saved, &d_attn)?;
+        let (mut dq, dk, dv) = self.attend_backward(local, layout, &saved, &d_attn)?;
+        let padding = (&saved.q[..], &saved.attn[..], &saved.lse[..], &d_attn[..]);
+        padding_backward(&self.config, layout, padding, &mut dq);
         let dx_pre = pre_attention_backward(
             &self.config,
             layer,

@@ -60,6 +60,9 @@ pub enum CpuError {
     /// A backward pack names a slice whose forward (with exactly these bounds) did not run here.
     #[error("backward of slice {slice}: no forward of this slice is pending on this stage")]
     NotForwarded { slice: Slice },
+    /// A padded pack cannot run: its padding does not match a forward pack's.
+    #[error("padded pack: {reason}")]
+    Padding { reason: String },
     /// The per-slice tensors given to a pack do not match its slices.
     #[error("{what}: expected {expected}, got {got}")]
     PackInput {

@@ -16,6 +16,7 @@ use super::head::head_forward;
 use super::layer::{post_attention_forward, pre_attention_forward, PreAttention};
 use super::ops::embedding::embed;
 use super::pack_layout::PackLayout;
+use super::padding::{padding_forward, padding_key, PaddingRecord};
 use super::params::Params;
 use super::profile;
 use super::saved::{SavedActivations, SavedLayer};
@@ -47,10 +48,23 @@ impl StageState {
         slices: &[Slice],
         hidden_in: &[Vec<f32>],
     ) -> Result<ForwardOutput> {
+        self.forward_padded_pack(params, batch, slices, 0, hidden_in)
+    }
+
+    /// [`StageState::forward_pack`] of a pack padded with `padding` tokens after its slices
+    /// (see [`super::padding`]): `hidden_in` and the output have one more tensor, the padding's.
+    pub fn forward_padded_pack(
+        &mut self,
+        params: &Params,
+        batch: &Batch,
+        slices: &[Slice],
+        padding: usize,
+        hidden_in: &[Vec<f32>],
+    ) -> Result<ForwardOutput> {
         self.check_tensors(params)?;
-        self.check_forward(batch, slices, hidden_in)?;
+        self.check_forward(batch, slices, padding, hidden_in)?;
         let _timer = profile::pack_scope(Direction::Forward);
-        let layout = PackLayout::new(slices, self.shard);
+        let layout = PackLayout::new(slices, self.shard, padding);
         for index in layout.forward_order() {
             let slice = layout.slices[index];
             self.cache.begin_slice(slice.sample, slice.start, slice.len);
@@ -60,9 +74,17 @@ impl StageState {
             None => PackLayout::concat(&hidden_in.iter().map(Vec::as_slice).collect::<Vec<_>>()),
         };
         let mut layers = Vec::with_capacity(params.layers.len());
+        let mut padding_kv = Vec::new();
         for (local, layer) in params.layers.iter().enumerate() {
             let pre = pre_attention_forward(&self.config, layer, &x, &layout.positions);
-            let (attn, lse) = self.attend(local, &layout, &pre)?;
+            let (mut attn, mut lse) = self.attend(local, &layout, &pre)?;
+            if let Some(rows) = layout.padding_rows() {
+                let tensors = (&pre.q[..], &pre.k[..], &pre.v[..]);
+                padding_forward(&self.config, &layout, tensors, &mut attn, &mut lse);
+                let kvw = self.config.kv_width();
+                let own = rows.start * kvw..rows.end * kvw;
+                padding_kv.push((pre.k[own.clone()].to_vec(), pre.v[own].to_vec()));
+            }
             let (y, post) = post_attention_forward(&self.config, layer, &x, &attn);
             let PreAttention {
                 inv_rms, normed, q, ..
@@ -102,7 +124,7 @@ impl StageState {
                 None
             }
         };
-        self.finish_forward(&layout, SavedActivations { layers, head });
+        self.finish_forward(&layout, SavedActivations { layers, head }, padding_kv);
         Ok(output)
     }
 
@@ -154,8 +176,13 @@ impl StageState {
         Ok((out, lse))
     }
 
-    /// Records the pack's progress and stores its activations per slice.
-    fn finish_forward(&mut self, layout: &PackLayout, saved: SavedActivations) {
+    /// Records the pack's progress and stores its activations per slice (and its padding's).
+    fn finish_forward(
+        &mut self,
+        layout: &PackLayout,
+        saved: SavedActivations,
+        padding_kv: Vec<(Vec<f32>, Vec<f32>)>,
+    ) {
         if layout.slices.is_empty() {
             return;
         }
@@ -163,8 +190,16 @@ impl StageState {
             let forwarded = self.cache.forwarded(slice.sample).max(slice.end());
             self.cache.finish_forward(slice.sample, forwarded);
         }
-        for (slice, record) in layout.slices.iter().zip(saved.split(layout)) {
+        let mut records = saved.split(layout).into_iter();
+        for (slice, record) in layout.slices.iter().zip(records.by_ref()) {
             self.saved.insert(*slice, record);
+        }
+        if let Some(saved) = records.next() {
+            let record = PaddingRecord {
+                saved,
+                kv: padding_kv,
+            };
+            self.padded.insert(padding_key(&layout.slices), record);
         }
     }
 }

@@ -44,6 +44,7 @@ mod kv_cache;
 mod layer;
 mod ops;
 mod pack_layout;
+mod padding;
 mod params;
 pub mod profile;
 mod reference;

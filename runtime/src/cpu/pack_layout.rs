@@ -6,6 +6,10 @@
 //! rows are those tokens, at their sample positions. Saved activations are stored per slice
 //! (forward and backward packs differ), so they are split by these ranges after the forward and
 //! concatenated again by the backward pack's layout.
+//!
+//! A padded pack (a micro-batch padded to a fixed length) has padding rows after its slices: as
+//! many tokens as the padding, positioned after the pack's own tokens as one more segment (a
+//! worker of a group holds its share of them too). They have token 0 and no target.
 
 use super::batch::{Batch, Slice};
 use super::cp::CpShard;
@@ -16,27 +20,51 @@ pub(crate) struct PackLayout {
     offsets: Vec<usize>,
     /// Rows of each slice (its tokens held by this worker).
     lens: Vec<usize>,
-    /// Position in its sample of every row.
+    /// Position in its sample of every row (for padding rows: in the padded pack's sequence).
     pub positions: Vec<usize>,
+    /// Padding tokens after the slices, over the whole group (0: not padded).
+    pub padding: usize,
 }
 
 impl PackLayout {
-    /// The rows `shard` holds of each of `slices`.
-    pub fn new(slices: &[Slice], shard: CpShard) -> PackLayout {
-        let mut offsets = Vec::with_capacity(slices.len());
-        let mut lens = Vec::with_capacity(slices.len());
+    /// The rows `shard` holds of each of `slices`, then of `padding` padding tokens.
+    pub fn new(slices: &[Slice], shard: CpShard, padding: usize) -> PackLayout {
+        let mut offsets = Vec::with_capacity(slices.len() + 1);
+        let mut lens = Vec::with_capacity(slices.len() + 1);
         let mut positions = Vec::new();
-        for slice in slices {
+        let mut segment = |start: usize, len: usize| {
             offsets.push(positions.len());
-            positions.extend(shard.positions(slice.start, slice.len));
+            positions.extend(shard.positions(start, len));
             lens.push(positions.len() - offsets[offsets.len() - 1]);
+        };
+        for slice in slices {
+            segment(slice.start, slice.len);
+        }
+        if padding > 0 {
+            segment(slices.iter().map(|s| s.len).sum(), padding);
         }
         PackLayout {
             slices: slices.to_vec(),
             offsets,
             lens,
             positions,
+            padding,
         }
+    }
+
+    /// Row segments: one per slice, then the padding's if the pack is padded.
+    pub fn segments(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// The padding's rows, if the pack is padded.
+    pub fn padding_rows(&self) -> Option<std::ops::Range<usize>> {
+        (self.padding > 0).then(|| self.rows_of(self.slices.len()))
+    }
+
+    /// Tokens of the padded pack's sequence: its slices' and its padding.
+    pub fn sequence_len(&self) -> usize {
+        self.slices.iter().map(|s| s.len).sum::<usize>() + self.padding
     }
 
     /// Rows of the pack.
@@ -44,7 +72,7 @@ impl PackLayout {
         self.positions.len()
     }
 
-    /// Row range of slice `index`.
+    /// Row range of segment `index` (slice `index`, or the padding after the last slice).
     pub fn rows_of(&self, index: usize) -> std::ops::Range<usize> {
         self.offsets[index]..self.offsets[index] + self.lens[index]
     }
@@ -76,23 +104,27 @@ impl PackLayout {
             let rows = &self.positions[self.rows_of(index)];
             targets.extend(rows.iter().map(|&p| tokens.get(p + 1).copied()));
         }
+        let padding = self.padding_rows().map_or(0, |rows| rows.len());
+        targets.extend(std::iter::repeat_n(None, padding));
         targets
     }
 
-    /// Token id of every row.
+    /// Token id of every row (0 for padding).
     pub fn tokens<'a>(&'a self, batch: &'a Batch) -> impl Iterator<Item = u32> + 'a {
-        (0..self.slices.len()).flat_map(move |index| {
+        let padding = self.padding_rows().map_or(0, |rows| rows.len());
+        let real = (0..self.slices.len()).flat_map(move |index| {
             let tokens = batch.tokens(self.slices[index].sample);
             self.positions[self.rows_of(index)]
                 .iter()
                 .map(move |&p| tokens[p])
-        })
+        });
+        real.chain(std::iter::repeat_n(0, padding))
     }
 
-    /// Splits a row-major pack tensor into one tensor per slice.
+    /// Splits a row-major pack tensor into one tensor per segment.
     pub fn split(&self, data: &[f32]) -> Vec<Vec<f32>> {
         let width = row_width(data, self.rows());
-        (0..self.slices.len())
+        (0..self.segments())
             .map(|i| {
                 let rows = self.rows_of(i);
                 data[rows.start * width..rows.end * width].to_vec()

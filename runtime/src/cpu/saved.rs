@@ -38,11 +38,12 @@ impl fmt::Debug for SavedActivations {
 }
 
 impl SavedActivations {
-    /// Splits a pack's activations into one record per slice of `layout`. Field by field, so
+    /// Splits a pack's activations into one record per segment of `layout` (its slices, then its
+    /// padding). Field by field, so
     /// that at most one field exists twice at a time; a pack of one slice keeps its tensors.
     pub fn split(self, layout: &PackLayout) -> Vec<SavedActivations> {
         let (layers, has_head) = (self.layers.len(), self.head.is_some());
-        let count = layout.slices.len();
+        let count = layout.segments();
         let mut per_slice: Vec<Vec<Vec<f32>>> = vec![Vec::new(); count];
         for field in self.into_fields() {
             if count == 1 {

@@ -27,6 +27,7 @@ use super::config::ModelConfig;
 use super::cp::{CpShard, KvExchange, LocalExchange};
 use super::error::{CpuError, Result};
 use super::kv_cache::KvCache;
+use super::padding::{padding_key, PaddingRecord};
 use super::params::Params;
 use super::saved::SavedActivations;
 use super::stage::Stage;
@@ -45,6 +46,8 @@ pub struct StageState {
     pub(super) saved: BTreeMap<Slice, SavedActivations>,
     /// Samples whose backward finished in this step.
     pub(super) retired: BTreeSet<SampleId>,
+    /// What padded forward packs keep of their padding, by the packs' slices.
+    pub(super) padded: BTreeMap<Vec<Slice>, PaddingRecord>,
 }
 
 /// Bytes a stage worker holds for the step in flight.
@@ -87,6 +90,7 @@ impl StageState {
             cache: KvCache::new(stage.layer_count(), config.kv_width(), shard),
             saved: BTreeMap::new(),
             retired: BTreeSet::new(),
+            padded: BTreeMap::new(),
         }
     }
 
@@ -102,16 +106,21 @@ impl StageState {
 
     /// Nothing is in flight: every forwarded slice was backwarded (true at the end of a step).
     pub fn is_drained(&self) -> bool {
-        self.saved.is_empty() && self.cache.samples_in_flight() == 0
+        self.saved.is_empty() && self.padded.is_empty() && self.cache.samples_in_flight() == 0
     }
 
     /// Memory held for the step in flight.
     pub fn live_bytes(&self) -> LiveBytes {
-        let (kv, kv_grads) = self.cache.bytes();
+        let (mut kv, kv_grads) = self.cache.bytes();
+        let mut activations: usize = self.saved.values().map(SavedActivations::bytes).sum();
+        for (padding_kv, padding_activations) in self.padded.values().map(PaddingRecord::bytes) {
+            kv += padding_kv;
+            activations += padding_activations;
+        }
         LiveBytes {
             kv,
             kv_grads,
-            activations: self.saved.values().map(SavedActivations::bytes).sum(),
+            activations,
         }
     }
 
@@ -136,6 +145,7 @@ impl StageState {
         &self,
         batch: &Batch,
         slices: &[Slice],
+        padding: usize,
         hidden_in: &[Vec<f32>],
     ) -> Result<()> {
         let mut next_start: BTreeMap<SampleId, usize> = BTreeMap::new();
@@ -157,6 +167,11 @@ impl StageState {
             }
             *expected = slice.end();
         }
+        if padding > 0 && self.padded.contains_key(&padding_key(slices)) {
+            return Err(CpuError::Padding {
+                reason: "a padded pack of these slices is already in flight".to_string(),
+            });
+        }
         if self.stage.is_first() {
             return expect_count(
                 "hidden inputs of a first-stage pack (it embeds tokens)",
@@ -164,7 +179,7 @@ impl StageState {
                 hidden_in.len(),
             );
         }
-        self.check_per_slice("hidden inputs", slices, hidden_in)
+        self.check_per_slice("hidden inputs", slices, padding, hidden_in)
     }
 
     /// Checks a backward pack against the batch, the slice order and its output gradients.
@@ -172,6 +187,7 @@ impl StageState {
         &self,
         batch: &Batch,
         slices: &[Slice],
+        padding: usize,
         grad_out: &[Vec<f32>],
     ) -> Result<()> {
         let mut next_end: BTreeMap<SampleId, usize> = BTreeMap::new();
@@ -202,6 +218,12 @@ impl StageState {
             }
             *expected = slice.start;
         }
+        if padding > 0 && !self.padded.contains_key(&padding_key(slices)) {
+            return Err(CpuError::Padding {
+                reason: "a padded backward pack needs a padded forward pack of the same slices"
+                    .to_string(),
+            });
+        }
         if self.stage.is_last() {
             return expect_count(
                 "output gradients of a last-stage pack (it starts from the loss)",
@@ -209,14 +231,25 @@ impl StageState {
                 grad_out.len(),
             );
         }
-        self.check_per_slice("output gradients", slices, grad_out)
+        self.check_per_slice("output gradients", slices, padding, grad_out)
     }
 
-    /// One `[tokens held, hidden]` tensor per slice, in the slices' order.
-    fn check_per_slice(&self, what: &str, slices: &[Slice], tensors: &[Vec<f32>]) -> Result<()> {
+    /// One `[tokens held, hidden]` tensor per slice, in the slices' order, then one for the
+    /// padding if the pack is padded.
+    fn check_per_slice(
+        &self,
+        what: &str,
+        slices: &[Slice],
+        padding: usize,
+        tensors: &[Vec<f32>],
+    ) -> Result<()> {
+        let segments = slices.len() + usize::from(padding > 0);
         expect_count(
-            &format!("{what} of a pack of {} slices", slices.len()),
-            slices.len(),
+            &format!(
+                "{what} of a pack of {} slices and {padding} padding tokens",
+                slices.len()
+            ),
+            segments,
             tensors.len(),
         )?;
         for (slice, tensor) in slices.iter().zip(tensors) {
@@ -224,6 +257,14 @@ impl StageState {
                 &format!("values of the {what} of slice {slice} ([tokens held, hidden])"),
                 self.shard.len_of(slice.start, slice.len) * self.config.hidden,
                 tensor.len(),
+            )?;
+        }
+        if padding > 0 {
+            let start = slices.iter().map(|s| s.len).sum();
+            expect_count(
+                &format!("values of the {what} of the padding ([tokens held, hidden])"),
+                self.shard.len_of(start, padding) * self.config.hidden,
+                tensors[slices.len()].len(),
             )?;
         }
         Ok(())

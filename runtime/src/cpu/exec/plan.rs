@@ -16,6 +16,8 @@ pub struct PlanPack {
     pub replica: usize,
     /// Its slices, in the pack's order; samples are numbered in the IR's batch order.
     pub slices: Vec<Slice>,
+    /// Padding tokens after the slices (0 unless the pack is padded to a fixed length).
+    pub padding: usize,
     /// The pack's name in the printed IR (`%f3`, `%b7`).
     pub name: String,
 }
@@ -116,12 +118,15 @@ impl Plan {
                                 len: bounds.len as usize,
                             }
                         })
-                        .collect();
+                        .collect::<Vec<Slice>>();
+                    let tokens: usize = slices.iter().map(|s| s.len).sum();
+                    let padded = ir.padding(pack).map_or(0, |p| p as usize);
                     pack_index.insert(pack, plan.packs.len());
                     plan.packs.push(PlanPack {
                         direction,
                         replica,
                         slices,
+                        padding: padded.saturating_sub(tokens),
                         name: format!("%{}{}", ["f", "b"][slot], numbers[slot]),
                     });
                     numbers[slot] += 1;

@@ -213,12 +213,26 @@ impl Worker<'_> {
         };
         let output = match info.direction {
             Direction::Forward => {
-                let output = state.forward_pack(params, self.batch, &info.slices, &input)?;
+                let output = state.forward_padded_pack(
+                    params,
+                    self.batch,
+                    &info.slices,
+                    info.padding,
+                    &input,
+                )?;
                 *loss += output.loss;
                 output.hidden
             }
             Direction::Backward => {
-                state.backward_pack(params, grads, self.batch, &info.slices, &input)?
+                let slices = &info.slices;
+                state.backward_padded_pack(
+                    params,
+                    grads,
+                    self.batch,
+                    slices,
+                    info.padding,
+                    &input,
+                )?
             }
         };
         drop(input);

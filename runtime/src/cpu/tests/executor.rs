@@ -73,6 +73,33 @@ const ASYMMETRIC: &str = r#"
   schedule %r0 %st1 [%f0, %f1, %f2, %b0, %b1]
 "#;
 
+/// Two stages, a DP-Merge group of both ranks; symmetric packs padded to 48 tokens (padding
+/// shorter than the group, longer than a query block, and none).
+const PADDED: &str = r#"
+  parallel tp=1 pp=2 dp=2
+  batch source="test" context=48 documents=3 documents_cut=0
+  %st0 = stage layers=0..2
+  %st1 = stage layers=2..4
+  %r0 = replica dp=[0]
+  %r1 = replica dp=[0, 1]
+  %d0 = sample len=47 doc=0 piece=0 on %r0
+    %d0.0 = slice 0..47
+  %d1 = sample len=48 doc=1 piece=0 on %r1
+    %d1.0 = slice 0..48
+  %d2 = sample len=3 doc=2 piece=0 on %r1
+    %d2.0 = slice 0..3
+  %f0 = pack fwd on %r0 pad=48 [%d0.0]
+  %b0 = pack bwd on %r0 pad=48 [%d0.0]
+  %f1 = pack fwd on %r1 pad=48 [%d1.0]
+  %f2 = pack fwd on %r1 pad=48 [%d2.0]
+  %b1 = pack bwd on %r1 pad=48 [%d1.0]
+  %b2 = pack bwd on %r1 pad=48 [%d2.0]
+  schedule %r0 %st0 [%f0, %b0]
+  schedule %r0 %st1 [%f0, %b0]
+  schedule %r1 %st0 [%f1, %f2, %b1, %b2]
+  schedule %r1 %st1 [%f1, %b1, %f2, %b2]
+"#;
+
 fn ir(body: &str) -> slimpack_ir::StepIr {
     let text = format!("step phase=scheduled {{{HEADER}{body}}}\n");
     slimpack_ir::text::parse(&text, "test").expect("test IR parses")
@@ -115,6 +142,15 @@ fn a_rank_in_a_plain_replica_and_a_merged_group_matches_the_reference() {
         })
         .unwrap()
     });
+}
+
+#[test]
+fn padded_packs_compute_their_padding_and_match_the_reference() {
+    check(PADDED, DeviceOrder::replica_major);
+    let config = tiny();
+    let plan = Plan::new(&ir(PADDED), &config).unwrap();
+    let paddings: Vec<usize> = plan.packs.iter().map(|p| p.padding).collect();
+    assert_eq!(paddings, [1, 1, 0, 45, 0, 45]);
 }
 
 #[test]

@@ -12,7 +12,7 @@ use super::harness::{
     batch_of, deterministic_config, params_with_random_gains, random_schedule, run_schedule,
     small_config, Pack,
 };
-use crate::cpu::{reference_step, tensor_diff, Batch, ModelConfig, Params, Stage};
+use crate::cpu::{reference_step, tensor_diff, Batch, ModelConfig, Params, Stage, StageState};
 
 /// Tolerance of the differential tests (fp32 sums in a different order: ~1e-7 expected).
 pub const TOLERANCE: f32 = 1e-5;
@@ -102,4 +102,49 @@ fn a_batch_of_single_tokens_has_zero_loss_and_gradients() {
         .tensors()
         .iter()
         .all(|t| t.data.iter().all(|&g| g == 0.0)));
+}
+
+#[test]
+fn padding_holds_memory_like_a_slice_and_changes_no_value() {
+    let config = small_config(2, true);
+    let params = params_with_random_gains(&config, 8);
+    let batch = batch_of(&config, &[20, 9], 4);
+    let whole: Vec<_> = batch.sample_ids().map(|s| batch.whole_slice(s)).collect();
+    let stages = Stage::split_even(&config, 2).unwrap();
+    let parts = params.split(&stages).unwrap();
+    let run = |padding: usize| {
+        let mut states: Vec<StageState> = stages
+            .iter()
+            .map(|&s| StageState::new(&config, s))
+            .collect();
+        let mut grads: Vec<_> = parts.iter().map(Params::zeros_like).collect();
+        let first = states[0]
+            .forward_padded_pack(&parts[0], &batch, &whole, padding, &[])
+            .unwrap();
+        assert_eq!(first.hidden.len(), whole.len() + usize::from(padding > 0));
+        let last = states[1]
+            .forward_padded_pack(&parts[1], &batch, &whole, padding, &first.hidden)
+            .unwrap();
+        let held: Vec<_> = states.iter().map(StageState::live_bytes).collect();
+        let grad = states[1]
+            .backward_padded_pack(&parts[1], &mut grads[1], &batch, &whole, padding, &[])
+            .unwrap();
+        states[0]
+            .backward_padded_pack(&parts[0], &mut grads[0], &batch, &whole, padding, &grad)
+            .unwrap();
+        assert!(states.iter().all(StageState::is_drained));
+        (last.loss, grads, held)
+    };
+    let (loss, grads, held) = run(0);
+    let (padded_loss, padded_grads, padded_held) = run(35);
+    assert_eq!(loss, padded_loss);
+    for (a, b) in grads.iter().zip(&padded_grads) {
+        assert!(tensor_diff(b, a).unwrap().max_rel_error <= TOLERANCE);
+    }
+    // 35 more tokens on each stage: their activations and K/V, in proportion to the 29 real ones.
+    for (plain, padded) in held.iter().zip(&padded_held) {
+        let ratio = padded.activations as f64 / plain.activations as f64;
+        assert!((ratio - 64.0 / 29.0).abs() < 0.05, "{ratio}");
+        assert!(padded.kv > plain.kv, "{padded:?} vs {plain:?}");
+    }
 }
