@@ -157,6 +157,8 @@ pub fn choose(
         });
     }
     let outcomes = evaluate_all(strategy, spec, batch, &candidates);
+    let limit = (crate::machine::cost_model(spec).memory().capacity_bytes() as f64
+        * TUNING_HEADROOM) as u64;
     let mut evaluations = Vec::with_capacity(outcomes.len());
     let mut best: Option<(usize, Compiled)> = None;
     for outcome in outcomes {
@@ -164,7 +166,7 @@ pub fn choose(
         let index = evaluations.len();
         let better = match &best {
             None => true,
-            Some((current, _)) => preferred(&evaluation.metrics, &evaluations[*current]),
+            Some((current, _)) => preferred(&evaluation.metrics, &evaluations[*current], limit),
         };
         evaluations.push(evaluation);
         if better {
@@ -179,11 +181,18 @@ pub fn choose(
     })
 }
 
-/// Whether `metrics` beats `current`: fitting beats not fitting; then the shorter step (when
-/// both fit) or the smaller peak (when neither does).
-fn preferred(metrics: &Metrics, current: &Evaluation) -> bool {
+/// The fraction of device memory a configuration may use on the batch it is tuned on. A run
+/// keeps the configuration for every later step, whose batches differ: a candidate tuned to
+/// within a few percent of the capacity runs out of memory on some of them. Every strategy
+/// is tuned with the same headroom.
+pub const TUNING_HEADROOM: f64 = 0.92;
+
+/// Whether `metrics` beats `current`: fitting (within `limit` bytes) beats not fitting; then
+/// the shorter step (when both fit) or the smaller peak (when neither does).
+fn preferred(metrics: &Metrics, current: &Evaluation, limit: u64) -> bool {
     let other = &current.metrics;
-    match (metrics.oom, other.oom) {
+    let over = |m: &Metrics| m.oom || m.peak_memory_bytes > limit;
+    match (over(metrics), over(other)) {
         (false, true) => true,
         (true, false) => false,
         (false, false) => metrics.step_time_s < other.step_time_s,

@@ -1,4 +1,4 @@
-//! `dp-merge{threshold=T}`: run a dominant or memory-infeasible sample on k merged DP replicas
+//! `dp-merge{threshold=T,memory=M}`: run a dominant or memory-infeasible sample on k merged DP replicas
 //! as one context-parallel group, and rebalance the rest (SlimPack's DP-Merge).
 //!
 //! Phase in: `assigned` (one replica per DP rank, from `assign-dp`). Phase out: unchanged.
@@ -28,11 +28,18 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Samples costing more than `threshold` x the mean replica load, or too big \
                   for one device's memory, run on an aligned block of 2^k DP ranks as one CP \
                   group; the remaining samples are re-placed around them. Phase assigned.",
-    options: &[OptionInfo {
-        name: "threshold",
-        help:
-            "merge a sample costing more than this fraction of the mean replica load (default 1.0)",
-    }],
+    options: &[
+        OptionInfo {
+            name: "threshold",
+            help: "merge a sample costing more than this fraction of the mean replica load \
+                   (default 1.0)",
+        },
+        OptionInfo {
+            name: "memory",
+            help: "merge a sample needing more than this fraction of a device's free memory \
+                   (default 0.5)",
+        },
+    ],
     create: |options| Ok(Box::new(DpMerge::from_options(options)?)),
 };
 

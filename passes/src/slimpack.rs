@@ -5,8 +5,8 @@
 //! dominant or over-long samples), `slice{size=S}`, `pack-fwd{cap=C}` and `pack-bwd{cap=C}`
 //! (phase 2: two different partitions, each balanced on its own direction's cost), `eqsat`
 //! (e-graph refinement of the packs), `schedule-pipeline` (slice-level 1F1B, memory-aware).
-//! Knobs: the slice size `S` (an eighth or a half of the context, at least 1024 tokens), the
-//! pack cap `C` (the context, as the peers' bins), a static CP degree taken from the DP pool (as the peers may; without
+//! Knobs: the slice size `S` and pack cap `C` (an eighth of the context in quarter-context
+//! packs, an eighth or a half of the context in context-sized packs, see [`slice_sizes`]), a static CP degree taken from the DP pool (as the peers may; without
 //! one, DP-Merge forms CP groups per sample), and the recompute mode; the driver scores every
 //! candidate with the simulator and keeps the fastest that fits memory.
 //!
@@ -38,78 +38,91 @@ impl Ideas {
     };
 }
 
-/// Slice sizes tried for a context length: context / 8 and / 2, at least 1024 tokens, without
-/// duplicates.
-pub fn slice_sizes(context: u32) -> Vec<u32> {
-    let mut sizes: Vec<u32> = [8, 2]
-        .iter()
-        .map(|&d| (context / d).max(1024).min(context))
-        .collect();
+/// (slice size, pack cap) pairs tried for a context length: small slices in quarter-context
+/// packs (memory-light, many packs for the pipeline), small slices in context-sized packs
+/// (GEMMs near their peak, few per-pack overheads), and half-context slices in context-sized
+/// packs; at least 1024 tokens each, without duplicates.
+pub fn slice_sizes(context: u32) -> Vec<(u32, u32)> {
+    let at_least = |tokens: u32| tokens.max(1024).min(context);
+    let mut sizes = vec![
+        (at_least(context / 8), at_least(context / 4)),
+        (at_least(context / 8), context),
+        (at_least(context / 2), context),
+    ];
     sizes.dedup();
     sizes
 }
 
-/// The candidates of a variant: slice sizes x static CP degrees x recompute modes.
+/// How replicas are formed: a static CP degree from the DP pool, or single ranks with DP-Merge
+/// groups for samples that need more than `memory` of a device's free memory.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Grouping {
+    Static(u32),
+    Merge { memory: f64 },
+}
+
+/// DP-Merge memory fractions tried: merge only what would crowd a device (half its free
+/// memory), or merge long samples early (an eighth), trading CP exchanges for memory.
+const MERGE_MEMORY: [f64; 2] = [0.5, 0.125];
+
+/// The candidates of a variant: groupings x (slice size, cap) x recompute modes.
 pub fn candidates_with(
     ideas: Ideas,
     spec: &Spec,
     batch: &Batch,
     choices: &Choices,
 ) -> Vec<Candidate> {
-    let mut candidates = Vec::new();
+    let mut groupings = Vec::new();
     for cp in cp_degrees(spec) {
-        candidates.extend(candidates_at(ideas, cp, batch, choices));
+        if cp == 1 && ideas.dp_merge {
+            groupings.extend(MERGE_MEMORY.map(|memory| Grouping::Merge { memory }));
+        } else {
+            groupings.push(Grouping::Static(cp));
+        }
     }
-    candidates
-}
-
-/// The candidates with `cp` DP ranks per replica (a static CP group; DP-Merge only without
-/// one, since it merges single ranks).
-fn candidates_at(ideas: Ideas, cp: u32, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
     let context = capacity(batch);
     let sizes = if ideas.slicing {
         slice_sizes(context)
     } else {
-        vec![context]
+        vec![(context, context)]
     };
     let mut candidates = Vec::new();
-    for size in sizes {
-        // Packs as large as the context: GEMMs near their peak, few per-pack overheads; the
-        // slices are what lets a pack mix pieces of long and short samples at that size.
-        let cap = context.max(size);
-        let mut passes = vec![if cp > 1 {
-            format!("assign-dp{{cp={cp}}}")
-        } else {
-            "assign-dp".to_string()
-        }];
-        if ideas.dp_merge && cp == 1 {
-            passes.push("dp-merge".into());
-        }
-        if ideas.slicing {
-            passes.push(format!("slice{{size={size}}}"));
-        }
-        passes.push(format!("pack-fwd{{cap={cap}}}"));
-        passes.push(if ideas.asymmetric {
-            format!("pack-bwd{{cap={cap}}}")
-        } else {
-            "pack-bwd{mirror=true}".to_string()
-        });
-        if ideas.eqsat {
-            passes.push("eqsat".into());
-        }
-        passes.push("schedule-pipeline".into());
-        for &recompute in &choices.recompute {
-            candidates.push(Candidate {
-                label: format!(
-                    "cp={cp},slice={size},cap={cap},recompute={}",
-                    recompute.as_str()
+    for grouping in groupings {
+        for &(size, cap) in &sizes {
+            let (mut passes, label) = match grouping {
+                Grouping::Static(1) => (vec!["assign-dp".to_string()], "cp=1".to_string()),
+                Grouping::Static(cp) => (vec![format!("assign-dp{{cp={cp}}}")], format!("cp={cp}")),
+                Grouping::Merge { memory } => (
+                    vec![
+                        "assign-dp".to_string(),
+                        format!("dp-merge{{memory={memory}}}"),
+                    ],
+                    format!("dp-merge={memory}"),
                 ),
-                pipeline: passes.join(","),
-                recompute,
+            };
+            if ideas.slicing {
+                passes.push(format!("slice{{size={size}}}"));
+            }
+            passes.push(format!("pack-fwd{{cap={cap}}}"));
+            passes.push(if ideas.asymmetric {
+                format!("pack-bwd{{cap={cap}}}")
+            } else {
+                "pack-bwd{mirror=true}".to_string()
             });
-        }
-        if !ideas.slicing {
-            break;
+            if ideas.eqsat {
+                passes.push("eqsat".into());
+            }
+            passes.push("schedule-pipeline".into());
+            for &recompute in &choices.recompute {
+                candidates.push(Candidate {
+                    label: format!(
+                        "{label},slice={size},cap={cap},recompute={}",
+                        recompute.as_str()
+                    ),
+                    pipeline: passes.join(","),
+                    recompute,
+                });
+            }
         }
     }
     candidates
@@ -164,8 +177,14 @@ mod tests {
 
     #[test]
     fn slice_sizes_follow_the_context() {
-        assert_eq!(slice_sizes(131072), vec![16384, 65536]);
-        assert_eq!(slice_sizes(4096), vec![1024, 2048]);
-        assert_eq!(slice_sizes(1024), vec![1024]);
+        assert_eq!(
+            slice_sizes(131072),
+            vec![(16384, 32768), (16384, 131072), (65536, 131072)]
+        );
+        assert_eq!(
+            slice_sizes(4096),
+            vec![(1024, 1024), (1024, 4096), (2048, 4096)]
+        );
+        assert_eq!(slice_sizes(1024), vec![(1024, 1024)]);
     }
 }

@@ -99,6 +99,11 @@ pub struct StrategyInfo {
     pub candidates: fn(&Spec, &Batch, &StrategyState, &Choices) -> Vec<Candidate>,
     /// Turns a drawn global batch into the step's samples, updating the run's state.
     pub admit: Option<fn(&mut StrategyState, &Spec, &Batch) -> Batch>,
+    /// The strategy plans every step anew (a compiler run per step): when the configuration a
+    /// run was tuned to does not fit a later step's batch, that step takes the next fastest
+    /// configuration with the same recompute mode that fits. The peers' configurations are a
+    /// job's static settings and are kept as they are.
+    pub replans: bool,
 }
 
 /// Every strategy, in the order reports list them.
@@ -115,6 +120,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      for megatron.",
         candidates: padding_candidates,
         admit: None,
+        replans: false,
     },
     StrategyInfo {
         name: "megatron",
@@ -127,6 +133,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      pool) and the recompute mode are the fastest combination that fits memory.",
         candidates: megatron_candidates,
         admit: None,
+        replans: false,
     },
     StrategyInfo {
         name: "bfd",
@@ -138,6 +145,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      searched as for megatron.",
         candidates: bfd_candidates,
         admit: None,
+        replans: false,
     },
     StrategyInfo {
         name: "ff",
@@ -149,6 +157,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      recompute searched as for megatron.",
         candidates: ff_candidates,
         admit: None,
+        replans: false,
     },
     StrategyInfo {
         name: "kk",
@@ -162,6 +171,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      CP and recompute searched as for megatron.",
         candidates: kk_candidates,
         admit: None,
+        replans: false,
     },
     StrategyInfo {
         name: "wlb",
@@ -174,6 +184,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      between steps (reported as backlog); static CP and recompute searched.",
         candidates: wlb_candidates,
         admit: Some(wlb_admit),
+        replans: false,
     },
     StrategyInfo {
         name: "hybrid-cp",
@@ -186,6 +197,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      (context / 2^k) and recompute searched.",
         candidates: hybrid_cp_candidates,
         admit: None,
+        replans: false,
     },
     StrategyInfo {
         name: "slimpack",
@@ -196,6 +208,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      cap and recompute are searched with the simulator (see passes/src/slimpack.rs).",
         candidates: crate::slimpack::full,
         admit: None,
+        replans: true,
     },
     StrategyInfo {
         name: "slimpack-no-asymmetric",
@@ -204,6 +217,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "pack-bwd{mirror=true}",
         candidates: crate::slimpack::no_asymmetric,
         admit: None,
+        replans: true,
     },
     StrategyInfo {
         name: "slimpack-no-dp-merge",
@@ -212,6 +226,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "no dp-merge pass",
         candidates: crate::slimpack::no_dp_merge,
         admit: None,
+        replans: true,
     },
     StrategyInfo {
         name: "slimpack-no-slicing",
@@ -220,6 +235,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "no slice pass; packs capped at the context",
         candidates: crate::slimpack::no_slicing,
         admit: None,
+        replans: true,
     },
     StrategyInfo {
         name: "slimpack-no-eqsat",
@@ -228,6 +244,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "no eqsat pass",
         candidates: crate::slimpack::no_eqsat,
         admit: None,
+        replans: true,
     },
 ];
 

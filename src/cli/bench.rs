@@ -63,6 +63,8 @@ struct StrategyRun {
     tuning: Vec<driver::Evaluation>,
     steps: Vec<StepFigures>,
     backlog: (usize, u64),
+    /// Steps on which a re-planning strategy left its kept configuration to fit memory.
+    replanned: usize,
 }
 
 /// A row of the report (field names and order are the `--report json` contract).
@@ -108,6 +110,8 @@ struct Config {
     chosen: std::collections::BTreeMap<&'static str, String>,
     /// Samples and tokens still delayed at the end of the run (strategies that delay).
     backlog: std::collections::BTreeMap<&'static str, Backlog>,
+    /// Steps re-planned to fit memory (strategies that plan every step).
+    replanned: std::collections::BTreeMap<&'static str, usize>,
 }
 
 #[derive(Debug, Serialize)]
@@ -116,7 +120,9 @@ struct Report {
     strategies: Vec<Row>,
 }
 
-const TUNING: &str = "per run: every candidate on step 1, the fastest that fits kept for all steps";
+const TUNING: &str =
+    "per run: every candidate on step 1, the fastest that fits kept for all steps \
+                      (strategies that plan every step re-plan a step it does not fit)";
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let job = args.spec.job()?;
@@ -174,6 +180,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     let (samples, tokens) = r.backlog;
                     (r.strategy.name, Backlog { samples, tokens })
                 })
+                .collect(),
+            replanned: runs
+                .iter()
+                .filter(|r| r.strategy.replans)
+                .map(|r| (r.strategy.name, r.replanned))
                 .collect(),
         },
         strategies: rows(&runs),
@@ -260,7 +271,17 @@ fn run_strategy(
         metrics: best.metrics.clone(),
         compile_ms: best.compile_ms,
     }];
-    for evaluation in driver::evaluate_steps(strategy, spec, &later)? {
+    let mut replanned = 0;
+    for (evaluation, (batch, kept)) in driver::evaluate_steps(strategy, spec, &later)?
+        .into_iter()
+        .zip(&later)
+    {
+        let evaluation = if evaluation.metrics.oom && strategy.replans {
+            replanned += 1;
+            replan(strategy, spec, batch, &state, choices, &tuning, kept)?.unwrap_or(evaluation)
+        } else {
+            evaluation
+        };
         steps.push(StepFigures {
             metrics: evaluation.metrics,
             compile_ms: evaluation.compile_ms,
@@ -273,7 +294,40 @@ fn run_strategy(
         tuning,
         steps,
         backlog: state.backlog(),
+        replanned,
     })
+}
+
+/// A step of a re-planning strategy whose kept configuration does not fit: the configurations
+/// with the kept recompute mode, fastest on the tuning step first, until one fits this batch.
+fn replan(
+    strategy: &'static StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+    tuning: &[driver::Evaluation],
+    kept: &slimpack_passes::strategy::Candidate,
+) -> anyhow::Result<Option<driver::Evaluation>> {
+    let mut order: Vec<&driver::Evaluation> = tuning
+        .iter()
+        .filter(|e| e.candidate.recompute == kept.recompute && e.candidate.label != kept.label)
+        .collect();
+    order.sort_by(|a, b| a.metrics.step_time_s.total_cmp(&b.metrics.step_time_s));
+    let offered = (strategy.candidates)(spec, batch, state, choices);
+    for evaluation in order {
+        let Some(candidate) = offered
+            .iter()
+            .find(|c| c.label == evaluation.candidate.label)
+        else {
+            continue;
+        };
+        let (attempt, _) = driver::evaluate(strategy, spec, batch, candidate)?;
+        if !attempt.metrics.oom {
+            return Ok(Some(attempt));
+        }
+    }
+    Ok(None)
 }
 
 fn rows(runs: &[StrategyRun]) -> Vec<Row> {
@@ -388,6 +442,12 @@ fn table(report: &Report) -> String {
             row.speedup_vs_megatron
                 .map_or("-".into(), |s| format!("{s:.2}x")),
             config.chosen.get(row.name).map_or("", String::as_str),
+        );
+    }
+    for (name, steps) in config.replanned.iter().filter(|(_, &steps)| steps > 0) {
+        let _ = writeln!(
+            out,
+            "\n{name}: {steps} step(s) re-planned because the tuned configuration did not fit"
         );
     }
     for (name, backlog) in &config.backlog {
