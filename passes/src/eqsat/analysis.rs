@@ -5,8 +5,8 @@
 //! slice list's e-class has one *coverage*; its terms differ only in where slices are cut. The
 //! analysis keeps, per list and pack e-class, the common refinement of all its terms' slices
 //! (`Members`): merging two e-classes refines, which is a join, so egg's fixpoint is well
-//! defined. Regrouping rules move the pieces of that refinement, so a `split-slice` in one
-//! e-class makes the tail of the slice movable everywhere that e-class is used. A pack e-class
+//! defined. Regrouping rules move the pieces of that refinement, so a split in one e-class
+//! makes the end of the slice movable everywhere that e-class is used. A pack e-class
 //! also holds its time from the [`PackTimer`] at that finest cut (an upper bound on its terms'
 //! times, as longer slices run attention at least as efficiently); a sequence e-class holds its
 //! length in packs (kept runs included), from which a rule learns the position of the pack it
@@ -53,9 +53,6 @@ pub struct ReplicaFacts {
     pub fanout: usize,
     /// Per direction, per position: the input pack's time (what a kept run costs).
     pub kept_seconds: [Vec<f64>; 2],
-    /// Per sample: whether its slices may be split — it has a slice in one of the slowest
-    /// packs, the packs moves take from, where a piece may balance better than a whole slice.
-    pub splittable: Vec<bool>,
 }
 
 /// The pass options the rules read.
@@ -63,10 +60,6 @@ pub struct ReplicaFacts {
 pub struct Knobs {
     pub grain: u32,
     pub fanout: usize,
-    /// Spell out (and so regroup) only the packs around this many of the slowest packs of each
-    /// direction; the others are kept runs. The step pays for a sequence's largest pack, and
-    /// an e-graph over every pack of a replica grows faster than it pays.
-    pub focus: usize,
 }
 
 impl ReplicaFacts {

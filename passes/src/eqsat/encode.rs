@@ -143,7 +143,6 @@ impl ReplicaPlan {
                 .unwrap_or(1),
             input_cuts: self.input_cuts(),
             fanout: knobs.fanout,
-            splittable: self.in_slowest(&kept_seconds, knobs.focus),
             kept_seconds,
         }
     }
@@ -159,22 +158,6 @@ impl ReplicaPlan {
             .collect();
         cuts.sort_unstable();
         cuts
-    }
-
-    /// Per sample: whether it has a slice in one of the `count` slowest packs of a direction.
-    fn in_slowest(&self, seconds: &[Vec<f64>; 2], count: usize) -> Vec<bool> {
-        let mut flags = vec![false; self.samples.len()];
-        for (direction, seconds) in [Direction::Forward, Direction::Backward]
-            .iter()
-            .zip(seconds)
-        {
-            for position in slowest(seconds, count) {
-                for span in &self.packs(*direction)[position] {
-                    flags[span.sample as usize] = true;
-                }
-            }
-        }
-        flags
     }
 
     /// Per position of `direction`: whether the pack is spelled out in the term, being within
@@ -200,11 +183,7 @@ impl ReplicaPlan {
     }
 
     /// The plan two extracted sequence terms describe, kept runs taken from this plan.
-    pub fn decode(
-        &self,
-        forward: &RecExpr<Schedule>,
-        backward: &RecExpr<Schedule>,
-    ) -> ReplicaPlan {
+    pub fn decode(&self, forward: &RecExpr<Schedule>, backward: &RecExpr<Schedule>) -> ReplicaPlan {
         let root = |term: &RecExpr<Schedule>| Id::from(term.as_ref().len() - 1);
         ReplicaPlan {
             samples: self.samples.clone(),

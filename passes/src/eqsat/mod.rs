@@ -82,7 +82,7 @@ pub(crate) const INFO: PassInfo = PassInfo {
 const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "nodes",
-        help: "e-node limit per replica's e-graph (default 4000)",
+        help: "e-node limit per replica's e-graph (default 1000)",
     },
     OptionInfo {
         name: "iters",
@@ -94,7 +94,7 @@ const OPTIONS: &[OptionInfo] = &[
     },
     OptionInfo {
         name: "grain",
-        help: "split slices only at multiples of this many tokens (default: the largest slice / 8, a power of two)",
+        help: "split slices only at multiples of this many tokens (default: the largest slice / 16, a power of two)",
     },
     OptionInfo {
         name: "fanout",
@@ -126,7 +126,9 @@ pub struct Eqsat {
     pub time_limit: Option<Duration>,
     pub grain: Option<u32>,
     pub fanout: usize,
-    /// Regroup around this many of the slowest packs per direction.
+    /// Spell out (and so regroup) only the packs around this many of the slowest packs of
+    /// each direction; the others are kept runs. The step pays for a sequence's largest pack,
+    /// and an e-graph over every pack of a replica grows faster than it pays.
     pub focus: usize,
     pub scope: Scope,
 }
@@ -134,7 +136,7 @@ pub struct Eqsat {
 impl Default for Eqsat {
     fn default() -> Eqsat {
         Eqsat {
-            nodes: 4000,
+            nodes: 1000,
             iters: 6,
             time_limit: None,
             grain: None,
@@ -270,7 +272,6 @@ impl Eqsat {
         let knobs = Knobs {
             grain,
             fanout: self.fanout,
-            focus: self.focus,
         };
         let facts = Rc::new(plan.facts(ir, caps, knobs, &mut timer.borrow_mut()));
         let focus = facts
@@ -355,7 +356,7 @@ fn stop_reason(reason: Option<&StopReason>) -> String {
     }
 }
 
-/// The default grain: an eighth of the largest slice, rounded down to a power of two.
+/// The default grain: a sixteenth of the largest slice, rounded down to a power of two.
 fn default_grain(ir: &StepIr) -> u32 {
     let largest = ir
         .all_slices()
@@ -363,8 +364,8 @@ fn default_grain(ir: &StepIr) -> u32 {
         .map(|&s| ir.slice(s).len)
         .max()
         .unwrap_or(1);
-    let eighth = (largest / 8).max(1);
-    1 << (31 - eighth.leading_zeros())
+    let sixteenth = (largest / 16).max(1);
+    1 << (31 - sixteenth.leading_zeros())
 }
 
 impl Pass for Eqsat {

@@ -65,7 +65,7 @@ fn var(name: &str) -> Var {
 }
 
 /// The pack a move takes from is the slower of the two matched packs.
-fn slower_first(toward: Toward) -> impl Fn(&mut ScheduleGraph, Id, &Subst) -> bool {
+pub(super) fn slower_first(toward: Toward) -> impl Fn(&mut ScheduleGraph, Id, &Subst) -> bool {
     move |egraph, _, subst| {
         let p = egraph[subst[var("?p")]].data.seconds();
         let q = egraph[subst[var("?q")]].data.seconds();
@@ -88,7 +88,12 @@ fn keeps_a_slice(giving: &Members, moved: usize) -> bool {
 
 /// The release rule: a sample's last forward token never moves past forward pack `release`,
 /// and its backward never moves into a backward pack before `release`.
-fn released(direction: Direction, piece: Span, into: usize, egraph: &ScheduleGraph) -> bool {
+pub(super) fn released(
+    direction: Direction,
+    piece: Span,
+    into: usize,
+    egraph: &ScheduleGraph,
+) -> bool {
     let sample = egraph.analysis.facts.samples[piece.sample as usize];
     match direction {
         Direction::Forward => piece.end() < sample.len || into <= sample.release,
@@ -101,14 +106,19 @@ fn balances(before: (f64, f64), after: (f64, f64)) -> bool {
     after.0.max(after.1) < before.0.max(before.1)
 }
 
-/// The piece of each sample in `giving` that may move `toward` in `direction`.
-fn movable_pieces(giving: &Members, direction: Direction, toward: Toward) -> Vec<Span> {
-    // Forward runs a sample's tokens in increasing order, backward in decreasing order: the
-    // piece that may go to the later pack is the one that runs last in the giving pack.
-    let last = matches!(
+/// Whether a move `toward` in `direction` takes a sample's last piece in its pack (else its
+/// first). Forward runs a sample's tokens in increasing order, backward in decreasing order:
+/// the piece that may go to the later pack is the one that runs last in the giving pack.
+pub(super) fn moves_last_piece(direction: Direction, toward: Toward) -> bool {
+    matches!(
         (direction, toward),
         (Direction::Forward, Toward::Later) | (Direction::Backward, Toward::Earlier)
-    );
+    )
+}
+
+/// The piece of each sample in `giving` that may move `toward` in `direction`.
+pub(super) fn movable_pieces(giving: &Members, direction: Direction, toward: Toward) -> Vec<Span> {
+    let last = moves_last_piece(direction, toward);
     let mut pieces: Vec<Span> = Vec::new();
     for &span in giving.spans.iter() {
         match pieces.last_mut() {
@@ -124,18 +134,27 @@ fn movable_pieces(giving: &Members, direction: Direction, toward: Toward) -> Vec
 }
 
 /// The matched packs, their position and the rest of the sequence.
-struct Matched {
-    rest: Id,
+pub(super) struct Matched {
+    pub p: Id,
+    pub q: Id,
+    pub rest: Id,
     /// Position of `?p` among the direction's packs.
-    position: usize,
-    members: [Members; 2],
-    seconds: [f64; 2],
+    pub position: usize,
+    pub members: [Members; 2],
+    pub seconds: [f64; 2],
 }
 
-fn matched(egraph: &ScheduleGraph, direction: Direction, root: Id, subst: &Subst) -> Matched {
+pub(super) fn matched(
+    egraph: &ScheduleGraph,
+    direction: Direction,
+    root: Id,
+    subst: &Subst,
+) -> Matched {
     let (p, q) = (subst[var("?p")], subst[var("?q")]);
     let position = egraph.analysis.facts.packs(direction) - egraph[root].data.packs();
     Matched {
+        p,
+        q,
         rest: subst[var("?t")],
         position,
         members: [
@@ -148,7 +167,7 @@ fn matched(egraph: &ScheduleGraph, direction: Direction, root: Id, subst: &Subst
 
 /// One regrouping: pieces leaving `?p` for `?q` and pieces leaving `?q` for `?p`.
 #[derive(Debug, Clone)]
-struct Regrouping {
+pub(super) struct Regrouping {
     later: Vec<Span>,
     earlier: Vec<Span>,
     /// Times of the new `?p` and `?q`.
@@ -157,7 +176,7 @@ struct Regrouping {
 
 impl Regrouping {
     /// Evaluates the regrouping; `None` if a cap or the balance guard fails.
-    fn evaluate(
+    pub(super) fn evaluate(
         egraph: &ScheduleGraph,
         direction: Direction,
         site: &Matched,
@@ -182,7 +201,8 @@ impl Regrouping {
         })
     }
 
-    fn key(&self) -> f64 {
+    /// The slower of the two resulting packs' times.
+    pub(super) fn key(&self) -> f64 {
         self.seconds.0.max(self.seconds.1)
     }
 
@@ -221,13 +241,19 @@ fn regrouped(members: &Members, leaving: &[Span], arriving: &[Span]) -> Vec<Span
     spans
 }
 
-/// Adds the pack of `spans` (a cons list built from its end, sharing existing suffixes).
-pub(super) fn add_pack(egraph: &mut ScheduleGraph, direction: Direction, spans: &[Span]) -> Id {
+/// Adds the cons list of `spans`, built from its end (sharing existing suffixes).
+pub(super) fn add_list(egraph: &mut ScheduleGraph, spans: &[Span]) -> Id {
     let mut list = egraph.add(Schedule::Nil);
     for &span in spans.iter().rev() {
         let leaf = egraph.add(Schedule::Slice(span));
         list = egraph.add(Schedule::Cons([leaf, list]));
     }
+    list
+}
+
+/// Adds the pack of `spans`.
+fn add_pack(egraph: &mut ScheduleGraph, direction: Direction, spans: &[Span]) -> Id {
+    let list = add_list(egraph, spans);
     egraph.add(match direction {
         Direction::Forward => Schedule::ForwardPack(list),
         Direction::Backward => Schedule::BackwardPack(list),

@@ -34,7 +34,6 @@ pub fn facts(
         input_cuts: Vec::new(),
         fanout: 8,
         kept_seconds: [vec![0.0; forward_packs], vec![0.0; backward_packs]],
-        splittable: vec![true; lengths.len()],
     }
 }
 
