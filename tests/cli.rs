@@ -22,15 +22,32 @@ fn assert_bad_input(args: &[&str], needles: &[&str]) {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
     assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: not one line: {stderr}");
-    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "{args:?}: not one line: {stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
     for needle in needles {
-        assert!(stderr.contains(needle), "{args:?}: '{needle}' not in: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: '{needle}' not in: {stderr}"
+        );
     }
     assert!(output.stdout.is_empty(), "{args:?}: stdout not empty");
 }
 
-const TINY: [&str; 6] = ["--model", "tiny", "--cluster", "cpu", "--parallel", "tp=1,pp=2,dp=2"];
+const TINY: [&str; 6] = [
+    "--model",
+    "tiny",
+    "--cluster",
+    "cpu",
+    "--parallel",
+    "tp=1,pp=2,dp=2",
+];
 
 fn compile_with(extra: &[&str]) -> Vec<String> {
     let mut args: Vec<String> = vec!["compile".into()];
@@ -57,20 +74,49 @@ fn empty_batch() {
 
 #[test]
 fn zero_negative_and_non_numeric_lengths() {
-    run_compile(&["--batch", &fixture("zero-length.txt")], &["zero-length.txt", "line 2"]);
-    run_compile(&["--batch", &fixture("negative-length.txt")], &["negative-length.txt", "line 2", "-5"]);
-    run_compile(&["--batch", &fixture("non-numeric-length.txt")], &["non-numeric-length.txt", "line 2", "abc"]);
+    run_compile(
+        &["--batch", &fixture("zero-length.txt")],
+        &["zero-length.txt", "line 2"],
+    );
+    run_compile(
+        &["--batch", &fixture("negative-length.txt")],
+        &["negative-length.txt", "line 2", "-5"],
+    );
+    run_compile(
+        &["--batch", &fixture("non-numeric-length.txt")],
+        &["non-numeric-length.txt", "line 2", "abc"],
+    );
 }
 
 #[test]
 fn unknown_presets() {
     let batch = fixture("lengths.txt");
     assert_bad_input(
-        &["compile", "--model", "gpt-9", "--cluster", "cpu", "--parallel", "tp=1", "--batch", &batch],
+        &[
+            "compile",
+            "--model",
+            "gpt-9",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1",
+            "--batch",
+            &batch,
+        ],
         &["unknown model preset 'gpt-9'", "llama-7b"],
     );
     assert_bad_input(
-        &["compile", "--model", "tiny", "--cluster", "tpu-v9", "--parallel", "tp=1", "--batch", &batch],
+        &[
+            "compile",
+            "--model",
+            "tiny",
+            "--cluster",
+            "tpu-v9",
+            "--parallel",
+            "tp=1",
+            "--batch",
+            &batch,
+        ],
         &["unknown cluster preset 'tpu-v9'", "h100-sxm"],
     );
 }
@@ -78,30 +124,75 @@ fn unknown_presets() {
 #[test]
 fn unknown_pass_and_option() {
     let batch = fixture("lengths.txt");
-    run_compile(&["--batch", &batch, "--passes", "slice{size=8},frobnicate"], &["unknown pass 'frobnicate'", "valid: assign-dp,", "schedule-pipeline"]);
-    run_compile(&["--batch", &batch, "--passes", "slice{width=8}"], &["unknown option 'width'", "valid: size"]);
+    run_compile(
+        &["--batch", &batch, "--passes", "slice{size=8},frobnicate"],
+        &[
+            "unknown pass 'frobnicate'",
+            "valid: assign-dp,",
+            "schedule-pipeline",
+        ],
+    );
+    run_compile(
+        &["--batch", &batch, "--passes", "slice{width=8}"],
+        &["unknown option 'width'", "valid: size"],
+    );
 }
 
 #[test]
 fn layout_must_fit_the_model() {
     let batch = fixture("lengths.txt");
     assert_bad_input(
-        &["compile", "--model", "llama-7b", "--cluster", "h100-sxm", "--parallel", "tp=3,pp=1,dp=1", "--batch", &batch],
+        &[
+            "compile",
+            "--model",
+            "llama-7b",
+            "--cluster",
+            "h100-sxm",
+            "--parallel",
+            "tp=3,pp=1,dp=1",
+            "--batch",
+            &batch,
+        ],
         &["tp=3 must divide the heads (32)"],
     );
     assert_bad_input(
-        &["compile", "--model", "llama-7b", "--cluster", "h100-sxm", "--parallel", "tp=8,pp=5,dp=1", "--batch", &batch],
+        &[
+            "compile",
+            "--model",
+            "llama-7b",
+            "--cluster",
+            "h100-sxm",
+            "--parallel",
+            "tp=8,pp=5,dp=1",
+            "--batch",
+            &batch,
+        ],
         &["pp=5 must divide the layers (32)"],
     );
     assert_bad_input(
-        &["compile", "--model", "llama-7b", "--cluster", "h100-sxm", "--parallel", "tp=8,pp=0,dp=1", "--batch", &batch],
+        &[
+            "compile",
+            "--model",
+            "llama-7b",
+            "--cluster",
+            "h100-sxm",
+            "--parallel",
+            "tp=8,pp=0,dp=1",
+            "--batch",
+            &batch,
+        ],
         &["pp must be a positive integer"],
     );
 }
 
 /// The input section of a filetest (above its expected output), written to a file of its own.
 fn filetest_input(dir: &Path, name: &str) -> String {
-    let content = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests").join(name)).unwrap();
+    let content = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/filetests")
+            .join(name),
+    )
+    .unwrap();
     let input = content.split("// ----- expected -----").next().unwrap();
     let path = dir.join(Path::new(name).file_name().unwrap());
     std::fs::write(&path, input).unwrap();
@@ -112,7 +203,10 @@ fn filetest_input(dir: &Path, name: &str) -> String {
 fn malformed_ir_names_line_and_column() {
     let dir = tempfile::tempdir().unwrap();
     let input = filetest_input(dir.path(), "parse/unexpected-character.sir");
-    assert_bad_input(&["opt", &input], &["unexpected-character.sir:12:28", "unexpected character '$'"]);
+    assert_bad_input(
+        &["opt", &input],
+        &["unexpected-character.sir:12:28", "unexpected character '$'"],
+    );
 }
 
 #[test]
@@ -129,11 +223,25 @@ fn missing_ir_file() {
 
 #[test]
 fn compile_report_json_is_one_object_on_stdout() {
-    let args = compile_with(&["--batch", &fixture("lengths.txt"), "--context", "4096", "--passes", "slice{size=1024}", "--report", "json"]);
+    let args = compile_with(&[
+        "--batch",
+        &fixture("lengths.txt"),
+        "--context",
+        "4096",
+        "--passes",
+        "slice{size=1024}",
+        "--report",
+        "json",
+    ]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = slimpack(&refs);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).expect("stdout is one JSON object");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("stdout is one JSON object");
     assert_eq!(report["samples"], 10); // 17000 is cut into 5 context pieces
     assert_eq!(report["tokens"], 1200 + 800 + 4096 + 300 + 17000 + 650);
     assert_eq!(report["documents_cut"], 1);
@@ -147,13 +255,26 @@ fn compile_report_json_is_one_object_on_stdout() {
 fn compile_then_opt_round_trips_byte_identically() {
     let dir = tempfile::tempdir().unwrap();
     let logical = dir.path().join("logical.sir");
-    let args = compile_with(&["--batch", &fixture("lengths.txt"), "--context", "4096", "--emit", "ir", "-o", logical.to_str().unwrap()]);
+    let args = compile_with(&[
+        "--batch",
+        &fixture("lengths.txt"),
+        "--context",
+        "4096",
+        "--emit",
+        "ir",
+        "-o",
+        logical.to_str().unwrap(),
+    ]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     assert!(slimpack(&refs).status.success());
     let read = |p: &Path| std::fs::read_to_string(p).unwrap();
     let opt = |input: &Path, passes: &str| -> String {
         let output = slimpack(&["opt", input.to_str().unwrap(), "--passes", passes]);
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         String::from_utf8(output.stdout).unwrap()
     };
     assert_eq!(opt(&logical, ""), read(&logical));
@@ -165,7 +286,14 @@ fn compile_then_opt_round_trips_byte_identically() {
 #[test]
 fn dump_dir_holds_numbered_before_and_after_files() {
     let dir = tempfile::tempdir().unwrap();
-    let args = compile_with(&["--batch", &fixture("lengths.txt"), "--passes", "slice{size=2048},slice{size=512}", "--dump-dir", dir.path().to_str().unwrap()]);
+    let args = compile_with(&[
+        "--batch",
+        &fixture("lengths.txt"),
+        "--passes",
+        "slice{size=2048},slice{size=512}",
+        "--dump-dir",
+        dir.path().to_str().unwrap(),
+    ]);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     assert!(slimpack(&refs).status.success());
     let mut names: Vec<String> = std::fs::read_dir(dir.path())
@@ -175,6 +303,12 @@ fn dump_dir_holds_numbered_before_and_after_files() {
     names.sort();
     assert_eq!(
         names,
-        ["00-input.sir", "01-slice.after.sir", "01-slice.before.sir", "02-slice.after.sir", "02-slice.before.sir"]
+        [
+            "00-input.sir",
+            "01-slice.after.sir",
+            "01-slice.before.sir",
+            "02-slice.after.sir",
+            "02-slice.before.sir"
+        ]
     );
 }

@@ -28,7 +28,10 @@ fn shape() -> impl Strategy<Value = Shape> {
         prop_oneof![Just(1u32), Just(2), Just(4)],
         1u32..5,
         prop::option::of(1u32..100_000),
-        prop::collection::vec((1u32..50_000, prop::collection::vec(1u32..1000, 0..4)), 1..12),
+        prop::collection::vec(
+            (1u32..50_000, prop::collection::vec(1u32..1000, 0..4)),
+            1..12,
+        ),
         1u32..4,
         any::<bool>(),
         1usize..4,
@@ -37,17 +40,19 @@ fn shape() -> impl Strategy<Value = Shape> {
         "[a-z\\\\\" /.-]{0,12}",
     )
         .prop_map(
-            |(pp, dp, context, samples, replicas, merged, packs_per_replica, cap, phase, name)| Shape {
-                pp,
-                dp,
-                context,
-                samples,
-                replicas,
-                merged,
-                packs_per_replica,
-                cap,
-                phase,
-                name,
+            |(pp, dp, context, samples, replicas, merged, packs_per_replica, cap, phase, name)| {
+                Shape {
+                    pp,
+                    dp,
+                    context,
+                    samples,
+                    replicas,
+                    merged,
+                    packs_per_replica,
+                    cap,
+                    phase,
+                    name,
+                }
             },
         )
 }
@@ -70,7 +75,10 @@ fn build(shape: &Shape) -> StepIr {
             doc: doc as u64,
             piece: 0,
         });
-        let mut points: Vec<u32> = cuts.iter().map(|c| (*len as u64 * *c as u64 / 1000) as u32).collect();
+        let mut points: Vec<u32> = cuts
+            .iter()
+            .map(|c| (*len as u64 * *c as u64 / 1000) as u32)
+            .collect();
         points.push(*len);
         points.sort();
         points.dedup();
@@ -88,7 +96,9 @@ fn build(shape: &Shape) -> StepIr {
     if shape.phase == 0 {
         return ir;
     }
-    let mut replicas: Vec<_> = (0..shape.replicas).map(|r| ir.add_replica(vec![r])).collect();
+    let mut replicas: Vec<_> = (0..shape.replicas)
+        .map(|r| ir.add_replica(vec![r]))
+        .collect();
     if shape.merged {
         replicas.push(ir.add_replica(vec![shape.replicas, shape.replicas + 1]));
     }
@@ -100,7 +110,11 @@ fn build(shape: &Shape) -> StepIr {
         return ir;
     }
     for &replica in &replicas {
-        let slices: Vec<_> = ir.samples_on(replica).iter().flat_map(|&s| ir.slices_of(s)).collect();
+        let slices: Vec<_> = ir
+            .samples_on(replica)
+            .iter()
+            .flat_map(|&s| ir.slices_of(s))
+            .collect();
         if slices.is_empty() {
             continue;
         }
@@ -111,7 +125,14 @@ fn build(shape: &Shape) -> StepIr {
                 Direction::Backward => slices.iter().rev().copied().collect(),
             };
             for members in ordered.chunks(chunk) {
-                ir.add_pack(Pack { direction, cap: shape.cap }, replica, members);
+                ir.add_pack(
+                    Pack {
+                        direction,
+                        cap: shape.cap,
+                    },
+                    replica,
+                    members,
+                );
             }
         }
     }

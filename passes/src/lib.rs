@@ -12,8 +12,8 @@ mod balance;
 pub mod dp_merge;
 pub mod eqsat;
 mod error;
-pub mod micropack;
 pub mod manager;
+pub mod micropack;
 #[cfg(feature = "milp")]
 pub mod milp;
 pub mod pack_bwd;

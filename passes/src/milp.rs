@@ -23,7 +23,12 @@ pub fn optimal_max_pack_cost(
     cap: u32,
 ) -> Option<f64> {
     // Costs are FLOPs (~1e12): scale them to ~1 so the simplex stays well conditioned.
-    let scale = chains.iter().flatten().map(|i| i.cost).fold(0.0, f64::max).max(f64::MIN_POSITIVE);
+    let scale = chains
+        .iter()
+        .flatten()
+        .map(|i| i.cost)
+        .fold(0.0, f64::max)
+        .max(f64::MIN_POSITIVE);
     let mut vars = ProblemVariables::new();
     let items: Vec<(usize, usize)> = chains
         .iter()
@@ -76,7 +81,10 @@ pub fn optimal_max_pack_cost(
             .sum();
         model = model.with(constraint!(cost <= largest));
     }
-    model.solve().ok().map(|solution| solution.value(largest) * scale)
+    model
+        .solve()
+        .ok()
+        .map(|solution| solution.value(largest) * scale)
 }
 
 #[cfg(test)]

@@ -47,11 +47,18 @@ fn main() {
             blessed += 1;
         } else {
             failed += 1;
-            eprintln!("FAIL {name}\n--- expected\n{}\n--- actual\n{actual}", expected.unwrap_or_default());
+            eprintln!(
+                "FAIL {name}\n--- expected\n{}\n--- actual\n{actual}",
+                expected.unwrap_or_default()
+            );
         }
     }
     eprintln!("filetests: {passed} passed, {failed} failed, {blessed} blessed");
-    assert!(passed + failed + blessed > 0 || filter.is_some(), "no filetests found under {}", root.display());
+    assert!(
+        passed + failed + blessed > 0 || filter.is_some(),
+        "no filetests found under {}",
+        root.display()
+    );
     if failed > 0 {
         std::process::exit(1);
     }
@@ -74,7 +81,10 @@ fn run(input: &str, name: &str) -> String {
         input
             .lines()
             .take_while(|l| l.starts_with("//"))
-            .find_map(|l| l.strip_prefix(&format!("// {key}")).map(|v| v.trim().to_string()))
+            .find_map(|l| {
+                l.strip_prefix(&format!("// {key}"))
+                    .map(|v| v.trim().to_string())
+            })
     };
     let pipeline = directive("passes:").unwrap_or_default();
     let options = ManagerOptions {
