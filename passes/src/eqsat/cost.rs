@@ -160,26 +160,29 @@ impl PackTimer {
             .fold(0.0, f64::max)
     }
 
+    /// Seconds of a pack of `spans` on every stage.
+    pub fn stage_seconds(&mut self, direction: Direction, spans: &[Span]) -> Vec<f64> {
+        let load = self.list_load(spans);
+        let attention = load.attention(direction);
+        (0..self.stages)
+            .map(|stage| {
+                if load.tokens == 0 {
+                    return 0.0;
+                }
+                let exchange = if self.context_parallel {
+                    self.exchange(direction, stage, load.keys)
+                } else {
+                    0.0
+                };
+                self.rest(direction, stage, load.tokens) + attention.max(exchange)
+            })
+            .collect()
+    }
+
     /// Seconds of a pack of `spans`.
     pub fn pack_seconds(&mut self, direction: Direction, spans: &[Span]) -> f64 {
         let load = self.list_load(spans);
         self.seconds(direction, &load)
-    }
-
-    /// Cost of a replica whose packs are `forward` and `backward`, in run order.
-    pub fn replica_seconds(&mut self, forward: &[Vec<Span>], backward: &[Vec<Span>]) -> f64 {
-        let mut total = 0.0;
-        for (direction, packs) in [
-            (Direction::Forward, forward),
-            (Direction::Backward, backward),
-        ] {
-            let mut sequence = SequenceCost::default();
-            for pack in packs {
-                sequence = sequence.then(self.pack_seconds(direction, pack));
-            }
-            total += sequence.total(self.stages);
-        }
-        total
     }
 
     fn rest_max(&mut self, direction: Direction, tokens: u64) -> f64 {

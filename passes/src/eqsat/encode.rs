@@ -182,14 +182,11 @@ impl ReplicaPlan {
         term
     }
 
-    /// The plan two extracted sequence terms describe, kept runs taken from this plan.
-    pub fn decode(&self, forward: &RecExpr<Schedule>, backward: &RecExpr<Schedule>) -> ReplicaPlan {
-        let root = |term: &RecExpr<Schedule>| Id::from(term.as_ref().len() - 1);
-        ReplicaPlan {
-            samples: self.samples.clone(),
-            forward: decode_sequence(forward, root(forward), &self.forward),
-            backward: decode_sequence(backward, root(backward), &self.backward),
-        }
+    /// The packs an extracted sequence term of direction `d` (0 forward, 1 backward)
+    /// describes, kept runs taken from this plan.
+    pub fn decode_sequence(&self, d: usize, term: &RecExpr<Schedule>) -> Vec<Vec<Span>> {
+        let input = [&self.forward, &self.backward][d];
+        decode_sequence(term, Id::from(term.as_ref().len() - 1), input)
     }
 }
 

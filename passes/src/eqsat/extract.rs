@@ -5,9 +5,11 @@
 //! largest pack at the price of its sum is a loss under a prefix whose pack is larger still.
 //! So, per direction: one extraction by [`Objective::Bottleneck`] finds the smallest largest
 //! pack any term reaches, `M_min`; then extractions by [`Objective::SumWithin`] find the least
-//! sum under a few bounds between `M_min` and the input's largest pack, and the sequence with
-//! the least total among those wins (ties: the tighter bound). Each bound's extraction is exact
-//! for that bound, so the result is never worse than the input's own sequence.
+//! sum under a few bounds between `M_min` and the input's largest pack. Each bound's extraction
+//! is exact for that bound, so the best of them is never worse than the input's own sequence.
+//! All of them are candidates: the pass then pairs forward and backward candidates (and the
+//! input's) and keeps the pair whose 1F1B makespan (`pipeline.rs`) is least, a finer judge than
+//! the sum-and-max that extraction can compose.
 //!
 //! The e-graph is acyclic — a list's tail covers fewer tokens than the list, a sequence's tail
 //! has fewer packs — so [`Extraction`] visits e-classes once, children first, instead of egg's
@@ -23,52 +25,59 @@ use super::analysis::{Data, ReplicaFacts, ScheduleGraph};
 use super::cost::{Objective, PackTimer, ScheduleCost, TermCost};
 use super::language::Schedule;
 
+/// Candidates kept per direction (each is paired with every candidate of the other direction).
+const CANDIDATES: usize = 3;
+
 /// Bounds tried between `M_min` and the input's largest pack, as fractions of the way.
 const BOUNDS: [f64; 4] = [0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0];
 
-/// The cheapest terms of the forward and backward sequence e-classes `sequences`, whose input
-/// terms' largest packs take `input_max` seconds. One extraction serves both directions: their
-/// sequences share no e-class above the slice lists.
-pub fn best_sequences(
+/// Candidate terms of the forward and backward sequence e-classes `sequences` (whose input
+/// terms' largest packs take `input_max` seconds), distinct, best by the sequence cost first:
+/// the least-sum term under each bound, and the term of the smallest largest pack. One
+/// extraction serves both directions: their sequences share no e-class above the slice lists.
+pub fn candidate_sequences(
     egraph: &ScheduleGraph,
     sequences: [Id; 2],
     input_max: [f64; 2],
     timer: &RefCell<PackTimer>,
     facts: &ReplicaFacts,
-) -> [RecExpr<Schedule>; 2] {
+) -> [Vec<RecExpr<Schedule>>; 2] {
     let stages = timer.borrow().stages();
     let order = children_first(egraph);
-    let lowest = Extraction::new(
-        egraph,
-        &order,
-        ScheduleCost {
+    let extract = |objective| {
+        let cost_function = ScheduleCost {
             timer,
             facts,
-            objective: Objective::Bottleneck,
-        },
-    );
+            objective,
+        };
+        Extraction::new(egraph, &order, cost_function)
+    };
+    let lowest = extract(Objective::Bottleneck);
     let lowest_max = sequences.map(|sequence| lowest.cost(sequence).sequence().max);
-    let mut best: [Option<(f64, RecExpr<Schedule>)>; 2] = [None, None];
+    let mut found: [Vec<(f64, RecExpr<Schedule>)>; 2] = [Vec::new(), Vec::new()];
+    let add = |d: usize, extraction: &Extraction, found: &mut [Vec<_>; 2]| {
+        let total = extraction.cost(sequences[d]).sequence().total(stages);
+        let term = extraction.term(sequences[d]);
+        if !found[d].iter().any(|(_, known)| *known == term) {
+            found[d].push((total, term));
+        }
+    };
     for fraction in BOUNDS {
         let bound = |d: usize| lowest_max[d] + fraction * (input_max[d] - lowest_max[d]).max(0.0);
-        let objective = Objective::SumWithin([bound(0), bound(1)]);
-        let extraction = Extraction::new(
-            egraph,
-            &order,
-            ScheduleCost {
-                timer,
-                facts,
-                objective,
-            },
-        );
-        for (d, &sequence) in sequences.iter().enumerate() {
-            let total = extraction.cost(sequence).sequence().total(stages);
-            if best[d].as_ref().is_none_or(|(least, _)| total < *least) {
-                best[d] = Some((total, extraction.term(sequence)));
-            }
+        let extraction = extract(Objective::SumWithin([bound(0), bound(1)]));
+        for d in 0..2 {
+            add(d, &extraction, &mut found);
         }
     }
-    best.map(|best| best.expect("at least one bound is tried").1)
+    for d in 0..2 {
+        add(d, &lowest, &mut found);
+    }
+    found.map(|mut terms| {
+        // Stable sort: equal totals keep the tighter bound first.
+        terms.sort_by(|a, b| a.0.total_cmp(&b.0));
+        terms.truncate(CANDIDATES);
+        terms.into_iter().map(|(_, term)| term).collect()
+    })
 }
 
 /// The e-classes, every one after the e-classes its e-nodes point to.

@@ -37,6 +37,7 @@ mod cost;
 mod encode;
 mod extract;
 mod language;
+mod pipeline;
 mod rebuild;
 mod regroup;
 mod slicing;
@@ -297,10 +298,9 @@ impl Eqsat {
             .each_ref()
             .map(|seconds| seconds.iter().copied().fold(0.0, f64::max));
         let sequences = extract::sequences(&runner.egraph, runner.roots[0]);
-        let [forward, backward] =
-            extract::best_sequences(&runner.egraph, sequences, input_max, timer, &facts);
-        let extracted = plan.decode(&forward, &backward);
-        let (candidate, cost_after) = cheapest_combination(ir, plan, &extracted, timer);
+        let candidates =
+            extract::candidate_sequences(&runner.egraph, sequences, input_max, timer, &facts);
+        let (candidate, cost_after) = cheapest_combination(ir, plan, &candidates, timer);
         let cheaper = cost_after < cost_before * (1.0 - 1e-9);
         Outcome {
             cost_after: if cheaper { cost_after } else { cost_before },
@@ -313,36 +313,47 @@ impl Eqsat {
     }
 }
 
-/// The extracted plan, or one of its directions with the input's other direction, whichever
-/// costs least once refined: a cut made in one direction is a cut in the other too, which the
-/// extraction of that other direction did not pay for.
+/// The pair of a forward and a backward candidate (extracted terms, or the input's own
+/// packs) whose refined plan has the least 1F1B makespan: a cut made in one direction is a cut
+/// in the other too, which that direction's extraction did not pay for, and the makespan sees
+/// how the two directions' packs meet in the pipeline, which no per-direction cost does.
 fn cheapest_combination(
     ir: &StepIr,
     input: &ReplicaPlan,
-    extracted: &ReplicaPlan,
+    candidates: &[Vec<RecExpr<Schedule>>; 2],
     timer: &RefCell<PackTimer>,
 ) -> (ReplicaPlan, f64) {
     let lengths: Vec<u32> = input.samples.iter().map(|&s| ir.sample(s).len).collect();
-    let combination = |forward: &ReplicaPlan, backward: &ReplicaPlan| ReplicaPlan {
-        samples: input.samples.clone(),
-        forward: forward.forward.clone(),
-        backward: backward.backward.clone(),
+    let decoded = |d: usize| {
+        let mut packs: Vec<Vec<Vec<Span>>> = candidates[d]
+            .iter()
+            .map(|term| input.decode_sequence(d, term))
+            .collect();
+        packs.push(
+            input
+                .packs([Direction::Forward, Direction::Backward][d])
+                .to_vec(),
+        );
+        packs
     };
+    let (forwards, backwards) = (decoded(0), decoded(1));
     let mut best: Option<(ReplicaPlan, f64)> = None;
-    for plan in [
-        combination(extracted, extracted),
-        combination(input, extracted),
-        combination(extracted, input),
-    ] {
-        let refined = rebuild::refine(&plan, &lengths);
-        let cost = timer
-            .borrow_mut()
-            .replica_seconds(&refined.forward, &refined.backward);
-        if best.as_ref().is_none_or(|(_, least)| cost < *least) {
-            best = Some((refined, cost));
+    for forward in &forwards {
+        for backward in &backwards {
+            let plan = ReplicaPlan {
+                samples: input.samples.clone(),
+                forward: forward.clone(),
+                backward: backward.clone(),
+            };
+            let refined = rebuild::refine(&plan, &lengths);
+            let cost =
+                pipeline::makespan(&mut timer.borrow_mut(), &refined.forward, &refined.backward);
+            if best.as_ref().is_none_or(|(_, least)| cost < *least) {
+                best = Some((refined, cost));
+            }
         }
     }
-    best.expect("three combinations are tried")
+    best.expect("the input is a candidate")
 }
 
 fn stop_reason(reason: Option<&StopReason>) -> String {
@@ -402,9 +413,8 @@ impl Pass for Eqsat {
                     timer
                 }
             };
-            let cost_before = timer
-                .borrow_mut()
-                .replica_seconds(&plan.forward, &plan.backward);
+            let cost_before =
+                pipeline::makespan(&mut timer.borrow_mut(), &plan.forward, &plan.backward);
             jobs.push(Job {
                 replica,
                 plan,

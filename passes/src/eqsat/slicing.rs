@@ -103,7 +103,14 @@ impl Applier<Schedule, ScheduleAnalysis> for SplitSlice {
             if !released(direction, piece, into, egraph) {
                 continue;
             }
-            for at in cut_points(piece, grain) {
+            // The moved part grows away from the piece's movable end; the pair's slower pack
+            // first gets faster, then slower again: stop once past the best cut.
+            let mut points: Vec<u32> = cut_points(piece, grain).collect();
+            if last {
+                points.reverse();
+            }
+            let mut best = f64::INFINITY;
+            for at in points {
                 let part = if last {
                     Span {
                         start: at,
@@ -120,13 +127,18 @@ impl Applier<Schedule, ScheduleAnalysis> for SplitSlice {
                     Toward::Later => (vec![part], Vec::new()),
                     Toward::Earlier => (Vec::new(), vec![part]),
                 };
-                if let Some(moved) = Regrouping::evaluate(egraph, direction, &site, later, earlier)
-                {
-                    cuts.push(Cut {
-                        piece,
-                        at,
-                        key: moved.key(),
-                    });
+                match Regrouping::evaluate(egraph, direction, &site, later, earlier) {
+                    Some(moved) if moved.key() <= best => {
+                        best = moved.key();
+                        cuts.push(Cut {
+                            piece,
+                            at,
+                            key: best,
+                        });
+                    }
+                    Some(_) => break,
+                    None if best.is_finite() => break,
+                    None => {}
                 }
             }
         }

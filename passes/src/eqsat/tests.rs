@@ -39,14 +39,14 @@ fn run(ir: &mut StepIr, pipeline: &str) -> Vec<Statistics> {
     .collect()
 }
 
-/// The step's cost as the pass counts it: the slowest replica's.
+/// The step's cost as the pass counts it: the slowest replica's 1F1B makespan.
 fn step_cost(ir: &StepIr) -> f64 {
     let model = CostModel::new(&ir.spec);
     ReplicaPlan::all(ir)
         .into_iter()
         .map(|(replica, plan)| {
             let mut timer = PackTimer::new(model.clone(), ir.replica(replica).ranks.clone());
-            timer.replica_seconds(&plan.forward, &plan.backward)
+            super::pipeline::makespan(&mut timer, &plan.forward, &plan.backward)
         })
         .fold(0.0, f64::max)
 }
