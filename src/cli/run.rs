@@ -97,6 +97,9 @@ struct TaskComparison {
     rank: usize,
     tokens: usize,
     measured_s: f64,
+    /// CPU seconds of the task's thread (immune to other processes; below `measured_s` also
+    /// when it waited for its DP-Merge group).
+    cpu_s: f64,
     predicted_s: f64,
     ops: OpTimes,
     /// Bytes the task held only while it ran: measured, and the model's temporaries.
@@ -160,6 +163,12 @@ struct RunReport {
     peak_memory_mape: Option<f64>,
     /// Mean over pack tasks of |predicted − measured| / measured run time.
     op_time_mape: f64,
+    /// The same against each task's thread CPU time (what the task cost when no other process
+    /// shares its core).
+    op_time_mape_cpu: f64,
+    /// Share of the workers' pack time their threads were not on a core (preempted by other
+    /// processes, or waiting for their DP-Merge group): 1 − CPU time / wall time.
+    off_core_share: f64,
     /// The memory model term by term (with the counting allocator).
     memory_terms: Option<MemoryTerms>,
     /// Where the workers' pack time went, summed over workers.
@@ -336,6 +345,7 @@ fn compare(
             rank: record.rank,
             tokens: plan.packs[record.pack].slices.iter().map(|s| s.len).sum(),
             measured_s: record.run_s(),
+            cpu_s: record.cpu_s,
             predicted_s: durations[&(record.pack, record.stage)],
             ops: record.ops,
             temporary_bytes: record.memory.map(|m| m.temporary_bytes()),
@@ -344,6 +354,11 @@ fn compare(
         .collect();
     comparisons.sort_by(|a, b| (a.stage, &a.name).cmp(&(b.stage, &b.name)));
     let op_time_mape = mean(comparisons.iter().map(|c| ape(c.predicted_s, c.measured_s)));
+    let op_time_mape_cpu = mean(comparisons.iter().map(|c| ape(c.predicted_s, c.cpu_s)));
+    let (cpu, busy) = execution
+        .tasks
+        .iter()
+        .fold((0.0, 0.0), |(c, b), t| (c + t.cpu_s, b + t.run_s()));
     let peaks: Option<Vec<u64>> = execution
         .workers
         .iter()
@@ -388,6 +403,8 @@ fn compare(
         step_time_ape: ape(predicted.step_time_s, execution.step_time_s),
         peak_memory_mape,
         op_time_mape,
+        op_time_mape_cpu,
+        off_core_share: 1.0 - cpu / busy,
         memory_terms,
         ops,
         calibrated,

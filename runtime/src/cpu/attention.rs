@@ -19,6 +19,7 @@
 //! positions it sees: for earlier slices these are contributions their own backward consumes.
 
 use super::config::ModelConfig;
+use super::ops::exp::exp_shifted;
 use super::ops::gemm::{gemm, Mat, MatMut};
 use super::profile::{self, OpClass};
 
@@ -65,11 +66,8 @@ pub(crate) fn attention_forward(
                     .iter()
                     .copied()
                     .fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0.0;
-                for p in row[..visible].iter_mut() {
-                    *p = (*p - max).exp();
-                    sum += *p;
-                }
+                exp_shifted(&mut row[..visible], max);
+                let sum: f32 = row[..visible].iter().sum();
                 row[..visible].iter_mut().for_each(|p| *p /= sum);
                 row[visible..].fill(0.0);
                 lse[(block.rows.start + t) * config.heads + head] = max + sum.ln();
@@ -122,9 +120,7 @@ pub(crate) fn attention_backward(
                 let query = block.rows.start + t;
                 let visible = input.positions[query] + 1;
                 let row_lse = lse[query * config.heads + head];
-                row[..visible]
-                    .iter_mut()
-                    .for_each(|p| *p = (*p - row_lse).exp());
+                exp_shifted(&mut row[..visible], row_lse);
                 row[visible..].fill(0.0);
             }
             let d_out_head = Mat::columns(d_out, qw, q_col, d);

@@ -16,8 +16,9 @@
 //! The cost model also charges a fixed overhead per kernel (`DeviceProfile::kernel_overhead_s`
 //! times its kernel counts). The CPU's per-op overheads are inside the measured times already,
 //! so that charge is taken off the measured time first (from every class in proportion) — the
-//! model's total for the pack then equals the measurement. Each class's time is its fastest of
-//! repeated runs (other processes on the machine only ever add time); `threads` copies run at once (as many as the workers the runs will use) so that the
+//! model's total for the pack then equals the measurement. Each class's time is its fastest over
+//! repeated runs that no other process preempted (the thread's CPU time equals its wall time:
+//! other processes on a shared machine only ever add time); `threads` copies run at once (as many as the workers the runs will use) so that the
 //! rates include the sharing of memory bandwidth and caches between cores.
 //!
 //! [`shipped`] is the calibration measured for the `cpu` preset's device and shipped in the
@@ -51,6 +52,14 @@ pub fn shipped(device: &str) -> Option<Calibration> {
         .expect("the shipped calibration parses (a test checks it)");
     (calibration.device == device).then_some(calibration)
 }
+
+/// A run whose thread got less than this share of its wall time on a core was preempted by
+/// another process; its times are not the kernels'.
+const PREEMPTED: f64 = 0.03;
+
+/// Most runs per point and thread, and most seconds as a multiple of the least.
+const MAX_RUNS: usize = 200;
+const MAX_TIME_FACTOR: f64 = 10.0;
 
 /// How to measure.
 #[derive(Debug, Clone)]
@@ -176,6 +185,10 @@ fn measure_point(
     })
 }
 
+/// Runs the pack forward and backward until at least three runs ran unpreempted (thread CPU
+/// time within [`PREEMPTED`] of wall time) and `min_seconds` passed; returns the clean runs, or
+/// every run if fewer than three were clean after [`MAX_RUNS`] runs or [`MAX_TIME_FACTOR`] times
+/// `min_seconds` (a point always gets three runs).
 fn repeated_runs(
     config: &ModelConfig,
     params: &Params,
@@ -189,26 +202,34 @@ fn repeated_runs(
     }];
     let mut grads = params.zeros_like();
     let start = Instant::now();
-    let mut runs = Vec::new();
+    let (mut clean, mut all) = (Vec::new(), Vec::new());
     // One untimed run first: page faults of fresh buffers, instruction caches.
-    for warm in [true, false] {
-        loop {
-            let mut state = StageState::new(config, Stage::whole(config));
-            profile::take();
-            state.forward_pack(params, batch, &slice, &[])?;
-            let forward = profile::take();
-            state.backward_pack(params, &mut grads, batch, &slice, &[])?;
-            let backward = profile::take();
-            if warm {
-                break;
-            }
-            runs.push(PackTimes { forward, backward });
-            if runs.len() >= 3 && start.elapsed().as_secs_f64() >= min_seconds {
-                return Ok(runs);
-            }
+    for run in 0..=MAX_RUNS {
+        let mut state = StageState::new(config, Stage::whole(config));
+        let (wall, cpu) = (Instant::now(), profile::thread_cpu_s());
+        profile::take();
+        state.forward_pack(params, batch, &slice, &[])?;
+        let forward = profile::take();
+        state.backward_pack(params, &mut grads, batch, &slice, &[])?;
+        let backward = profile::take();
+        let (wall, cpu) = (wall.elapsed().as_secs_f64(), profile::thread_cpu_s() - cpu);
+        if run == 0 {
+            continue;
+        }
+        let times = PackTimes { forward, backward };
+        if cpu >= (1.0 - PREEMPTED) * wall {
+            clean.push(times);
+        }
+        all.push(times);
+        let elapsed = start.elapsed().as_secs_f64();
+        if clean.len() >= 3 && elapsed >= min_seconds {
+            return Ok(clean);
+        }
+        if all.len() >= 3 && elapsed >= MAX_TIME_FACTOR * min_seconds {
+            break;
         }
     }
-    Ok(runs)
+    Ok(if clean.len() >= 3 { clean } else { all })
 }
 
 /// The per-class minimum of `times` (each class on its own).

@@ -23,6 +23,9 @@ pub struct TaskRecord {
     pub end_s: f64,
     /// Seconds of it spent waiting for the pipeline input.
     pub wait_s: f64,
+    /// CPU seconds the worker's thread ran during the task (less than the task's wall time
+    /// when it waited for its group or another process took its core).
+    pub cpu_s: f64,
     /// Where the rest went.
     pub ops: OpTimes,
     /// The worker's memory around the task (with the counting allocator).
@@ -82,6 +85,8 @@ pub struct WorkerReport {
     pub finish_s: f64,
     /// Seconds spent running pack tasks (waits for inputs excluded).
     pub busy_s: f64,
+    /// CPU seconds the worker's thread ran during the step.
+    pub cpu_s: f64,
     /// The pack tasks' time by op class.
     pub ops: OpTimes,
     pub sync: SyncTimes,

@@ -105,6 +105,7 @@ impl Worker<'_> {
             meter.reset_peak();
         }
         let started_s = self.epoch.elapsed().as_secs_f64();
+        let started_cpu_s = profile::thread_cpu_s();
         profile::take();
         let mut states: BTreeMap<usize, StageState> = BTreeMap::new();
         let mut loss = 0.0;
@@ -161,6 +162,7 @@ impl Worker<'_> {
             peak_memory_bytes: meter.map(|m| peak.max(m.peak_bytes().max(0) as u64)),
             finish_s,
             busy_s: tasks.iter().map(TaskRecord::run_s).sum(),
+            cpu_s: profile::thread_cpu_s() - started_cpu_s,
             ops,
             sync: sync_times,
         };
@@ -199,6 +201,7 @@ impl Worker<'_> {
             false => Vec::new(),
         };
         let wait_s = self.epoch.elapsed().as_secs_f64() - start_s;
+        let cpu_start = profile::thread_cpu_s();
         profile::take();
         let state = match states.entry(info.replica) {
             std::collections::btree_map::Entry::Occupied(entry) => entry.into_mut(),
@@ -244,6 +247,7 @@ impl Worker<'_> {
             self.outboxes.send(to, tag, output)?;
         }
         let ops = profile::take();
+        let cpu_s = profile::thread_cpu_s() - cpu_start;
         Ok(TaskRecord {
             pack,
             name: info.name.clone(),
@@ -254,6 +258,7 @@ impl Worker<'_> {
             start_s,
             end_s: self.epoch.elapsed().as_secs_f64(),
             wait_s,
+            cpu_s,
             ops,
             memory: None,
         })

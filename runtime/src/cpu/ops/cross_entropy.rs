@@ -5,6 +5,8 @@
 //! its gradient (as Megatron-LM's cross-entropy does: the fp32 softmax is the loss's saved
 //! tensor), so the logits are computed once.
 
+use super::exp::{exp, exp_shifted};
+
 /// Sum over rows with a target of `logsumexp(z) − z[target]` (accumulated in f64), turning
 /// `logits` into `softmax(logits)` row by row.
 pub(crate) fn cross_entropy_softmax(
@@ -18,7 +20,7 @@ pub(crate) fn cross_entropy_softmax(
         if let Some(target) = target {
             total += f64::from(lse - row[*target as usize]);
         }
-        row.iter_mut().for_each(|z| *z = (*z - lse).exp());
+        exp_shifted(row, lse);
     }
     total
 }
@@ -43,7 +45,7 @@ pub(crate) fn cross_entropy_backward(
 
 fn logsumexp(row: &[f32]) -> f32 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    max + row.iter().map(|&z| (z - max).exp()).sum::<f32>().ln()
+    max + row.iter().map(|&z| exp(z - max)).sum::<f32>().ln()
 }
 
 #[cfg(test)]

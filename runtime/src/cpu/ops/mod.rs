@@ -6,6 +6,7 @@
 
 pub(crate) mod cross_entropy;
 pub(crate) mod embedding;
+pub(crate) mod exp;
 pub(crate) mod gemm;
 pub(crate) mod linear;
 pub(crate) mod rmsnorm;

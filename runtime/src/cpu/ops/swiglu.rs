@@ -1,7 +1,9 @@
 //! SwiGLU's element-wise part: `a = silu(gate) ∘ up`, with `silu(g) = g · σ(g)`.
 
+use super::exp::exp;
+
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp(-x))
 }
 
 /// `silu(gate) ∘ up`.
