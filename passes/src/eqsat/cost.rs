@@ -11,7 +11,8 @@
 //! - A pipelined sequence of packs costs `sum + (pp - 1) x max`: every pack passes every stage
 //!   once, and the fill and drain of a 1F1B pipeline add roughly `pp - 1` times the largest.
 //! - A replica costs forward plus backward; a step (outside the e-graph, whose terms are single
-//!   replicas) costs the maximum over replicas.
+//!   replicas) costs the maximum over replicas. The pass judges its results by a finer cost,
+//!   the replica's 1F1B makespan (`pipeline.rs`), which no bottom-up composition captures.
 //!
 //! [`ScheduleCost`] is egg's [`CostFunction`]: the greedy extractor keeps, per e-class, the
 //! term of least cost under an [`Objective`]. Ranking a sequence by `sum + (pp - 1) x max`

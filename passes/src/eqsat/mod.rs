@@ -1,6 +1,6 @@
-//! `eqsat{nodes=N,iters=N,ms=N,grain=N,fanout=N,focus=N,scope=bottleneck|all}`: refine the MicroPacks
-//! of the slowest replicas by equality saturation (egg), and keep the result only if it is
-//! cheaper.
+//! `eqsat{nodes=N,iters=N,ms=N,grain=N,fanout=N,focus=N,scope=bottleneck|all}`: refine the
+//! MicroPacks of the slowest replicas by equality saturation (egg), and keep the result only
+//! if it is cheaper.
 //!
 //! Phase in: `packed` (the intended place: after `pack-fwd,pack-bwd`, before
 //! `schedule-pipeline`) or `scheduled`. Phase out: unchanged. It runs before scheduling because
@@ -8,16 +8,22 @@
 //! memory-aware warm-up, exactly as it orders any packs; run after scheduling, the pass re-runs
 //! `schedule-pipeline` on the rebuilt step (and so replaces whatever order the input had).
 //!
-//! Per replica, slowest first: its forward and backward packs become a term of the schedule
-//! language ([`language`]); the rules ([`slicing`]: split and merge slices; [`regroup`]: move and
-//! swap slices between neighbouring packs under the order, cap and release rules) grow its
-//! e-graph within the node and iteration limits; the cheapest term under the bottom-up cost
+//! Per replica, slowest first (by its 1F1B makespan, [`pipeline`]): the packs around the
+//! `focus` slowest packs of each direction become a term of the schedule language
+//! ([`language`]; the other packs are kept runs); the rules ([`slicing`]: split a slice of the
+//! slower of two neighbouring packs where a piece would balance them, merge pieces back;
+//! [`regroup`]: move and swap slices between neighbouring packs under the order, cap and
+//! release rules) grow its e-graph within the node and iteration limits; extraction
+//! ([`extract`]) proposes, per direction, the cheapest sequences under the bottom-up cost
 //! ([`cost`]: pack = the machine model's pack time on the slowest stage, sequence = sum +
-//! (pp-1) x max, replica = forward + backward) is extracted; its slices are refined so both
-//! directions share them ([`rebuild`]); and the result is kept only if its cost, evaluated on
-//! those refined slices, is lower than the input's. The step costs the maximum over replicas,
-//! so with `scope=bottleneck` (the default) the pass stops at the first replica that is no
-//! slower than what the replicas already refined cost: improving it could not lower the step.
+//! (pp-1) x max) for a few bounds on the largest pack; each pairing of a forward and a
+//! backward proposal (or the input's packs) is refined so both directions share its slices
+//! ([`rebuild`]) and timed by the replica's 1F1B makespan; the least is kept if it beats the
+//! input's. The step costs the maximum over replicas, so with `scope=bottleneck` (the default)
+//! the pass stops at the first replica that is no slower than what the replicas already
+//! refined cost: improving it could not lower the step. `scope=all` refines every replica —
+//! worth it where the simulator's slowest replica is not the makespan's (sends, memory-bound
+//! warm-ups and the DP sync are not in the makespan).
 //!
 //! What is absent: rank merging (DP-Merge of two replicas for a dominant sample, DESIGN §3.4).
 //! A merged group shares its ranks with their plain replicas, which then run the group's packs
@@ -30,7 +36,8 @@
 //! and candidates are ordered, and there is no time limit unless `ms` is given (a time limit
 //! makes the result depend on the machine's speed). Statistics: e-nodes and e-classes (summed
 //! over the replicas' e-graphs), iterations, applications per rule, stop reasons, the step's
-//! cost before and after (seconds, by the cost above), the relative gain and the time spent.
+//! cost before and after (seconds: the slowest replica's makespan), the relative gain, the
+//! grain, and the time spent (setup, e-graphs with extraction, total).
 
 mod analysis;
 mod cost;
@@ -71,11 +78,11 @@ pub use language::Span;
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "eqsat",
     summary: "refine the slowest replicas' MicroPacks by equality saturation (egg)",
-    description: "Per replica, slowest first: encode the forward and backward packs as a term, \
-                  saturate with slicing (split/merge) and regrouping (move/swap between \
-                  neighbouring packs) rules under node and iteration limits, extract the \
-                  cheapest term under the machine model, and keep it only if it is cheaper. \
-                  Phase packed (or scheduled, then re-scheduled) -> unchanged.",
+    description: "Per replica, slowest first: encode the packs around the slowest ones as a \
+                  term, saturate with slicing (split/merge) and regrouping (move/swap between \
+                  neighbouring packs) rules under node and iteration limits, extract candidates \
+                  under the machine model, and keep the one with the least 1F1B makespan if it \
+                  beats the input. Phase packed (or scheduled, then re-scheduled) -> unchanged.",
     options: OPTIONS,
     create: |options| Ok(Box::new(Eqsat::from_options(options)?)),
 };
@@ -91,7 +98,7 @@ const OPTIONS: &[OptionInfo] = &[
     },
     OptionInfo {
         name: "ms",
-        help: "time limit per replica in milliseconds (default none: results then depend on speed)",
+        help: "time limit per replica in milliseconds (default none; with one, results depend on the machine's speed)",
     },
     OptionInfo {
         name: "grain",
