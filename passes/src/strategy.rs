@@ -101,7 +101,7 @@ pub struct StrategyInfo {
     pub admit: Option<fn(&mut StrategyState, &Spec, &Batch) -> Batch>,
     /// The strategy plans every step anew (a compiler run per step): when the configuration a
     /// run was tuned to does not fit a later step's batch, that step takes the next fastest
-    /// configuration with the same recompute mode that fits. The peers' configurations are a
+    /// configuration that fits (the same recompute mode preferred). The peers' configurations are a
     /// job's static settings and are kept as they are.
     pub replans: bool,
 }

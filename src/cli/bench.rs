@@ -298,8 +298,9 @@ fn run_strategy(
     })
 }
 
-/// A step of a re-planning strategy whose kept configuration does not fit: the configurations
-/// with the kept recompute mode, fastest on the tuning step first, until one fits this batch.
+/// A step of a re-planning strategy whose kept configuration does not fit: the other
+/// configurations — with the kept recompute mode first, then with the others — fastest on the
+/// tuning step first, until one fits this batch.
 fn replan(
     strategy: &'static StrategyInfo,
     spec: &Spec,
@@ -309,11 +310,16 @@ fn replan(
     tuning: &[driver::Evaluation],
     kept: &slimpack_passes::strategy::Candidate,
 ) -> anyhow::Result<Option<driver::Evaluation>> {
+    // The kept recompute mode first, then the others; fastest on the tuning step first.
     let mut order: Vec<&driver::Evaluation> = tuning
         .iter()
-        .filter(|e| e.candidate.recompute == kept.recompute && e.candidate.label != kept.label)
+        .filter(|e| e.candidate.label != kept.label)
         .collect();
-    order.sort_by(|a, b| a.metrics.step_time_s.total_cmp(&b.metrics.step_time_s));
+    order.sort_by(|a, b| {
+        (a.candidate.recompute != kept.recompute)
+            .cmp(&(b.candidate.recompute != kept.recompute))
+            .then(a.metrics.step_time_s.total_cmp(&b.metrics.step_time_s))
+    });
     let offered = (strategy.candidates)(spec, batch, state, choices);
     for evaluation in order {
         let Some(candidate) = offered
