@@ -92,6 +92,7 @@ struct PackTimes {
 /// Measures the kernels of `spec`'s model (fp32, one stage, tp 1) and returns the tables.
 pub fn measure(spec: &Spec, options: &CalibrationOptions) -> Result<Calibration> {
     let config = ModelConfig::from_spec(&spec.model)?;
+    super::exec::keep_freed_memory();
     let cost = CostModel::new(spec);
     let flops = cost.flop_model();
     let traffic = Traffic::new(&spec.model, 1);

@@ -77,6 +77,7 @@ pub fn execute(
         });
     }
     order.check(plan)?;
+    keep_freed_memory();
     let weights = params.split(&plan.stages)?;
     let devices = plan.devices();
     let abort = Arc::new(AtomicBool::new(false));
@@ -113,6 +114,23 @@ pub fn execute(
     });
     let outcomes = collect_outcomes(&devices, outcomes)?;
     assemble(plan, &config, outcomes)
+}
+
+/// Asks glibc's allocator to keep freed memory for reuse instead of returning it to the kernel,
+/// as a GPU framework's caching allocator does: otherwise every large tensor is a fresh `mmap`
+/// whose pages fault in one by one, and the workers, threads of one process, serialise on the
+/// kernel's address-space lock doing it. Memory meters count requested bytes, so measured peaks
+/// do not change; run time does, from the second step of a process on.
+pub(crate) fn keep_freed_memory() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt only sets allocator parameters; any values are valid.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 30);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        }
+    });
 }
 
 /// Per device, its ends of the exchanges of the DP-Merge groups it belongs to (one group per
