@@ -38,7 +38,8 @@ pub struct BenchArgs {
     /// Number of global batches (steps), drawn in a seeded order (--seed).
     #[arg(long, default_value_t = 10, value_name = "N")]
     steps: usize,
-    /// Strategies to run, comma-separated (default: all of them).
+    /// Strategies to run, comma-separated (default: every peer and slimpack; its ablations
+    /// run when named, e.g. slimpack-no-eqsat).
     #[arg(long, value_name = "a,b,..")]
     strategies: Option<String>,
     /// Report format: text (a table on stdout) or json (one object on stdout).
@@ -199,7 +200,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// The strategies named by `--strategies`, in the registry's order, or all of them.
 fn select(names: Option<&str>) -> anyhow::Result<Vec<&'static StrategyInfo>> {
     let Some(names) = names else {
-        return Ok(STRATEGIES.iter().collect());
+        // Every strategy but slimpack's ablations (name them to run them).
+        return Ok(STRATEGIES
+            .iter()
+            .filter(|s| !s.name.starts_with("slimpack-no-"))
+            .collect());
     };
     let mut wanted = Vec::new();
     for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
