@@ -16,12 +16,16 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use slimpack::{compile, driver, CompileOptions};
-use slimpack_ir::cost::CostModel;
+use slimpack_ir::cost::{
+    causal_pairs, CostModel, OpKind, Traffic, BACKWARD_ATTENTION_FACTOR, BACKWARD_LINEAR_FACTOR,
+    EMBEDDING_KERNELS, HEAD_KERNELS, KERNELS_PER_LAYER_BACKWARD, KERNELS_PER_LAYER_FORWARD,
+};
 use slimpack_ir::spec::Recompute;
+use slimpack_ir::step::Direction;
 use slimpack_ir::{text, Spec, StepIr};
 use slimpack_passes::strategy::{self, Choices, StrategyState};
 use slimpack_runtime::cpu::exec::{
-    check_reference, execute, DeviceOrder, Execution, Plan, ReferenceCheck, TaskRecord,
+    check_reference, execute, DeviceOrder, Execution, Plan, ReferenceCheck, SyncTimes, TaskRecord,
 };
 use slimpack_runtime::cpu::profile::OpTimes;
 use slimpack_runtime::cpu::{calibration, AdamWConfig, ModelConfig, Params};
@@ -102,9 +106,146 @@ struct TaskComparison {
     cpu_s: f64,
     predicted_s: f64,
     ops: OpTimes,
+    /// The model's time for the task, term by term (`ops` is the measurement).
+    predicted_ops: PredictedOps,
     /// Bytes the task held only while it ran: measured, and the model's temporaries.
     temporary_bytes: Option<u64>,
     predicted_temporary_bytes: u64,
+}
+
+/// One stage's end of the step: gradient reduce-scatter (with the tied-embedding sum),
+/// optimizer, weight all-gather.
+#[derive(Debug, Serialize)]
+struct SyncComparison {
+    stage: usize,
+    measured_reduce_scatter_s: f64,
+    predicted_reduce_scatter_s: f64,
+    measured_optimizer_s: f64,
+    predicted_optimizer_s: f64,
+    measured_all_gather_s: f64,
+    predicted_all_gather_s: f64,
+}
+
+/// Per stage, the slowest worker's end-of-step phases beside the simulator's tasks.
+fn sync_comparison(
+    plan: &Plan,
+    execution: &Execution,
+    simulated: &SimResult,
+) -> Vec<SyncComparison> {
+    (0..plan.pp())
+        .map(|stage| {
+            let workers = execution.workers.iter().filter(|w| w.stage == stage);
+            let measured = |get: fn(&SyncTimes) -> f64| {
+                workers.clone().map(|w| get(&w.sync)).fold(0.0, f64::max)
+            };
+            let predicted = |kind: TaskKind| {
+                simulated
+                    .tasks()
+                    .find(|(task, _)| task.kind == kind && task.stage as usize == stage)
+                    .map_or(0.0, |(task, _)| task.duration_s)
+            };
+            SyncComparison {
+                stage,
+                measured_reduce_scatter_s: measured(|s| {
+                    s.tied_embedding_s + s.grad_reduce_scatter_s
+                }),
+                predicted_reduce_scatter_s: predicted(TaskKind::GradReduceScatter),
+                measured_optimizer_s: measured(|s| s.optimizer_s),
+                predicted_optimizer_s: predicted(TaskKind::Optimizer),
+                measured_all_gather_s: measured(|s| s.param_all_gather_s),
+                predicted_all_gather_s: predicted(TaskKind::ParamAllGather),
+            }
+        })
+        .collect()
+}
+
+/// The cost model's time of one pack task by term, recomputed from its public pieces (FLOPs,
+/// traffic, achieved rates, kernel counts) the way `CostModel::pack_time` composes them, so that
+/// a disagreement with the measurement can be pinned on a term. Recomputation is not modelled
+/// here (the CPU backend runs without it).
+#[derive(Debug, Default, Serialize)]
+struct PredictedOps {
+    gemm_s: f64,
+    attention_s: f64,
+    elementwise_s: f64,
+    kernel_overhead_s: f64,
+    /// What the simulator's task adds beyond these: exposed CP exchange of a DP-Merge group.
+    other_s: f64,
+}
+
+/// [`PredictedOps`] of `pack` on `stage`, given the simulator's task duration.
+fn predicted_ops(
+    cost: &CostModel,
+    plan: &Plan,
+    pack: usize,
+    stage: usize,
+    duration_s: f64,
+) -> PredictedOps {
+    let info = &plan.packs[pack];
+    let direction = info.direction;
+    let split = plan.replicas[info.replica].len() as f64;
+    let flops = cost.flop_model();
+    let rates = cost.throughput();
+    let traffic = Traffic::new(&cost.spec().model, 1);
+    let layers = plan.stages[stage].layer_count() as f64;
+    let (first, last) = (stage == 0, stage + 1 == plan.pp());
+    let mut slices: Vec<(u64, u64)> = info
+        .slices
+        .iter()
+        .map(|s| (s.len as u64, s.start as u64))
+        .collect();
+    let tokens: u64 = slices.iter().map(|s| s.0).sum();
+    if info.padding > 0 {
+        slices.push((info.padding as u64, tokens));
+    }
+    let tokens = (tokens + info.padding as u64) as f64 / split;
+    let (gemm_op, linear_factor) = match direction {
+        Direction::Forward => (OpKind::GemmForward, 1.0),
+        Direction::Backward => (OpKind::GemmBackward, BACKWARD_LINEAR_FACTOR),
+    };
+    let mut linear = flops.linear_per_token() * layers * tokens;
+    if last {
+        linear += flops.head_per_token() * tokens;
+    }
+    let gemm_s = rates.time(gemm_op, linear * linear_factor, tokens);
+    let mut attention_s = 0.0;
+    for &(len, prefix) in &slices {
+        let work = flops.attention_per_pair() * causal_pairs(len, prefix) as f64 / split;
+        let query = len as f64 / split;
+        attention_s += layers
+            * match direction {
+                Direction::Forward => rates.time(OpKind::AttentionForward, work, query),
+                Direction::Backward => rates.time(
+                    OpKind::AttentionBackward,
+                    BACKWARD_ATTENTION_FACTOR * work,
+                    query,
+                ),
+            };
+    }
+    let mut bytes = traffic.layer(direction) * layers;
+    let mut kernels = layers
+        * match direction {
+            Direction::Forward => KERNELS_PER_LAYER_FORWARD,
+            Direction::Backward => KERNELS_PER_LAYER_BACKWARD,
+        };
+    if first {
+        bytes += traffic.embedding(direction);
+        kernels += EMBEDDING_KERNELS;
+    }
+    if last {
+        bytes += traffic.head(direction);
+        kernels += HEAD_KERNELS;
+    }
+    let elementwise_s = rates.time(OpKind::Elementwise, bytes * tokens, tokens);
+    let kernel_overhead_s = kernels * rates.profile().kernel_overhead_s;
+    let modelled = gemm_s + attention_s + elementwise_s + kernel_overhead_s;
+    PredictedOps {
+        gemm_s,
+        attention_s,
+        elementwise_s,
+        kernel_overhead_s,
+        other_s: duration_s - modelled,
+    }
 }
 
 /// Measured memory against the simulator's memory model, term by term (fractions are means of
@@ -169,6 +310,8 @@ struct RunReport {
     /// Share of the workers' pack time their threads were not on a core (preempted by other
     /// processes, or waiting for their DP-Merge group): 1 − CPU time / wall time.
     off_core_share: f64,
+    /// The end of the step per stage (slowest worker), measured and predicted.
+    sync: Vec<SyncComparison>,
     /// The memory model term by term (with the counting allocator).
     memory_terms: Option<MemoryTerms>,
     /// Where the workers' pack time went, summed over workers.
@@ -221,15 +364,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
         false => None,
     };
     let mut report = compare(
-        &ir,
-        &plan,
-        schedule,
-        &execution,
-        check,
-        &simulated,
-        cost.memory().workspace_bytes(),
-        calibrated,
-        args.tasks,
+        &ir, &plan, schedule, &execution, check, &simulated, &cost, calibrated, args.tasks,
     );
     report.step_time_runs_s = runs_s;
     match args.report {
@@ -316,7 +451,7 @@ fn compare(
     execution: &Execution,
     check: Option<ReferenceCheck>,
     simulated: &SimResult,
-    workspace: u64,
+    cost: &CostModel,
     calibrated: bool,
     with_tasks: bool,
 ) -> RunReport {
@@ -347,6 +482,13 @@ fn compare(
             measured_s: record.run_s(),
             cpu_s: record.cpu_s,
             predicted_s: durations[&(record.pack, record.stage)],
+            predicted_ops: predicted_ops(
+                cost,
+                plan,
+                record.pack,
+                record.stage,
+                durations[&(record.pack, record.stage)],
+            ),
             ops: record.ops,
             temporary_bytes: record.memory.map(|m| m.temporary_bytes()),
             predicted_temporary_bytes: temporaries[&(record.pack, record.stage)],
@@ -377,7 +519,7 @@ fn compare(
     for worker in &execution.workers {
         ops += worker.ops;
     }
-    let memory_terms = memory_terms(plan, execution, simulated, workspace);
+    let memory_terms = memory_terms(plan, execution, simulated, cost.memory().workspace_bytes());
     RunReport {
         backend: "cpu",
         model: ir.spec.model.name.clone(),
@@ -405,6 +547,7 @@ fn compare(
         op_time_mape,
         op_time_mape_cpu,
         off_core_share: 1.0 - cpu / busy,
+        sync: sync_comparison(plan, execution, simulated),
         memory_terms,
         ops,
         calibrated,

@@ -22,10 +22,10 @@ use super::head::head_backward;
 use super::layer::{post_attention_backward, pre_attention_backward};
 use super::ops::embedding::embed_backward;
 use super::pack_layout::PackLayout;
-use super::padding::{padding_backward, padding_key};
+use super::padding::padding_backward;
 use super::params::{Grads, Params};
 use super::profile;
-use super::saved::{SavedActivations, SavedLayer};
+use super::saved::SavedLayer;
 use super::stage_state::StageState;
 
 impl StageState {
@@ -69,23 +69,20 @@ impl StageState {
             return Ok(Vec::new());
         }
         let _timer = profile::pack_scope(Direction::Backward);
-        let layout = PackLayout::new(slices, self.shard, padding);
-        let mut records: Vec<SavedActivations> = slices
-            .iter()
-            .map(|slice| {
-                self.saved
-                    .remove(slice)
-                    .expect("bug: the backward check found every slice saved")
-            })
-            .collect();
-        if padding > 0 {
-            let record = self
-                .padded
-                .remove(&padding_key(slices))
-                .expect("bug: the backward check found the padding");
-            records.push(record.saved);
+        // Rows in the order the forward saved them (no copy when the pack is a forward pack).
+        let (order, mut saved, padding_kv) = self.saved.take(slices);
+        let layout = PackLayout::new(&order, self.shard, padding);
+        let position = |slice: &Slice| {
+            slices
+                .iter()
+                .position(|s| s == slice)
+                .expect("bug: the saved order holds the pack's slices")
+        };
+        let mut inputs: Vec<&[f32]> = Vec::with_capacity(grad_out.len());
+        if !grad_out.is_empty() {
+            inputs.extend(order.iter().map(|s| grad_out[position(s)].as_slice()));
+            inputs.extend(grad_out.get(slices.len()).map(Vec::as_slice));
         }
-        let mut saved = SavedActivations::concat(records);
         let mut dy = match (saved.head.take(), &params.final_norm) {
             (Some(head), Some(final_norm)) => {
                 let targets = layout.targets(batch);
@@ -103,7 +100,7 @@ impl StageState {
                     d_output,
                 )
             }
-            _ => PackLayout::concat(&grad_out.iter().map(Vec::as_slice).collect::<Vec<_>>()),
+            _ => PackLayout::concat(&inputs),
         };
         for local in (0..params.layers.len()).rev() {
             let layer_saved = saved
@@ -113,12 +110,26 @@ impl StageState {
             dy = self.layer_backward(params, grads, local, &layout, layer_saved, &dy)?;
         }
         self.finish_backward(&layout);
+        drop(padding_kv);
         match grads.embedding.as_mut() {
             Some(d_table) => {
                 embed_backward(d_table, self.config.hidden, layout.tokens(batch), &dy);
                 Ok(Vec::new())
             }
-            None => Ok(layout.split(&dy)),
+            None => {
+                // Back to the caller's slice order (the padding's tensor stays last).
+                let mut parts: Vec<Option<Vec<f32>>> =
+                    layout.split(&dy).into_iter().map(Some).collect();
+                let mut out: Vec<Vec<f32>> = slices
+                    .iter()
+                    .map(|slice| {
+                        let index = order.iter().position(|s| s == slice).expect("same slices");
+                        parts[index].take().expect("each slice once")
+                    })
+                    .collect();
+                out.extend(parts.into_iter().skip(slices.len()).flatten());
+                Ok(out)
+            }
         }
     }
 

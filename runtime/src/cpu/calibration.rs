@@ -16,7 +16,7 @@
 //! The cost model also charges a fixed overhead per kernel (`DeviceProfile::kernel_overhead_s`
 //! times its kernel counts). The CPU's per-op overheads are inside the measured times already,
 //! so that charge is taken off the measured time first (from every class in proportion) — the
-//! model's total for the pack then equals the measurement. Each class's time is its fastest over
+//! model's total for the pack then equals the measurement. Each class's time is its median over
 //! repeated runs that no other process preempted (the thread's CPU time equals its wall time:
 //! other processes on a shared machine only ever add time); `threads` copies run at once (as many as the workers the runs will use) so that the
 //! rates include the sharing of memory bandwidth and caches between cores.
@@ -131,7 +131,7 @@ pub fn measure(spec: &Spec, options: &CalibrationOptions) -> Result<Calibration>
     }
     let mut calibration = Calibration::new(spec.cluster.gpu.name.clone());
     calibration.source = format!(
-        "slimpack calibrate --backend cpu: model {}, tp=1, fp32, {} thread(s) at once, fastest of runs of at least {} s per point",
+        "slimpack calibrate --backend cpu: model {}, tp=1, fp32, {} thread(s) at once, median of unpreempted runs over at least {} s per point",
         spec.model.name, options.threads, options.min_seconds
     );
     for (op, points) in OpKind::ALL.into_iter().zip(tables) {
@@ -159,7 +159,7 @@ fn without_overhead(times: OpTimes, overhead: f64) -> OpTimes {
     }
 }
 
-/// Fastest per-class times of a pack of one `n`-token slice, with `threads` copies at once.
+/// Median per-class times of a pack of one `n`-token slice, with `threads` copies at once.
 fn measure_point(
     config: &ModelConfig,
     n: usize,
@@ -181,8 +181,8 @@ fn measure_point(
         all.extend(run?);
     }
     Ok(PackTimes {
-        forward: fastest(&all.iter().map(|t| t.forward).collect::<Vec<_>>()),
-        backward: fastest(&all.iter().map(|t| t.backward).collect::<Vec<_>>()),
+        forward: median(&all.iter().map(|t| t.forward).collect::<Vec<_>>()),
+        backward: median(&all.iter().map(|t| t.backward).collect::<Vec<_>>()),
     })
 }
 
@@ -233,9 +233,13 @@ fn repeated_runs(
     Ok(if clean.len() >= 3 { clean } else { all })
 }
 
-/// The per-class minimum of `times` (each class on its own).
-fn fastest(times: &[OpTimes]) -> OpTimes {
-    let class = |get: fn(&OpTimes) -> f64| times.iter().map(get).fold(f64::INFINITY, f64::min);
+/// The per-class median of `times` (each class on its own).
+fn median(times: &[OpTimes]) -> OpTimes {
+    let class = |get: fn(&OpTimes) -> f64| {
+        let mut values: Vec<f64> = times.iter().map(get).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
     OpTimes {
         gemm_forward_s: class(|t| t.gemm_forward_s),
         gemm_backward_s: class(|t| t.gemm_backward_s),

@@ -16,7 +16,7 @@ use super::head::head_forward;
 use super::layer::{post_attention_forward, pre_attention_forward, PreAttention};
 use super::ops::embedding::embed;
 use super::pack_layout::PackLayout;
-use super::padding::{padding_forward, padding_key, PaddingRecord};
+use super::padding::padding_forward;
 use super::params::Params;
 use super::profile;
 use super::saved::{SavedActivations, SavedLayer};
@@ -176,7 +176,7 @@ impl StageState {
         Ok((out, lse))
     }
 
-    /// Records the pack's progress and stores its activations per slice (and its padding's).
+    /// Records the pack's progress and keeps its activations (and its padding's keys and values).
     fn finish_forward(
         &mut self,
         layout: &PackLayout,
@@ -190,16 +190,11 @@ impl StageState {
             let forwarded = self.cache.forwarded(slice.sample).max(slice.end());
             self.cache.finish_forward(slice.sample, forwarded);
         }
-        let mut records = saved.split(layout).into_iter();
-        for (slice, record) in layout.slices.iter().zip(records.by_ref()) {
-            self.saved.insert(*slice, record);
-        }
-        if let Some(saved) = records.next() {
-            let record = PaddingRecord {
-                saved,
-                kv: padding_kv,
-            };
-            self.padded.insert(padding_key(&layout.slices), record);
-        }
+        let rows: Vec<usize> = (0..layout.slices.len())
+            .map(|index| layout.rows_of(index).len())
+            .collect();
+        let padding = (layout.padding, padding_kv);
+        self.saved
+            .insert(layout.slices.clone(), rows, saved, padding);
     }
 }

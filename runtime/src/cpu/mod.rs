@@ -50,6 +50,7 @@ pub mod profile;
 mod reference;
 mod rendezvous;
 mod saved;
+mod saved_store;
 mod stage;
 mod stage_state;
 

@@ -11,41 +11,12 @@
 //! holds only its share of the pack's keys, and every backward use zero-filled stand-ins of the
 //! padded sequence's length (the same work, no effect on any value that leaves the pack).
 //!
-//! A padded backward pack takes the padding record of the forward pack with the same slices
-//! (padding is used with symmetric packs).
+//! A padded backward pack takes the saved padding of the forward pack with the same slices
+//! (padding is used with symmetric packs; see [`super::saved_store`]).
 
 use super::attention::{attention_backward, attention_forward, SliceAttention};
-use super::batch::Slice;
 use super::config::ModelConfig;
 use super::pack_layout::PackLayout;
-use super::saved::SavedActivations;
-
-/// What a padded forward pack keeps of its padding until the backward.
-#[derive(Debug)]
-pub(crate) struct PaddingRecord {
-    pub saved: SavedActivations,
-    /// The padding rows' keys and values, per layer.
-    pub kv: Vec<(Vec<f32>, Vec<f32>)>,
-}
-
-impl PaddingRecord {
-    /// Bytes allocated: `(keys and values, activations)`.
-    pub fn bytes(&self) -> (usize, usize) {
-        let kv = self
-            .kv
-            .iter()
-            .map(|(k, v)| (k.capacity() + v.capacity()) * 4)
-            .sum();
-        (kv, self.saved.bytes())
-    }
-}
-
-/// The key a pack's padding record is kept under: its slices, in a canonical order.
-pub(crate) fn padding_key(slices: &[Slice]) -> Vec<Slice> {
-    let mut key = slices.to_vec();
-    key.sort();
-    key
-}
 
 /// The padding rows' attention in the forward: writes their output and log-sum-exp. `keys`
 /// and `values` are the pack's rows (the whole padded sequence for a worker of one).

@@ -1,11 +1,13 @@
 //! Activations a slice's forward saves for its backward, on one stage.
 //!
-//! Everything is per token (one row per token), so the activations a forward pack computed as one
-//! block are split into per-slice records, and a backward pack — a different set of slices —
-//! concatenates its slices' records back into one block. Per layer a slice keeps: the layer input,
+//! Everything is per token (one row per token): a forward pack's activations are one block of
+//! rows, which [`super::saved_store`] keeps, and a backward pack — possibly a different set of
+//! slices — selects and joins the rows of its slices. Per layer a slice keeps: the layer input,
 //! the pre-attention norm (inverse RMS and output), Q after RoPE, the attention output and its
-//! log-sum-exp per head, and the MLP block's inputs (residual, norm, gate and up projections).
-//! Keys and values live in the K/V cache instead, because later slices read them too.
+//! log-sum-exp per head, and the MLP block's tensors (residual, norm, gate and up projections,
+//! SwiGLU's output); the last stage also keeps the head's (final norm input and output, the
+//! loss's softmax). These are the tensors the machine model's memory counts per token. Keys and
+//! values live in the K/V cache instead, because later slices read them too.
 
 use std::fmt;
 
@@ -38,28 +40,6 @@ impl fmt::Debug for SavedActivations {
 }
 
 impl SavedActivations {
-    /// Splits a pack's activations into one record per segment of `layout` (its slices, then its
-    /// padding). Field by field, so
-    /// that at most one field exists twice at a time; a pack of one slice keeps its tensors.
-    pub fn split(self, layout: &PackLayout) -> Vec<SavedActivations> {
-        let (layers, has_head) = (self.layers.len(), self.head.is_some());
-        let count = layout.segments();
-        let mut per_slice: Vec<Vec<Vec<f32>>> = vec![Vec::new(); count];
-        for field in self.into_fields() {
-            if count == 1 {
-                per_slice[0].push(field);
-                continue;
-            }
-            for (fields, part) in per_slice.iter_mut().zip(layout.split(&field)) {
-                fields.push(part);
-            }
-        }
-        per_slice
-            .into_iter()
-            .map(|fields| SavedActivations::from_fields(fields, layers, has_head))
-            .collect()
-    }
-
     /// Concatenates the records of a pack's slices (in the pack's order) into one block. Field
     /// by field, freeing the pieces of each field as it is joined; one record is kept as is.
     pub fn concat(parts: Vec<SavedActivations>) -> SavedActivations {
@@ -84,12 +64,42 @@ impl SavedActivations {
         SavedActivations::from_fields(fields, layers, has_head)
     }
 
+    /// The rows `ranges` (in that order) of every tensor, copied into one block.
+    pub fn select(&self, ranges: &[std::ops::Range<usize>]) -> SavedActivations {
+        let rows = self.rows();
+        let taken: usize = ranges.iter().map(|r| r.len()).sum();
+        let mut fields = Vec::new();
+        for field in self.fields() {
+            let width = super::pack_layout::row_width(field, rows);
+            let mut out = Vec::with_capacity(taken * width);
+            for range in ranges {
+                out.extend_from_slice(&field[range.start * width..range.end * width]);
+            }
+            fields.push(out);
+        }
+        SavedActivations::from_fields(fields, self.layers.len(), self.head.is_some())
+    }
+
+    /// Token rows of the block.
+    pub fn rows(&self) -> usize {
+        match (self.layers.first(), &self.head) {
+            (Some(layer), _) => layer.inv_rms.len(),
+            (None, Some(head)) => head.inv_rms.len(),
+            (None, None) => 0,
+        }
+    }
+
     /// Bytes allocated.
     pub fn bytes(&self) -> usize {
-        let mut bytes = 0;
+        self.fields().iter().map(|field| field.capacity() * 4).sum()
+    }
+
+    /// Every tensor, in the order of [`SavedActivations::into_fields`].
+    fn fields(&self) -> Vec<&Vec<f32>> {
+        let mut fields = Vec::new();
         for layer in &self.layers {
             let post = &layer.post;
-            for field in [
+            fields.extend([
                 &layer.x,
                 &layer.inv_rms,
                 &layer.normed,
@@ -102,15 +112,12 @@ impl SavedActivations {
                 &post.gate,
                 &post.up,
                 &post.activation,
-            ] {
-                bytes += field.capacity() * 4;
-            }
+            ]);
         }
         if let Some(head) = &self.head {
-            let fields = [&head.x, &head.inv_rms, &head.normed, &head.probs];
-            bytes += fields.iter().map(|f| f.capacity() * 4).sum::<usize>();
+            fields.extend([&head.x, &head.inv_rms, &head.normed, &head.probs]);
         }
-        bytes
+        fields
     }
 
     fn into_fields(self) -> Vec<Vec<f32>> {

@@ -27,9 +27,8 @@ use super::config::ModelConfig;
 use super::cp::{CpShard, KvExchange, LocalExchange};
 use super::error::{CpuError, Result};
 use super::kv_cache::KvCache;
-use super::padding::{padding_key, PaddingRecord};
 use super::params::Params;
-use super::saved::SavedActivations;
+use super::saved_store::SavedStore;
 use super::stage::Stage;
 
 /// One stage worker's in-flight state during a step: K/V caches and saved activations.
@@ -43,11 +42,9 @@ pub struct StageState {
     pub(super) exchange: Box<dyn KvExchange>,
     pub(super) cache: KvCache,
     /// Activations of each forwarded slice whose backward has not run.
-    pub(super) saved: BTreeMap<Slice, SavedActivations>,
+    pub(super) saved: SavedStore,
     /// Samples whose backward finished in this step.
     pub(super) retired: BTreeSet<SampleId>,
-    /// What padded forward packs keep of their padding, by the packs' slices.
-    pub(super) padded: BTreeMap<Vec<Slice>, PaddingRecord>,
 }
 
 /// Bytes a stage worker holds for the step in flight.
@@ -88,9 +85,8 @@ impl StageState {
             shard,
             exchange,
             cache: KvCache::new(stage.layer_count(), config.kv_width(), shard),
-            saved: BTreeMap::new(),
+            saved: SavedStore::default(),
             retired: BTreeSet::new(),
-            padded: BTreeMap::new(),
         }
     }
 
@@ -106,17 +102,14 @@ impl StageState {
 
     /// Nothing is in flight: every forwarded slice was backwarded (true at the end of a step).
     pub fn is_drained(&self) -> bool {
-        self.saved.is_empty() && self.padded.is_empty() && self.cache.samples_in_flight() == 0
+        self.saved.is_empty() && self.cache.samples_in_flight() == 0
     }
 
     /// Memory held for the step in flight.
     pub fn live_bytes(&self) -> LiveBytes {
-        let (mut kv, kv_grads) = self.cache.bytes();
-        let mut activations: usize = self.saved.values().map(SavedActivations::bytes).sum();
-        for (padding_kv, padding_activations) in self.padded.values().map(PaddingRecord::bytes) {
-            kv += padding_kv;
-            activations += padding_activations;
-        }
+        let (kv, kv_grads) = self.cache.bytes();
+        let (padding_kv, activations) = self.saved.bytes();
+        let kv = kv + padding_kv;
         LiveBytes {
             kv,
             kv_grads,
@@ -167,11 +160,6 @@ impl StageState {
             }
             *expected = slice.end();
         }
-        if padding > 0 && self.padded.contains_key(&padding_key(slices)) {
-            return Err(CpuError::Padding {
-                reason: "a padded pack of these slices is already in flight".to_string(),
-            });
-        }
         if self.stage.is_first() {
             return expect_count(
                 "hidden inputs of a first-stage pack (it embeds tokens)",
@@ -197,7 +185,7 @@ impl StageState {
             batch.check_slice(slice)?;
             let sample_len = batch.tokens(slice.sample).len();
             let forwarded = self.cache.forwarded(slice.sample);
-            if !self.saved.contains_key(slice) {
+            if !self.saved.contains(slice) {
                 return Err(CpuError::NotForwarded { slice: *slice });
             }
             if forwarded != sample_len {
@@ -218,10 +206,11 @@ impl StageState {
             }
             *expected = slice.start;
         }
-        if padding > 0 && !self.padded.contains_key(&padding_key(slices)) {
+        if !self.saved.padding_matches(slices, padding) {
             return Err(CpuError::Padding {
-                reason: "a padded backward pack needs a padded forward pack of the same slices"
-                    .to_string(),
+                reason: format!(
+                    "a backward pack with {padding} padding tokens must be a forward pack of the same slices and padding"
+                ),
             });
         }
         if self.stage.is_last() {
