@@ -33,28 +33,18 @@ pub struct StepIr {
 }
 
 impl StepIr {
-    /// An empty step for `spec`: one stage node per pipeline stage, no samples.
+    /// An empty step for `spec`: one stage node per pipeline stage (layers split evenly), no
+    /// samples.
     pub fn new(spec: Spec, batch: BatchInfo) -> StepIr {
-        let mut ir = StepIr {
-            spec,
-            batch,
-            phase: Phase::Logical,
-            graph: StableDiGraph::new(),
-            samples: Vec::new(),
-            stages: Vec::new(),
-            replicas: Vec::new(),
-            padding: BTreeMap::new(),
-            pack_counts: HashMap::new(),
-        };
-        let per_stage = ir.spec.layers_per_stage();
-        for index in 0..ir.spec.parallel.pp {
-            ir.add_stage(Stage {
+        let per_stage = spec.layers_per_stage();
+        let stages: Vec<Stage> = (0..spec.parallel.pp)
+            .map(|index| Stage {
                 index,
                 first_layer: index * per_stage,
                 layers: per_stage,
-            });
-        }
-        ir
+            })
+            .collect();
+        StepIr::with_stages(spec, batch, &stages)
     }
 
     /// An IR whose stages are given explicitly (the parser uses this; the verifier checks them).
