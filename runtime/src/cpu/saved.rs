@@ -64,20 +64,33 @@ impl SavedActivations {
         SavedActivations::from_fields(fields, layers, has_head)
     }
 
-    /// The rows `ranges` (in that order) of every tensor, copied into one block.
-    pub fn select(&self, ranges: &[std::ops::Range<usize>]) -> SavedActivations {
+    /// Moves the rows `ranges` (disjoint, ascending) out into a block of their own, in that
+    /// order, and closes the gap they leave, field by field in place (the remaining rows keep
+    /// their buffers: no second copy of them exists at any time).
+    pub fn take_rows(&mut self, ranges: &[std::ops::Range<usize>]) -> SavedActivations {
         let rows = self.rows();
         let taken: usize = ranges.iter().map(|r| r.len()).sum();
+        let (layers, has_head) = (self.layers.len(), self.head.is_some());
         let mut fields = Vec::new();
-        for field in self.fields() {
+        for field in self.fields_mut() {
             let width = super::pack_layout::row_width(field, rows);
             let mut out = Vec::with_capacity(taken * width);
             for range in ranges {
                 out.extend_from_slice(&field[range.start * width..range.end * width]);
             }
+            let mut kept = 0;
+            let mut next = 0;
+            for range in ranges.iter().chain(std::iter::once(&(rows..rows))) {
+                let keep = next..range.start;
+                field.copy_within(keep.start * width..keep.end * width, kept * width);
+                kept += keep.len();
+                next = range.end;
+            }
+            field.truncate(kept * width);
+            field.shrink_to_fit();
             fields.push(out);
         }
-        SavedActivations::from_fields(fields, self.layers.len(), self.head.is_some())
+        SavedActivations::from_fields(fields, layers, has_head)
     }
 
     /// Token rows of the block.
@@ -116,6 +129,37 @@ impl SavedActivations {
         }
         if let Some(head) = &self.head {
             fields.extend([&head.x, &head.inv_rms, &head.normed, &head.probs]);
+        }
+        fields
+    }
+
+    /// Every tensor, mutably, in the order of [`SavedActivations::into_fields`].
+    fn fields_mut(&mut self) -> Vec<&mut Vec<f32>> {
+        let mut fields = Vec::new();
+        for layer in &mut self.layers {
+            let post = &mut layer.post;
+            fields.extend([
+                &mut layer.x,
+                &mut layer.inv_rms,
+                &mut layer.normed,
+                &mut layer.q,
+                &mut layer.attn,
+                &mut layer.lse,
+                &mut post.mid,
+                &mut post.inv_rms,
+                &mut post.normed,
+                &mut post.gate,
+                &mut post.up,
+                &mut post.activation,
+            ]);
+        }
+        if let Some(head) = &mut self.head {
+            fields.extend([
+                &mut head.x,
+                &mut head.inv_rms,
+                &mut head.normed,
+                &mut head.probs,
+            ]);
         }
         fields
     }

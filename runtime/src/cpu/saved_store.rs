@@ -4,8 +4,8 @@
 //! copy every saved tensor once in the forward and join them again in the backward. A backward
 //! pack that takes a forward pack's slices all at once takes the block as it is, rows in the
 //! forward's order — no copy. One that takes only some of a record's slices (asymmetric packs)
-//! copies their rows out and leaves the rest as a smaller record, so that memory is freed as soon
-//! as each slice is backwarded, exactly as a per-slice store would.
+//! moves their rows out and closes the gap in place, so that memory is freed as soon as each
+//! slice is backwarded, exactly as a per-slice store would, and no row ever exists twice.
 //!
 //! A padded forward pack's record also holds its padding's rows (after the slices' rows) and the
 //! padding's keys and values; only a backward pack of the same slices can take it, whole.
@@ -165,24 +165,17 @@ impl SavedStore {
                 record.padding == 0,
                 "bug: a padded forward pack's slices taken apart"
             );
+            let mut record = record;
             let (mine, _, mine_rows) = record.ranges(taken);
-            let (rest, rest_lens, rest_rows) = record.ranges(|s| !taken(s));
-            pieces.push(record.saved.select(&mine_rows));
-            let remaining = record.saved.select(&rest_rows);
+            pieces.push(record.saved.take_rows(&mine_rows));
             for slice in &mine {
                 self.record_of.remove(slice);
             }
+            let (rest, rest_lens, _) = record.ranges(|s| !taken(s));
+            record.slices = rest;
+            record.rows = rest_lens;
             order.extend(mine);
-            self.records.insert(
-                id,
-                PackRecord {
-                    slices: rest,
-                    rows: rest_lens,
-                    saved: remaining,
-                    padding: 0,
-                    padding_kv: Vec::new(),
-                },
-            );
+            self.records.insert(id, record);
         }
         (order, SavedActivations::concat(pieces), padding_kv)
     }
