@@ -28,7 +28,7 @@ use slimpack_runtime::cpu::exec::{
     check_reference, execute, DeviceOrder, Execution, Plan, ReferenceCheck, SyncTimes, TaskRecord,
 };
 use slimpack_runtime::cpu::profile::OpTimes;
-use slimpack_runtime::cpu::{calibration, AdamWConfig, ModelConfig, Params};
+use slimpack_runtime::cpu::{AdamWConfig, ModelConfig, Params};
 use slimpack_runtime::sim::{self, MemoryEffect, SimResult, TaskKind};
 
 use super::compile::ReportFormat;
@@ -422,10 +422,10 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
 /// The machine model of `spec`: the shipped measurement of this machine where there is one
 /// for the spec's device, the facade's model otherwise.
 fn cost_model(spec: &Spec) -> anyhow::Result<(CostModel, bool)> {
-    match calibration::shipped(&spec.cluster.gpu.name) {
-        Some(calibration) => Ok((CostModel::with_calibration(spec, calibration)?, true)),
-        None => Ok((slimpack::machine::cost_model(spec), false)),
-    }
+    Ok((
+        slimpack::machine::cost_model(spec),
+        slimpack::machine::is_calibrated(spec),
+    ))
 }
 
 /// A value per pack compute task of the simulation, by (pack, stage).
