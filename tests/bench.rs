@@ -1,15 +1,10 @@
 //! `slimpack bench` from the command line: the JSON report's contract, the strategy selection,
 //! and bad input.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-fn slimpack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_slimpack"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the slimpack binary runs")
-}
+mod common;
+use common::slimpack;
 
 const TINY: [&str; 14] = [
     "bench",

@@ -2,15 +2,9 @@
 //! discipline, and the IR round trip through `compile` and `opt`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
-fn slimpack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_slimpack"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the slimpack binary runs")
-}
+mod common;
+use common::slimpack;
 
 fn fixture(name: &str) -> String {
     format!("tests/fixtures/{name}")

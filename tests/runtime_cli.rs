@@ -2,15 +2,8 @@
 //! reference check through the binary (which installs the counting allocator, so real peak
 //! memory is reported), and clear refusals.
 
-use std::process::{Command, Output};
-
-fn slimpack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_slimpack"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the slimpack binary runs")
-}
+mod common;
+use common::slimpack;
 
 const STEP: [&str; 12] = [
     "--model",
