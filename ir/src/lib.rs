@@ -4,11 +4,13 @@
 //! - [`batch`]: the global batch (length files, tokenized corpora, synthetic distributions);
 //! - [`step`]: the step IR, a petgraph graph of samples, slices, packs, stages and replicas;
 //! - [`text`]: its canonical text form (printer and parser);
+//! - [`program`]: the lowered step, per-worker op lists and pack layouts;
 //! - [`verify`]: the invariants every pass must preserve.
 
 pub mod batch;
 pub mod cost;
 mod error;
+pub mod program;
 pub mod spec;
 pub mod step;
 pub mod text;

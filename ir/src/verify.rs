@@ -38,6 +38,12 @@
 //!   backward after its forward on the last stage, hence after its forward on every later
 //!   stage) has no cycle, so the schedule runs to completion.
 //!
+//! From `lowered`:
+//! - `program-executable`: the per-worker op lists the schedule lowers to (see
+//!   [`crate::program`]) reference packs and workers in range, receive every send exactly once,
+//!   meet every collective with all its members, and run to completion (the token game of
+//!   [`crate::program::check`]).
+//!
 //! Memory (`peak <= cap`) is checked by the compile driver with the simulator's memory timeline
 //! (the verifier has no machine model), and reported as an `oom` error there.
 
@@ -95,6 +101,12 @@ pub fn check(ir: &StepIr) -> Vec<VerifyError> {
     verifier.packs();
     if ir.phase() >= Phase::Scheduled {
         verifier.schedules();
+    }
+    if ir.phase() >= Phase::Lowered && verifier.errors.is_empty() {
+        // Lowering needs a sound schedule; with one broken, that error is the one to show.
+        if let Err(e) = crate::program::check(&crate::program::lower(ir)) {
+            verifier.report("program", "program-executable", e.message);
+        }
     }
     verifier.errors
 }

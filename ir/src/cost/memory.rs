@@ -40,6 +40,28 @@
 //!   per channel and peer, for several communicators), cuBLAS/cuBLASLt workspaces (32 MiB per
 //!   stream on Hopper, PyTorch `CUBLAS_WORKSPACE_CONFIG` docs) and allocator fragmentation
 //!   (PyTorch "CUDA semantics" notes, `expandable_segments`); 3 GiB on GPUs.
+//!
+//! **The CPU runtime** (`cpu` devices, [`DeviceKind::Cpu`]) executes fp32 steps with its own
+//! buffers, and its counting allocator measures every heap byte of each worker, so its model is
+//! the runtime's data structures tensor by tensor (`runtime/src/cpu`; a runtime test checks each
+//! term against the structures themselves). Floats are 4 B; `h`, `q`, `kv`, `f`, `v` are the
+//! hidden, query, K/V, SwiGLU and vocabulary widths, `heads` the query heads:
+//! - model states: fp32 weights and gradients (8 B) on every worker, AdamW's m and v (8 B)
+//!   sharded over the DP ranks (`ShardedAdamW`): the fp32 rule above;
+//! - saved per token per layer (`SavedLayer`): the layer input, both norms' output and inverse
+//!   RMS, Q, the attention output and its log-sum-exp, the post-attention residual, gate, up and
+//!   SwiGLU output: `4 · (4h + 2 + 2q + heads + 3f)`; the last stage also keeps (`SavedHead`)
+//!   the final norm's input, output and inverse RMS and the softmax: `4 · (2h + 1 + v)`;
+//! - K/V and dK/dV accumulators: fp32, as above (the cache holds exactly the rows in flight);
+//! - temporaries ([`CpuTemporaries`]): the received input (hidden states or their gradients,
+//!   `4h`); in the forward, the last layer's keys and values with its output (`2kv + h`) or, on a
+//!   stage that sends, the output and its per-slice copies (`2h`); in the backward, the pack's own
+//!   dK/dV rows of every layer (allocated when it starts) and the largest of the layer
+//!   backward's live gradients: after the MLP block `dy + dSwiGLU, dgate, dup + dnormed, dmid +
+//!   dattn` (`4h + 3f + q`, minus the head's saved tensors on the last stage, freed first), or
+//!   around the attention (`4h + 2q + 2kv`); the pack's positions (8 B per token);
+//! - workspace: the packing buffers of one `matrixmultiply` GEMM (one runs at a time per worker):
+//!   `min(k, 256) · (min(m, 64) + min(n, 1024))` floats, the largest over the model's GEMMs.
 
 use crate::spec::{Dtype, ModelSpec, Recompute, Spec};
 use crate::step::Direction;
@@ -61,8 +83,11 @@ pub const LSE_BYTES: u64 = 4;
 pub const LOSS_SOFTMAX_BYTES: u64 = 4;
 /// Fixed allowance per GPU for the CUDA context, NCCL and cuBLAS buffers and fragmentation.
 pub const GPU_WORKSPACE_BYTES: u64 = 3 << 30;
-/// Fixed allowance per CPU worker (thread stacks, allocator slack); a placeholder.
-pub const CPU_WORKSPACE_BYTES: u64 = 256 << 20;
+/// `matrixmultiply`'s sgemm blocking (`archparam_defaults.rs`: `S_KC`, `S_MC`, `S_NC`): the
+/// packed panels of A are `KC × MC`, of B `KC × NC`, clipped to the matrices.
+pub const CPU_GEMM_BLOCKING: (u64, u64, u64) = (256, 64, 1024);
+/// Bytes per token of a pack's positions (`usize`) the CPU runtime keeps while it runs.
+pub const CPU_POSITION_BYTES: u64 = 8;
 
 /// Per-spec memory coefficients.
 #[derive(Debug, Clone, PartialEq)]
@@ -88,8 +113,120 @@ pub struct MemoryModel {
     kv_grad_per_token: u64,
     hidden_row: u64,
     logits_per_token: u64,
+    /// The CPU runtime's temporaries, which replace the GPU rule above on `cpu` devices.
+    cpu_temporaries: Option<CpuTemporaries>,
     workspace: u64,
     capacity: u64,
+}
+
+/// Transient bytes per token of a pack on the CPU runtime, above what the task keeps (see the
+/// module comment): by direction, and for the first and last stage.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuTemporaries {
+    /// The received hidden states (forward, every stage but the first) or their gradients
+    /// (backward, every stage but the last).
+    pub input: u64,
+    /// Forward, after the last layer: keys, values and the output on a stage that sends
+    /// (above its saved tensors), or the output and its per-slice copies.
+    pub forward_sending: u64,
+    /// The same on the last stage: keys and values, less the head's tensors not saved yet.
+    pub forward_last: u64,
+    /// Backward: the pack's own dK/dV rows, every layer of the stage.
+    pub backward_own_kv_grads: u64,
+    /// Backward: the largest set of live gradients of a layer (not on the last stage).
+    pub backward_layer: u64,
+    /// The same on the last stage: the head's saved tensors are freed before the layers.
+    pub backward_layer_last: u64,
+    /// Per token for the pack's positions.
+    pub positions: u64,
+}
+
+impl CpuTemporaries {
+    fn new(model: &ModelSpec, layers: u64) -> CpuTemporaries {
+        const F: i64 = 4;
+        let (h, q, kv, f) = (
+            i64::from(model.hidden),
+            model.q_width() as i64,
+            model.kv_width() as i64,
+            i64::from(model.ffn),
+        );
+        let head_saved = 2 * h + 1 + i64::from(model.vocab);
+        let head_moment = 2 * h;
+        let after_mlp = 4 * h + 3 * f + q - h;
+        let around_attention = 4 * h + 2 * q + 2 * kv - h;
+        let layer = after_mlp.max(around_attention);
+        let bytes = |floats: i64| (F * floats.max(0)) as u64;
+        CpuTemporaries {
+            input: bytes(h),
+            forward_sending: bytes((2 * kv + h).max(2 * h)),
+            forward_last: bytes(2 * kv + h - head_saved),
+            backward_own_kv_grads: bytes(2 * kv * layers as i64),
+            backward_layer: bytes(layer),
+            backward_layer_last: bytes(head_moment.max(layer - head_saved)),
+            positions: CPU_POSITION_BYTES,
+        }
+    }
+
+    /// Transient bytes per token of a pack on a stage.
+    fn per_token(&self, direction: Direction, first: bool, last: bool) -> u64 {
+        let mut bytes = self.positions;
+        match direction {
+            Direction::Forward => {
+                bytes += if first { 0 } else { self.input };
+                bytes += if last {
+                    self.forward_last
+                } else {
+                    self.forward_sending
+                };
+            }
+            Direction::Backward => {
+                bytes += if last { 0 } else { self.input };
+                bytes += self.backward_own_kv_grads;
+                bytes += if last {
+                    self.backward_layer_last
+                } else {
+                    self.backward_layer
+                };
+            }
+        }
+        bytes
+    }
+}
+
+/// Floats of `matrixmultiply`'s packing buffers for one `m × k` by `k × n` product (single
+/// thread; the 8 × 8 f32 kernel rounds `m` and `n` up to multiples of 8).
+fn gemm_packing_floats(m: u64, k: u64, n: u64) -> u64 {
+    let (kc, mc, nc) = CPU_GEMM_BLOCKING;
+    let round = |x: u64| x.div_ceil(8) * 8;
+    k.min(kc) * (round(m.min(mc)) + round(n.min(nc)))
+}
+
+/// The CPU runtime's workspace: the largest packing buffers of any GEMM of the model, for packs
+/// of at least [`CPU_GEMM_BLOCKING`]'s `KC` tokens (forward `x · W`, input gradient `dy · Wᵀ`,
+/// weight gradient `xᵀ · dy`, for every projection and the output layer).
+fn cpu_workspace_bytes(model: &ModelSpec) -> u64 {
+    let rows = CPU_GEMM_BLOCKING.0;
+    let (h, q, kv, f, v) = (
+        u64::from(model.hidden),
+        model.q_width(),
+        model.kv_width(),
+        u64::from(model.ffn),
+        u64::from(model.vocab),
+    );
+    let projections = [(h, q), (h, kv), (q, h), (h, f), (f, h), (h, v)];
+    let floats = projections
+        .iter()
+        .flat_map(|&(input, output)| {
+            [
+                gemm_packing_floats(rows, input, output),
+                gemm_packing_floats(rows, output, input),
+                gemm_packing_floats(input, rows, output),
+                gemm_packing_floats(output, rows, input),
+            ]
+        })
+        .max()
+        .unwrap_or(0);
+    4 * floats
 }
 
 impl MemoryModel {
@@ -116,15 +253,23 @@ impl MemoryModel {
             Recompute::Selective => attention_output,
             Recompute::Full => none,
         };
-        let workspace = match DeviceKind::of(&spec.cluster.gpu) {
-            DeviceKind::Cpu => CPU_WORKSPACE_BYTES,
-            DeviceKind::Hopper | DeviceKind::Ampere => GPU_WORKSPACE_BYTES,
+        let cpu = DeviceKind::of(&spec.cluster.gpu) == DeviceKind::Cpu;
+        let workspace = match cpu {
+            true => cpu_workspace_bytes(model),
+            false => GPU_WORKSPACE_BYTES,
         };
+        // The CPU runtime also saves both norms' inverse RMS (fp32) per layer, and the final
+        // norm's on the last stage.
+        let (norm_stats, head_norm_stats) = match cpu {
+            true => (2 * LSE_BYTES, LSE_BYTES),
+            false => (0, 0),
+        };
+        let layers = u64::from(spec.layers_per_stage());
         MemoryModel {
             tp: u64::from(parallel.tp),
             optimizer_shards: u64::from(parallel.dp) * u64::from(parallel.cp_degree()),
             stages: parallel.pp,
-            layers_per_stage: u64::from(spec.layers_per_stage()),
+            layers_per_stage: layers,
             stage_params: (0..parallel.pp).map(|s| stage_params(spec, s)).collect(),
             weight_bytes: b,
             master_bytes: if model.dtype == Dtype::Fp32 {
@@ -132,14 +277,17 @@ impl MemoryModel {
             } else {
                 MASTER_WEIGHT_BYTES
             },
-            activation_per_token,
-            head_activation_per_token: 2 * h * b + LOSS_SOFTMAX_BYTES * u64::from(model.vocab),
+            activation_per_token: activation_per_token + norm_stats,
+            head_activation_per_token: 2 * h * b
+                + LOSS_SOFTMAX_BYTES * u64::from(model.vocab)
+                + head_norm_stats,
             full_layer_per_token: none,
             rematerialised_per_token,
             kv_per_token: 2 * model.kv_width() * b,
             kv_grad_per_token: 2 * model.kv_width() * KV_GRAD_BYTES,
             hidden_row: h * b,
             logits_per_token: u64::from(model.vocab) * b,
+            cpu_temporaries: cpu.then(|| CpuTemporaries::new(model, layers)),
             workspace,
             capacity: spec.cluster.gpu.hbm_bytes,
         }
@@ -182,6 +330,10 @@ impl MemoryModel {
     /// Transient bytes while a pack of `pack_tokens` tokens runs one layer of `stage` in
     /// `direction` (freed when the pack finishes).
     pub fn temporary_bytes(&self, pack_tokens: u64, stage: u32, direction: Direction) -> u64 {
+        if let Some(cpu) = &self.cpu_temporaries {
+            let per_token = cpu.per_token(direction, stage == 0, self.is_last(stage));
+            return self.per_device(pack_tokens * per_token);
+        }
         let gathered = pack_tokens * self.hidden_row;
         let mut sharded_per_token = self.rematerialised_per_token;
         if direction == Direction::Backward {
@@ -335,6 +487,7 @@ mod tests {
         assert_eq!(memory.stage_params(0), params);
         // 4 B weights + 4 B grads + 8 B Adam / 2.
         assert_eq!(memory.model_state_bytes(0), params * 12);
-        assert_eq!(memory.workspace_bytes(), CPU_WORKSPACE_BYTES);
+        // w_gate's weight gradient: 256 rows x (64 + 352) columns of packed panels.
+        assert_eq!(memory.workspace_bytes(), 4 * 256 * (64 + 352));
     }
 }

@@ -23,6 +23,8 @@ pub fn parse(text: &str, source_name: &str) -> Result<StepIr> {
         tokens,
         pos: 0,
         source_name,
+        text,
+        workers: None,
     };
     parser.step()
 }
@@ -60,6 +62,9 @@ struct Parser<'a> {
     tokens: Vec<Spanned>,
     pos: usize,
     source_name: &'a str,
+    text: &'a str,
+    /// Lines (1-based, inclusive) spanned by the `worker` blocks of a lowered step.
+    workers: Option<(usize, usize)>,
 }
 
 impl Parser<'_> {
@@ -329,7 +334,12 @@ impl Parser<'_> {
                 }
                 Token::Name(_) => self.definition(&mut body)?,
                 Token::Word(word) if word == "schedule" => self.schedule(&mut body)?,
-                _ => return Err(self.unexpected("a '%name = ...' definition, 'schedule' or '}'")),
+                Token::Word(word) if word == "worker" => self.worker_block()?,
+                _ => {
+                    return Err(
+                        self.unexpected("a '%name = ...' definition, 'schedule', 'worker' or '}'")
+                    )
+                }
             }
         }
         self.skip_newlines();
@@ -339,7 +349,75 @@ impl Parser<'_> {
         body.ir_mut();
         let mut ir = body.ir.take().expect("ir_mut creates the IR (bug)");
         ir.advance(phase);
+        self.check_workers(&ir)?;
         Ok(ir)
+    }
+
+    /// Skips a `worker dp=.. pp=.. { ... }` block, remembering its lines; they are checked
+    /// against the lowering of the whole step once it is read ([`Parser::check_workers`]).
+    fn worker_block(&mut self) -> Result<()> {
+        let (first, _) = self.here();
+        let last = loop {
+            if *self.peek() == Token::Eof {
+                return Err(self.unexpected("'}' closing the worker block"));
+            }
+            let token = self.next();
+            if token.token == Token::RBrace {
+                break token.line;
+            }
+        };
+        self.workers = Some(match self.workers {
+            Some((start, _)) => (start, last),
+            None => (first, last),
+        });
+        Ok(())
+    }
+
+    /// The op lists of a lowered step are derived from its schedule: the text must hold exactly
+    /// what it lowers to.
+    fn check_workers(&self, ir: &StepIr) -> Result<()> {
+        let Some((first, last)) = self.workers else {
+            return Ok(());
+        };
+        if ir.phase() < Phase::Lowered {
+            return Err(self.error_at(
+                (first, 1),
+                format!(
+                    "worker blocks belong to a lowered step, this one is {}",
+                    ir.phase()
+                ),
+            ));
+        }
+        if !crate::verify::check(ir).is_empty() {
+            // A broken step has no lowering; the verifier names what is broken.
+            return Ok(());
+        }
+        let mut expected = String::new();
+        crate::program::print_workers(&crate::program::lower(ir), &mut expected);
+        let given = self.text.lines().skip(first - 1).take(last - first + 1);
+        let mut expected_lines = expected.lines();
+        for (offset, line) in given.enumerate() {
+            let want = expected_lines.next();
+            if want.map(str::trim_end) != Some(line.trim_end()) {
+                return Err(self.error_at(
+                    (first + offset, 1),
+                    format!(
+                        "worker op lists are derived from the schedule; expected `{}` here",
+                        want.map_or("(end of the worker blocks)", str::trim)
+                    ),
+                ));
+            }
+        }
+        if let Some(missing) = expected_lines.next() {
+            return Err(self.error_at(
+                (last, 1),
+                format!(
+                    "worker blocks end early; expected `{}` next",
+                    missing.trim()
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn header(&mut self) -> Result<(Spec, BatchInfo)> {

@@ -3,7 +3,8 @@
 use std::fmt::Write;
 
 use super::names::Names;
-use crate::step::{Direction, StepIr};
+use crate::program;
+use crate::step::{Direction, Phase, StepIr};
 
 /// Prints the IR in its canonical text form.
 pub fn print(ir: &StepIr) -> String {
@@ -100,6 +101,9 @@ pub fn print(ir: &StepIr) -> String {
                 packs.join(", ")
             );
         }
+    }
+    if ir.phase() >= Phase::Lowered {
+        program::print_workers(&program::lower(ir), &mut out);
     }
     out.push_str("}\n");
     out

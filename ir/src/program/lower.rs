@@ -1,0 +1,168 @@
+//! Lowering a scheduled step IR to a [`Program`].
+
+use std::collections::HashMap;
+
+use super::{Op, PackLayout, Program, SliceLayout, Worker, WorkerProgram};
+use crate::step::{Direction, PackId, Phase, StepIr};
+use crate::text::Names;
+
+/// Lowers `ir` (phase `scheduled` or later) to per-worker op lists. Pure: the same IR always
+/// gives the same program.
+///
+/// # Panics
+/// If `ir` is not scheduled (callers check the phase; the `lower` pass reports it as an error).
+pub fn lower(ir: &StepIr) -> Program {
+    assert!(
+        ir.phase() >= Phase::Scheduled,
+        "lower needs a scheduled IR, got phase {} (bug in the caller)",
+        ir.phase()
+    );
+    let names = Names::new(ir);
+    let sample_index: HashMap<_, u32> = ir
+        .samples()
+        .iter()
+        .enumerate()
+        .map(|(index, &id)| (id, index as u32))
+        .collect();
+
+    let mut packs = Vec::new();
+    let mut pack_index: HashMap<PackId, u32> = HashMap::new();
+    for (replica_index, &replica) in ir.replicas().iter().enumerate() {
+        for direction in [Direction::Forward, Direction::Backward] {
+            for pack in ir.packs_on(replica, direction) {
+                pack_index.insert(pack, packs.len() as u32);
+                let slices: Vec<SliceLayout> = ir
+                    .pack_slices(pack)
+                    .into_iter()
+                    .map(|slice| {
+                        let s = ir.slice(slice);
+                        SliceLayout {
+                            sample: sample_index[&ir.sample_of(slice)],
+                            start: s.start,
+                            end: s.end(),
+                            kv_start: 0,
+                        }
+                    })
+                    .collect();
+                packs.push(layout(
+                    names.pack(pack).to_string(),
+                    direction,
+                    replica_index as u32,
+                    ir.replica(replica).ranks.clone(),
+                    slices,
+                    ir.padding(pack),
+                ));
+            }
+        }
+    }
+
+    let (pp, dp) = (ir.spec.parallel.pp, ir.spec.parallel.dp);
+    let mut workers: Vec<WorkerProgram> = (0..pp)
+        .flat_map(|stage| {
+            (0..dp).map(move |rank| WorkerProgram {
+                worker: Worker {
+                    dp: rank,
+                    pp: stage,
+                },
+                ops: Vec::new(),
+            })
+        })
+        .collect();
+    for &replica in ir.replicas() {
+        let ranks = &ir.replica(replica).ranks;
+        let merged = ranks.len() > 1;
+        for stage in 0..pp {
+            let order = ir.schedule(replica, stage);
+            for &rank in ranks {
+                let ops = &mut workers[(stage * dp + rank) as usize].ops;
+                for &pack_id in &order {
+                    let pack = pack_index[&pack_id];
+                    let direction = ir.pack(pack_id).direction;
+                    // Where the pack's input comes from and where its output goes.
+                    let (from, to) = match direction {
+                        Direction::Forward => {
+                            (stage.checked_sub(1), Some(stage + 1).filter(|&s| s < pp))
+                        }
+                        Direction::Backward => {
+                            (Some(stage + 1).filter(|&s| s < pp), stage.checked_sub(1))
+                        }
+                    };
+                    if let Some(from) = from {
+                        ops.push(Op::Recv {
+                            pack,
+                            direction,
+                            from: Worker { dp: rank, pp: from },
+                        });
+                    }
+                    if merged {
+                        ops.push(Op::CpExchange {
+                            pack,
+                            direction,
+                            group: ranks.clone(),
+                        });
+                    }
+                    ops.push(match direction {
+                        Direction::Forward => Op::Forward { pack },
+                        Direction::Backward => Op::Backward { pack },
+                    });
+                    if let Some(to) = to {
+                        ops.push(Op::Send {
+                            pack,
+                            direction,
+                            to: Worker { dp: rank, pp: to },
+                        });
+                    }
+                }
+            }
+        }
+    }
+    for worker in &mut workers {
+        worker
+            .ops
+            .extend([Op::ReduceScatter, Op::Optimizer, Op::AllGather]);
+    }
+    Program {
+        pp,
+        dp,
+        packs,
+        workers,
+    }
+}
+
+/// The layout of a pack from its slices in order.
+fn layout(
+    name: String,
+    direction: Direction,
+    replica: u32,
+    dp_ranks: Vec<u32>,
+    slices: Vec<SliceLayout>,
+    padded: Option<u32>,
+) -> PackLayout {
+    let mut cu_seqlens_q = Vec::with_capacity(slices.len() + 1);
+    let mut cu_seqlens_k = Vec::with_capacity(slices.len() + 1);
+    let (mut q, mut k) = (0u32, 0u32);
+    cu_seqlens_q.push(0);
+    cu_seqlens_k.push(0);
+    for slice in &slices {
+        q += slice.end - slice.start;
+        k += slice.end - slice.kv_start;
+        cu_seqlens_q.push(q);
+        cu_seqlens_k.push(k);
+    }
+    let max_seqlen_q = slices.iter().map(|s| s.end - s.start).max().unwrap_or(0);
+    let max_seqlen_k = slices.iter().map(|s| s.end - s.kv_start).max().unwrap_or(0);
+    let position_offsets = slices.iter().map(|s| s.start).collect();
+    PackLayout {
+        name,
+        direction,
+        replica,
+        dp_ranks,
+        slices,
+        padded_tokens: padded.unwrap_or(q).max(q),
+        cu_seqlens_q,
+        cu_seqlens_k,
+        max_seqlen_q,
+        max_seqlen_k,
+        position_offsets,
+    }
+}

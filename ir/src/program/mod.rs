@@ -1,0 +1,207 @@
+//! The lowered program: what every device runs, in order, and the layout of every pack.
+//!
+//! Lowering ([`lower`]) turns a scheduled [`StepIr`](crate::StepIr) into a [`Program`]: one op
+//! list per *worker* — a (DP rank, pipeline stage) pair, i.e. the TP x static-CP devices that run
+//! the same ops in lockstep — and a [`PackLayout`] per pack with what a varlen attention kernel
+//! needs (slices, `cu_seqlens_q/k`, `max_seqlen_q/k`, position offsets). It is what codegen and
+//! the runtimes consume; the schedule JSON expands it to one entry per global rank.
+//!
+//! Semantics of a worker's ops (DESIGN §3.6):
+//! - `fwd p` / `bwd p` run pack `p` on the worker's layers; a pack of a DP-Merge group runs on
+//!   every member, each taking its share of the tokens, preceded by `cp-exchange p` among the
+//!   group (the K/V ring of context parallelism; the kernels overlap it with attention);
+//! - `recv`/`send` move a pack's activations forward (stage `s` -> `s + 1`) or its gradients
+//!   backward (`s + 1` -> `s`) between workers of the same DP rank; sends are asynchronous,
+//!   receives block until the matching send happened;
+//! - after its last backward, each worker takes part in its stage's gradient `reduce-scatter`
+//!   over every DP rank, runs the `optimizer` on its shard and `all-gather`s the parameters.
+//!
+//! Order: a worker runs the packs of each replica it belongs to in that replica's schedule order.
+//! A DP rank in a plain replica and in a DP-Merge group runs the replicas one after the other in
+//! IR order (replica-major): every worker meets the replicas in the same order, so the program is
+//! deadlock-free whenever each replica's schedule is (which the verifier proves); [`check`]
+//! proves it again on the op lists themselves.
+
+mod check;
+mod lower;
+mod print;
+
+pub use check::{check, ProgramError};
+pub use lower::lower;
+pub use print::print_workers;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::step::Direction;
+
+/// A worker: the devices of one DP rank on one pipeline stage.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
+pub struct Worker {
+    /// DP rank, `0..dp` of the layout.
+    pub dp: u32,
+    /// Pipeline stage, `0..pp`.
+    pub pp: u32,
+}
+
+/// One op of a worker's program. Packs are indices into [`Program::packs`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Run the forward of `pack` on this worker's layers.
+    Forward { pack: u32 },
+    /// Run the backward of `pack` on this worker's layers.
+    Backward { pack: u32 },
+    /// Exchange K/V (forward) or K/V and their gradients (backward) of `pack` among the DP ranks
+    /// of its DP-Merge group (context parallelism across merged replicas).
+    CpExchange {
+        pack: u32,
+        direction: Direction,
+        group: Vec<u32>,
+    },
+    /// Send `pack`'s activations (forward) or input gradients (backward) to `to`.
+    Send {
+        pack: u32,
+        direction: Direction,
+        to: Worker,
+    },
+    /// Receive `pack`'s activations (forward) or output gradients (backward) from `from`.
+    Recv {
+        pack: u32,
+        direction: Direction,
+        from: Worker,
+    },
+    /// Reduce-scatter this stage's gradients over every DP rank (ZeRO-1 style).
+    ReduceScatter,
+    /// The optimizer step on this worker's shard of the stage's parameters.
+    Optimizer,
+    /// All-gather the updated parameters of the stage over every DP rank.
+    AllGather,
+}
+
+impl Op {
+    /// The op's keyword in the text form and in statistics.
+    pub fn keyword(&self) -> &'static str {
+        match self {
+            Op::Forward { .. } => "fwd",
+            Op::Backward { .. } => "bwd",
+            Op::CpExchange { .. } => "cp-exchange",
+            Op::Send { .. } => "send",
+            Op::Recv { .. } => "recv",
+            Op::ReduceScatter => "reduce-scatter",
+            Op::Optimizer => "optimizer",
+            Op::AllGather => "all-gather",
+        }
+    }
+
+    /// The pack the op works on, if any.
+    pub fn pack(&self) -> Option<u32> {
+        match *self {
+            Op::Forward { pack }
+            | Op::Backward { pack }
+            | Op::CpExchange { pack, .. }
+            | Op::Send { pack, .. }
+            | Op::Recv { pack, .. } => Some(pack),
+            Op::ReduceScatter | Op::Optimizer | Op::AllGather => None,
+        }
+    }
+}
+
+/// A worker and its ops, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkerProgram {
+    pub worker: Worker,
+    pub ops: Vec<Op>,
+}
+
+/// One slice of a pack as a varlen attention kernel sees it: queries are the slice's tokens
+/// `[start, end)` of its sample, keys and values are `[kv_start, end)` (the slice and the prefix
+/// of its sample before it, carried over from earlier slices), causal with the diagonal aligned
+/// bottom-right (query `start + i` sees keys up to `start + i`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SliceLayout {
+    /// The sample's index in the batch (its order in the IR).
+    pub sample: u32,
+    /// First token of the slice within its sample.
+    pub start: u32,
+    /// One past its last token.
+    pub end: u32,
+    /// First key/value token (0: the whole prefix of the sample).
+    pub kv_start: u32,
+}
+
+/// A pack: its slices in order and the varlen metadata derived from them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct PackLayout {
+    /// The pack's name in the printed IR (`%f3`, `%b7`).
+    pub name: String,
+    pub direction: Direction,
+    /// The replica's index in the IR.
+    pub replica: u32,
+    /// DP ranks that run it (more than one: a DP-Merge group, as one CP group).
+    pub dp_ranks: Vec<u32>,
+    pub slices: Vec<SliceLayout>,
+    /// Tokens the pack occupies, padding included (padding follows the slices).
+    pub padded_tokens: u32,
+    /// Query offsets: `cu_seqlens_q[i]..cu_seqlens_q[i + 1]` are slice `i`'s rows of the packed
+    /// (THD) tensor; the last entry is the pack's real token count.
+    pub cu_seqlens_q: Vec<u32>,
+    /// Key/value offsets: slice `i` attends to `cu_seqlens_k[i + 1] - cu_seqlens_k[i]` keys.
+    pub cu_seqlens_k: Vec<u32>,
+    pub max_seqlen_q: u32,
+    pub max_seqlen_k: u32,
+    /// Position id of each slice's first token (its offset in the sample; RoPE positions).
+    pub position_offsets: Vec<u32>,
+}
+
+impl PackLayout {
+    /// The pack's real tokens (without padding).
+    pub fn tokens(&self) -> u32 {
+        self.cu_seqlens_q.last().copied().unwrap_or(0)
+    }
+}
+
+/// The lowered step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Program {
+    /// Pipeline stages.
+    pub pp: u32,
+    /// DP ranks.
+    pub dp: u32,
+    /// Every pack, in the IR's canonical order (per replica, forward packs then backward).
+    pub packs: Vec<PackLayout>,
+    /// Every worker, DP rank fastest then stage (`workers[pp * dp + dp_rank]`).
+    pub workers: Vec<WorkerProgram>,
+}
+
+impl Program {
+    /// The program of `worker`.
+    pub fn worker(&self, worker: Worker) -> &WorkerProgram {
+        &self.workers[(worker.pp * self.dp + worker.dp) as usize]
+    }
+
+    /// Number of ops of each kind, by keyword, in a fixed order.
+    pub fn op_counts(&self) -> Vec<(&'static str, usize)> {
+        const KINDS: [&str; 8] = [
+            "fwd",
+            "bwd",
+            "cp-exchange",
+            "send",
+            "recv",
+            "reduce-scatter",
+            "optimizer",
+            "all-gather",
+        ];
+        let mut counts = [0usize; KINDS.len()];
+        for op in self.workers.iter().flat_map(|w| &w.ops) {
+            let index = KINDS.iter().position(|&k| k == op.keyword()).unwrap_or(0);
+            counts[index] += 1;
+        }
+        KINDS.into_iter().zip(counts).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;
