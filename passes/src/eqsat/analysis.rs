@@ -222,6 +222,11 @@ impl Analysis<Schedule> for ScheduleAnalysis {
                 }
             }
             Schedule::Replica(_) => Data::Replica,
+            Schedule::Idle | Schedule::Work(_) | Schedule::Pair(_) | Schedule::WholeSample(_) => {
+                panic!(
+                    "{enode:?} in a replica's e-graph (rank pairs have their own); this is a bug"
+                )
+            }
         }
     }
 

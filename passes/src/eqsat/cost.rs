@@ -426,6 +426,11 @@ impl CostFunction<Schedule> for ScheduleCost<'_> {
                     rank: (total, 0.0),
                 }
             }
+            Schedule::Idle | Schedule::Work(_) | Schedule::Pair(_) | Schedule::WholeSample(_) => {
+                panic!(
+                    "{enode:?} in a replica's e-graph (rank pairs have their own); this is a bug"
+                )
+            }
         }
     }
 }

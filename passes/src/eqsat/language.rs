@@ -21,6 +21,12 @@
 //!   one `fkeep` / `bkeep` node holding a [`Kept`] leaf (its first position and pack count), so
 //!   the e-graph of a replica of a hundred packs stays as small as the few packs in play.
 //! - `replica` pairs a forward and a backward sequence.
+//! - Rank merging works one level up, on which DP ranks run whole samples
+//!   ([`super::rank_merge`]): `(pair A B M)` is an aligned pair of DP ranks `{a, a + 1}`, with
+//!   `A` and `B` the samples of their plain replicas and `M` those of the DP-Merge group of the
+//!   two; each is a `work` list of [`Whole`] leaves (`w3`: the pair's sample 3, the pair's
+//!   samples numbered longest first), in increasing order, ended by `idle`:
+//!   `(pair (work w0 (work w2 idle)) (work w3 idle) (work w1 idle))`.
 
 use std::fmt;
 use std::str::FromStr;
@@ -104,6 +110,28 @@ impl FromStr for Kept {
     }
 }
 
+/// A whole sample of a rank pair: its index among the pair's samples (longest first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Whole(pub u32);
+
+impl fmt::Display for Whole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "w{}", self.0)
+    }
+}
+
+impl FromStr for Whole {
+    type Err = String;
+
+    /// Parses `w<index>` (the form [`Whole`]'s `Display` writes).
+    fn from_str(text: &str) -> Result<Whole, String> {
+        text.strip_prefix('w')
+            .and_then(|index| index.parse().ok())
+            .map(Whole)
+            .ok_or_else(|| format!("'{text}' is not a whole sample (expected w<index>)"))
+    }
+}
+
 define_language! {
     /// One replica's schedule (see the module header).
     pub enum Schedule {
@@ -117,8 +145,12 @@ define_language! {
         "fkeep" = ForwardKeep([Id; 2]),
         "bkeep" = BackwardKeep([Id; 2]),
         "replica" = Replica([Id; 2]),
+        "idle" = Idle,
+        "work" = Work([Id; 2]),
+        "pair" = Pair([Id; 3]),
         Slice(Span),
         KeptPacks(Kept),
+        WholeSample(Whole),
     }
 }
 
@@ -139,11 +171,16 @@ mod tests {
         assert!("x3@1+2".parse::<Span>().is_err());
         assert_eq!("k2+5".parse::<Kept>(), Ok(Kept { first: 2, count: 5 }));
         assert!("k2+0".parse::<Kept>().is_err());
+        assert_eq!("w7".parse::<Whole>(), Ok(Whole(7)));
+        assert!("w".parse::<Whole>().is_err());
     }
 
     #[test]
     fn terms_parse_as_the_module_header_shows() {
         let text = "(replica (fseq (fpack (cons s0@0+8 nil)) (fkeep k1+3 end)) (bseq (bpack (cons s0@0+8 nil)) end))";
+        let term: egg::RecExpr<Schedule> = text.parse().unwrap();
+        assert_eq!(term.to_string(), text);
+        let text = "(pair (work w0 (work w2 idle)) (work w3 idle) (work w1 idle))";
         let term: egg::RecExpr<Schedule> = text.parse().unwrap();
         assert_eq!(term.to_string(), text);
     }

@@ -25,18 +25,23 @@
 //! worth it where the simulator's slowest replica is not the makespan's (sends, memory-bound
 //! warm-ups and the DP sync are not in the makespan).
 //!
-//! What is absent: rank merging (DP-Merge of two replicas for a dominant sample, DESIGN §3.4).
-//! A merged group shares its ranks with their plain replicas, which then run the group's packs
-//! and their own in one stream; the IR orders packs only within a replica, so how a rank
-//! interleaves the two — which is what decides whether a merge pays — is not in the IR, and a
-//! merge also has to move other samples between replicas (re-packing both), which is not a
-//! local rewrite. `dp-merge` makes that decision with the same cost model, before packing.
+//! Before that, rank merging ([`placement`], rules in [`rank_merge`]): a rank runs its plain
+//! replica and every DP-Merge group holding it on the same streams, so per aligned pair of DP
+//! ranks, slowest first, a `(pair A B M)` term of which samples the two plain replicas and the
+//! pair's group run is saturated with moving a sample to the partner rank, merging it onto
+//! the group (half the work per rank plus the CP exchange) and splitting it out of the group;
+//! the cheapest placements are re-packed by `pack-fwd` and `pack-bwd` and kept if the pair's
+//! slower rank (sum of its replicas' 1F1B makespans) gets faster. `ranks=false` switches it
+//! off. The per-replica refinement then runs on the result.
 //!
 //! Determinism: egg is built with its `deterministic` feature (insertion-ordered maps), rules
 //! and candidates are ordered, and there is no time limit unless `ms` is given (a time limit
 //! makes the result depend on the machine's speed). Statistics: e-nodes and e-classes (summed
-//! over the replicas' e-graphs), iterations, applications per rule, stop reasons, the step's
-//! cost before and after (seconds: the slowest replica's makespan), the relative gain, the
+//! over the replicas' e-graphs), iterations, applications per rule (rank merging's included),
+//! stop reasons, the step's cost before and after (seconds: the slowest rank, the makespans
+//! of the replicas it runs summed) and the relative gain, the slowest replica's makespan
+//! before and after the per-replica refinement, rank merging's own figures (`rank_merge`:
+//! pairs refined and improved, samples on DP-Merge groups, e-graph sizes, its time), the
 //! grain, and the time spent (setup, e-graphs with extraction, total).
 
 mod analysis;
@@ -45,6 +50,8 @@ mod encode;
 mod extract;
 mod language;
 mod pipeline;
+mod placement;
+mod rank_merge;
 mod rebuild;
 mod regroup;
 mod slicing;
@@ -59,7 +66,7 @@ use std::ops::RangeInclusive;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use egg::{RecExpr, Rewrite, Runner, StopReason};
+use egg::{Analysis, RecExpr, Rewrite, Runner, StopReason};
 use indexmap::IndexMap;
 
 use crate::error::{PassError, Result};
@@ -77,8 +84,11 @@ pub use language::Span;
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "eqsat",
-    summary: "refine the slowest replicas' MicroPacks by equality saturation (egg)",
-    description: "Per replica, slowest first: encode the packs around the slowest ones as a \
+    summary: "refine the slowest ranks' placements and MicroPacks by equality saturation (egg)",
+    description: "Per aligned pair of DP ranks, slowest first: saturate which of the two plain \
+                  replicas and their DP-Merge group run each sample (move, merge, split), \
+                  re-pack the cheapest placements and keep one if the pair's slower rank gets \
+                  faster. Then per replica, slowest first: encode the packs around the slowest ones as a \
                   term, saturate with slicing (split/merge) and regrouping (move/swap between \
                   neighbouring packs) rules under node and iteration limits, extract candidates \
                   under the machine model, and keep the one with the least 1F1B makespan if it \
@@ -116,6 +126,10 @@ const OPTIONS: &[OptionInfo] = &[
         name: "scope",
         help: "bottleneck (default: only replicas that bound the step) or all",
     },
+    OptionInfo {
+        name: "ranks",
+        help: "true (default): rank merging first (move, DP-Merge or split samples within aligned pairs of DP ranks); false: packs only",
+    },
 ];
 
 /// Which replicas the pass refines.
@@ -139,6 +153,8 @@ pub struct Eqsat {
     /// and an e-graph over every pack of a replica grows faster than it pays.
     pub focus: usize,
     pub scope: Scope,
+    /// Refine which ranks run each sample (rank merging) before the packs.
+    pub ranks: bool,
 }
 
 impl Default for Eqsat {
@@ -151,6 +167,7 @@ impl Default for Eqsat {
             fanout: 2,
             focus: 3,
             scope: Scope::Bottleneck,
+            ranks: true,
         }
     }
 }
@@ -191,6 +208,9 @@ impl Eqsat {
             fanout: positive("fanout")?.map_or(defaults.fanout, |n| n as usize),
             focus: positive("focus")?.map_or(defaults.focus, |n| n as usize),
             scope,
+            ranks: options
+                .get::<bool>("ranks", "true or false")?
+                .unwrap_or(defaults.ranks),
         })
     }
 
@@ -200,12 +220,12 @@ impl Eqsat {
     /// 0.5 to 200 ms, longer than the whole pass; so egg runs under a mock quanta clock (its
     /// time limit then never fires: the result depends on the limits only), and the pass's
     /// own time limit, if any, is checked with `std::time` by a hook between iterations.
-    fn saturate(
+    fn saturate<N: Analysis<Schedule>>(
         &self,
-        analysis: ScheduleAnalysis,
+        analysis: N,
         term: RecExpr<Schedule>,
-        rules: &[Rewrite<Schedule, ScheduleAnalysis>],
-    ) -> Runner<Schedule, ScheduleAnalysis> {
+        rules: &[Rewrite<Schedule, N>],
+    ) -> Runner<Schedule, N> {
         let (clock, _) = quanta::Clock::mock();
         let start = Instant::now();
         let time_limit = self.time_limit;
@@ -401,6 +421,26 @@ impl Pass for Eqsat {
 
     fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
         let start = Instant::now();
+        let scheduled = ir.phase() >= Phase::Scheduled;
+        let ranks = if self.ranks {
+            placement::merge_ranks(self, ir)
+        } else {
+            placement::RankOutcome::default()
+        };
+        let cost_before = if self.ranks {
+            ranks.cost_before
+        } else {
+            placement::step_seconds(ir)
+        };
+        let ranks_ms = start.elapsed().as_secs_f64() * 1e3;
+        let mut totals = Totals::default();
+        for (rule, count) in &ranks.applied {
+            *totals.applied.entry(rule.clone()).or_default() += count;
+        }
+        let ranks_changed = ranks.ir.is_some();
+        if let Some(rebuilt) = &ranks.ir {
+            *ir = rebuilt.clone();
+        }
         let model = CostModel::new(&ir.spec);
         let grain = self.grain.unwrap_or_else(|| default_grain(ir));
         // Every replica with packs, its plan, timer and input cost; slowest first. Replicas
@@ -433,7 +473,6 @@ impl Pass for Eqsat {
         let setup_ms = start.elapsed().as_secs_f64() * 1e3;
         let step_before = jobs.first().map_or(0.0, |job| job.cost_before);
         let mut bound: f64 = 0.0;
-        let mut totals = Totals::default();
         let mut plans = BTreeMap::new();
         for job in &jobs {
             if self.scope == Scope::Bottleneck && job.cost_before <= bound {
@@ -459,20 +498,25 @@ impl Pass for Eqsat {
             .fold(bound, f64::max);
         let egraph_ms = start.elapsed().as_secs_f64() * 1e3 - setup_ms;
         if !plans.is_empty() {
-            let scheduled = ir.phase() >= Phase::Scheduled;
             *ir = rebuild::rebuild(ir, &plans);
-            if scheduled {
-                crate::schedule_pipeline::SchedulePipeline.run(ir)?;
-                ir.advance(Phase::Scheduled);
-            }
         }
-        let result = if plans.is_empty() {
+        if scheduled && (ranks_changed || !plans.is_empty()) {
+            crate::schedule_pipeline::SchedulePipeline.run(ir)?;
+            ir.advance(Phase::Scheduled);
+        }
+        let result = if plans.is_empty() && !ranks_changed {
             "kept-input"
         } else {
             "improved"
         };
-        let gain = if step_before > 0.0 {
-            (step_before - step_after) / step_before
+        // The step's cost as the pass counts it: the slowest rank (replicas it runs, summed).
+        let cost_after = if result == "improved" {
+            placement::step_seconds(ir)
+        } else {
+            cost_before
+        };
+        let gain = if cost_before > 0.0 {
+            (cost_before - cost_after) / cost_before
         } else {
             0.0
         };
@@ -491,9 +535,27 @@ impl Pass for Eqsat {
                 "stop_reasons",
                 serde_json::to_value(&totals.stops).unwrap_or_default(),
             )
+            .with(
+                "rank_merge",
+                serde_json::json!({
+                    "pairs_optimized": ranks.pairs_optimized,
+                    "pairs_improved": ranks.pairs_improved,
+                    "merged_samples_before": ranks.merged_before,
+                    "merged_samples_after": ranks.merged_after,
+                    "rank_cost_before_s": ranks.cost_before,
+                    "rank_cost_after_s": ranks.cost_after,
+                    "e_nodes": ranks.nodes,
+                    "e_classes": ranks.classes,
+                    "iterations": ranks.iterations,
+                    "stop_reasons": ranks.stops,
+                    "ms": ranks_ms,
+                }),
+            )
             .with("grain", grain)
-            .with("cost_before_s", step_before)
-            .with("cost_after_s", step_after)
+            .with("replica_cost_before_s", step_before)
+            .with("replica_cost_after_s", step_after)
+            .with("cost_before_s", cost_before)
+            .with("cost_after_s", cost_after)
             .with("gain", gain)
             .with("setup_ms", setup_ms)
             .with("egraph_ms", egraph_ms)

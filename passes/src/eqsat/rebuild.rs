@@ -10,12 +10,14 @@
 //!
 //! The IR has no operation to take slices out of packs, so [`rebuild`] builds a new step with
 //! the same spec, stages, replicas and samples, copies the untouched replicas' slices and packs
-//! as they are and lays out the planned ones. Members of a planned pack are ordered as
+//! as they are and lays out the planned ones; [`rebuild_replicas`] does the same for a new set
+//! of replicas (rank merging adds, empties or drops DP-Merge groups and moves samples). Members of a planned pack are ordered as
 //! `pack-fwd` and `pack-bwd` order them: by sample, forward first piece first, backward last
 //! piece first.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+use super::analysis::direction_index;
 use super::encode::ReplicaPlan;
 use super::language::Span;
 use slimpack_ir::step::{Direction, Pack, Phase, ReplicaId, SampleId, Slice, SliceId};
@@ -70,23 +72,71 @@ pub fn refine(plan: &ReplicaPlan, lengths: &[u32]) -> ReplicaPlan {
     }
 }
 
+/// What a replica of a rebuilt step runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Layout {
+    /// The input replica's samples, slices and packs, as they are.
+    Copy(ReplicaId),
+    /// The plan's samples and packs, the packs of each direction capped position by position
+    /// (forward, backward).
+    Plan(ReplicaPlan, [Vec<Option<u32>>; 2]),
+}
+
 /// A new step equal to `ir` except for the replicas in `plans`, whose packs (and their
 /// samples' slices) are laid out from the (refined) plans. The phase is `packed`.
 pub fn rebuild(ir: &StepIr, plans: &BTreeMap<ReplicaId, ReplicaPlan>) -> StepIr {
+    let replicas: Vec<(Vec<u32>, Layout)> = ir
+        .replicas()
+        .iter()
+        .map(|&replica| {
+            let layout = match plans.get(&replica) {
+                // Regrouping never adds or removes packs: position k keeps input pack k's cap.
+                Some(plan) => Layout::Plan(
+                    plan.clone(),
+                    [Direction::Forward, Direction::Backward].map(|direction| {
+                        ir.packs_on(replica, direction)
+                            .iter()
+                            .map(|&p| ir.pack(p).cap)
+                            .collect()
+                    }),
+                ),
+                None => Layout::Copy(replica),
+            };
+            (ir.replica(replica).ranks.clone(), layout)
+        })
+        .collect();
+    rebuild_replicas(ir, &replicas)
+}
+
+/// A new step with the same spec, stages and samples as `ir` and the replicas `replicas`
+/// (ranks and layout, in this order); every sample of `ir` is on a copied replica or in a
+/// plan. The phase is `packed`.
+pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)]) -> StepIr {
     let stages: Vec<_> = ir.stages().iter().map(|&s| *ir.stage(s)).collect();
     let mut new = StepIr::with_stages(ir.spec.clone(), ir.batch.clone(), &stages);
-    let mut replicas = HashMap::new();
-    for &replica in ir.replicas() {
-        replicas.insert(replica, new.add_replica(ir.replica(replica).ranks.clone()));
-    }
+    let mut copied_replicas = HashMap::new();
+    let mut planned_on: HashMap<SampleId, ReplicaId> = HashMap::new();
+    let mut ids = Vec::with_capacity(replicas.len());
     // A planned sample's pieces, from its forward packs (both directions hold the same pieces).
     let mut pieces: HashMap<SampleId, Vec<Span>> = HashMap::new();
-    for plan in plans.values() {
-        for span in plan.forward.iter().flatten() {
-            pieces
-                .entry(plan.samples[span.sample as usize])
-                .or_default()
-                .push(*span);
+    for (ranks, layout) in replicas {
+        let id = new.add_replica(ranks.clone());
+        ids.push(id);
+        match layout {
+            Layout::Copy(old) => {
+                copied_replicas.insert(*old, id);
+            }
+            Layout::Plan(plan, _) => {
+                for &sample in &plan.samples {
+                    planned_on.insert(sample, id);
+                }
+                for span in plan.forward.iter().flatten() {
+                    pieces
+                        .entry(plan.samples[span.sample as usize])
+                        .or_default()
+                        .push(*span);
+                }
+            }
         }
     }
     let mut planned: HashMap<(SampleId, u32), SliceId> = HashMap::new();
@@ -113,36 +163,42 @@ pub fn rebuild(ir: &StepIr, plans: &BTreeMap<ReplicaId, ReplicaPlan>) -> StepIr 
             }
         }
     }
-    for &replica in ir.replicas() {
+    for ((_, layout), &id) in replicas.iter().zip(&ids) {
         for direction in [Direction::Forward, Direction::Backward] {
-            let old_packs = ir.packs_on(replica, direction);
-            let Some(plan) = plans.get(&replica) else {
-                for pack in old_packs {
-                    let slices: Vec<SliceId> =
-                        ir.pack_slices(pack).iter().map(|s| copied[s]).collect();
-                    new.add_pack(*ir.pack(pack), replicas[&replica], &slices);
+            match layout {
+                Layout::Copy(old) => {
+                    for pack in ir.packs_on(*old, direction) {
+                        let slices: Vec<SliceId> =
+                            ir.pack_slices(pack).iter().map(|s| copied[s]).collect();
+                        new.add_pack(*ir.pack(pack), id, &slices);
+                    }
                 }
-                continue;
-            };
-            for (position, spans) in plan.packs(direction).iter().enumerate() {
-                let slices: Vec<SliceId> = member_order(spans, direction)
-                    .iter()
-                    .map(|s| planned[&(plan.samples[s.sample as usize], s.start)])
-                    .collect();
-                // Regrouping never adds or removes packs: position k keeps input pack k's cap.
-                let pack = Pack {
-                    direction,
-                    cap: ir.pack(old_packs[position]).cap,
-                };
-                new.add_pack(pack, replicas[&replica], &slices);
+                Layout::Plan(plan, caps) => {
+                    let caps = &caps[direction_index(direction)];
+                    for (position, spans) in plan.packs(direction).iter().enumerate() {
+                        let slices: Vec<SliceId> = member_order(spans, direction)
+                            .iter()
+                            .map(|s| planned[&(plan.samples[s.sample as usize], s.start)])
+                            .collect();
+                        let pack = Pack {
+                            direction,
+                            cap: caps[position],
+                        };
+                        new.add_pack(pack, id, &slices);
+                    }
+                }
             }
         }
     }
     // Samples are placed last: `add_pack` numbers a pack by scanning its replica's edges, and
     // so scans only packs while no sample is placed yet.
     for (sample, new_sample) in samples {
-        if let Some(replica) = ir.replica_of_sample(sample) {
-            new.place_sample(new_sample, replicas[&replica]);
+        let replica = planned_on.get(&sample).copied().or_else(|| {
+            ir.replica_of_sample(sample)
+                .and_then(|old| copied_replicas.get(&old).copied())
+        });
+        if let Some(replica) = replica {
+            new.place_sample(new_sample, replica);
         }
     }
     new.advance(Phase::Packed);

@@ -2,13 +2,10 @@
 
 use proptest::prelude::*;
 
-use super::cost::PackTimer;
-use super::encode::ReplicaPlan;
 use crate::manager::{run_pipeline, ManagerOptions};
 use crate::pass::Statistics;
 use crate::pipeline::parse_pipeline;
 use slimpack_ir::batch::Sample;
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::BatchInfo;
 use slimpack_ir::{text, verify, Spec, StepIr};
 
@@ -39,16 +36,10 @@ fn run(ir: &mut StepIr, pipeline: &str) -> Vec<Statistics> {
     .collect()
 }
 
-/// The step's cost as the pass counts it: the slowest replica's 1F1B makespan.
+/// The step's cost as the pass counts it: the slowest rank, the 1F1B makespans of the
+/// replicas it runs summed.
 fn step_cost(ir: &StepIr) -> f64 {
-    let model = CostModel::new(&ir.spec);
-    ReplicaPlan::all(ir)
-        .into_iter()
-        .map(|(replica, plan)| {
-            let mut timer = PackTimer::new(model.clone(), ir.replica(replica).ranks.clone());
-            super::pipeline::makespan(&mut timer, &plan.forward, &plan.backward)
-        })
-        .fold(0.0, f64::max)
+    super::placement::step_seconds(ir)
 }
 
 const PACKED: &str = "assign-dp,slice{size=8192},pack-fwd{cap=32768},pack-bwd{cap=32768}";
@@ -98,6 +89,42 @@ fn the_pass_runs_after_scheduling_too() {
     run(&mut ir, "eqsat");
     assert_eq!(ir.phase(), slimpack_ir::step::Phase::Scheduled);
     assert!(step_cost(&ir) < before);
+}
+
+/// A dominant sample on one rank of a pair: rank merging runs it on a DP-Merge group of the
+/// pair (the verifier holds on the new replicas) and the slowest rank gets faster.
+#[test]
+fn rank_merging_merges_a_dominant_sample() {
+    let mut lengths = vec![131072];
+    lengths.extend((0..24u32).map(|i| 2000 + i * 150));
+    let mut ir = step("llama-7b", "h100-sxm", "tp=8,pp=2,dp=2", &lengths);
+    run(
+        &mut ir,
+        "assign-dp,slice{size=16384},pack-fwd{cap=32768},pack-bwd{cap=32768}",
+    );
+    let before = step_cost(&ir);
+    let stats = run(&mut ir, "eqsat,schedule-pipeline");
+    let stats = &stats[0];
+    let applied = &stats.get("rule_applications").unwrap()["merge-ranks"];
+    assert!(applied.as_u64().unwrap() >= 1, "{stats:?}");
+    let ranks = stats.get("rank_merge").unwrap();
+    assert_eq!(ranks["pairs_improved"], 1, "{stats:?}");
+    assert_eq!(ranks["merged_samples_after"], 1, "{stats:?}");
+    let groups: Vec<_> = ir
+        .replicas()
+        .iter()
+        .filter(|&&r| ir.replica(r).ranks == [0, 1])
+        .collect();
+    assert_eq!(groups.len(), 1);
+    assert!(verify::check(&ir).is_empty(), "{:?}", verify::check(&ir));
+    assert!(step_cost(&ir) < before, "{} >= {before}", step_cost(&ir));
+    // Switched off, the placement stays.
+    let mut plain = step("llama-7b", "h100-sxm", "tp=8,pp=2,dp=2", &lengths);
+    run(
+        &mut plain,
+        "assign-dp,slice{size=16384},pack-fwd{cap=32768},pack-bwd{cap=32768},eqsat{ranks=false}",
+    );
+    assert_eq!(plain.replicas().len(), 2);
 }
 
 proptest! {
