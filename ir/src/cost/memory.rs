@@ -55,11 +55,12 @@
 //! - K/V and dK/dV accumulators: fp32, as above (the cache holds exactly the rows in flight);
 //! - temporaries ([`CpuTemporaries`]): the received input (hidden states or their gradients,
 //!   `4h`); in the forward, the last layer's keys and values with its output (`2kv + h`) or, on a
-//!   stage that sends, the output and its per-slice copies (`2h`); in the backward, the pack's own
-//!   dK/dV rows of every layer (allocated when it starts) and the largest of the layer
-//!   backward's live gradients: after the MLP block `dy + dSwiGLU, dgate, dup + dnormed, dmid +
+//!   stage that sends, the output and its per-slice copies (`2h`); in the backward, the largest
+//!   of the layer backward's live gradients: after the MLP block `dy + dSwiGLU, dgate, dup + dnormed, dmid +
 //!   dattn` (`4h + 3f + q`, minus the head's saved tensors on the last stage, freed first), or
-//!   around the attention (`4h + 2q + 2kv`); the pack's positions (8 B per token);
+//!   around the attention (`4h + 2q + 2kv`); the pack's positions (8 B per token); and while a
+//!   sample's last slice runs its backward, that slice's own dK/dV rows
+//!   ([`MemoryModel::own_kv_grad_bytes`]: the runtime accumulates into every position's rows);
 //! - workspace: the packing buffers of one `matrixmultiply` GEMM (one runs at a time per worker):
 //!   `min(k, 256) · (min(m, 64) + min(n, 1024))` floats, the largest over the model's GEMMs.
 
@@ -131,8 +132,6 @@ pub struct CpuTemporaries {
     pub forward_sending: u64,
     /// The same on the last stage: keys and values, less the head's tensors not saved yet.
     pub forward_last: u64,
-    /// Backward: the pack's own dK/dV rows, every layer of the stage.
-    pub backward_own_kv_grads: u64,
     /// Backward: the largest set of live gradients of a layer (not on the last stage).
     pub backward_layer: u64,
     /// The same on the last stage: the head's saved tensors are freed before the layers.
@@ -142,7 +141,7 @@ pub struct CpuTemporaries {
 }
 
 impl CpuTemporaries {
-    fn new(model: &ModelSpec, layers: u64) -> CpuTemporaries {
+    fn new(model: &ModelSpec) -> CpuTemporaries {
         const F: i64 = 4;
         let (h, q, kv, f) = (
             i64::from(model.hidden),
@@ -160,7 +159,6 @@ impl CpuTemporaries {
             input: bytes(h),
             forward_sending: bytes((2 * kv + h).max(2 * h)),
             forward_last: bytes(2 * kv + h - head_saved),
-            backward_own_kv_grads: bytes(2 * kv * layers as i64),
             backward_layer: bytes(layer),
             backward_layer_last: bytes(head_moment.max(layer - head_saved)),
             positions: CPU_POSITION_BYTES,
@@ -181,7 +179,6 @@ impl CpuTemporaries {
             }
             Direction::Backward => {
                 bytes += if last { 0 } else { self.input };
-                bytes += self.backward_own_kv_grads;
                 bytes += if last {
                     self.backward_layer_last
                 } else {
@@ -201,9 +198,12 @@ fn gemm_packing_floats(m: u64, k: u64, n: u64) -> u64 {
     k.min(kc) * (round(m.min(mc)) + round(n.min(nc)))
 }
 
-/// The CPU runtime's workspace: the largest packing buffers of any GEMM of the model, for packs
-/// of at least [`CPU_GEMM_BLOCKING`]'s `KC` tokens (forward `x · W`, input gradient `dy · Wᵀ`,
-/// weight gradient `xᵀ · dy`, for every projection and the output layer).
+/// The CPU runtime's workspace: the largest packing buffers of any GEMM the runtime runs, for
+/// packs of at least [`CPU_GEMM_BLOCKING`]'s `KC` tokens: per projection `in → out`, the forward
+/// `x · W` (`rows × in` by `in × out`), the input gradient `dy · Wᵀ` and the weight gradient
+/// `xᵀ · dy` (`in × rows` by `rows × out`); the logits, their input gradient and the output
+/// layer's gradient `dlogitsᵀ · x` (`v × rows` by `rows × h`); attention's per-block products
+/// are smaller for every preset's head size.
 fn cpu_workspace_bytes(model: &ModelSpec) -> u64 {
     let rows = CPU_GEMM_BLOCKING.0;
     let (h, q, kv, f, v) = (
@@ -213,19 +213,21 @@ fn cpu_workspace_bytes(model: &ModelSpec) -> u64 {
         u64::from(model.ffn),
         u64::from(model.vocab),
     );
-    let projections = [(h, q), (h, kv), (q, h), (h, f), (f, h), (h, v)];
-    let floats = projections
-        .iter()
-        .flat_map(|&(input, output)| {
-            [
-                gemm_packing_floats(rows, input, output),
-                gemm_packing_floats(rows, output, input),
-                gemm_packing_floats(input, rows, output),
-                gemm_packing_floats(output, rows, input),
-            ]
-        })
-        .max()
-        .unwrap_or(0);
+    let projections = [(h, q), (h, kv), (q, h), (h, f), (f, h)];
+    let mut floats = [
+        gemm_packing_floats(rows, h, v),
+        gemm_packing_floats(rows, v, h),
+        gemm_packing_floats(v, rows, h),
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0);
+    for (input, output) in projections {
+        floats = floats
+            .max(gemm_packing_floats(rows, input, output))
+            .max(gemm_packing_floats(rows, output, input))
+            .max(gemm_packing_floats(input, rows, output));
+    }
     4 * floats
 }
 
@@ -287,7 +289,7 @@ impl MemoryModel {
             kv_grad_per_token: 2 * model.kv_width() * KV_GRAD_BYTES,
             hidden_row: h * b,
             logits_per_token: u64::from(model.vocab) * b,
-            cpu_temporaries: cpu.then(|| CpuTemporaries::new(model, layers)),
+            cpu_temporaries: cpu.then(|| CpuTemporaries::new(model)),
             workspace,
             capacity: spec.cluster.gpu.hbm_bytes,
         }
@@ -325,6 +327,16 @@ impl MemoryModel {
     /// backward of its last slice to the backward of the slice that owns those tokens.
     pub fn kv_grad_bytes(&self, tokens: u64, _stage: u32) -> u64 {
         self.per_device(tokens * self.kv_grad_per_token * self.layers_per_stage)
+    }
+
+    /// dK/dV accumulators of the `tokens` tokens of a sample's last slice, held while that
+    /// slice's backward runs: the CPU runtime accumulates into every position's rows, the
+    /// slice's own included; fused GPU attention kernels keep those in registers (0).
+    pub fn own_kv_grad_bytes(&self, tokens: u64, stage: u32) -> u64 {
+        match self.cpu_temporaries {
+            Some(_) => self.kv_grad_bytes(tokens, stage),
+            None => 0,
+        }
     }
 
     /// Transient bytes while a pack of `pack_tokens` tokens runs one layer of `stage` in

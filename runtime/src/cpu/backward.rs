@@ -71,6 +71,13 @@ impl StageState {
         let _timer = profile::pack_scope(Direction::Backward);
         // Rows in the order the forward saved them (no copy when the pack is a forward pack).
         let (order, mut saved, padding_kv) = self.saved.take(slices);
+        // Every layer's dK/dV accumulators of the pack's samples exist from the pack's start
+        // (as the machine model allocates them), not layer by layer.
+        for slice in slices {
+            for layer in 0..params.layers.len() {
+                self.cache.layer_for_backward(slice.sample, layer);
+            }
+        }
         let layout = PackLayout::new(&order, self.shard, padding);
         let position = |slice: &Slice| {
             slices

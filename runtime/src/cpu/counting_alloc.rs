@@ -12,6 +12,12 @@
 //! runtime, most tests) it is not installed and [`CountingAllocator::installed`] says so.
 //! Meters are recycled; a generation number in each header keeps the frees of a finished
 //! meter's allocations off the meter that reuses its slot.
+//!
+//! A message between workers changes hands: the sender [`hand_off`]s its buffers when it sends
+//! them (in transit they count on the shared meter 0, no worker's) and the receiver [`adopt`]s
+//! them when its task takes them, so that each worker's meter holds what that worker holds —
+//! the accounting of a point-to-point transfer, where the sender's buffer is released by the
+//! send and the receiver's is its own.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
@@ -148,6 +154,32 @@ impl CountingAllocator {
         let meter = current_meter();
         charge(meter, layout.size());
         stamp(base, layout, meter)
+    }
+}
+
+/// Moves the bytes of `buffer` onto the calling thread's meter (nothing without the allocator).
+pub(crate) fn adopt<T>(buffer: &mut Vec<T>) {
+    restamp(buffer, current_meter());
+}
+
+/// Moves the bytes of `buffer` onto the shared meter 0 (nothing without the allocator).
+pub(crate) fn hand_off<T>(buffer: &mut Vec<T>) {
+    restamp(buffer, (0, 0));
+}
+
+fn restamp<T>(buffer: &mut Vec<T>, meter: (u32, u32)) {
+    if !CountingAllocator::installed() || buffer.capacity() == 0 || size_of::<T>() == 0 {
+        return;
+    }
+    let layout = Layout::array::<T>(buffer.capacity()).expect("a live buffer's layout fits");
+    // SAFETY: with the allocator installed every heap block came from `allocate`, so the block
+    // behind a non-empty Vec carries a header, and the Vec's pointer has the whole block's
+    // provenance.
+    unsafe {
+        let (old, base) = read_stamp(buffer.as_mut_ptr() as *mut u8, layout);
+        refund(old, layout.size());
+        charge(meter, layout.size());
+        stamp(base, layout, meter);
     }
 }
 

@@ -148,6 +148,9 @@ impl StageState {
             let rows = layout.rows_of(index);
             let bounds = self.cache.slices_until(slice.sample, slice.end());
             let kv = self.cache.layer_mut(slice.sample, layer);
+            // Exactly the rows held (no amortised growth): what the machine model counts.
+            kv.keys.reserve_exact(rows.len() * kvw);
+            kv.values.reserve_exact(rows.len() * kvw);
             kv.keys
                 .extend_from_slice(&pre.k[rows.start * kvw..rows.end * kvw]);
             kv.values

@@ -374,6 +374,7 @@ impl<'a> Builder<'a> {
                 Direction::Backward => {
                     effect.freed += kept(slice.len);
                     if slice.last {
+                        effect.temporary += memory.own_kv_grad_bytes(share(slice.len), stage);
                         let earlier = &self.earlier_lens
                             [slice.earlier.start as usize..slice.earlier.end as usize];
                         for &len in earlier {

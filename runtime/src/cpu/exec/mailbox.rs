@@ -5,8 +5,9 @@
 //! a worker waiting for a tag keeps the other messages it receives meanwhile (the previous
 //! stage may run a different interleaving of replicas, so messages can arrive out of the
 //! receiver's order). The tensors travel by move, not copy: the sender's buffer is the
-//! receiver's input, and it counts on the sender's memory meter until the receiver drops it,
-//! like a send buffer that lives until the transfer completes.
+//! receiver's input. On the memory meters it leaves the sender when sent and counts on the
+//! receiver from the moment a task takes it (see `counting_alloc`): a worker's peak is what it
+//! holds, not what its neighbour has not consumed yet.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,6 +16,7 @@ use std::sync::Arc;
 
 use slimpack_ir::step::Direction;
 
+use crate::cpu::counting_alloc;
 use crate::cpu::error::{CpuError, Result};
 use crate::cpu::rendezvous::ABORT_POLL;
 
@@ -60,14 +62,24 @@ pub fn mailboxes(devices: usize, abort: &Arc<AtomicBool>) -> (Vec<Inbox>, Outbox
 
 impl Outboxes {
     /// Sends `tensors` to device `to`.
-    pub fn send(&self, to: usize, tag: Tag, tensors: Tensors) -> Result<()> {
+    pub fn send(&self, to: usize, tag: Tag, mut tensors: Tensors) -> Result<()> {
+        tensors.iter_mut().for_each(counting_alloc::hand_off);
+        counting_alloc::hand_off(&mut tensors);
         self.senders[to].send((tag, tensors)).map_err(|_| aborted())
     }
 }
 
 impl Inbox {
     /// Waits for the message tagged `tag`; fails when the step is aborted.
+    /// The tensors count on the calling thread's meter from now on.
     pub fn receive(&mut self, tag: Tag) -> Result<Tensors> {
+        let mut tensors = self.wait(tag)?;
+        counting_alloc::adopt(&mut tensors);
+        tensors.iter_mut().for_each(counting_alloc::adopt);
+        Ok(tensors)
+    }
+
+    fn wait(&mut self, tag: Tag) -> Result<Tensors> {
         if let Some(tensors) = self.early.remove(&tag) {
             return Ok(tensors);
         }
