@@ -1,1 +1,14 @@
-//! slimpack-codegen.
+//! slimpack-codegen: what slimpack emits from a lowered program.
+//!
+//! - [`mlir`] (feature `mlir`): the `slimpack` MLIR dialect, its lowering to `func`/`scf`/`llvm`
+//!   calls into the runtime's C ABI, and translation to LLVM IR.
+//! - [`llvm`] (feature `llvm`): the GPU kernels as PTX, and the host schedule driver (JIT or
+//!   object file).
+//!
+//! The default build has neither and needs no LLVM.
+
+mod error;
+#[cfg(feature = "llvm")]
+pub mod llvm;
+
+pub use error::CodegenError;

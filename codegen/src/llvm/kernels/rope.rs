@@ -1,0 +1,58 @@
+//! Rotary position embedding kernels, Llama's "rotate half" convention (as the CPU backend's
+//! `rope_forward`/`rope_backward`).
+//!
+//! `x` holds `tokens` rows of `heads · head_dim` floats; `positions[t]` (int32) is token `t`'s
+//! position in its sample, so a packed varlen batch passes its per-slice position offsets here.
+//! The angles come from tables the host fills once, in f64 like the CPU backend:
+//! `cos[p · half + i] = cos(p · theta^(-2i/head_dim))` and `sin` likewise, `half = head_dim / 2`.
+//! One thread per rotated pair, grid-stride (any grid); `y` may alias `x`.
+//! - `slimpack_rope_fwd(x, y, cos, sin, positions, tokens, heads, head_dim)`:
+//!   `y[i] = x[i]·cos − x[i+half]·sin`, `y[i+half] = x[i+half]·cos + x[i]·sin`.
+//! - `slimpack_rope_bwd(dy, dx, cos, sin, positions, tokens, heads, head_dim)`: the rotation by
+//!   the opposite angle (the transpose), turning the rotated values' gradient into the inputs'.
+
+use inkwell::context::Context;
+use inkwell::module::Module;
+
+use super::builder::{KernelBuilder, Param, Result};
+
+pub(super) fn build<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
+    rotate(context, module, "slimpack_rope_fwd", false)?;
+    rotate(context, module, "slimpack_rope_bwd", true)
+}
+
+fn rotate<'ctx>(
+    context: &'ctx Context,
+    module: &Module<'ctx>,
+    name: &str,
+    inverse: bool,
+) -> Result<()> {
+    use Param::*;
+    let params = [F32Ptr, F32Ptr, F32Ptr, F32Ptr, I32Ptr, I64, I64, I64];
+    let kb = KernelBuilder::new(context, module, name, &params);
+    let (x, y, cos, sin, positions) = (kb.ptr(0), kb.ptr(1), kb.ptr(2), kb.ptr(3), kb.ptr(4));
+    let (tokens, heads, head_dim) = (kb.int(5), kb.int(6), kb.int(7));
+
+    let half = kb.divrem(head_dim, kb.i64(2))?.0;
+    let pairs = kb.mul(kb.mul(tokens, heads)?, half)?;
+    kb.grid_stride_loop(pairs, |kb, pair| {
+        let (token_head, i) = kb.divrem(pair, half)?;
+        let token = kb.divrem(token_head, heads)?.0;
+        let position = kb.load_i32(positions, token)?;
+        let angle_at = kb.add(kb.mul(position, half)?, i)?;
+        let cos_angle = kb.load_f32(cos, angle_at)?;
+        let mut sin_angle = kb.load_f32(sin, angle_at)?;
+        if inverse {
+            sin_angle = kb.fneg(sin_angle)?;
+        }
+        let low = kb.add(kb.mul(token_head, head_dim)?, i)?;
+        let high = kb.add(low, half)?;
+        let a = kb.load_f32(x, low)?;
+        let b = kb.load_f32(x, high)?;
+        let rotated_low = kb.fsub(kb.fmul(a, cos_angle)?, kb.fmul(b, sin_angle)?)?;
+        let rotated_high = kb.fadd(kb.fmul(b, cos_angle)?, kb.fmul(a, sin_angle)?)?;
+        kb.store_f32(y, low, rotated_low)?;
+        kb.store_f32(y, high, rotated_high)
+    })?;
+    kb.finish()
+}
