@@ -9,6 +9,7 @@ mod passes;
 mod report;
 mod run;
 mod simulate;
+mod validate;
 
 use clap::{Parser, Subcommand};
 
@@ -36,6 +37,8 @@ enum Command {
     Run(run::RunArgs),
     /// Measure this machine's kernels into the machine model's calibration tables.
     Calibrate(calibrate::CalibrateArgs),
+    /// Validate the simulator against the CPU runtime over a suite of schedules.
+    Validate(validate::ValidateArgs),
 }
 
 /// Runs the command line and returns the process exit status.
@@ -57,6 +60,7 @@ pub fn main() -> i32 {
         Command::Bench(args) => bench::run(args),
         Command::Run(args) => run::run(args),
         Command::Calibrate(args) => calibrate::run(args),
+        Command::Validate(args) => validate::run(args),
     };
     match result {
         Ok(()) => 0,

@@ -252,10 +252,9 @@ fn predicted_ops(
 /// |predicted − measured| / measured over workers or tasks).
 #[derive(Debug, Serialize)]
 struct MemoryTerms {
-    /// The model's fixed per-device allowance (it has no counterpart on the heap).
+    /// The model's per-device workspace (on the CPU: one GEMM's packing buffers, part of
+    /// every measured peak).
     workspace_bytes: u64,
-    /// Peak memory with that allowance left out of the prediction.
-    peak_without_workspace_mape: f64,
     /// Weights, gradients and optimizer shard at the step's start (predicted: the baseline
     /// without the workspace).
     model_state_mape: f64,
@@ -271,57 +270,70 @@ struct MemoryTerms {
 
 /// `run --report json`.
 #[derive(Debug, Serialize)]
-struct RunReport {
-    backend: &'static str,
-    model: String,
-    cluster: String,
-    parallel: String,
+pub(crate) struct RunReport {
+    pub(crate) backend: &'static str,
+    pub(crate) model: String,
+    pub(crate) cluster: String,
+    pub(crate) parallel: String,
     /// The strategy and its chosen candidate, or the pipeline, or the IR file.
-    schedule: String,
-    samples: usize,
-    tokens: u64,
-    workers: usize,
-    loss: f64,
-    ref_loss: Option<f64>,
-    loss_rel_err: Option<f64>,
-    max_grad_rel_err: Option<f32>,
-    worst_grad_tensor: Option<String>,
-    max_param_diff_lr: Option<f32>,
+    pub(crate) schedule: String,
+    pub(crate) samples: usize,
+    pub(crate) tokens: u64,
+    pub(crate) workers: usize,
+    pub(crate) loss: f64,
+    pub(crate) ref_loss: Option<f64>,
+    pub(crate) loss_rel_err: Option<f64>,
+    pub(crate) max_grad_rel_err: Option<f32>,
+    pub(crate) worst_grad_tensor: Option<String>,
+    pub(crate) max_param_diff_lr: Option<f32>,
     /// The fastest run's step time (see `step_time_runs_s`).
-    step_time_s: f64,
+    pub(crate) step_time_s: f64,
     /// Every run's step time, in order (`--repeat`).
-    step_time_runs_s: Vec<f64>,
-    tokens_per_s: f64,
+    pub(crate) step_time_runs_s: Vec<f64>,
+    /// Their median.
+    pub(crate) step_time_median_s: f64,
+    pub(crate) tokens_per_s: f64,
     /// Per worker (DP rank on a stage, in the simulator's device order), real peak bytes.
-    peak_memory_bytes: Option<Vec<u64>>,
+    pub(crate) peak_memory_bytes: Option<Vec<u64>>,
     /// Per worker, bytes held when the step started (weights, gradients, optimizer shard).
-    model_state_bytes: Option<Vec<u64>>,
-    predicted_step_time_s: f64,
-    predicted_peak_memory_bytes: Vec<u64>,
+    pub(crate) model_state_bytes: Option<Vec<u64>>,
+    pub(crate) predicted_step_time_s: f64,
+    pub(crate) predicted_peak_memory_bytes: Vec<u64>,
     /// |predicted − measured| / measured.
-    step_time_ape: f64,
+    pub(crate) step_time_ape: f64,
     /// Mean over workers of |predicted − measured| / measured peak memory.
-    peak_memory_mape: Option<f64>,
+    pub(crate) peak_memory_mape: Option<f64>,
     /// Mean over pack tasks of |predicted − measured| / measured run time.
-    op_time_mape: f64,
+    pub(crate) op_time_mape: f64,
     /// The same against each task's thread CPU time (what the task cost when no other process
     /// shares its core).
-    op_time_mape_cpu: f64,
+    pub(crate) op_time_mape_cpu: f64,
     /// Share of the workers' pack time their threads were not on a core (preempted by other
     /// processes, or waiting for their DP-Merge group): 1 − CPU time / wall time.
-    off_core_share: f64,
+    pub(crate) off_core_share: f64,
     /// The end of the step per stage (slowest worker), measured and predicted.
     sync: Vec<SyncComparison>,
     /// The memory model term by term (with the counting allocator).
     memory_terms: Option<MemoryTerms>,
     /// Where the workers' pack time went, summed over workers.
-    ops: OpTimes,
-    calibrated: bool,
+    pub(crate) ops: OpTimes,
+    pub(crate) calibrated: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     tasks: Option<Vec<TaskComparison>>,
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let format = args.report;
+    let report = measure(args)?;
+    match format {
+        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
+        ReportFormat::Text => print_text(&report),
+    }
+    Ok(())
+}
+
+/// Compiles (or reads), simulates and executes the step of `args`: the report `run` prints.
+pub(crate) fn measure(args: RunArgs) -> anyhow::Result<RunReport> {
     if args.backend == Backend::Cuda {
         bail!(cuda_unavailable());
     }
@@ -366,12 +378,21 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut report = compare(
         &ir, &plan, schedule, &execution, check, &simulated, &cost, calibrated, args.tasks,
     );
+    report.step_time_median_s = median(&runs_s);
     report.step_time_runs_s = runs_s;
-    match args.report {
-        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
-        ReportFormat::Text => print_text(&report),
+    Ok(report)
+}
+
+/// The median of `values` (the mean of the middle two for an even count).
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    match n {
+        0 => 0.0,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
-    Ok(())
 }
 
 /// What `--backend cuda` says in this build.
@@ -537,6 +558,7 @@ fn compare(
         max_param_diff_lr: check.as_ref().map(|c| c.max_param_diff_lr),
         step_time_s: execution.step_time_s,
         step_time_runs_s: Vec::new(),
+        step_time_median_s: execution.step_time_s,
         tokens_per_s: ir.tokens() as f64 / execution.step_time_s,
         peak_memory_bytes: peaks,
         model_state_bytes: states,
@@ -567,7 +589,7 @@ fn memory_terms(
         .filter(|(task, _)| matches!(task.kind, TaskKind::Forward | TaskKind::Backward))
         .filter_map(|(task, _)| Some(((task.pack?.0 as usize, task.stage as usize), task.memory)))
         .collect();
-    let (mut peaks, mut states, mut held, mut temporary) = (vec![], vec![], vec![], vec![]);
+    let (mut states, mut held, mut temporary) = (vec![], vec![], vec![]);
     let (mut measured_temporary, mut predicted_temporary) = (0u64, 0u64);
     for (index, worker) in execution.workers.iter().enumerate() {
         let device = plan.devices()[index];
@@ -575,11 +597,6 @@ fn memory_terms(
         let measured_state = worker.model_state_bytes?;
         let predicted_state = group.baseline_bytes.saturating_sub(workspace);
         states.push(ape(predicted_state as f64, measured_state as f64));
-        let peak = worker.peak_memory_bytes?;
-        peaks.push(ape(
-            group.peak_bytes.saturating_sub(workspace) as f64,
-            peak as f64,
-        ));
         let mut predicted_held = 0i64;
         let records = execution
             .tasks
@@ -603,7 +620,6 @@ fn memory_terms(
     }
     Some(MemoryTerms {
         workspace_bytes: workspace,
-        peak_without_workspace_mape: mean(peaks.into_iter()),
         model_state_mape: mean(states.into_iter()),
         held_mape: mean(held.into_iter()),
         temporary_mape: mean(temporary.into_iter()),

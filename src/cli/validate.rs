@@ -1,0 +1,356 @@
+//! `slimpack validate --backend cpu`: the simulator against the CPU runtime over a fixed suite
+//! of schedules (strategies and pass pipelines × batches × slice sizes × layouts of the `tiny`
+//! model on the `cpu` cluster).
+//!
+//! Every schedule is one `slimpack run` command line (printed with its row, so that any row can
+//! be reproduced on its own), executed `--repeat` times. Figures, each the mean over the suite of
+//! |predicted − measured| / measured:
+//! - peak memory: per worker (the counting allocator's peak of each DP rank on each stage), over
+//!   every worker of every schedule;
+//! - step time: the median of the runs, over the schedules with no more workers than the
+//!   machine has cores (more workers than cores time-share them, which the simulator does not
+//!   model);
+//! - per-op time: each schedule's pack-task MAPE (`run`'s `op_time_mape`, of its fastest run).
+//!
+//! The machine's load average is recorded before and after the suite: other processes only
+//! add time, so the step-time figures are only as good as the load allows.
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser};
+use serde::Serialize;
+
+use super::compile::ReportFormat;
+use super::run::{self, Backend, RunArgs, RunReport};
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Backend to validate against: cpu.
+    #[arg(long, value_enum)]
+    backend: Backend,
+    /// Executions per schedule; step times are their median.
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    repeat: usize,
+    /// Only the schedules whose label contains this text.
+    #[arg(long, value_name = "TEXT")]
+    filter: Option<String>,
+    /// Also write the JSON report to this file.
+    #[arg(long, value_name = "FILE.json")]
+    out: Option<PathBuf>,
+    /// Report format: text (table on stderr) or json (one object on stdout).
+    #[arg(long, value_enum, default_value = "text")]
+    report: ReportFormat,
+}
+
+/// Batches of the suite (`--synthetic` specs; seeded by `--seed 0`).
+const BATCHES: [(&str, &str); 3] = [
+    ("ln256", "lognormal:median=256,sigma=1,count=16,max=2048"),
+    ("ln512", "lognormal:median=512,sigma=1.2,count=12,max=4096"),
+    ("par", "pareto:scale=128,shape=1.2,count=24,max=2048"),
+];
+
+/// The suite: (layout, batch, schedule) — a strategy name, or `sliceN` for the pass pipeline
+/// that cuts slices of N tokens and packs them symmetrically.
+const SUITE: [(&str, &str, &str); 22] = [
+    ("pp=1,dp=1", "ln256", "slimpack"),
+    ("pp=1,dp=1", "ln256", "bfd"),
+    ("pp=1,dp=1", "ln256", "slice256"),
+    ("pp=1,dp=1", "ln512", "slice1024"),
+    ("pp=1,dp=1", "ln512", "megatron"),
+    ("pp=2,dp=1", "ln256", "slimpack"),
+    ("pp=2,dp=1", "ln512", "slimpack"),
+    ("pp=2,dp=1", "ln256", "wlb"),
+    ("pp=2,dp=1", "par", "bfd"),
+    ("pp=2,dp=1", "ln256", "slice256"),
+    ("pp=2,dp=1", "ln512", "slice512"),
+    ("pp=2,dp=1", "par", "slice1024"),
+    ("pp=1,dp=2", "ln256", "slimpack"),
+    ("pp=1,dp=2", "ln256", "bfd"),
+    ("pp=1,dp=2", "ln256", "slice512"),
+    ("pp=1,dp=2", "ln512", "wlb"),
+    ("pp=1,dp=2", "par", "megatron"),
+    ("pp=2,dp=2", "ln256", "slimpack"),
+    ("pp=2,dp=2", "ln512", "bfd"),
+    ("pp=2,dp=2", "par", "slice256"),
+    ("pp=2,dp=2", "ln256", "megatron"),
+    ("pp=4,dp=1", "ln512", "slimpack"),
+];
+
+/// One schedule of the suite, measured and predicted.
+#[derive(Debug, Serialize)]
+struct Row {
+    label: String,
+    /// The `slimpack run` command that reproduces the row (one execution per `--repeat`).
+    command: String,
+    /// What the strategy chose, or the pipeline.
+    schedule: String,
+    workers: usize,
+    tokens: u64,
+    /// Whether the row counts towards the step-time MAPE (workers <= cores).
+    timed: bool,
+    step_time_median_s: f64,
+    step_time_runs_s: Vec<f64>,
+    predicted_step_time_s: f64,
+    step_time_ape: f64,
+    peak_memory_bytes: Vec<u64>,
+    predicted_peak_memory_bytes: Vec<u64>,
+    /// Per worker, |predicted − measured| / measured peak memory.
+    peak_memory_ape: Vec<f64>,
+    op_time_mape: f64,
+    op_time_mape_cpu: f64,
+    off_core_share: f64,
+}
+
+/// The suite's figures.
+#[derive(Debug, Serialize)]
+struct Summary {
+    schedules: usize,
+    workers: usize,
+    peak_memory_mape: f64,
+    peak_memory_max_ape: f64,
+    timed_schedules: usize,
+    step_time_mape: f64,
+    step_time_max_ape: f64,
+    op_time_mape: f64,
+    op_time_mape_cpu: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct ValidateReport {
+    backend: &'static str,
+    cores: usize,
+    repeat: usize,
+    /// `/proc/loadavg` before and after the suite (1, 5 and 15 minute averages).
+    load_before: String,
+    load_after: String,
+    summary: Summary,
+    rows: Vec<Row>,
+}
+
+pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
+    if args.backend == Backend::Cuda {
+        bail!("validate --backend cuda: the suite runs on the CPU backend only (--backend cpu)");
+    }
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let load_before = load_average();
+    let mut rows = Vec::new();
+    for (layout, batch, schedule) in SUITE {
+        let label = format!("{layout} {batch} {schedule}");
+        if args
+            .filter
+            .as_ref()
+            .is_some_and(|f| !label.contains(f.as_str()))
+        {
+            continue;
+        }
+        let command = command_line(layout, batch, schedule, args.repeat);
+        eprintln!("  {label} ...");
+        let report = measure(&command).with_context(|| format!("schedule '{label}'"))?;
+        rows.push(row(label, command, report, cores)?);
+    }
+    if rows.is_empty() {
+        bail!("--filter matches no schedule of the suite");
+    }
+    let report = ValidateReport {
+        backend: "cpu",
+        cores,
+        repeat: args.repeat,
+        load_before,
+        load_after: load_average(),
+        summary: summary(&rows),
+        rows,
+    };
+    let json = serde_json::to_string_pretty(&report)?;
+    if let Some(path) = &args.out {
+        std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    match args.report {
+        ReportFormat::Json => println!("{json}"),
+        ReportFormat::Text => print_table(&report),
+    }
+    Ok(())
+}
+
+/// The `slimpack run` arguments of one schedule of the suite.
+fn command_line(layout: &str, batch: &str, schedule: &str, repeat: usize) -> Vec<String> {
+    let synthetic = BATCHES
+        .iter()
+        .find(|(name, _)| *name == batch)
+        .map(|(_, spec)| *spec)
+        .expect("the suite names its own batches (bug)");
+    let mut line: Vec<String> = [
+        "--backend",
+        "cpu",
+        "--model",
+        "tiny",
+        "--cluster",
+        "cpu",
+        "--parallel",
+        &format!("tp=1,{layout}"),
+        "--synthetic",
+        synthetic,
+        "--seed",
+        "0",
+        "--repeat",
+        &repeat.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    match schedule.strip_prefix("slice") {
+        Some(size) => line.extend([
+            "--passes".to_string(),
+            format!("slice{{size={size}}},assign-dp,pack-symmetric,schedule-pipeline"),
+        ]),
+        None => line.extend(["--strategy".to_string(), schedule.to_string()]),
+    }
+    line
+}
+
+/// `run`'s arguments, parsed from a command line.
+#[derive(Debug, Parser)]
+#[command(no_binary_name = true)]
+struct RunLine {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+fn measure(command: &[String]) -> anyhow::Result<RunReport> {
+    let line = RunLine::try_parse_from(command).context("the suite's run command")?;
+    run::measure(line.run)
+}
+
+fn row(
+    label: String,
+    command: Vec<String>,
+    report: RunReport,
+    cores: usize,
+) -> anyhow::Result<Row> {
+    let Some(peaks) = report.peak_memory_bytes else {
+        bail!("no memory measured: this binary does not count its allocations");
+    };
+    let predicted = report.predicted_peak_memory_bytes;
+    let peak_memory_ape = peaks
+        .iter()
+        .zip(&predicted)
+        .map(|(&m, &p)| ape(p as f64, m as f64))
+        .collect();
+    let median = report.step_time_median_s;
+    let quoted: Vec<String> = command
+        .iter()
+        .map(|arg| match arg.contains(['{', '}', ',', ';']) {
+            true => format!("'{arg}'"),
+            false => arg.clone(),
+        })
+        .collect();
+    Ok(Row {
+        label,
+        command: format!("slimpack run {}", quoted.join(" ")),
+        schedule: report.schedule,
+        workers: report.workers,
+        tokens: report.tokens,
+        timed: report.workers <= cores,
+        step_time_median_s: median,
+        step_time_runs_s: report.step_time_runs_s,
+        predicted_step_time_s: report.predicted_step_time_s,
+        step_time_ape: ape(report.predicted_step_time_s, median),
+        peak_memory_bytes: peaks,
+        predicted_peak_memory_bytes: predicted,
+        peak_memory_ape,
+        op_time_mape: report.op_time_mape,
+        op_time_mape_cpu: report.op_time_mape_cpu,
+        off_core_share: report.off_core_share,
+    })
+}
+
+fn summary(rows: &[Row]) -> Summary {
+    let memory: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| r.peak_memory_ape.clone())
+        .collect();
+    let timed: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.timed)
+        .map(|r| r.step_time_ape)
+        .collect();
+    Summary {
+        schedules: rows.len(),
+        workers: memory.len(),
+        peak_memory_mape: mean(&memory),
+        peak_memory_max_ape: memory.iter().copied().fold(0.0, f64::max),
+        timed_schedules: timed.len(),
+        step_time_mape: mean(&timed),
+        step_time_max_ape: timed.iter().copied().fold(0.0, f64::max),
+        op_time_mape: mean(&rows.iter().map(|r| r.op_time_mape).collect::<Vec<_>>()),
+        op_time_mape_cpu: mean(&rows.iter().map(|r| r.op_time_mape_cpu).collect::<Vec<_>>()),
+    }
+}
+
+fn print_table(report: &ValidateReport) {
+    eprintln!(
+        "{:<28} {:>3} {:>9} {:>9} {:>7} {:>8} {:>7} {:>7}",
+        "schedule", "wk", "step s", "pred s", "err", "mem err", "op err", "off"
+    );
+    for row in &report.rows {
+        let worst = row.peak_memory_ape.iter().copied().fold(0.0, f64::max);
+        eprintln!(
+            "{:<28} {:>3} {:>9.4} {:>9.4} {:>6.1}%{} {:>7.2}% {:>6.1}% {:>6.1}%",
+            row.label,
+            row.workers,
+            row.step_time_median_s,
+            row.predicted_step_time_s,
+            100.0 * row.step_time_ape,
+            if row.timed { " " } else { "*" },
+            100.0 * worst,
+            100.0 * row.op_time_mape,
+            100.0 * row.off_core_share,
+        );
+    }
+    let s = &report.summary;
+    eprintln!(
+        "peak memory MAPE {:.2}% over {} workers of {} schedules (worst {:.2}%)",
+        100.0 * s.peak_memory_mape,
+        s.workers,
+        s.schedules,
+        100.0 * s.peak_memory_max_ape
+    );
+    eprintln!(
+        "step time MAPE {:.1}% over {} schedules with at most {} workers (worst {:.1}%; * not counted)",
+        100.0 * s.step_time_mape,
+        s.timed_schedules,
+        report.cores,
+        100.0 * s.step_time_max_ape
+    );
+    eprintln!(
+        "per-op (pack task) time MAPE {:.1}% (against thread CPU time {:.1}%)",
+        100.0 * s.op_time_mape,
+        100.0 * s.op_time_mape_cpu
+    );
+    eprintln!(
+        "load average before: {}; after: {}",
+        report.load_before, report.load_after
+    );
+}
+
+/// The first three fields of `/proc/loadavg`, or "unknown".
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".to_string())
+}
+
+fn ape(predicted: f64, measured: f64) -> f64 {
+    (predicted - measured).abs() / measured
+}
+
+fn mean(values: &[f64]) -> f64 {
+    match values.len() {
+        0 => 0.0,
+        n => values.iter().sum::<f64>() / n as f64,
+    }
+}
