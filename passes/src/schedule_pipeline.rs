@@ -68,23 +68,51 @@ pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, warmup: usize) -> Vec
             .zip(&backward)
             .all(|(&f, &b)| same_slices(ir, f, b));
     let weight = |pack: PackId| if symmetric { 1 } else { ir.pack_tokens(pack) };
-    let forward_prefix = prefix_sums(forward.iter().map(|&p| weight(p)));
-    let backward_prefix = prefix_sums(backward.iter().map(|&p| weight(p)));
-    let mean_forward =
-        forward_prefix.last().copied().unwrap_or(0) as f64 / forward.len().max(1) as f64;
+    let forward_weights: Vec<u64> = forward.iter().map(|&p| weight(p)).collect();
+    let backward_weights: Vec<u64> = backward.iter().map(|&p| weight(p)).collect();
+    stage_order(&need, &forward_weights, &backward_weights, warmup)
+        .into_iter()
+        .map(|op| match op {
+            StageOp::Forward(f) => forward[f],
+            StageOp::Backward(b) => backward[b],
+        })
+        .collect()
+}
+
+/// One pack run on a stage: forward pack `i` or backward pack `j` of the replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StageOp {
+    Forward(usize),
+    Backward(usize),
+}
+
+/// The 1F1B order of one stage: `need[b]` forward packs must run before backward pack `b`;
+/// the packs weigh `forward_weights` and `backward_weights` (1 each for symmetric packs,
+/// tokens otherwise); `warmup` is the stage's warm-up. The one ordering rule, shared by this
+/// pass and by `eqsat`'s makespan.
+pub(crate) fn stage_order(
+    need: &[usize],
+    forward_weights: &[u64],
+    backward_weights: &[u64],
+    warmup: usize,
+) -> Vec<StageOp> {
+    let (forwards, backwards) = (forward_weights.len(), backward_weights.len());
+    let forward_prefix = prefix_sums(forward_weights.iter().copied());
+    let backward_prefix = prefix_sums(backward_weights.iter().copied());
+    let mean_forward = forward_prefix.last().copied().unwrap_or(0) as f64 / forwards.max(1) as f64;
     let window = ((warmup + 1) as f64 * mean_forward).round() as u64;
     let (mut f, mut b) = (0, 0);
-    let mut order = Vec::with_capacity(forward.len() + backward.len());
-    while f < forward.len() || b < backward.len() {
+    let mut order = Vec::with_capacity(forwards + backwards);
+    while f < forwards || b < backwards {
         // A backward runs `warmup` forwards after the last forward it needs, as in 1F1B: the
         // stage keeps the pipeline fed while that forward travels to the last stage and back.
-        let backward_ready = b < backward.len() && f >= (need[b] + warmup).min(forward.len());
-        let steady = f == forward.len() || forward_prefix[f] >= window + backward_prefix[b];
+        let backward_ready = b < backwards && f >= (need[b] + warmup).min(forwards);
+        let steady = f == forwards || forward_prefix[f] >= window + backward_prefix[b];
         if backward_ready && steady {
-            order.push(backward[b]);
+            order.push(StageOp::Backward(b));
             b += 1;
         } else {
-            order.push(forward[f]);
+            order.push(StageOp::Forward(f));
             f += 1;
         }
     }
@@ -189,4 +217,45 @@ fn warmups(ir: &StepIr, replica: ReplicaId, cost: &CostModel) -> Vec<usize> {
         result.push(warmup);
     }
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{stage_order, StageOp};
+
+    #[test]
+    fn symmetric_packs_run_as_one_f_one_b() {
+        use StageOp::{Backward as B, Forward as F};
+        // Two stages, three forwards, three backwards each needing its own forward.
+        let ones = [1, 1, 1];
+        assert_eq!(
+            stage_order(&[1, 2, 3], &ones, &ones, 1),
+            vec![F(0), F(1), B(0), F(2), B(1), B(2)]
+        );
+        assert_eq!(
+            stage_order(&[1, 2, 3], &ones, &ones, 0),
+            vec![F(0), B(0), F(1), B(1), F(2), B(2)]
+        );
+        // A backward waits for the forwards holding its slices.
+        assert_eq!(
+            stage_order(&[2, 2], &[1, 1], &[1, 1], 0),
+            vec![F(0), F(1), B(0), B(1)]
+        );
+    }
+
+    /// Asymmetric packs count in-flight work in tokens: a backward waits until the forwards
+    /// in flight hold the window's tokens (`warmup + 1` mean forward packs), however many
+    /// packs that takes.
+    #[test]
+    fn asymmetric_packs_count_tokens_in_flight() {
+        use StageOp::{Backward as B, Forward as F};
+        assert_eq!(
+            stage_order(&[1, 3], &[10, 10, 280], &[10, 290], 0),
+            vec![F(0), F(1), F(2), B(0), B(1)]
+        );
+        assert_eq!(
+            stage_order(&[1, 3], &[1, 1, 1], &[1, 1], 0),
+            vec![F(0), B(0), F(1), F(2), B(1)]
+        );
+    }
 }

@@ -3,9 +3,9 @@
 //!
 //! The e-graph's cost (`sum + (pp - 1) x max` per direction) is what extraction can compose
 //! bottom-up; this is what the pass ranks replicas by and accepts a result by. Per stage `s`
-//! of `pp`, the order is `schedule-pipeline`'s: after a warm-up of `pp - 1 - s` forwards, a
-//! backward as soon as the forwards holding its slices have run and the stage has run
-//! `warm-up + 1 + backwards so far` forwards, a forward otherwise. A forward on stage `s` waits
+//! of `pp`, the order is `schedule-pipeline`'s own ([`stage_order`], with a warm-up of
+//! `pp - 1 - s` forwards; packs weigh 1 when the two directions' packs are the same, tokens
+//! otherwise, as that pass weighs them). A forward on stage `s` waits
 //! for itself on `s - 1`, a backward on `s` for itself on `s + 1`, and a backward on the last
 //! stage for the forwards holding its slices there. Left out: pipeline sends (small next to
 //! the packs, and the same for any regrouping of a replica's tokens) and the warm-ups
@@ -15,6 +15,7 @@ use slimpack_ir::step::Direction;
 
 use super::cost::PackTimer;
 use super::language::Span;
+use crate::schedule_pipeline::{stage_order, StageOp as Op};
 
 /// The makespan of one replica's step (its forward and backward packs, in run order).
 pub fn makespan(timer: &mut PackTimer, forward: &[Vec<Span>], backward: &[Vec<Span>]) -> f64 {
@@ -28,8 +29,30 @@ pub fn makespan(timer: &mut PackTimer, forward: &[Vec<Span>], backward: &[Vec<Sp
     let forward_times = times(timer, Direction::Forward, forward);
     let backward_times = times(timer, Direction::Backward, backward);
     let need = forwards_needed(forward, backward);
+    let symmetric = forward.len() == backward.len()
+        && forward.iter().zip(backward).all(|(f, b)| same_tokens(f, b));
+    let weights = |packs: &[Vec<Span>]| -> Vec<u64> {
+        packs
+            .iter()
+            .map(|pack| {
+                if symmetric {
+                    1
+                } else {
+                    pack.iter().map(|s| u64::from(s.len)).sum()
+                }
+            })
+            .collect()
+    };
+    let (forward_weights, backward_weights) = (weights(forward), weights(backward));
     let orders: Vec<Vec<Op>> = (0..stages)
-        .map(|stage| order(forward.len(), &need, stages - 1 - stage))
+        .map(|stage| {
+            stage_order(
+                &need,
+                &forward_weights,
+                &backward_weights,
+                stages - 1 - stage,
+            )
+        })
         .collect();
     // Finish times, filled as the stages' orders advance.
     let mut forward_done = vec![vec![f64::NAN; stages]; forward.len()];
@@ -75,28 +98,9 @@ pub fn makespan(timer: &mut PackTimer, forward: &[Vec<Span>], backward: &[Vec<Sp
     clock.into_iter().fold(0.0, f64::max)
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Op {
-    Forward(usize),
-    Backward(usize),
-}
-
-/// One stage's order (see the module header).
-fn order(forwards: usize, need: &[usize], warmup: usize) -> Vec<Op> {
-    let (mut f, mut b) = (0, 0);
-    let mut order = Vec::with_capacity(forwards + need.len());
-    while f < forwards || b < need.len() {
-        let backward_ready = b < need.len() && f >= need[b];
-        let steady = f == forwards || f >= warmup + 1 + b;
-        if backward_ready && steady {
-            order.push(Op::Backward(b));
-            b += 1;
-        } else {
-            order.push(Op::Forward(f));
-            f += 1;
-        }
-    }
-    order
+/// Whether two packs hold the same tokens (their spans, in canonical order, cut alike).
+fn same_tokens(a: &[Span], b: &[Span]) -> bool {
+    a == b
 }
 
 /// Per backward pack: how many forward packs must have run before it (one past the last
@@ -137,22 +141,6 @@ fn forwards_needed(forward: &[Vec<Span>], backward: &[Vec<Span>]) -> Vec<usize> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_stage_order_is_schedule_pipelines() {
-        use Op::{Backward as B, Forward as F};
-        // Two stages, three forwards, three backwards each needing its own forward.
-        assert_eq!(
-            order(3, &[1, 2, 3], 1),
-            vec![F(0), F(1), B(0), F(2), B(1), B(2)]
-        );
-        assert_eq!(
-            order(3, &[1, 2, 3], 0),
-            vec![F(0), B(0), F(1), B(1), F(2), B(2)]
-        );
-        // A backward waits for the forwards holding its slices.
-        assert_eq!(order(2, &[2, 2], 0), vec![F(0), F(1), B(0), B(1)]);
-    }
 
     #[test]
     fn backward_packs_need_the_forwards_of_their_tokens() {
