@@ -46,6 +46,21 @@ pub fn compile(
     })
 }
 
+/// Lowers a scheduled step to per-worker op lists (the `lower` pass, recorded with the others
+/// and counted in the compile time).
+pub fn lower(
+    compiled: &mut Compiled,
+    manager: &ManagerOptions,
+    print_sink: &mut dyn Write,
+) -> Result<()> {
+    let pipeline = parse_pipeline("lower")?;
+    let start = Instant::now();
+    let records = run_pipeline(&mut compiled.ir, &pipeline, manager, print_sink)?;
+    compiled.compile_ms += start.elapsed().as_secs_f64() * 1e3;
+    compiled.passes.extend(records);
+    Ok(())
+}
+
 /// The machine-readable summary of a compilation (`compile --report json`).
 #[derive(Debug, Serialize)]
 pub struct CompileReport<'a> {

@@ -1,5 +1,7 @@
 //! slimpack-codegen: what slimpack emits from a lowered program.
 //!
+//! - [`schedule_json`]: the schedule JSON for trainers (`compile --emit json`), its JSON Schema,
+//!   and reading it back into the step IR.
 //! - [`mlir`] (feature `mlir`): the `slimpack` MLIR dialect, its lowering to `func`/`scf`/`llvm`
 //!   calls into the runtime's C ABI, and translation to LLVM IR.
 //! - [`llvm`] (feature `llvm`): the GPU kernels as PTX, and the host schedule driver (JIT or
@@ -10,5 +12,6 @@
 mod error;
 #[cfg(feature = "llvm")]
 pub mod llvm;
+pub mod schedule_json;
 
 pub use error::CodegenError;

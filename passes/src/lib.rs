@@ -12,6 +12,7 @@ mod balance;
 pub mod dp_merge;
 pub mod eqsat;
 mod error;
+pub mod lower;
 pub mod manager;
 pub mod micropack;
 #[cfg(feature = "milp")]

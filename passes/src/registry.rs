@@ -28,6 +28,7 @@ pub static PASSES: &[PassInfo] = &[
     crate::eqsat::INFO,
     crate::pack_symmetric::INFO,
     crate::schedule_pipeline::INFO,
+    crate::lower::INFO,
 ];
 
 /// Looks a pass up by name.

@@ -6,6 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use slimpack::{compile, driver, CompileOptions};
+use slimpack_codegen::schedule_json;
 use slimpack_ir::step::Phase;
 use slimpack_ir::{text, StepIr};
 use slimpack_passes::strategy::{self, Choices, StrategyState};
@@ -18,6 +19,9 @@ use super::input::{BatchArgs, SpecArgs};
 pub enum Emit {
     /// The step IR in its canonical text form.
     Ir,
+    /// The schedule JSON for trainers: per device its ops, per pack its varlen layout
+    /// (docs/schedule.schema.json).
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -207,7 +211,13 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 label: choice.best().candidate.label.clone(),
                 candidates: choice.evaluations.len(),
             };
-            (choice.compiled, Some(chosen))
+            let mut compiled = choice.compiled;
+            slimpack::compile::lower(
+                &mut compiled,
+                &args.manager.options(),
+                &mut std::io::stderr(),
+            )?;
+            (compiled, Some(chosen))
         }
         None => {
             let options = CompileOptions {
@@ -221,17 +231,6 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         }
     };
     args.manager.report_times(&compiled.passes);
-    if let Some(Emit::Ir) = emit {
-        let printed = text::print(&compiled.ir);
-        match &args.output {
-            Some(path) => std::fs::write(path, printed)
-                .with_context(|| format!("cannot write {}", path.display()))?,
-            None => {
-                let mut stdout = std::io::stdout().lock();
-                stdout.write_all(printed.as_bytes())?;
-            }
-        }
-    }
     let simulation = if compiled.ir.phase() >= Phase::Scheduled {
         Some(args.pictures.simulate(&compiled.ir)?)
     } else if args.pictures.wanted() {
@@ -242,6 +241,18 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    if let Some(emit) = emit {
+        let metrics = simulation.as_ref().map(|(result, _)| &result.metrics);
+        let emitted = emitted(emit, &compiled.ir, metrics)?;
+        match &args.output {
+            Some(path) => std::fs::write(path, emitted)
+                .with_context(|| format!("cannot write {}", path.display()))?,
+            None => {
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(emitted.as_bytes())?;
+            }
+        }
+    }
     let report = compiled.report(
         simulation
             .as_ref()
@@ -291,4 +302,28 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The text of the `--emit` form `emit` of `ir` (the simulator's `metrics` go into the JSON).
+fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::Result<String> {
+    let need_schedule = |form: &str| {
+        if ir.phase() < Phase::Scheduled {
+            bail!(
+                "--emit {form} needs a scheduled step, but the pipeline stops at phase '{}' (use --strategy or add the packing and scheduling passes)",
+                ir.phase()
+            );
+        }
+        Ok(())
+    };
+    Ok(match emit {
+        Emit::Ir => text::print(ir),
+        Emit::Json => {
+            need_schedule("json")?;
+            let predicted = metrics.map(serde_json::to_value).transpose()?;
+            let document = schedule_json::document(ir, predicted);
+            let mut json = serde_json::to_string_pretty(&document)?;
+            json.push('\n');
+            json
+        }
+    })
 }

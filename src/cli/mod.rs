@@ -8,6 +8,7 @@ mod opt;
 mod passes;
 mod report;
 mod run;
+mod schema;
 mod simulate;
 mod validate;
 
@@ -29,8 +30,10 @@ enum Command {
     Opt(opt::OptArgs),
     /// List the passes with one-line summaries.
     Passes(passes::PassesArgs),
-    /// Predict the time and memory of a compiled step (scheduled IR).
+    /// Predict the time and memory of a compiled step (scheduled IR or schedule JSON).
     Simulate(simulate::SimulateArgs),
+    /// Print the JSON Schema of the schedule JSON (`compile --emit json`).
+    Schema(schema::SchemaArgs),
     /// Run the strategies side by side on global batches of a dataset, through the simulator.
     Bench(bench::BenchArgs),
     /// Execute a compiled step for real (CPU backend), measured against the simulator.
@@ -57,6 +60,7 @@ pub fn main() -> i32 {
         Command::Opt(args) => opt::run(args),
         Command::Passes(args) => passes::run(args),
         Command::Simulate(args) => simulate::run(args),
+        Command::Schema(args) => schema::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Run(args) => run::run(args),
         Command::Calibrate(args) => calibrate::run(args),

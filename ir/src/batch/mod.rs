@@ -36,7 +36,17 @@ pub use tokenizer::Tokenizer;
 use crate::error::IrError;
 
 /// One training sample: a document, or one context-length piece of a longer document.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 pub struct Sample {
     /// Tokens in this sample.
     pub len: u32,

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{IrError, Result};
 
 /// One accelerator.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GpuSpec {
     pub name: String,
@@ -23,7 +23,7 @@ pub struct GpuSpec {
 }
 
 /// A point-to-point link in the alpha-beta model: time = latency + bytes / bandwidth.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LinkSpec {
     /// Per-direction bandwidth per device, bytes/s.
@@ -33,7 +33,7 @@ pub struct LinkSpec {
 }
 
 /// A homogeneous cluster of nodes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSpec {
     pub name: String,

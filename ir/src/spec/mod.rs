@@ -20,7 +20,7 @@ use std::path::Path;
 use crate::error::{IrError, Result};
 
 /// Model, cluster and parallel layout of one training job.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct Spec {
     pub model: ModelSpec,
     pub cluster: ClusterSpec,

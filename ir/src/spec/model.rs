@@ -11,7 +11,7 @@ use std::str::FromStr;
 use crate::error::{IrError, Result};
 
 /// Element type of weights and activations during the step.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     Bf16,
@@ -49,7 +49,19 @@ impl FromStr for Dtype {
 }
 
 /// Activation recomputation mode (Megatron-LM's `--recompute-granularity`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Recompute {
     /// Every activation the backward needs is kept.
@@ -92,7 +104,7 @@ impl fmt::Display for Recompute {
 }
 
 /// The shape of a Llama-style model: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelSpec {
     pub name: String,

@@ -12,7 +12,7 @@ use std::str::FromStr;
 use crate::error::{IrError, Result};
 
 /// Degrees of tensor, context, pipeline and data parallelism.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ParallelSpec {
     pub tp: u32,
@@ -24,7 +24,19 @@ pub struct ParallelSpec {
 }
 
 /// Coordinates of one device in the layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 pub struct Coords {
     pub tp: u32,
     pub cp: u32,

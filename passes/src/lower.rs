@@ -1,0 +1,60 @@
+//! `lower`: the scheduled step to per-worker op lists (phase scheduled -> lowered).
+//!
+//! The lowering itself is [`slimpack_ir::program::lower`], a pure function of the schedule, so
+//! that the parser, the verifier, codegen and the runtimes all derive the same program; this
+//! pass checks that the program is executable (every send received, every collective met, no
+//! deadlock: [`slimpack_ir::program::check`]), moves the phase on and reports what it emitted.
+
+use std::ops::RangeInclusive;
+
+use slimpack_ir::program;
+use slimpack_ir::step::Phase;
+use slimpack_ir::StepIr;
+
+use crate::error::{PassError, Result};
+use crate::pass::{Pass, Statistics};
+use crate::registry::PassInfo;
+
+pub(crate) const INFO: PassInfo = PassInfo {
+    name: "lower",
+    summary: "lower the schedule to per-worker op lists (what codegen and the runtimes run)",
+    description: "Per (DP rank, stage) worker: its replicas' packs in schedule order, each with \
+                  its receive, CP exchange (DP-Merge groups), compute and send; then the \
+                  stage's gradient reduce-scatter, optimizer step and parameter all-gather. \
+                  Proves the op lists executable. Phase scheduled -> lowered.",
+    options: &[],
+    create: |_| Ok(Box::new(Lower)),
+};
+
+/// The lowering pass.
+#[derive(Debug, Clone, Copy)]
+pub struct Lower;
+
+impl Pass for Lower {
+    fn name(&self) -> &'static str {
+        INFO.name
+    }
+
+    fn accepts(&self) -> RangeInclusive<Phase> {
+        Phase::Scheduled..=Phase::Lowered
+    }
+
+    fn produces(&self) -> Option<Phase> {
+        Some(Phase::Lowered)
+    }
+
+    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+        let program = program::lower(ir);
+        program::check(&program).map_err(|e| PassError::Failed {
+            pass: INFO.name,
+            message: e.message,
+        })?;
+        let mut stats = Statistics::new()
+            .with("workers", program.workers.len())
+            .with("packs", program.packs.len());
+        for (kind, count) in program.op_counts() {
+            stats.set(&format!("ops.{kind}"), count);
+        }
+        Ok(stats)
+    }
+}

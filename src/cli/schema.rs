@@ -1,0 +1,25 @@
+//! `slimpack schema`: the JSON Schema of the schedule JSON, generated from its types (the copy
+//! shipped as docs/schedule.schema.json is checked against it by a test).
+
+use anyhow::Context;
+use clap::Args;
+use std::path::PathBuf;
+
+use slimpack_codegen::schedule_json;
+
+#[derive(Debug, Args)]
+pub struct SchemaArgs {
+    /// Write the schema here (default: standard output).
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+}
+
+pub fn run(args: SchemaArgs) -> anyhow::Result<()> {
+    let schema = schedule_json::schema();
+    match &args.output {
+        Some(path) => std::fs::write(path, schema)
+            .with_context(|| format!("cannot write {}", path.display()))?,
+        None => print!("{schema}"),
+    }
+    Ok(())
+}
