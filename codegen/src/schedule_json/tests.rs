@@ -97,3 +97,21 @@ fn the_shipped_schema_is_up_to_date() {
         "docs/schedule.schema.json is stale: run `slimpack schema -o docs/schedule.schema.json`"
     );
 }
+
+#[test]
+fn golden_document() {
+    let mut json = serde_json::to_string_pretty(&document(&step(), None)).unwrap();
+    json.push('\n');
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/tiny-pp2-dp4.schedule.json"
+    );
+    if std::env::var_os("SLIMPACK_BLESS").is_some() {
+        std::fs::write(path, &json).unwrap();
+    }
+    let golden = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        golden == json,
+        "{path} differs from the emitted document (SLIMPACK_BLESS=1 rewrites it; review the diff)"
+    );
+}
