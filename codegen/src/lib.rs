@@ -12,6 +12,8 @@
 mod error;
 #[cfg(feature = "llvm")]
 pub mod llvm;
+#[cfg(feature = "mlir")]
+pub mod mlir;
 pub mod schedule_json;
 
 pub use error::CodegenError;

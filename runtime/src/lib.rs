@@ -2,5 +2,6 @@
 //!
 //! - [`cpu`]: a real training step of a small Llama-style model on the CPU.
 
+pub mod abi;
 pub mod cpu;
 pub mod sim;

@@ -1,0 +1,68 @@
+//! The compiled schedule driver runs the step exactly as the runtime's interpreter does: both
+//! paths go through the runtime's C ABI, and the calls they make (device, op, pack, peers, CP
+//! group) are recorded and compared. The driver is also written as a native object file.
+#![cfg(all(feature = "mlir", feature = "llvm"))]
+
+mod common;
+
+use common::{program, SCHEDULES};
+use slimpack_codegen::llvm::driver::{run_step, write_object};
+use slimpack_codegen::mlir::emit_llvm_ir;
+use slimpack_runtime::abi::{self, Call};
+
+#[test]
+fn compiled_driver_makes_the_interpreters_calls() {
+    for name in SCHEDULES {
+        let program = program(name);
+        let llvm_ir = emit_llvm_ir(&program).unwrap();
+        let ((), interpreted) = abi::record(|| abi::interpret(&program));
+        let (result, compiled) = abi::record(|| run_step(&llvm_ir, &abi::symbols()));
+        result.unwrap();
+        let op_count: usize = program.workers.iter().map(|w| w.ops.len()).sum();
+        assert_eq!(interpreted.len(), op_count, "{name}: one call per op");
+        assert_eq!(
+            compiled, interpreted,
+            "{name}: compiled and interpreted calls differ"
+        );
+        assert!(
+            interpreted
+                .iter()
+                .any(|call| matches!(call, Call::Forward { .. })),
+            "{name}: no forward call recorded"
+        );
+    }
+}
+
+#[test]
+fn a_driver_missing_a_runtime_symbol_is_refused() {
+    let program = program(SCHEDULES[0]);
+    let llvm_ir = emit_llvm_ir(&program).unwrap();
+    let symbols: Vec<_> = abi::symbols()
+        .into_iter()
+        .filter(|(name, _)| *name != "slimpack_rt_send")
+        .collect();
+    let error = run_step(&llvm_ir, &symbols).unwrap_err().to_string();
+    assert!(error.contains("slimpack_rt_send"), "{error}");
+}
+
+#[test]
+fn the_driver_compiles_to_a_native_object_defining_its_entry_points() {
+    let program = program(SCHEDULES[0]);
+    let llvm_ir = emit_llvm_ir(&program).unwrap();
+    let dir = std::env::temp_dir().join(format!("slimpack-driver-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("driver.o");
+    write_object(&llvm_ir, &path).unwrap();
+    let object = std::fs::read(&path).unwrap();
+    assert_eq!(&object[..4], b"\x7fELF", "not an ELF object");
+    for symbol in [
+        "slimpack_run_step",
+        "slimpack_run_device",
+        "slimpack_rt_forward",
+    ] {
+        assert!(
+            object.windows(symbol.len()).any(|w| w == symbol.as_bytes()),
+            "{symbol} not in the object's symbol table"
+        );
+    }
+}
