@@ -6,9 +6,11 @@
 //! (phase 2: two different partitions, each balanced on its own direction's cost), `eqsat`
 //! (e-graph refinement of the packs), `schedule-pipeline` (slice-level 1F1B, memory-aware).
 //! Knobs: the slice size `S` and pack cap `C` (an eighth of the context in quarter-context
-//! packs, an eighth or a half of the context in context-sized packs, see [`slice_sizes`]), a static CP degree taken from the DP pool (as the peers may; without
-//! one, DP-Merge forms CP groups per sample), and the recompute mode; the driver scores every
-//! candidate with the simulator and keeps the fastest that fits memory.
+//! packs, an eighth or a half of the context in context-sized packs, see [`slice_sizes`]), a
+//! static CP degree taken from the DP pool (as the peers may; without one, DP-Merge forms CP
+//! groups per sample), asymmetric or mirrored backward packs, and the recompute mode; the
+//! driver scores every candidate with the simulator and keeps the fastest that fits memory.
+//! Then `lower` (run by the compile driver on the chosen candidate only) emits the op lists.
 //!
 //! Ablations (`--no-<idea>` on the command line, `slimpack-no-<idea>` as strategy names):
 //! `asymmetric` (backward packs mirror the forward ones), `dp-merge`, `slicing` (whole
@@ -61,11 +63,42 @@ enum Grouping {
     Merge { memory: f64 },
 }
 
+/// How backward packs are formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backward {
+    /// Their own partition, balanced on backward cost (`pack-bwd`).
+    Asymmetric,
+    /// The forward packs mirrored (`pack-bwd{mirror=true}`).
+    Mirror,
+}
+
+impl Backward {
+    fn as_str(self) -> &'static str {
+        match self {
+            Backward::Asymmetric => "asymmetric",
+            Backward::Mirror => "mirror",
+        }
+    }
+}
+
+/// Backward packings tried: with asymmetry, both — an asymmetric partition balances each
+/// direction on its own cost, but its packs can hold a pipeline stage waiting for a forward
+/// they depend on (DESIGN §3.2), and where that costs more than the balance gains (pp=4 on the
+/// WLB-like mix, for one) the simulator picks the mirrored packs; without it, only the mirror.
+fn backward_packings(ideas: Ideas) -> &'static [Backward] {
+    if ideas.asymmetric {
+        &[Backward::Asymmetric, Backward::Mirror]
+    } else {
+        &[Backward::Mirror]
+    }
+}
+
 /// DP-Merge memory fractions tried: merge only what would crowd a device (half its free
 /// memory), or merge long samples early (an eighth), trading CP exchanges for memory.
 const MERGE_MEMORY: [f64; 2] = [0.5, 0.125];
 
-/// The candidates of a variant: groupings x (slice size, cap) x recompute modes.
+/// The candidates of a variant: groupings x (slice size, cap) x backward packings x recompute
+/// modes.
 pub fn candidates_with(
     ideas: Ideas,
     spec: &Spec,
@@ -104,24 +137,27 @@ pub fn candidates_with(
                 passes.push(format!("slice{{size={size}}}"));
             }
             passes.push(format!("pack-fwd{{cap={cap}}}"));
-            passes.push(if ideas.asymmetric {
-                format!("pack-bwd{{cap={cap}}}")
-            } else {
-                "pack-bwd{mirror=true}".to_string()
-            });
-            if ideas.eqsat {
-                passes.push("eqsat".into());
-            }
-            passes.push("schedule-pipeline".into());
-            for &recompute in &choices.recompute {
-                candidates.push(Candidate {
-                    label: format!(
-                        "{label},slice={size},cap={cap},recompute={}",
-                        recompute.as_str()
-                    ),
-                    pipeline: passes.join(","),
-                    recompute,
+            for backward in backward_packings(ideas) {
+                let mut passes = passes.clone();
+                passes.push(match backward {
+                    Backward::Asymmetric => format!("pack-bwd{{cap={cap}}}"),
+                    Backward::Mirror => "pack-bwd{mirror=true}".to_string(),
                 });
+                if ideas.eqsat {
+                    passes.push("eqsat".into());
+                }
+                passes.push("schedule-pipeline".into());
+                for &recompute in &choices.recompute {
+                    candidates.push(Candidate {
+                        label: format!(
+                            "{label},slice={size},cap={cap},bwd={},recompute={}",
+                            backward.as_str(),
+                            recompute.as_str()
+                        ),
+                        pipeline: passes.join(","),
+                        recompute,
+                    });
+                }
             }
         }
     }
