@@ -70,7 +70,12 @@ impl StageState {
             self.cache.begin_slice(slice.sample, slice.start, slice.len);
         }
         let mut x = match &params.embedding {
-            Some(table) => embed(table, self.config.hidden, layout.tokens(batch)),
+            Some(table) => embed(
+                table,
+                self.config.hidden,
+                layout.rows(),
+                layout.tokens(batch),
+            ),
             None => PackLayout::concat(&hidden_in.iter().map(Vec::as_slice).collect::<Vec<_>>()),
         };
         let mut layers = Vec::with_capacity(params.layers.len());

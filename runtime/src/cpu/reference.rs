@@ -60,7 +60,12 @@ fn sample_step(
         .embedding
         .as_deref()
         .expect("bug: whole model without embedding");
-    let mut x = embed(embedding, config.hidden, tokens.iter().copied());
+    let mut x = embed(
+        embedding,
+        config.hidden,
+        tokens.len(),
+        tokens.iter().copied(),
+    );
     let mut records = Vec::with_capacity(params.layers.len());
     for layer in &params.layers {
         let pre = pre_attention_forward(config, layer, &x, &positions);

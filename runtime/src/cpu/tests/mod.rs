@@ -5,6 +5,7 @@
 mod errors;
 mod executor;
 mod gradcheck;
+mod memory;
 mod harness;
 mod merged;
 mod sliced;
