@@ -214,7 +214,7 @@ impl Eqsat {
         })
     }
 
-    /// Runs the rules over the plan's term within the limits.
+    /// Runs the rules over `term` within `nodes` e-nodes and the iteration (and time) limits.
     ///
     /// egg times its phases with quanta, whose first use in a process calibrates the TSC for
     /// 0.5 to 200 ms, longer than the whole pass; so egg runs under a mock quanta clock (its
@@ -225,6 +225,7 @@ impl Eqsat {
         analysis: N,
         term: RecExpr<Schedule>,
         rules: &[Rewrite<Schedule, N>],
+        nodes: usize,
     ) -> Runner<Schedule, N> {
         let (clock, _) = quanta::Clock::mock();
         let start = Instant::now();
@@ -232,7 +233,7 @@ impl Eqsat {
         quanta::with_clock(&clock, || {
             Runner::new(analysis)
                 .with_expr(&term)
-                .with_node_limit(self.nodes)
+                .with_node_limit(nodes)
                 .with_iter_limit(self.iters)
                 .with_hook(move |_| match time_limit {
                     Some(limit) if start.elapsed() > limit => Err("time-limit".into()),
@@ -311,7 +312,7 @@ impl Eqsat {
             timer: Rc::clone(timer),
         };
         let rules = Eqsat::rules();
-        let runner = self.saturate(analysis, plan.term(&focus), &rules);
+        let runner = self.saturate(analysis, plan.term(&focus), &rules, self.nodes);
         for rule in &rules {
             let count: usize = runner
                 .iterations
@@ -427,12 +428,12 @@ impl Pass for Eqsat {
         } else {
             placement::RankOutcome::default()
         };
+        let ranks_ms = start.elapsed().as_secs_f64() * 1e3;
         let cost_before = if self.ranks {
             ranks.cost_before
         } else {
             placement::step_seconds(ir)
         };
-        let ranks_ms = start.elapsed().as_secs_f64() * 1e3;
         let mut totals = Totals::default();
         for (rule, count) in &ranks.applied {
             *totals.applied.entry(rule.clone()).or_default() += count;

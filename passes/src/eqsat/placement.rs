@@ -291,7 +291,10 @@ fn optimize_pair(
         units
     });
     let rules = rank_merge::rules();
-    let runner = eqsat.saturate(analysis, pair_term(&lists), &rules);
+    // The input term spells out every sample of the pair; the limit is what the rules add.
+    let term = pair_term(&lists);
+    let nodes = term.as_ref().len() + eqsat.nodes;
+    let runner = eqsat.saturate(analysis, term, &rules, nodes);
     for rule in &rules {
         let count: usize = runner
             .iterations

@@ -18,8 +18,9 @@
 //! | `merge-ranks`      | a sample of the slower rank runs on the group, half per rank    |
 //! | `split-group`      | a sample of the group runs on one rank's plain replica          |
 //!
-//! Guards, each a small function below: a rewrite must lower the pair's estimated cost
-//! ([`balances`]); a sample leaves for a plain replica only if it is no longer than the
+//! Guards, each a small function below: a move must lower the pair's estimated cost
+//! ([`balances`]); a merge or a split must make the slower rank faster ([`relieves_slower`]:
+//! merging a dominant sample loads the partner, which a move back then relieves); a sample leaves for a plain replica only if it is no longer than the
 //! longest sample the input runs on a plain replica ([`fits_plain`]: `dp-merge` merged what
 //! one rank's memory cannot hold, and a rewrite must not undo that). At most `fanout`
 //! rewrites, the cheapest first, are added per matched pair term, so the e-graph is a
@@ -210,6 +211,23 @@ fn balances(before: &PairCost, after: &PairCost) -> bool {
     after.max() < before.max() * (1.0 - 1e-12)
 }
 
+/// The rewrite makes the slower rank faster, though the pair may get slower: merging a
+/// dominant sample loads the partner rank, which a later move to the slower rank relieves, so
+/// merges and splits are added on this weaker guard (the e-graph keeps both terms and
+/// extraction picks the cheaper).
+fn relieves_slower(before: &PairCost, after: &PairCost) -> bool {
+    let slower = usize::from(before.ranks[1] > before.ranks[0]);
+    after.ranks[slower] < before.ranks[slower] * (1.0 - 1e-12)
+}
+
+/// The guard of a rule (see the module header).
+fn admits(rewriting: Rewriting, before: &PairCost, after: &PairCost) -> bool {
+    match rewriting {
+        Rewriting::MoveToPartner => balances(before, after),
+        Rewriting::MergeRanks | Rewriting::SplitGroup => relieves_slower(before, after),
+    }
+}
+
 /// A sample may run on a plain replica.
 fn fits_plain(facts: &PairFacts, unit: u32) -> bool {
     facts.units[unit as usize].len <= facts.plain_len_limit
@@ -262,7 +280,7 @@ impl Applier<Schedule, RankAnalysis> for Place {
                 loads[from] = loads[from].sub(&load(from));
                 loads[to] = loads[to].add(&load(to));
                 let after = analysis.cost(&loads[0], &loads[1], &loads[2]);
-                if balances(&before, &after) {
+                if admits(self.0, &before, &after) {
                     steps.push(Step {
                         unit,
                         from,
