@@ -3,6 +3,8 @@
 //! synchronise, transcendental ops use the PTX approximations).
 #![cfg(feature = "llvm")]
 
+mod common;
+
 use slimpack_codegen::llvm::kernels::KERNEL_NAMES;
 use slimpack_codegen::llvm::ptx::{compile_ptx, GpuArch};
 
@@ -22,7 +24,28 @@ fn every_kernel_is_an_entry_point_for_every_architecture() {
                 arch.name()
             );
         }
+        for instruction in [
+            "shfl.sync.bfly",
+            "bar.sync",
+            "ex2.approx",
+            "lg2.approx",
+            "sqrt.rn",
+        ] {
+            assert!(
+                ptx.contains(instruction),
+                "no {instruction} in the {} PTX",
+                arch.name()
+            );
+        }
         let entries = ptx.matches(".visible .entry ").count();
         assert_eq!(entries, KERNEL_NAMES.len(), "unexpected entry points");
+    }
+}
+
+#[test]
+fn ptx_golden() {
+    for arch in GpuArch::ALL {
+        let file = format!("kernels.{}.ptx", arch.name());
+        common::check_golden(&file, &compile_ptx(arch).unwrap());
     }
 }

@@ -22,6 +22,12 @@ pub enum Emit {
     /// The schedule JSON for trainers: per device its ops, per pack its varlen layout
     /// (docs/schedule.schema.json).
     Json,
+    /// The schedule in the slimpack MLIR dialect (needs --features mlir; docs/CODEGEN.md).
+    Mlir,
+    /// The schedule driver as LLVM IR, calling the runtime's C ABI (needs --features mlir).
+    Llvm,
+    /// The GPU kernels as PTX for the cluster's GPU, sm_80 or sm_90 (needs --features llvm).
+    Ptx,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -325,5 +331,50 @@ fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::R
             json.push('\n');
             json
         }
+        Emit::Mlir | Emit::Llvm => {
+            need_schedule(if emit == Emit::Mlir { "mlir" } else { "llvm" })?;
+            backend_emitted(emit, ir)?
+        }
+        Emit::Ptx => backend_emitted(emit, ir)?,
     })
+}
+
+// ---- the MLIR and LLVM backends (codegen's `mlir` and `llvm` features) ----
+
+/// `--emit mlir|llvm|ptx`: the backends' forms, or a one-line error naming the cargo feature
+/// the build lacks.
+fn backend_emitted(emit: Emit, ir: &StepIr) -> anyhow::Result<String> {
+    match emit {
+        Emit::Mlir => emit_mlir_form(ir, false),
+        Emit::Llvm => emit_mlir_form(ir, true),
+        Emit::Ptx => emit_ptx(ir),
+        Emit::Ir | Emit::Json => unreachable!("bug: {emit:?} is not a backend form"),
+    }
+}
+
+#[cfg(feature = "mlir")]
+fn emit_mlir_form(ir: &StepIr, llvm_ir: bool) -> anyhow::Result<String> {
+    let program = slimpack_ir::program::lower(ir);
+    Ok(if llvm_ir {
+        slimpack_codegen::mlir::emit_llvm_ir(&program)?
+    } else {
+        slimpack_codegen::mlir::emit_mlir(&program)?
+    })
+}
+
+#[cfg(not(feature = "mlir"))]
+fn emit_mlir_form(_: &StepIr, llvm_ir: bool) -> anyhow::Result<String> {
+    let form = if llvm_ir { "llvm" } else { "mlir" };
+    bail!("--emit {form} needs slimpack built with `--features mlir` (and LLVM/MLIR 22: scripts/setup.sh)")
+}
+
+#[cfg(feature = "llvm")]
+fn emit_ptx(ir: &StepIr) -> anyhow::Result<String> {
+    use slimpack_codegen::llvm::ptx::{compile_ptx, GpuArch};
+    Ok(compile_ptx(GpuArch::for_gpu(&ir.spec.cluster.gpu.name))?)
+}
+
+#[cfg(not(feature = "llvm"))]
+fn emit_ptx(_: &StepIr) -> anyhow::Result<String> {
+    bail!("--emit ptx needs slimpack built with `--features llvm` (and LLVM 22: scripts/setup.sh)")
 }

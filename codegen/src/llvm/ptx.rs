@@ -27,6 +27,16 @@ pub enum GpuArch {
 impl GpuArch {
     pub const ALL: [GpuArch; 2] = [GpuArch::Sm80, GpuArch::Sm90];
 
+    /// The architecture of a cluster's GPU, by its name: Ampere (A100) is sm_80, every other
+    /// preset (Hopper: H100, H200, H800) sm_90.
+    pub fn for_gpu(gpu_name: &str) -> GpuArch {
+        if gpu_name.to_ascii_lowercase().contains("a100") {
+            GpuArch::Sm80
+        } else {
+            GpuArch::Sm90
+        }
+    }
+
     /// The name LLVM and ptxas use (`sm_80`).
     pub fn name(self) -> &'static str {
         match self {
