@@ -292,6 +292,8 @@ pub(crate) struct RunReport {
     pub(crate) step_time_runs_s: Vec<f64>,
     /// Their median.
     pub(crate) step_time_median_s: f64,
+    /// Each run's [`RunReport::off_core_share`], in order.
+    pub(crate) off_core_share_runs: Vec<f64>,
     pub(crate) tokens_per_s: f64,
     /// Per worker (DP rank on a stage, in the simulator's device order), real peak bytes.
     pub(crate) peak_memory_bytes: Option<Vec<u64>>,
@@ -359,10 +361,12 @@ pub(crate) fn measure(args: RunArgs) -> anyhow::Result<RunReport> {
     let params = Params::init(&config, args.init_seed);
     let adamw = AdamWConfig::default();
     let mut runs_s = Vec::with_capacity(args.repeat.max(1));
+    let mut off_core = Vec::with_capacity(args.repeat.max(1));
     let mut fastest: Option<Execution> = None;
     for _ in 0..args.repeat.max(1) {
         let execution = execute(&plan, &order, &batch, &params, adamw)?;
         runs_s.push(execution.step_time_s);
+        off_core.push(off_core_share(&execution));
         if fastest
             .as_ref()
             .is_none_or(|f| execution.step_time_s < f.step_time_s)
@@ -380,7 +384,18 @@ pub(crate) fn measure(args: RunArgs) -> anyhow::Result<RunReport> {
     );
     report.step_time_median_s = median(&runs_s);
     report.step_time_runs_s = runs_s;
+    report.off_core_share_runs = off_core;
     Ok(report)
+}
+
+/// Share of the workers' pack time their threads were not on a core: 1 − CPU time / wall time
+/// over every pack task (other processes preempted them, or a DP-Merge group waited).
+fn off_core_share(execution: &Execution) -> f64 {
+    let (cpu, busy) = execution
+        .tasks
+        .iter()
+        .fold((0.0, 0.0), |(c, b), t| (c + t.cpu_s, b + t.run_s()));
+    1.0 - cpu / busy
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
@@ -518,10 +533,6 @@ fn compare(
     comparisons.sort_by(|a, b| (a.stage, &a.name).cmp(&(b.stage, &b.name)));
     let op_time_mape = mean(comparisons.iter().map(|c| ape(c.predicted_s, c.measured_s)));
     let op_time_mape_cpu = mean(comparisons.iter().map(|c| ape(c.predicted_s, c.cpu_s)));
-    let (cpu, busy) = execution
-        .tasks
-        .iter()
-        .fold((0.0, 0.0), |(c, b), t| (c + t.cpu_s, b + t.run_s()));
     let peaks: Option<Vec<u64>> = execution
         .workers
         .iter()
@@ -559,6 +570,7 @@ fn compare(
         step_time_s: execution.step_time_s,
         step_time_runs_s: Vec::new(),
         step_time_median_s: execution.step_time_s,
+        off_core_share_runs: Vec::new(),
         tokens_per_s: ir.tokens() as f64 / execution.step_time_s,
         peak_memory_bytes: peaks,
         model_state_bytes: states,
@@ -568,7 +580,7 @@ fn compare(
         peak_memory_mape,
         op_time_mape,
         op_time_mape_cpu,
-        off_core_share: 1.0 - cpu / busy,
+        off_core_share: off_core_share(execution),
         sync: sync_comparison(plan, execution, simulated),
         memory_terms,
         ops,

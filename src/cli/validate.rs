@@ -12,6 +12,10 @@
 //!   model);
 //! - per-op time: each schedule's pack-task MAPE (`run`'s `op_time_mape`, of its fastest run).
 //!
+//! A shared machine preempts the workers: a run whose workers were off their cores more than
+//! [`UNPREEMPTED`] of their pack time is *preempted*. The step-time figure is also given over
+//! the unpreempted runs only (their median per schedule, for the schedules that had one).
+//!
 //! The machine's load average is recorded before and after the suite: other processes only
 //! add time, so the step-time figures are only as good as the load allows.
 
@@ -42,6 +46,9 @@ pub struct ValidateArgs {
     #[arg(long, value_enum, default_value = "text")]
     report: ReportFormat,
 }
+
+/// Most off-core share of a run counted as unpreempted (as in `calibrate`).
+const UNPREEMPTED: f64 = 0.03;
 
 /// Batches of the suite (`--synthetic` specs; seeded by `--seed 0`).
 const BATCHES: [(&str, &str); 3] = [
@@ -93,6 +100,11 @@ struct Row {
     step_time_runs_s: Vec<f64>,
     predicted_step_time_s: f64,
     step_time_ape: f64,
+    /// Each run's off-core share (see the module comment).
+    off_core_share_runs: Vec<f64>,
+    /// Median of the unpreempted runs, if any.
+    step_time_unpreempted_s: Option<f64>,
+    step_time_unpreempted_ape: Option<f64>,
     peak_memory_bytes: Vec<u64>,
     predicted_peak_memory_bytes: Vec<u64>,
     /// Per worker, |predicted − measured| / measured peak memory.
@@ -112,6 +124,9 @@ struct Summary {
     timed_schedules: usize,
     step_time_mape: f64,
     step_time_max_ape: f64,
+    /// Timed schedules with at least one unpreempted run, and the MAPE of their medians.
+    unpreempted_schedules: usize,
+    step_time_mape_unpreempted: f64,
     op_time_mape: f64,
     op_time_mape_cpu: f64,
 }
@@ -240,6 +255,14 @@ fn row(
         .map(|(&m, &p)| ape(p as f64, m as f64))
         .collect();
     let median = report.step_time_median_s;
+    let unpreempted: Vec<f64> = report
+        .step_time_runs_s
+        .iter()
+        .zip(&report.off_core_share_runs)
+        .filter(|(_, &off)| off <= UNPREEMPTED)
+        .map(|(&t, _)| t)
+        .collect();
+    let step_time_unpreempted_s = (!unpreempted.is_empty()).then(|| run::median(&unpreempted));
     let quoted: Vec<String> = command
         .iter()
         .map(|arg| match arg.contains(['{', '}', ',', ';']) {
@@ -258,6 +281,10 @@ fn row(
         step_time_runs_s: report.step_time_runs_s,
         predicted_step_time_s: report.predicted_step_time_s,
         step_time_ape: ape(report.predicted_step_time_s, median),
+        off_core_share_runs: report.off_core_share_runs,
+        step_time_unpreempted_s,
+        step_time_unpreempted_ape: step_time_unpreempted_s
+            .map(|t| ape(report.predicted_step_time_s, t)),
         peak_memory_bytes: peaks,
         predicted_peak_memory_bytes: predicted,
         peak_memory_ape,
@@ -277,6 +304,11 @@ fn summary(rows: &[Row]) -> Summary {
         .filter(|r| r.timed)
         .map(|r| r.step_time_ape)
         .collect();
+    let unpreempted: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.timed)
+        .filter_map(|r| r.step_time_unpreempted_ape)
+        .collect();
     Summary {
         schedules: rows.len(),
         workers: memory.len(),
@@ -285,6 +317,8 @@ fn summary(rows: &[Row]) -> Summary {
         timed_schedules: timed.len(),
         step_time_mape: mean(&timed),
         step_time_max_ape: timed.iter().copied().fold(0.0, f64::max),
+        unpreempted_schedules: unpreempted.len(),
+        step_time_mape_unpreempted: mean(&unpreempted),
         op_time_mape: mean(&rows.iter().map(|r| r.op_time_mape).collect::<Vec<_>>()),
         op_time_mape_cpu: mean(&rows.iter().map(|r| r.op_time_mape_cpu).collect::<Vec<_>>()),
     }
@@ -292,19 +326,21 @@ fn summary(rows: &[Row]) -> Summary {
 
 fn print_table(report: &ValidateReport) {
     eprintln!(
-        "{:<28} {:>3} {:>9} {:>9} {:>7} {:>8} {:>7} {:>7}",
-        "schedule", "wk", "step s", "pred s", "err", "mem err", "op err", "off"
+        "{:<28} {:>3} {:>9} {:>9} {:>7} {:>9} {:>8} {:>7} {:>7}",
+        "schedule", "wk", "step s", "pred s", "err", "unpre err", "mem err", "op err", "off"
     );
     for row in &report.rows {
         let worst = row.peak_memory_ape.iter().copied().fold(0.0, f64::max);
         eprintln!(
-            "{:<28} {:>3} {:>9.4} {:>9.4} {:>6.1}%{} {:>7.2}% {:>6.1}% {:>6.1}%",
+            "{:<28} {:>3} {:>9.4} {:>9.4} {:>6.1}%{} {:>9} {:>7.2}% {:>6.1}% {:>6.1}%",
             row.label,
             row.workers,
             row.step_time_median_s,
             row.predicted_step_time_s,
             100.0 * row.step_time_ape,
             if row.timed { " " } else { "*" },
+            row.step_time_unpreempted_ape
+                .map_or("-".to_string(), |e| format!("{:.1}%", 100.0 * e)),
             100.0 * worst,
             100.0 * row.op_time_mape,
             100.0 * row.off_core_share,
@@ -324,6 +360,11 @@ fn print_table(report: &ValidateReport) {
         s.timed_schedules,
         report.cores,
         100.0 * s.step_time_max_ape
+    );
+    eprintln!(
+        "step time MAPE over unpreempted runs {:.1}% ({} of those schedules had one)",
+        100.0 * s.step_time_mape_unpreempted,
+        s.unpreempted_schedules
     );
     eprintln!(
         "per-op (pack task) time MAPE {:.1}% (against thread CPU time {:.1}%)",
