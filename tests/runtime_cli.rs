@@ -135,3 +135,51 @@ fn calibrate_writes_tables_the_cost_model_reads() {
     assert_eq!(calibration.device, "cpu-2core");
     assert_eq!(calibration.tables.len(), 5);
 }
+
+#[test]
+fn validate_predicts_every_workers_peak_memory_within_the_target() {
+    let output = slimpack(&[
+        "validate",
+        "--backend",
+        "cpu",
+        "--repeat",
+        "1",
+        "--filter",
+        "ln256 slice256",
+        "--report",
+        "json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("one JSON object");
+    let rows = report["rows"].as_array().expect("rows");
+    // pp=1,dp=1 and pp=2,dp=1: three workers. The allocator's counts do not depend on timing.
+    assert_eq!(rows.len(), 2, "{report}");
+    assert_eq!(report["summary"]["workers"], 3, "{report}");
+    for row in rows {
+        for error in row["peak_memory_ape"].as_array().expect("per worker") {
+            let error = error.as_f64().expect("a number");
+            assert!(error <= 0.016, "{}: {error}", row["label"]);
+        }
+        assert!(row["command"]
+            .as_str()
+            .unwrap()
+            .starts_with("slimpack run "));
+    }
+}
+
+#[test]
+fn validate_refuses_a_filter_that_matches_nothing() {
+    let output = slimpack(&[
+        "validate",
+        "--backend",
+        "cpu",
+        "--filter",
+        "no such schedule",
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--filter matches no schedule"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
