@@ -146,7 +146,7 @@ pub struct CompileArgs {
     /// Pass pipeline to run, e.g. 'slice{size=8192}' (see `slimpack passes`).
     #[arg(long, default_value = "")]
     passes: String,
-    /// What to emit: ir.
+    /// What to emit: ir, json; mlir, llvm (feature `mlir`); ptx (feature `llvm`).
     #[arg(long, value_enum)]
     emit: Option<Emit>,
     /// Write the emitted form here (default: standard output).
