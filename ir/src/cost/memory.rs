@@ -56,8 +56,9 @@
 //! - temporaries ([`CpuTemporaries`]): the received input (hidden states or their gradients,
 //!   `4h`); in the forward, the last layer's keys and values with its output (`2kv + h`) or, on a
 //!   stage that sends, the output and its per-slice copies (`2h`); in the backward, the largest
-//!   of the layer backward's live gradients: after the MLP block `dy + dSwiGLU, dgate, dup + dnormed, dmid +
-//!   dattn` (`4h + 3f + q`, minus the head's saved tensors on the last stage, freed first), or
+//!   of the layer backward's live gradients: after the MLP block `dy`, dSwiGLU, dgate, dup,
+//!   dnormed, dmid and dattn (`3h + 3f + q`, less the head's saved tensors on the last stage,
+//!   freed first), or
 //!   around the attention (`4h + 2q + 2kv`); the pack's positions (8 B per token); and while a
 //!   sample's last slice runs its backward, that slice's own dK/dV rows
 //!   ([`MemoryModel::own_kv_grad_bytes`]: the runtime accumulates into every position's rows);
@@ -151,8 +152,8 @@ impl CpuTemporaries {
         );
         let head_saved = 2 * h + 1 + i64::from(model.vocab);
         let head_moment = 2 * h;
-        let after_mlp = 4 * h + 3 * f + q - h;
-        let around_attention = 4 * h + 2 * q + 2 * kv - h;
+        let after_mlp = 3 * h + 3 * f + q;
+        let around_attention = 4 * h + 2 * q + 2 * kv;
         let layer = after_mlp.max(around_attention);
         let bytes = |floats: i64| (F * floats.max(0)) as u64;
         CpuTemporaries {
@@ -489,6 +490,33 @@ mod tests {
             gathered + layer_grads
         );
         assert_eq!(memory.workspace_bytes(), 3 << 30);
+    }
+
+    #[test]
+    fn cpu_runtime_temporaries_of_tiny_by_hand() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=1").unwrap();
+        let memory = MemoryModel::new(&spec);
+        // h 128, q 128, kv 64, f 352, v 512. Forward, stage 0: positions 8 B + K, V and the
+        // output, or the output and its copies: 4 · max(2 · 64 + 128, 2 · 128) = 1024 B.
+        assert_eq!(memory.temporary_bytes(10, 0, Direction::Forward), 10 * 1032);
+        // Last stage: the input (512 B); K and V are less than the head's unsaved tensors.
+        assert_eq!(memory.temporary_bytes(10, 1, Direction::Forward), 10 * 520);
+        // Backward, stage 0: input 512 B + 4 · (3 · 128 + 3 · 352 + 128) = 6272 B.
+        assert_eq!(
+            memory.temporary_bytes(10, 0, Direction::Backward),
+            10 * 6792
+        );
+        // Last stage: the head's 4 · (2 · 128 + 1 + 512) B are freed before the layers.
+        assert_eq!(
+            memory.temporary_bytes(10, 1, Direction::Backward),
+            10 * (8 + 6272 - 3076)
+        );
+        // Saved: 4 · (4 · 128 + 2 + 2 · 128 + 4 + 3 · 352) = 7320 B per token per layer.
+        assert_eq!(memory.activation_bytes(10, 0), 10 * 2 * 7320);
+        assert_eq!(memory.activation_bytes(10, 1), 10 * (2 * 7320 + 3076));
+        assert_eq!(memory.own_kv_grad_bytes(10, 0), memory.kv_grad_bytes(10, 0));
+        let gpu = Spec::from_presets("tiny", "h100-sxm", "tp=1,pp=2,dp=1").unwrap();
+        assert_eq!(MemoryModel::new(&gpu).own_kv_grad_bytes(10, 0), 0);
     }
 
     #[test]
