@@ -13,12 +13,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use slimpack_ir::batch::Batch;
-use slimpack_ir::Spec;
+use slimpack_ir::{Spec, StepIr};
 use slimpack_passes::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
-use slimpack_passes::{ManagerOptions, PassError};
+use slimpack_passes::{parse_pipeline, run_pipeline, ManagerOptions, PassError};
 use slimpack_runtime::sim::{self, Metrics, SimError};
 
-use crate::compile::{compile, CompileOptions, Compiled};
+use crate::compile::Compiled;
 
 /// Why a strategy could not be compiled.
 #[derive(Debug, thiserror::Error)]
@@ -112,33 +112,88 @@ pub fn evaluate(
     candidate: &Candidate,
 ) -> Result<(Evaluation, Compiled), DriverError> {
     let spec = candidate_spec(spec, candidate);
-    let options = CompileOptions {
-        pipeline: candidate.pipeline.clone(),
-        manager: ManagerOptions::default(),
+    let compile_error = |source| DriverError::Compile {
+        strategy: strategy.name,
+        candidate: candidate.label.clone(),
+        source: Box::new(source),
     };
-    let start = Instant::now();
-    let compiled = compile(&spec, batch, &options, &mut std::io::sink()).map_err(|source| {
-        DriverError::Compile {
-            strategy: strategy.name,
-            candidate: candidate.label.clone(),
-            source: Box::new(source),
-        }
-    })?;
-    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    let result =
-        sim::simulate(&compiled.ir, &crate::machine::cost_model(&spec)).map_err(|source| {
+    let simulate = |ir: &StepIr| {
+        sim::simulate(ir, &crate::machine::cost_model(&spec)).map_err(|source| {
             DriverError::Simulate {
                 strategy: strategy.name,
                 candidate: candidate.label.clone(),
                 source: Box::new(source),
             }
-        })?;
+        })
+    };
+    let entries = parse_pipeline(&candidate.pipeline).map_err(compile_error)?;
+    let options = ManagerOptions::default();
+    let sink = &mut std::io::sink();
+    let start = Instant::now();
+    let mut ir = StepIr::from_batch(spec.clone(), batch);
+    let refine = entries.iter().position(|e| e.info.name == EQSAT);
+    let prefix = refine.unwrap_or(entries.len());
+    let mut passes =
+        run_pipeline(&mut ir, &entries[..prefix], &options, sink).map_err(compile_error)?;
+    let (ir, passes, metrics) = match refine {
+        None => {
+            let metrics = simulate(&ir)?.metrics;
+            (ir, passes, metrics)
+        }
+        Some(at) => {
+            // The egg layer judges rewrites with its own estimate; the simulator has the last
+            // word: the step with eqsat is kept only if it is no slower (nor bigger) than the
+            // same pipeline without it.
+            let mut without = ir.clone();
+            let refined =
+                run_pipeline(&mut ir, &entries[at..], &options, sink).map_err(compile_error)?;
+            let plain = run_pipeline(&mut without, &entries[at + 1..], &options, sink)
+                .map_err(compile_error)?;
+            let with_metrics = simulate(&ir)?.metrics;
+            let without_metrics = simulate(&without)?.metrics;
+            let keep = !worse(&with_metrics, &without_metrics);
+            let mut eqsat = refined[0].clone();
+            eqsat
+                .statistics
+                .set("simulated_step_s", with_metrics.step_time_s);
+            eqsat
+                .statistics
+                .set("simulated_step_without_s", without_metrics.step_time_s);
+            eqsat.statistics.set("kept_by_simulator", keep);
+            passes.push(eqsat);
+            if keep {
+                passes.extend(refined.into_iter().skip(1));
+                (ir, passes, with_metrics)
+            } else {
+                passes.extend(plain);
+                (without, passes, without_metrics)
+            }
+        }
+    };
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     let evaluation = Evaluation {
         candidate: candidate.clone(),
-        metrics: result.metrics,
+        metrics,
+        compile_ms,
+    };
+    let compiled = Compiled {
+        ir,
+        passes,
         compile_ms,
     };
     Ok((evaluation, compiled))
+}
+
+/// The refinement pass the driver double-checks with the simulator.
+const EQSAT: &str = "eqsat";
+
+/// Whether `refined` is worse than `plain`: an OOM the refinement introduces, a longer step,
+/// or the same step with more peak memory.
+fn worse(refined: &Metrics, plain: &Metrics) -> bool {
+    (refined.oom && !plain.oom)
+        || refined.step_time_s > plain.step_time_s
+        || (refined.step_time_s == plain.step_time_s
+            && refined.peak_memory_bytes > plain.peak_memory_bytes)
 }
 
 /// Compiles and simulates every candidate `strategy` offers for `batch` (already admitted) and
@@ -266,4 +321,75 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
         .into_iter()
         .map(|slot| slot.expect("every item was processed"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slimpack_ir::batch::Sample;
+    use slimpack_passes::strategy;
+
+    fn batch(lengths: &[u32]) -> Batch {
+        let samples: Vec<Sample> = lengths
+            .iter()
+            .enumerate()
+            .map(|(doc, &len)| Sample {
+                len,
+                doc: doc as u64,
+                piece: 0,
+            })
+            .collect();
+        Batch {
+            source: "test".into(),
+            context: Some(4096),
+            documents: samples.len(),
+            documents_cut: 0,
+            samples,
+        }
+    }
+
+    #[test]
+    fn eqsat_is_kept_only_when_the_simulator_agrees() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
+        let batch = batch(&[
+            4096, 3000, 2500, 900, 700, 512, 300, 260, 128, 100, 64, 2048,
+        ]);
+        let info = strategy::lookup("slimpack").unwrap();
+        let state = StrategyState::default();
+        let choices = Choices::fixed(spec.model.recompute);
+        for candidate in (info.candidates)(&spec, &batch, &state, &choices) {
+            let (evaluation, compiled) = evaluate(info, &spec, &batch, &candidate).unwrap();
+            let eqsat = compiled
+                .passes
+                .iter()
+                .find(|p| p.name == EQSAT)
+                .expect("slimpack refines with eqsat");
+            let with = eqsat
+                .statistics
+                .get("simulated_step_s")
+                .unwrap()
+                .as_f64()
+                .unwrap();
+            let without = eqsat
+                .statistics
+                .get("simulated_step_without_s")
+                .unwrap()
+                .as_f64()
+                .unwrap();
+            let kept = eqsat
+                .statistics
+                .get("kept_by_simulator")
+                .unwrap()
+                .as_bool()
+                .unwrap();
+            assert_eq!(kept, with <= without, "{}", candidate.label);
+            assert_eq!(evaluation.metrics.step_time_s, with.min(without));
+            // The step handed on is the one that was scored.
+            let again = sim::simulate(&compiled.ir, &crate::machine::cost_model(&compiled.ir.spec));
+            assert_eq!(
+                again.unwrap().metrics.step_time_s,
+                evaluation.metrics.step_time_s
+            );
+        }
+    }
 }
