@@ -12,8 +12,7 @@ STRATEGIES=padding,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-asymmet
 scenario() {
     local id=$1; shift
     echo "=== $id: $*"
-    "$S" bench "$@" --cluster h100-sxm --steps 20 --strategies "$STRATEGIES"
-    "$S" bench "$@" --cluster h100-sxm --steps 20 --strategies "$STRATEGIES" --report json > "target/bench/$id.json"
+    "$S" bench "$@" --cluster h100-sxm --steps 20 --strategies "$STRATEGIES" --json "target/bench/$id.json"
 }
 scenario S1 --model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 8388608 --dataset ../shared/data/wikipedia.lengths.txt
 scenario S2 --model llama-13b --parallel tp=8,pp=2,dp=8 --context 131072 --global-batch-tokens 16777216 --dataset ../shared/data/prolong_like.lengths.txt

@@ -45,6 +45,9 @@ pub struct BenchArgs {
     /// Report format: text (a table on stdout) or json (one object on stdout).
     #[arg(long, value_enum, default_value = "text")]
     report: ReportFormat,
+    /// Also write the JSON report to this file (whatever --report prints).
+    #[arg(long, value_name = "FILE.json")]
+    json: Option<std::path::PathBuf>,
     /// Print every candidate configuration tried on step 1, and how it scored (to stderr).
     #[arg(long, short)]
     verbose: bool,
@@ -190,6 +193,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         },
         strategies: rows(&runs),
     };
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
     match args.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         ReportFormat::Text => print!("{}", table(&report)),
