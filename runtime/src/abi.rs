@@ -13,7 +13,7 @@
 
 use std::cell::RefCell;
 
-use slimpack_ir::program::{Op, Program};
+use slimpack_ir::program::{Op, Program, WorkerProgram};
 use slimpack_ir::step::Direction;
 
 /// One call through the C ABI, as a handler sees it.
@@ -238,17 +238,78 @@ fn direction_code(direction: Direction) -> i64 {
     }
 }
 
+/// The call a driver makes for `op` on worker (`dp`, `pp`).
+pub fn call_of(dp: i64, pp: i64, op: &Op) -> Call {
+    let pack = |pack: &u32| i64::from(*pack);
+    match op {
+        Op::Forward { pack: p } => Call::Forward {
+            dp,
+            pp,
+            pack: pack(p),
+        },
+        Op::Backward { pack: p } => Call::Backward {
+            dp,
+            pp,
+            pack: pack(p),
+        },
+        Op::CpExchange {
+            pack: p,
+            direction,
+            group,
+        } => Call::CpExchange {
+            dp,
+            pp,
+            pack: pack(p),
+            direction: direction_code(*direction),
+            group: group.iter().map(|&rank| i64::from(rank)).collect(),
+        },
+        Op::Send {
+            pack: p,
+            direction,
+            to,
+        } => Call::Send {
+            dp,
+            pp,
+            pack: pack(p),
+            direction: direction_code(*direction),
+            to_dp: i64::from(to.dp),
+            to_pp: i64::from(to.pp),
+        },
+        Op::Recv {
+            pack: p,
+            direction,
+            from,
+        } => Call::Recv {
+            dp,
+            pp,
+            pack: pack(p),
+            direction: direction_code(*direction),
+            from_dp: i64::from(from.dp),
+            from_pp: i64::from(from.pp),
+        },
+        Op::ReduceScatter => Call::ReduceScatter { dp, pp },
+        Op::Optimizer => Call::Optimizer { dp, pp },
+        Op::AllGather => Call::AllGather { dp, pp },
+    }
+}
+
 /// Runs `program` by walking it: every worker in program order (`pp · dp_count + dp`), its ops
 /// in order, each through the C ABI function a compiled driver would call.
 pub fn interpret(program: &Program) {
     for worker_program in &program.workers {
-        let (dp, pp) = (
-            i64::from(worker_program.worker.dp),
-            i64::from(worker_program.worker.pp),
-        );
-        for op in &worker_program.ops {
-            interpret_op(dp, pp, op);
-        }
+        interpret_worker(worker_program);
+    }
+}
+
+/// Runs one worker's ops in order through the C ABI: the interpreted counterpart of a compiled
+/// driver's `slimpack_run_device(index)`, which a runtime calls on that worker's thread.
+pub fn interpret_worker(worker_program: &WorkerProgram) {
+    let (dp, pp) = (
+        i64::from(worker_program.worker.dp),
+        i64::from(worker_program.worker.pp),
+    );
+    for op in &worker_program.ops {
+        interpret_op(dp, pp, op);
     }
 }
 
@@ -307,6 +368,47 @@ fn interpret_op(dp: i64, pp: i64, op: &Op) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slimpack_ir::program::Worker;
+
+    #[test]
+    fn interpreting_a_worker_makes_the_call_of_each_op() {
+        let worker = WorkerProgram {
+            worker: Worker { dp: 1, pp: 1 },
+            ops: vec![
+                Op::Recv {
+                    pack: 2,
+                    direction: Direction::Forward,
+                    from: Worker { dp: 1, pp: 0 },
+                },
+                Op::CpExchange {
+                    pack: 2,
+                    direction: Direction::Forward,
+                    group: vec![0, 1],
+                },
+                Op::Forward { pack: 2 },
+                Op::Send {
+                    pack: 4,
+                    direction: Direction::Backward,
+                    to: Worker { dp: 1, pp: 0 },
+                },
+                Op::ReduceScatter,
+            ],
+        };
+        let ((), calls) = record(|| interpret_worker(&worker));
+        let expected: Vec<Call> = worker.ops.iter().map(|op| call_of(1, 1, op)).collect();
+        assert_eq!(calls, expected);
+        assert_eq!(
+            calls[3],
+            Call::Send {
+                dp: 1,
+                pp: 1,
+                pack: 4,
+                direction: 1,
+                to_dp: 1,
+                to_pp: 0
+            }
+        );
+    }
 
     #[test]
     fn calls_reach_the_installed_handler_in_order_and_nesting_restores_it() {

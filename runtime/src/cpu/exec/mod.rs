@@ -1,28 +1,31 @@
-//! The CPU executor: runs a scheduled step IR as a real training step, exactly as compiled.
+//! The CPU executor: runs a scheduled step as a real training step, exactly as compiled — as its
+//! lowered [`Program`] (`slimpack_ir::program`), one op list per worker.
 //!
 //! - One worker thread per device — a DP rank on a pipeline stage, the simulator's device group
-//!   (`runtime::sim::Layout`) — holding that stage's weights, a gradient buffer, and its shard
-//!   of the AdamW state. A plain replica's packs run on its rank's devices; a DP-Merge group's
-//!   packs run on all its ranks' devices at once, each with its load-balanced share of every
-//!   slice, computing attention across the group through a K/V all-gather
-//!   ([`crate::cpu::cp`]). A rank in both a plain replica and a DP-Merge group runs both on its
-//!   devices, interleaved by a [`DeviceOrder`] (see there).
-//! - Each device runs its packs in order — per replica and stage the IR's schedule — with
-//!   slices, K/V carried across slices, and forward and backward packs exactly as the IR holds
-//!   them; activations flow to the same rank's next stage and gradients back through channels.
-//! - After its last pack each stage sums the tied embedding's gradient with the other pipeline
-//!   end, reduce-scatters the gradients over DP, steps AdamW on its shard and all-gathers the
-//!   weights (ZeRO-1, as the simulator's memory model assumes).
+//!   (`runtime::sim::Layout`) and the program's worker — holding that stage's weights, a
+//!   gradient buffer, and its shard of the AdamW state. A plain replica's packs run on its
+//!   rank's devices; a DP-Merge group's packs run on all its ranks' devices at once, each with
+//!   its load-balanced share of every slice, computing attention across the group through a K/V
+//!   all-gather ([`crate::cpu::cp`]).
+//! - Each worker runs its ops in order (`recv`, `cp-exchange`, `fwd`/`bwd`, `send`, then
+//!   `reduce-scatter`, `optimizer`, `all-gather`; the `ops` module gives their semantics), each
+//!   called through the runtime's C ABI by a [`Driver`]: the interpreter, or a compiled driver's
+//!   `slimpack_run_device(index)` on the worker's thread. Both end in the same worker methods.
+//! - A rank in both a plain replica and a DP-Merge group runs both on its devices; how their
+//!   tasks interleave is the program's order: [`DeviceOrder::program`] builds it from the
+//!   lowered program (replica-major) and a chosen order, such as the simulator's.
 //!
-//! Measured: every task's wall time with its op breakdown ([`crate::cpu::profile`]), every
+//! Measured: every pack task's wall time with its op breakdown ([`crate::cpu::profile`]), every
 //! worker's real peak memory ([`MemoryMeter`](crate::cpu::MemoryMeter), when the binary installs
-//! the [`CountingAllocator`](crate::cpu::CountingAllocator)), and the step time from the moment
-//! all workers are ready to the last one's end.
+//! the [`CountingAllocator`](crate::cpu::CountingAllocator)), the step time from the moment all
+//! workers are ready to the last one's end, and the trace of the ops each worker executed.
 //!
 //! [`check_reference`] compares the result with the unsliced single-worker reference step.
 
 mod check;
+mod driver;
 mod mailbox;
+mod ops;
 mod order;
 mod plan;
 mod result;
@@ -30,6 +33,7 @@ mod sync;
 mod worker;
 
 pub use check::{check_reference, ReferenceCheck};
+pub use driver::{CompiledDriver, Driver};
 pub use order::DeviceOrder;
 pub use plan::{Device, Plan, PlanPack};
 pub use result::{Execution, SyncTimes, TaskMemory, TaskRecord, WorkerReport};
@@ -38,6 +42,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
+
+use slimpack_ir::program::Program;
 
 use crate::cpu::adamw::AdamWConfig;
 use crate::cpu::batch::Batch;
@@ -51,10 +57,25 @@ use sync::{shard_range, Collectives};
 use worker::{Outcome, Worker};
 
 /// Runs one training step of `plan` on `batch` from the whole-model weights `params`, devices
-/// interleaving replicas as `order` says, and updates the weights with AdamW (`adamw`).
+/// interleaving replicas as `order` says (its [`DeviceOrder::program`], interpreted), and updates
+/// the weights with AdamW (`adamw`).
 pub fn execute(
     plan: &Plan,
     order: &DeviceOrder,
+    batch: &Batch,
+    params: &Params,
+    adamw: AdamWConfig,
+) -> Result<Execution> {
+    let program = order.program(plan)?;
+    execute_program(plan, &program, &Driver::Interpreted, batch, params, adamw)
+}
+
+/// Runs one training step of `plan` as `program` (a lowered program of the same step, checked
+/// against it), each worker's ops driven by `driver`, and updates the weights with AdamW.
+pub fn execute_program(
+    plan: &Plan,
+    program: &Program,
+    driver: &Driver,
     batch: &Batch,
     params: &Params,
     adamw: AdamWConfig,
@@ -76,7 +97,7 @@ pub fn execute(
             ),
         });
     }
-    order.check(plan)?;
+    plan.check_program(program)?;
     keep_freed_memory();
     let weights = params.split(&plan.stages)?;
     let devices = plan.devices();
@@ -92,7 +113,9 @@ pub fn execute(
             let worker = Worker {
                 device,
                 plan,
-                order: order.tasks(index),
+                program,
+                ops: &program.workers[index].ops,
+                driver,
                 config,
                 batch,
                 weights: &weights[device.stage],
@@ -209,6 +232,7 @@ fn assemble(
         .fold(f64::INFINITY, f64::min);
     let mut loss = 0.0;
     let mut tasks = Vec::new();
+    let mut trace = Vec::with_capacity(outcomes.len());
     let mut workers = Vec::with_capacity(outcomes.len());
     let mut shards: Vec<Vec<Vec<f32>>> = vec![Vec::new(); plan.pp()];
     let mut stage_params: Vec<Option<Params>> = vec![None; plan.pp()];
@@ -219,6 +243,7 @@ fn assemble(
             task.end_s -= step_start;
             tasks.push(task);
         }
+        trace.push(outcome.trace);
         let mut report = outcome.report;
         report.finish_s -= step_start;
         let stage = report.stage;
@@ -256,5 +281,9 @@ fn assemble(
         step_time_s,
         workers,
         tasks,
+        trace,
     })
 }
+
+#[cfg(test)]
+mod tests;

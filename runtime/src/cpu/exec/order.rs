@@ -9,13 +9,15 @@
 //! - [`DeviceOrder::by_start_times`]: tasks sorted by predicted start times (the simulator's),
 //!   so that the execution interleaves exactly as the prediction it is compared with.
 //!
-//! Either way the order is checked: on every device it must keep each replica's schedule, and
-//! the tasks of all devices together, waiting for each other's pipeline messages and for the
-//! members of their DP-Merge group, must be able to run to the end (no cycle).
+//! The executor runs programs: [`DeviceOrder::program`] reorders the step's lowered program
+//! (replica-major) so that each worker runs its pack tasks — a pack's `recv`, `cp-exchange`,
+//! compute and `send` — in this order, before the step's collectives. The order is checked: on
+//! every device it must keep each replica's schedule, and the program must be able to run to
+//! the end ([`program::check`]: no worker waits forever for a message or its DP-Merge group).
 
-use std::collections::VecDeque;
+use std::collections::HashMap;
 
-use slimpack_ir::step::Direction;
+use slimpack_ir::program::{self, Op, Program};
 
 use super::plan::{Device, Plan};
 use crate::cpu::error::{CpuError, Result};
@@ -74,6 +76,31 @@ impl DeviceOrder {
     /// Checks that every device keeps its replicas' schedules and that the whole runs to the
     /// end.
     pub fn check(&self, plan: &Plan) -> Result<()> {
+        self.program(plan).map(|_| ())
+    }
+
+    /// The step's program with every worker's pack tasks in this order, checked.
+    pub fn program(&self, plan: &Plan) -> Result<Program> {
+        self.check_schedules(plan)?;
+        let mut ordered = plan.lowered.clone();
+        for (index, worker) in ordered.workers.iter_mut().enumerate() {
+            worker.ops = reorder(&worker.ops, &self.per_device[index]).ok_or_else(|| {
+                CpuError::Schedule {
+                    message: format!(
+                        "device (rank {}, stage {}): the order does not list the program's pack tasks",
+                        worker.worker.dp, worker.worker.pp
+                    ),
+                }
+            })?;
+        }
+        program::check(&ordered).map_err(|e| CpuError::Schedule {
+            message: format!("the device order is not executable: {e}"),
+        })?;
+        Ok(ordered)
+    }
+
+    /// Every device runs each of its replicas' schedules, in order, and nothing else.
+    fn check_schedules(&self, plan: &Plan) -> Result<()> {
         for (index, device) in plan.devices().into_iter().enumerate() {
             for (replica, ranks) in plan.replicas.iter().enumerate() {
                 let expected: &[usize] = match ranks.contains(&device.rank) {
@@ -95,66 +122,39 @@ impl DeviceOrder {
                 }
             }
         }
-        self.check_runs_to_end(plan)
-    }
-
-    /// Kahn's algorithm over the tasks `(pack, stage)`: a task waits for its predecessor on each
-    /// of its devices (a DP-Merge group's task is one task on all its members' devices) and for
-    /// its pipeline input.
-    fn check_runs_to_end(&self, plan: &Plan) -> Result<()> {
-        let pp = plan.pp();
-        let task = |pack: usize, stage: usize| pack * pp + stage;
-        let count = plan.packs.len() * pp;
-        let mut successors: Vec<Vec<usize>> = vec![Vec::new(); count];
-        let mut indegree = vec![0usize; count];
-        let mut edge = |from: usize, to: usize, successors: &mut Vec<Vec<usize>>| {
-            successors[from].push(to);
-            indegree[to] += 1;
-        };
-        for (index, device) in plan.devices().into_iter().enumerate() {
-            for pair in self.per_device[index].windows(2) {
-                edge(
-                    task(pair[0], device.stage),
-                    task(pair[1], device.stage),
-                    &mut successors,
-                );
-            }
-        }
-        for (pack, info) in plan.packs.iter().enumerate() {
-            for stage in 1..pp {
-                match info.direction {
-                    Direction::Forward => {
-                        edge(task(pack, stage - 1), task(pack, stage), &mut successors)
-                    }
-                    Direction::Backward => {
-                        edge(task(pack, stage), task(pack, stage - 1), &mut successors)
-                    }
-                }
-            }
-        }
-        let mut ready: VecDeque<usize> = (0..count).filter(|&t| indegree[t] == 0).collect();
-        let mut done = 0;
-        while let Some(next) = ready.pop_front() {
-            done += 1;
-            for &successor in &successors[next] {
-                indegree[successor] -= 1;
-                if indegree[successor] == 0 {
-                    ready.push_back(successor);
-                }
-            }
-        }
-        if done < count {
-            let stuck = (0..count)
-                .find(|&t| indegree[t] > 0)
-                .expect("an unfinished task");
-            return Err(CpuError::Schedule {
-                message: format!(
-                    "the device order deadlocks: {} on stage {} waits for itself",
-                    plan.packs[stuck / pp].name,
-                    stuck % pp
-                ),
-            });
-        }
         Ok(())
     }
+}
+
+/// `ops` with its pack tasks (the runs of consecutive ops on one pack) in the order `packs`,
+/// followed by its other ops; `None` unless `packs` lists every task exactly once.
+fn reorder(ops: &[Op], packs: &[usize]) -> Option<Vec<Op>> {
+    let mut tasks: HashMap<usize, &[Op]> = HashMap::new();
+    let mut rest = Vec::new();
+    let mut start = 0;
+    while start < ops.len() {
+        let Some(pack) = ops[start].pack() else {
+            rest.push(ops[start].clone());
+            start += 1;
+            continue;
+        };
+        let end = start
+            + ops[start..]
+                .iter()
+                .take_while(|op| op.pack() == Some(pack))
+                .count();
+        if tasks.insert(pack as usize, &ops[start..end]).is_some() {
+            return None;
+        }
+        start = end;
+    }
+    if packs.len() != tasks.len() {
+        return None;
+    }
+    let mut ordered = Vec::with_capacity(ops.len());
+    for pack in packs {
+        ordered.extend_from_slice(tasks.remove(pack)?);
+    }
+    ordered.extend(rest);
+    Some(ordered)
 }

@@ -1,6 +1,8 @@
 //! [`Plan`]: a scheduled step IR as the executor needs it — stages, replicas, packs with their
-//! slices in the core's terms, and each replica's per-stage schedule.
+//! slices in the core's terms, each replica's per-stage schedule, and the step's lowered
+//! program (replica-major, `slimpack_ir::program::lower`).
 
+use slimpack_ir::program::{self, Program};
 use slimpack_ir::step::{Direction, Phase, StepIr};
 
 use crate::cpu::batch::{Batch, SampleId, Slice};
@@ -37,6 +39,9 @@ pub struct Plan {
     pub schedules: Vec<Vec<Vec<usize>>>,
     /// Sample lengths in batch order.
     pub sample_lens: Vec<usize>,
+    /// The step's lowered program: replicas in IR order on every worker (see
+    /// [`super::DeviceOrder::program`] for other interleavings).
+    pub lowered: Program,
 }
 
 /// A device: one DP rank on one pipeline stage (one worker thread).
@@ -86,6 +91,7 @@ impl Plan {
                 .iter()
                 .map(|&s| ir.sample(s).len as usize)
                 .collect(),
+            lowered: program::lower(ir),
         };
         let mut numbers = [0usize; 2];
         let mut pack_index = std::collections::HashMap::new();
@@ -166,6 +172,56 @@ impl Plan {
     /// The batch's samples with seeded random tokens, one per token of each IR sample.
     pub fn synthetic_batch(&self, config: &ModelConfig, seed: u64) -> Result<Batch> {
         Batch::synthetic(config, &self.sample_lens, seed)
+    }
+
+    /// Checks that `program` is a program of this step — the same layout, and every pack with
+    /// the plan's direction, replica, DP ranks, slices and padding — and executable
+    /// ([`program::check`]).
+    pub fn check_program(&self, program: &Program) -> Result<()> {
+        let mismatch = |message: String| CpuError::Schedule {
+            message: format!("the program does not fit the step: {message}"),
+        };
+        if (program.pp as usize, program.dp as usize) != (self.pp(), self.dp) {
+            return Err(mismatch(format!(
+                "it has pp={} dp={}, the step pp={} dp={}",
+                program.pp,
+                program.dp,
+                self.pp(),
+                self.dp
+            )));
+        }
+        if program.packs.len() != self.packs.len() {
+            return Err(mismatch(format!(
+                "it has {} packs, the step {}",
+                program.packs.len(),
+                self.packs.len()
+            )));
+        }
+        for (layout, pack) in program.packs.iter().zip(&self.packs) {
+            let ranks: Vec<usize> = layout.dp_ranks.iter().map(|&r| r as usize).collect();
+            let slices = layout.slices.iter().map(|s| {
+                (
+                    s.sample as usize,
+                    s.start as usize,
+                    (s.end - s.start) as usize,
+                )
+            });
+            let tokens: usize = pack.slices.iter().map(|s| s.len).sum();
+            let fits = layout.direction == pack.direction
+                && layout.replica as usize == pack.replica
+                && ranks == self.replicas[pack.replica]
+                && slices.eq(pack.slices.iter().map(|s| (s.sample.0, s.start, s.len)))
+                && layout.padded_tokens as usize == tokens + pack.padding;
+            if !fits {
+                return Err(mismatch(format!(
+                    "its pack {} differs from the step's {}",
+                    layout.name, pack.name
+                )));
+            }
+        }
+        program::check(program).map_err(|e| CpuError::Schedule {
+            message: format!("the program is not executable: {e}"),
+        })
     }
 
     /// Every replica with packs has a complete schedule on every stage (the verifier's

@@ -4,6 +4,7 @@
 use serde::Serialize;
 use slimpack_ir::step::Direction;
 
+use crate::abi::Call;
 use crate::cpu::params::{Grads, Params};
 use crate::cpu::profile::OpTimes;
 
@@ -107,4 +108,30 @@ pub struct Execution {
     pub workers: Vec<WorkerReport>,
     /// Every pack task, by device, in the order it ran.
     pub tasks: Vec<TaskRecord>,
+    /// Per device, the C ABI calls (program ops) it executed, in order.
+    pub trace: Vec<Vec<Call>>,
+}
+
+impl Execution {
+    /// Ops executed, over all devices.
+    pub fn trace_ops(&self) -> usize {
+        self.trace.iter().map(Vec::len).sum()
+    }
+
+    /// A 64-bit FNV-1a hash of the trace (device by device, call by call), as 16 hex digits:
+    /// equal traces hash equal in every build and on every machine.
+    pub fn trace_hash(&self) -> String {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for (device, calls) in self.trace.iter().enumerate() {
+            let mut text = format!("device {device}\n");
+            for call in calls {
+                text.push_str(&format!("{call:?}\n"));
+            }
+            for byte in text.bytes() {
+                hash ^= u64::from(byte);
+                hash = hash.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+        format!("{hash:016x}")
+    }
 }

@@ -1,7 +1,7 @@
-//! The end of a step on every worker: the tied embedding's gradient summed between the
-//! pipeline's ends, the data-parallel gradient reduce-scatter, AdamW over this rank's shard
-//! (ZeRO stage 1, as the simulator's memory model assumes), and the all-gather of the updated
-//! weights. Every sum runs in rank order, so results are bit-identical on every rank and from
+//! The end of a step on every worker, the program's last three ops: `reduce-scatter` (the tied
+//! embedding's gradient summed between the pipeline's ends, then the data-parallel gradient
+//! reduce-scatter), `optimizer` (AdamW over this rank's shard: ZeRO stage 1, as the simulator's
+//! memory model assumes) and `all-gather` (of the updated weights). Every sum runs in rank order, so results are bit-identical on every rank and from
 //! run to run.
 
 use std::ops::Range;
@@ -61,27 +61,43 @@ pub struct Sync<'a> {
 }
 
 impl Sync<'_> {
-    /// Runs the end of the step: returns this rank's shard of the summed gradients.
-    pub fn run(
+    /// The `reduce-scatter` op: sums the tied embedding's copies between the pipeline's ends,
+    /// then every rank's gradients over this rank's shard (`range`); returns the shard.
+    pub fn reduce_scatter_op(
         &self,
-        params: &mut Params,
         mut grads: Grads,
-        optimizer: &mut ShardedAdamW,
+        range: Range<usize>,
         times: &mut SyncTimes,
     ) -> Result<Vec<f32>> {
         let clock = Instant::now();
         self.sum_tied(&mut grads)?;
         times.tied_embedding_s = clock.elapsed().as_secs_f64();
         let clock = Instant::now();
-        let shard = self.reduce_scatter(grads, optimizer.range())?;
+        let shard = self.reduce_scatter(grads, range)?;
         times.grad_reduce_scatter_s = clock.elapsed().as_secs_f64();
+        Ok(shard)
+    }
+
+    /// The `optimizer` op: AdamW over this rank's shard of the summed gradients.
+    pub fn optimizer_op(
+        &self,
+        params: &mut Params,
+        optimizer: &mut ShardedAdamW,
+        shard: &[f32],
+        times: &mut SyncTimes,
+    ) -> Result<()> {
         let clock = Instant::now();
-        optimizer.step(params, &shard)?;
+        optimizer.step(params, shard)?;
         times.optimizer_s = clock.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// The `all-gather` op: every rank's updated shard into `params`.
+    pub fn all_gather_op(&self, params: &mut Params, times: &mut SyncTimes) -> Result<()> {
         let clock = Instant::now();
         self.all_gather(params)?;
         times.param_all_gather_s = clock.elapsed().as_secs_f64();
-        Ok(shard)
+        Ok(())
     }
 
     /// Sums the tied embedding's two copies (first stage's lookup table, last stage's output
