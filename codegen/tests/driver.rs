@@ -6,7 +6,7 @@
 mod common;
 
 use common::{program, SCHEDULES};
-use slimpack_codegen::llvm::driver::{run_step, write_object};
+use slimpack_codegen::llvm::driver::{run_step, with_run_device, write_object};
 use slimpack_codegen::mlir::emit_llvm_ir;
 use slimpack_runtime::abi::{self, Call};
 
@@ -30,6 +30,40 @@ fn compiled_driver_makes_the_interpreters_calls() {
                 .any(|call| matches!(call, Call::Forward { .. })),
             "{name}: no forward call recorded"
         );
+    }
+}
+
+/// What a runtime's worker threads do: each calls `slimpack_run_device(its index)` on its own
+/// thread, and makes exactly its worker's interpreted calls.
+#[test]
+fn each_device_entry_makes_its_workers_calls_on_its_own_thread() {
+    for name in SCHEDULES {
+        let program = program(name);
+        let llvm_ir = emit_llvm_ir(&program).unwrap();
+        let per_thread = with_run_device(&llvm_ir, &abi::symbols(), |run_device| {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..program.workers.len())
+                    .map(|index| {
+                        // SAFETY: the JIT-compiled entry point lives while the closure runs.
+                        scope.spawn(move || abi::record(|| unsafe { run_device(index as i64) }).1)
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap())
+                    .collect::<Vec<_>>()
+            })
+        })
+        .unwrap();
+        for (worker, compiled) in program.workers.iter().zip(per_thread) {
+            let ((), interpreted) = abi::record(|| abi::interpret_worker(worker));
+            assert!(
+                !interpreted.is_empty(),
+                "{name}: worker {:?} has no ops",
+                worker.worker
+            );
+            assert_eq!(compiled, interpreted, "{name}: worker {:?}", worker.worker);
+        }
     }
 }
 

@@ -4,8 +4,9 @@
 //!
 //! The driver calls the runtime's C ABI (`slimpack_rt_*`); [`run_step`] resolves those calls to
 //! the addresses its caller passes (the runtime's `abi::symbols()`), so codegen needs no
-//! dependency on the runtime. Entry points: `slimpack_run_step()` (every device in worker order)
-//! and `slimpack_run_device(index)`.
+//! dependency on the runtime. Entry points: `slimpack_run_step()` (every device in worker order,
+//! [`run_step`]) and `slimpack_run_device(index)` ([`with_run_device`], which a runtime calls on
+//! each worker's thread).
 
 use std::path::Path;
 
@@ -44,6 +45,38 @@ pub fn parse_and_verify<'ctx>(
 /// Compiles the driver with a JIT and calls `slimpack_run_step()` once; `runtime_symbols` maps
 /// each `slimpack_rt_*` function the driver declares to its address.
 pub fn run_step(llvm_ir: &str, runtime_symbols: &[(&str, usize)]) -> Result<(), CodegenError> {
+    with_entry(llvm_ir, runtime_symbols, "slimpack_run_step", |address| {
+        // SAFETY: the driver's `slimpack_run_step` takes no arguments and returns nothing (the
+        // lowering writes it so), and every function it calls is mapped.
+        let step: unsafe extern "C" fn() = unsafe { std::mem::transmute(address) };
+        unsafe { step() }
+    })
+}
+
+/// Compiles the driver with a JIT and hands `body` its `slimpack_run_device(index)` entry
+/// point, which stays valid while `body` runs: a runtime calls it on each worker's thread (the
+/// compiled code only calls the C ABI functions of `runtime_symbols`, so any thread may).
+pub fn with_run_device<R>(
+    llvm_ir: &str,
+    runtime_symbols: &[(&str, usize)],
+    body: impl FnOnce(unsafe extern "C" fn(i64)) -> R,
+) -> Result<R, CodegenError> {
+    with_entry(llvm_ir, runtime_symbols, "slimpack_run_device", |address| {
+        // SAFETY: the lowering writes `slimpack_run_device(index)`; `index` is an i64 on the
+        // 64-bit hosts LLVM's JIT runs on here.
+        let run_device: unsafe extern "C" fn(i64) = unsafe { std::mem::transmute(address) };
+        body(run_device)
+    })
+}
+
+/// JIT-compiles the driver, maps its runtime calls to `runtime_symbols`, and runs `body` with
+/// the address of its function `entry` while the compiled code lives.
+fn with_entry<R>(
+    llvm_ir: &str,
+    runtime_symbols: &[(&str, usize)],
+    entry: &str,
+    body: impl FnOnce(usize) -> R,
+) -> Result<R, CodegenError> {
     Target::initialize_native(&InitializationConfig::default())
         .map_err(|e| llvm_error("native target", e))?;
     let context = Context::create();
@@ -63,15 +96,10 @@ pub fn run_step(llvm_ir: &str, runtime_symbols: &[(&str, usize)]) -> Result<(), 
             .ok_or_else(|| llvm_error("JIT", format!("no address given for {name}")))?;
         engine.add_global_mapping(&function, address);
     }
-    // SAFETY: the driver's `slimpack_run_step` takes no arguments and returns nothing (the
-    // lowering writes it so), and every function it calls is mapped above.
-    unsafe {
-        let step = engine
-            .get_function::<unsafe extern "C" fn()>("slimpack_run_step")
-            .map_err(|e| llvm_error("JIT", e))?;
-        step.call();
-    }
-    Ok(())
+    let address = engine
+        .get_function_address(entry)
+        .map_err(|e| llvm_error("JIT", format!("{entry}: {e}")))?;
+    Ok(body(address))
 }
 
 /// A target machine for this host (position-independent, so the object links into anything).
