@@ -2,11 +2,14 @@
 //! backend, and set what it measured beside what the simulator predicted; with
 //! `--check-reference`, compare the loss and every gradient with the unsliced reference step.
 //!
-//! The step runs as compiled: one worker per (DP rank, stage), packs in their schedule order
-//! (see `slimpack_runtime::cpu::exec`). Devices that a plain replica and a DP-Merge group share
-//! interleave the two as the simulator predicted (`--interleave simulated`, the default), so
-//! that measurement and prediction describe the same execution. Token ids are seeded random
-//! (`--token-seed`); the weights come from `--init-seed`.
+//! The step runs as compiled: as its lowered program, one worker per (DP rank, stage) running
+//! its op list (see `slimpack_runtime::cpu::exec`), driven through the runtime's C ABI by the
+//! interpreter or, with `--driver compiled`, by the program compiled through MLIR and LLVM IR to
+//! native code (JIT; needs the `mlir` and `llvm` features). Devices that a plain replica and a
+//! DP-Merge group share interleave the two as the simulator predicted (`--interleave simulated`,
+//! the default), so that measurement and prediction describe the same execution. The step comes
+//! from a strategy, a pass pipeline, an IR file or a schedule JSON (`compile --emit json`).
+//! Token ids are seeded random (`--token-seed`); the weights come from `--init-seed`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,12 +23,14 @@ use slimpack_ir::cost::{
     causal_pairs, CostModel, OpKind, Traffic, BACKWARD_ATTENTION_FACTOR, BACKWARD_LINEAR_FACTOR,
     EMBEDDING_KERNELS, HEAD_KERNELS, KERNELS_PER_LAYER_BACKWARD, KERNELS_PER_LAYER_FORWARD,
 };
+use slimpack_ir::program::Program;
 use slimpack_ir::spec::Recompute;
 use slimpack_ir::step::Direction;
 use slimpack_ir::{text, Spec, StepIr};
 use slimpack_passes::strategy::{self, Choices, StrategyState};
 use slimpack_runtime::cpu::exec::{
-    check_reference, execute, DeviceOrder, Execution, Plan, ReferenceCheck, SyncTimes, TaskRecord,
+    check_reference, execute_program, DeviceOrder, Driver, Execution, Plan, ReferenceCheck,
+    SyncTimes, TaskRecord,
 };
 use slimpack_runtime::cpu::profile::OpTimes;
 use slimpack_runtime::cpu::{AdamWConfig, ModelConfig, Params};
@@ -51,6 +56,14 @@ pub enum Interleave {
     ReplicaMajor,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DriverKind {
+    /// The runtime's interpreter walks each worker's ops.
+    Interpreted,
+    /// The program compiled (MLIR, LLVM IR, JIT) calls each worker's ops (features mlir, llvm).
+    Compiled,
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// Backend to execute on: cpu, or cuda (where built with it).
@@ -63,6 +76,12 @@ pub struct RunArgs {
     /// Run this scheduled step IR as is (its own spec) instead of compiling one.
     #[arg(long, value_name = "FILE.sir", conflicts_with_all = ["strategy", "passes"])]
     ir: Option<PathBuf>,
+    /// Run this schedule JSON (`compile --emit json`; its own spec) instead of compiling one.
+    #[arg(long, value_name = "FILE.json", conflicts_with_all = ["ir", "strategy", "passes"])]
+    schedule: Option<PathBuf>,
+    /// What drives each worker's ops: the interpreter, or the program compiled to native code.
+    #[arg(long, value_enum, default_value = "interpreted")]
+    driver: DriverKind,
     /// Compile with this strategy (slimpack, an ablation such as slimpack-no-eqsat, or a peer).
     #[arg(long, value_name = "NAME", conflicts_with = "passes")]
     strategy: Option<String>,
@@ -320,6 +339,12 @@ pub(crate) struct RunReport {
     /// Where the workers' pack time went, summed over workers.
     pub(crate) ops: OpTimes,
     pub(crate) calibrated: bool,
+    /// What drove the workers' ops: `interpreted` or `compiled`.
+    pub(crate) driver: &'static str,
+    /// Ops the workers executed (the fastest run's trace).
+    pub(crate) trace_ops: usize,
+    /// The trace's FNV-1a hash: equal for equal per-worker op sequences, whatever the driver.
+    pub(crate) trace_hash: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     tasks: Option<Vec<TaskComparison>>,
 }
@@ -339,6 +364,9 @@ pub(crate) fn measure(args: RunArgs) -> anyhow::Result<RunReport> {
     if args.backend == Backend::Cuda {
         bail!(cuda_unavailable());
     }
+    if args.driver == DriverKind::Compiled && !COMPILED_DRIVER {
+        bail!(compiled_driver_unavailable());
+    }
     let (ir, schedule) = step(&args)?;
     let config = ModelConfig::from_spec(&ir.spec.model).context("--backend cpu")?;
     if ir.spec.model.recompute != Recompute::None {
@@ -357,24 +385,31 @@ pub(crate) fn measure(args: RunArgs) -> anyhow::Result<RunReport> {
             DeviceOrder::by_start_times(&plan, |pack, stage| starts.get(&(pack, stage)).copied())?
         }
     };
+    let program = order.program(&plan)?;
     let batch = plan.synthetic_batch(&config, args.token_seed)?;
     let params = Params::init(&config, args.init_seed);
     let adamw = AdamWConfig::default();
-    let mut runs_s = Vec::with_capacity(args.repeat.max(1));
-    let mut off_core = Vec::with_capacity(args.repeat.max(1));
-    let mut fastest: Option<Execution> = None;
-    for _ in 0..args.repeat.max(1) {
-        let execution = execute(&plan, &order, &batch, &params, adamw)?;
-        runs_s.push(execution.step_time_s);
-        off_core.push(off_core_share(&execution));
-        if fastest
-            .as_ref()
-            .is_none_or(|f| execution.step_time_s < f.step_time_s)
-        {
-            fastest = Some(execution);
+    let runs = |driver: &Driver| -> anyhow::Result<(Execution, Vec<f64>, Vec<f64>)> {
+        let mut runs_s = Vec::with_capacity(args.repeat.max(1));
+        let mut off_core = Vec::with_capacity(args.repeat.max(1));
+        let mut fastest: Option<Execution> = None;
+        for _ in 0..args.repeat.max(1) {
+            let execution = execute_program(&plan, &program, driver, &batch, &params, adamw)?;
+            runs_s.push(execution.step_time_s);
+            off_core.push(off_core_share(&execution));
+            if fastest
+                .as_ref()
+                .is_none_or(|f| execution.step_time_s < f.step_time_s)
+            {
+                fastest = Some(execution);
+            }
         }
-    }
-    let execution = fastest.expect("at least one run");
+        Ok((fastest.expect("at least one run"), runs_s, off_core))
+    };
+    let (execution, runs_s, off_core) = match args.driver {
+        DriverKind::Interpreted => runs(&Driver::Interpreted)?,
+        DriverKind::Compiled => with_compiled_driver(&program, runs)??,
+    };
     let check = match args.check_reference {
         true => Some(check_reference(&execution, &params, &batch, adamw)?),
         false => None,
@@ -382,6 +417,10 @@ pub(crate) fn measure(args: RunArgs) -> anyhow::Result<RunReport> {
     let mut report = compare(
         &ir, &plan, schedule, &execution, check, &simulated, &cost, calibrated, args.tasks,
     );
+    report.driver = match args.driver {
+        DriverKind::Interpreted => "interpreted",
+        DriverKind::Compiled => "compiled",
+    };
     report.step_time_median_s = median(&runs_s);
     report.step_time_runs_s = runs_s;
     report.off_core_share_runs = off_core;
@@ -410,6 +449,36 @@ pub(crate) fn median(values: &[f64]) -> f64 {
     }
 }
 
+/// Whether this build has the compiled driver (the MLIR and LLVM backends).
+const COMPILED_DRIVER: bool = cfg!(all(feature = "mlir", feature = "llvm"));
+
+fn compiled_driver_unavailable() -> &'static str {
+    "--driver compiled: not available in this build (slimpack was compiled without the `mlir` and `llvm` features; rebuild with --features mlir,llvm)"
+}
+
+/// Compiles `program` to native code (MLIR, LLVM IR, JIT) and runs `body` with its driver.
+#[cfg(all(feature = "mlir", feature = "llvm"))]
+fn with_compiled_driver<R>(
+    program: &Program,
+    body: impl FnOnce(&Driver) -> R,
+) -> anyhow::Result<R> {
+    use slimpack_runtime::cpu::exec::CompiledDriver;
+    let llvm_ir = slimpack_codegen::mlir::emit_llvm_ir(program).context("--driver compiled")?;
+    let symbols = slimpack_runtime::abi::symbols();
+    let result = slimpack_codegen::llvm::driver::with_run_device(&llvm_ir, &symbols, |entry| {
+        // SAFETY: the JIT keeps `entry` (the program's `slimpack_run_device`, which only calls
+        // the runtime's C ABI) alive while `body` runs its executions.
+        let driver = Driver::Compiled(unsafe { CompiledDriver::new(entry) });
+        body(&driver)
+    });
+    result.context("--driver compiled")
+}
+
+#[cfg(not(all(feature = "mlir", feature = "llvm")))]
+fn with_compiled_driver<R>(_: &Program, _: impl FnOnce(&Driver) -> R) -> anyhow::Result<R> {
+    bail!(compiled_driver_unavailable())
+}
+
 /// What `--backend cuda` says in this build.
 fn cuda_unavailable() -> String {
     if cfg!(feature = "cuda") {
@@ -427,6 +496,16 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
         let ir = text::parse(&source, &path.display().to_string())?;
         slimpack_ir::verify::verify(&ir)?;
         return Ok((ir, format!("ir {}", path.display())));
+    }
+    if let Some(path) = &args.schedule {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let document = slimpack_codegen::schedule_json::parse(&source)
+            .with_context(|| format!("{}", path.display()))?;
+        let ir = slimpack_codegen::schedule_json::to_ir(&document)
+            .with_context(|| format!("{}", path.display()))?;
+        slimpack_ir::verify::verify(&ir).with_context(|| format!("{}", path.display()))?;
+        return Ok((ir, format!("schedule {}", path.display())));
     }
     let job = args.spec.job()?;
     let batch = job.batch(&args.batch)?;
@@ -451,7 +530,9 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
             let compiled = compile(&job.spec, &batch, &options, &mut std::io::stderr())?;
             Ok((compiled.ir, format!("passes {pipeline}")))
         }
-        (None, None) => bail!("give --strategy NAME, --passes PIPELINE or --ir FILE.sir"),
+        (None, None) => {
+            bail!("give --strategy NAME, --passes PIPELINE, --ir FILE.sir or --schedule FILE.json")
+        }
     }
 }
 
@@ -585,6 +666,9 @@ fn compare(
         memory_terms,
         ops,
         calibrated,
+        driver: "interpreted",
+        trace_ops: execution.trace_ops(),
+        trace_hash: execution.trace_hash(),
         tasks: with_tasks.then_some(comparisons),
     }
 }
@@ -678,6 +762,10 @@ fn print_text(report: &RunReport) {
             report.worst_grad_tensor.as_deref().unwrap_or("")
         );
     }
+    eprintln!(
+        "  {} driver: {} ops executed, trace {}",
+        report.driver, report.trace_ops, report.trace_hash
+    );
     if let Some(peaks) = &report.peak_memory_bytes {
         let worst = peaks.iter().copied().max().unwrap_or(0);
         let predicted = report
