@@ -414,13 +414,13 @@ pub(crate) fn measure(args: RunArgs) -> anyhow::Result<RunReport> {
         true => Some(check_reference(&execution, &params, &batch, adamw)?),
         false => None,
     };
-    let mut report = compare(
-        &ir, &plan, schedule, &execution, check, &simulated, &cost, calibrated, args.tasks,
-    );
-    report.driver = match args.driver {
+    let driver = match args.driver {
         DriverKind::Interpreted => "interpreted",
         DriverKind::Compiled => "compiled",
     };
+    let mut report = compare(
+        &ir, &plan, schedule, driver, &execution, check, &simulated, &cost, calibrated, args.tasks,
+    );
     report.step_time_median_s = median(&runs_s);
     report.step_time_runs_s = runs_s;
     report.off_core_share_runs = off_core;
@@ -565,6 +565,7 @@ fn compare(
     ir: &StepIr,
     plan: &Plan,
     schedule: String,
+    driver: &'static str,
     execution: &Execution,
     check: Option<ReferenceCheck>,
     simulated: &SimResult,
@@ -666,7 +667,7 @@ fn compare(
         memory_terms,
         ops,
         calibrated,
-        driver: "interpreted",
+        driver,
         trace_ops: execution.trace_ops(),
         trace_hash: execution.trace_hash(),
         tasks: with_tasks.then_some(comparisons),
