@@ -54,16 +54,18 @@
 //!   the final norm's input, output and inverse RMS and the softmax: `4 · (2h + 1 + v)`;
 //! - K/V and dK/dV accumulators: fp32, as above (the cache holds exactly the rows in flight);
 //! - temporaries ([`CpuTemporaries`]): the received input (hidden states or their gradients,
-//!   `4h`); in the forward, the last layer's keys and values with its output (`2kv + h`) or, on a
-//!   stage that sends, the output and its per-slice copies (`2h`); in the backward, the largest
-//!   of the layer backward's live gradients: after the MLP block `dy`, dSwiGLU, dgate, dup,
-//!   dnormed, dmid and dattn (`3h + 3f + q`, less the head's saved tensors on the last stage,
-//!   freed first), or
-//!   around the attention (`4h + 2q + 2kv`); the pack's positions (8 B per token); and while a
-//!   sample's last slice runs its backward, that slice's own dK/dV rows
-//!   ([`MemoryModel::own_kv_grad_bytes`]: the runtime accumulates into every position's rows);
-//! - workspace: the packing buffers of one `matrixmultiply` GEMM (one runs at a time per worker):
-//!   `min(k, 256) · (min(m, 64) + min(n, 1024))` floats, the largest over the model's GEMMs.
+//!   `4h`) and the pack's positions (8 B per token) through the task; and the highest of the
+//!   instants at which the runtime allocates, from the order in which `forward.rs`, `layer.rs`,
+//!   `head.rs` and `backward.rs` allocate and drop their tensors: each instant's live tensors
+//!   (per token, counted above what the task keeps: in the forward the last layer's K and V and
+//!   its output, less the saved tensors not allocated yet; in the backward `dy` and the layer's
+//!   gradients so far, less the head's saved tensors, freed first on the last stage) plus the
+//!   packing buffers of the GEMM running then — `matrixmultiply` packs `min(k, 256) ·
+//!   (min(m, 64) + min(n, 1024))` floats per product, so small packs peak at a wide GEMM and
+//!   large ones at the most live tensors; and while a sample's last slice runs its backward,
+//!   that slice's own dK/dV rows ([`MemoryModel::own_kv_grad_bytes`]: the runtime accumulates
+//!   into every position's rows);
+//! - no workspace: every buffer the runtime allocates is one of the above.
 
 use crate::spec::{Dtype, ModelSpec, Recompute, Spec};
 use crate::step::Direction;
@@ -121,73 +123,127 @@ pub struct MemoryModel {
     capacity: u64,
 }
 
-/// Transient bytes per token of a pack on the CPU runtime, above what the task keeps (see the
-/// module comment): by direction, and for the first and last stage.
+/// One dimension of a GEMM the CPU runtime runs: the pack's token rows, or a fixed width.
 #[derive(Debug, Clone, Copy, PartialEq)]
+enum Dim {
+    Rows,
+    Width(u64),
+}
+
+/// An instant of a pack's run on the CPU runtime: floats per token live above what the task
+/// keeps when it ends (negative while some of its saved tensors are not allocated yet), and the
+/// GEMM running then (`m × k` by `k × n`), whose packing buffers are live too.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Moment {
+    floats_per_token: i64,
+    gemm: Option<[Dim; 3]>,
+}
+
+/// The CPU runtime's transient memory of a pack, instant by instant (see the module comment):
+/// the largest instant is the pack's temporary.
+#[derive(Debug, Clone, PartialEq)]
 pub struct CpuTemporaries {
-    /// The received hidden states (forward, every stage but the first) or their gradients
-    /// (backward, every stage but the last).
-    pub input: u64,
-    /// Forward, after the last layer: keys, values and the output on a stage that sends
-    /// (above its saved tensors), or the output and its per-slice copies.
-    pub forward_sending: u64,
-    /// The same on the last stage: keys and values, less the head's tensors not saved yet.
-    pub forward_last: u64,
-    /// Backward: the largest set of live gradients of a layer (not on the last stage).
-    pub backward_layer: u64,
-    /// The same on the last stage: the head's saved tensors are freed before the layers.
-    pub backward_layer_last: u64,
-    /// Per token for the pack's positions.
-    pub positions: u64,
+    /// Floats per token of the received input: hidden states (forward, every stage but the
+    /// first) or their gradients (backward, every stage but the last), held through the task.
+    input: i64,
+    /// By direction (forward, backward), then for a middle and the last stage.
+    moments: [[Vec<Moment>; 2]; 2],
 }
 
 impl CpuTemporaries {
+    /// The instants that can be a pack's highest, from the order in which `forward.rs`,
+    /// `layer.rs`, `head.rs` and `backward.rs` allocate and drop: in the forward, the last
+    /// layer's (every earlier layer's tensors are saved by then) and the head's or the send's;
+    /// in the backward, the first layer's (later ones run after its saved tensors are freed)
+    /// and the head's.
     fn new(model: &ModelSpec) -> CpuTemporaries {
-        const F: i64 = 4;
-        let (h, q, kv, f) = (
+        let (h, q, kv, f, v, heads) = (
             i64::from(model.hidden),
             model.q_width() as i64,
             model.kv_width() as i64,
             i64::from(model.ffn),
+            i64::from(model.vocab),
+            i64::from(model.heads),
         );
-        let head_saved = 2 * h + 1 + i64::from(model.vocab);
-        let head_moment = 2 * h;
-        let after_mlp = 3 * h + 3 * f + q;
-        let around_attention = 4 * h + 2 * q + 2 * kv;
-        let layer = after_mlp.max(around_attention);
-        let bytes = |floats: i64| (F * floats.max(0)) as u64;
+        let w = |x: i64| Dim::Width(x as u64);
+        let r = Dim::Rows;
+        let at = |floats_per_token: i64, gemm: Option<[Dim; 3]>| Moment {
+            floats_per_token,
+            gemm,
+        };
+        let head = 2 * h + 1 + v;
+        // Forward, last layer: the saved tensors not allocated yet, and K, V (2kv) live.
+        let unsaved = q + heads + 2 * h + 1 + 3 * f;
+        let layer_forward = |extra: i64| {
+            vec![
+                at(extra - unsaved, Some([r, w(h), w(q)])),
+                at(extra + kv - unsaved, Some([r, w(h), w(kv)])),
+                at(extra + 2 * kv - unsaved, Some([r, w(h), w(kv)])),
+                at(extra + 2 * kv - (h + 1 + 3 * f), Some([r, w(q), w(h)])),
+                at(extra + 2 * kv - 2 * f, Some([r, w(h), w(f)])),
+                at(extra + 2 * kv - f, Some([r, w(h), w(f)])),
+            ]
+        };
+        let mut forward_middle = layer_forward(0);
+        forward_middle.extend([at(2 * kv + h, Some([r, w(f), w(h)])), at(2 * h, None)]);
+        let mut forward_last = layer_forward(-head);
+        forward_last.extend([
+            at(2 * kv - (h + 1 + v), Some([r, w(f), w(h)])),
+            at(0, Some([r, w(h), w(v)])),
+        ]);
+        // Backward, first layer: `dy` and the gradients alive at each GEMM.
+        let layer_backward = |dy: i64| {
+            vec![
+                at(dy, Some([w(f), r, w(h)])),
+                at(dy + f, Some([r, w(h), w(f)])),
+                at(dy + 3 * f, Some([w(h), r, w(f)])),
+                at(dy + 3 * f + h, Some([r, w(f), w(h)])),
+                at(dy + 3 * f + 2 * h, Some([w(q), r, w(h)])),
+                at(dy + 3 * f + 2 * h + q, Some([r, w(h), w(q)])),
+                at(dy + h + 2 * q + 2 * kv, Some([w(h), r, w(q)])),
+                at(dy + 2 * h + 2 * q + 2 * kv, Some([r, w(q), w(h)])),
+                at(dy + 3 * h + 2 * q + 2 * kv, None),
+            ]
+        };
+        let backward_middle = layer_backward(h);
+        let mut backward_last = layer_backward(h - head);
+        backward_last.extend([
+            at(0, Some([w(v), r, w(h)])),
+            at(h, Some([r, w(v), w(h)])),
+            at(2 * h, None),
+        ]);
         CpuTemporaries {
-            input: bytes(h),
-            forward_sending: bytes((2 * kv + h).max(2 * h)),
-            forward_last: bytes(2 * kv + h - head_saved),
-            backward_layer: bytes(layer),
-            backward_layer_last: bytes(head_moment.max(layer - head_saved)),
-            positions: CPU_POSITION_BYTES,
+            input: h,
+            moments: [
+                [forward_middle, forward_last],
+                [backward_middle, backward_last],
+            ],
         }
     }
 
-    /// Transient bytes per token of a pack on a stage.
-    fn per_token(&self, direction: Direction, first: bool, last: bool) -> u64 {
-        let mut bytes = self.positions;
-        match direction {
-            Direction::Forward => {
-                bytes += if first { 0 } else { self.input };
-                bytes += if last {
-                    self.forward_last
-                } else {
-                    self.forward_sending
-                };
-            }
-            Direction::Backward => {
-                bytes += if last { 0 } else { self.input };
-                bytes += if last {
-                    self.backward_layer_last
-                } else {
-                    self.backward_layer
-                };
-            }
-        }
-        bytes
+    /// Transient bytes of a pack of `rows` token rows on a stage.
+    fn bytes(&self, rows: u64, direction: Direction, first: bool, last: bool) -> u64 {
+        let (index, input) = match direction {
+            Direction::Forward => (0, !first),
+            Direction::Backward => (1, !last),
+        };
+        let dim = |d: Dim| match d {
+            Dim::Rows => rows,
+            Dim::Width(width) => width,
+        };
+        let highest = self.moments[index][usize::from(last)]
+            .iter()
+            .map(|moment| {
+                let gemm = moment
+                    .gemm
+                    .map_or(0, |[m, k, n]| gemm_packing_floats(dim(m), dim(k), dim(n)));
+                4 * (moment.floats_per_token * rows as i64 + gemm as i64)
+            })
+            .max()
+            .unwrap_or(0)
+            .max(0) as u64;
+        let input = if input { 4 * self.input as u64 } else { 0 };
+        highest + rows * (input + CPU_POSITION_BYTES)
     }
 }
 
@@ -197,39 +253,6 @@ fn gemm_packing_floats(m: u64, k: u64, n: u64) -> u64 {
     let (kc, mc, nc) = CPU_GEMM_BLOCKING;
     let round = |x: u64| x.div_ceil(8) * 8;
     k.min(kc) * (round(m.min(mc)) + round(n.min(nc)))
-}
-
-/// The CPU runtime's workspace: the largest packing buffers of any GEMM the runtime runs, for
-/// packs of at least [`CPU_GEMM_BLOCKING`]'s `KC` tokens: per projection `in → out`, the forward
-/// `x · W` (`rows × in` by `in × out`), the input gradient `dy · Wᵀ` and the weight gradient
-/// `xᵀ · dy` (`in × rows` by `rows × out`); the logits, their input gradient and the output
-/// layer's gradient `dlogitsᵀ · x` (`v × rows` by `rows × h`); attention's per-block products
-/// are smaller for every preset's head size.
-fn cpu_workspace_bytes(model: &ModelSpec) -> u64 {
-    let rows = CPU_GEMM_BLOCKING.0;
-    let (h, q, kv, f, v) = (
-        u64::from(model.hidden),
-        model.q_width(),
-        model.kv_width(),
-        u64::from(model.ffn),
-        u64::from(model.vocab),
-    );
-    let projections = [(h, q), (h, kv), (q, h), (h, f), (f, h)];
-    let mut floats = [
-        gemm_packing_floats(rows, h, v),
-        gemm_packing_floats(rows, v, h),
-        gemm_packing_floats(v, rows, h),
-    ]
-    .into_iter()
-    .max()
-    .unwrap_or(0);
-    for (input, output) in projections {
-        floats = floats
-            .max(gemm_packing_floats(rows, input, output))
-            .max(gemm_packing_floats(rows, output, input))
-            .max(gemm_packing_floats(input, rows, output));
-    }
-    4 * floats
 }
 
 impl MemoryModel {
@@ -258,7 +281,7 @@ impl MemoryModel {
         };
         let cpu = DeviceKind::of(&spec.cluster.gpu) == DeviceKind::Cpu;
         let workspace = match cpu {
-            true => cpu_workspace_bytes(model),
+            true => 0,
             false => GPU_WORKSPACE_BYTES,
         };
         // The CPU runtime also saves both norms' inverse RMS (fp32) per layer, and the final
@@ -344,8 +367,7 @@ impl MemoryModel {
     /// `direction` (freed when the pack finishes).
     pub fn temporary_bytes(&self, pack_tokens: u64, stage: u32, direction: Direction) -> u64 {
         if let Some(cpu) = &self.cpu_temporaries {
-            let per_token = cpu.per_token(direction, stage == 0, self.is_last(stage));
-            return self.per_device(pack_tokens * per_token);
+            return cpu.bytes(pack_tokens, direction, stage == 0, self.is_last(stage));
         }
         let gathered = pack_tokens * self.hidden_row;
         let mut sharded_per_token = self.rematerialised_per_token;
@@ -496,25 +518,28 @@ mod tests {
     fn cpu_runtime_temporaries_of_tiny_by_hand() {
         let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=1").unwrap();
         let memory = MemoryModel::new(&spec);
-        // h 128, q 128, kv 64, f 352, v 512. Forward, stage 0: positions 8 B + K, V and the
-        // output, or the output and its copies: 4 · max(2 · 64 + 128, 2 · 128) = 1024 B.
-        assert_eq!(memory.temporary_bytes(10, 0, Direction::Forward), 10 * 1032);
-        // Last stage: the input (512 B); K and V are less than the head's unsaved tensors.
-        assert_eq!(memory.temporary_bytes(10, 1, Direction::Forward), 10 * 520);
-        // Backward, stage 0: input 512 B + 4 · (3 · 128 + 3 · 352 + 128) = 6272 B.
+        // h 128, q 128, kv 64, f 352, v 512. Forward, stage 0, 1000 tokens: the down
+        // projection of the last layer with K, V and its output live (2 · 64 + 128 floats per
+        // token) and the GEMM's 256 x (64 + 128) packed floats; positions 8 B per token.
+        let forward = 4 * (256 * 1000 + 256 * 192) + 8 * 1000;
+        assert_eq!(memory.temporary_bytes(1000, 0, Direction::Forward), forward);
+        // 10 tokens: the up projection's GEMM (128 x (16 + 352) packed floats) is higher, with
+        // K and V live and SwiGLU's output not allocated yet (2 · 64 − 352 floats per token).
+        let small = (4 * (-224i64 * 10 + 128 * 368) + 8 * 10) as u64;
+        assert_eq!(memory.temporary_bytes(10, 0, Direction::Forward), small);
+        // Backward, stage 0: dy, dSwiGLU, dgate, dup, dnormed, dmid and dattn (1568 floats)
+        // while dattn's GEMM packs 128 x (64 + 128) floats; plus the input and positions.
+        let backward = 4 * (1568 * 1000 + 128 * 192) + (512 + 8) * 1000;
         assert_eq!(
-            memory.temporary_bytes(10, 0, Direction::Backward),
-            10 * 6792
+            memory.temporary_bytes(1000, 0, Direction::Backward),
+            backward
         );
-        // Last stage: the head's 4 · (2 · 128 + 1 + 512) B are freed before the layers.
-        assert_eq!(
-            memory.temporary_bytes(10, 1, Direction::Backward),
-            10 * (8 + 6272 - 3076)
-        );
-        // Saved: 4 · (4 · 128 + 2 + 2 · 128 + 4 + 3 · 352) = 7320 B per token per layer.
+        // Saved: 4 · (4 · 128 + 2 + 2 · 128 + 4 + 3 · 352) = 7320 B per token per layer, and
+        // the head's 4 · (2 · 128 + 1 + 512) = 3076 B.
         assert_eq!(memory.activation_bytes(10, 0), 10 * 2 * 7320);
         assert_eq!(memory.activation_bytes(10, 1), 10 * (2 * 7320 + 3076));
         assert_eq!(memory.own_kv_grad_bytes(10, 0), memory.kv_grad_bytes(10, 0));
+        assert_eq!(memory.workspace_bytes(), 0);
         let gpu = Spec::from_presets("tiny", "h100-sxm", "tp=1,pp=2,dp=1").unwrap();
         assert_eq!(MemoryModel::new(&gpu).own_kv_grad_bytes(10, 0), 0);
     }
@@ -527,7 +552,5 @@ mod tests {
         assert_eq!(memory.stage_params(0), params);
         // 4 B weights + 4 B grads + 8 B Adam / 2.
         assert_eq!(memory.model_state_bytes(0), params * 12);
-        // w_gate's weight gradient: 256 rows x (64 + 352) columns of packed panels.
-        assert_eq!(memory.workspace_bytes(), 4 * 256 * (64 + 352));
     }
 }
