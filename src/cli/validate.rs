@@ -58,7 +58,8 @@ const BATCHES: [(&str, &str); 3] = [
 ];
 
 /// The suite: (layout, batch, schedule) — a strategy name, or `sliceN` for the pass pipeline
-/// that cuts slices of N tokens and packs them symmetrically.
+/// that cuts slices of N tokens and packs them into forward and backward packs of at most N
+/// tokens.
 const SUITE: [(&str, &str, &str); 22] = [
     ("pp=1,dp=1", "ln256", "slimpack"),
     ("pp=1,dp=1", "ln256", "bfd"),
@@ -219,7 +220,9 @@ fn command_line(layout: &str, batch: &str, schedule: &str, repeat: usize) -> Vec
     match schedule.strip_prefix("slice") {
         Some(size) => line.extend([
             "--passes".to_string(),
-            format!("slice{{size={size}}},assign-dp,pack-symmetric,schedule-pipeline"),
+            format!(
+                "slice{{size={size}}},assign-dp,pack-fwd{{cap={size}}},pack-bwd{{cap={size}}},schedule-pipeline"
+            ),
         ]),
         None => line.extend(["--strategy".to_string(), schedule.to_string()]),
     }
