@@ -15,7 +15,9 @@ use std::time::Instant;
 use slimpack_ir::batch::Batch;
 use slimpack_ir::{Spec, StepIr};
 use slimpack_passes::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
-use slimpack_passes::{parse_pipeline, run_pipeline, ManagerOptions, PassError};
+use slimpack_passes::{
+    parse_pipeline, run_pipeline, ManagerOptions, PassError, PassRecord, PipelineEntry,
+};
 use slimpack_runtime::sim::{self, Metrics, SimError};
 
 use crate::compile::Compiled;
@@ -45,6 +47,8 @@ pub enum DriverError {
 #[derive(Debug)]
 pub struct Evaluation {
     pub candidate: Candidate,
+    /// The label of the candidate's variant the step runs (empty: its own pipeline).
+    pub variant: String,
     pub metrics: Metrics,
     /// Wall time of building the IR and running the candidate's pipeline.
     pub compile_ms: f64,
@@ -104,7 +108,9 @@ pub fn compile_step(
     Ok((admitted, choice))
 }
 
-/// Compiles and simulates one candidate.
+/// Compiles and simulates one candidate: its pipeline and each of its variants (the passes they
+/// share run once), keeping the best step — fitting before not fitting, then the faster (ties
+/// to the earlier pipeline).
 pub fn evaluate(
     strategy: &StrategyInfo,
     spec: &Spec,
@@ -112,67 +118,54 @@ pub fn evaluate(
     candidate: &Candidate,
 ) -> Result<(Evaluation, Compiled), DriverError> {
     let spec = candidate_spec(spec, candidate);
+    let cost = crate::machine::cost_model(&spec);
+    let limit = memory_limit(&cost);
     let compile_error = |source| DriverError::Compile {
         strategy: strategy.name,
         candidate: candidate.label.clone(),
         source: Box::new(source),
     };
-    let simulate = |ir: &StepIr| {
-        sim::simulate(ir, &crate::machine::cost_model(&spec)).map_err(|source| {
-            DriverError::Simulate {
-                strategy: strategy.name,
-                candidate: candidate.label.clone(),
-                source: Box::new(source),
-            }
-        })
-    };
-    let entries = parse_pipeline(&candidate.pipeline).map_err(compile_error)?;
+    let mut pipelines = vec![(
+        String::new(),
+        parse_pipeline(&candidate.pipeline).map_err(compile_error)?,
+    )];
+    for variant in &candidate.variants {
+        let entries = parse_pipeline(&variant.pipeline).map_err(compile_error)?;
+        pipelines.push((variant.label.clone(), entries));
+    }
+    let shared = shared_prefix(&pipelines);
     let options = ManagerOptions::default();
     let sink = &mut std::io::sink();
     let start = Instant::now();
-    let mut ir = StepIr::from_batch(spec.clone(), batch);
-    let refine = entries.iter().position(|e| e.info.name == EQSAT);
-    let prefix = refine.unwrap_or(entries.len());
-    let mut passes =
-        run_pipeline(&mut ir, &entries[..prefix], &options, sink).map_err(compile_error)?;
-    let (ir, passes, metrics) = match refine {
-        None => {
-            let metrics = simulate(&ir)?.metrics;
-            (ir, passes, metrics)
+    let mut base = StepIr::from_batch(spec.clone(), batch);
+    let prefix = run_pipeline(&mut base, &pipelines[0].1[..shared], &options, sink)
+        .map_err(compile_error)?;
+    let mut best: Option<(String, StepIr, Vec<PassRecord>, Metrics)> = None;
+    for (label, entries) in &pipelines {
+        let mut ir = base.clone();
+        let records =
+            run_pipeline(&mut ir, &entries[shared..], &options, sink).map_err(compile_error)?;
+        let metrics = sim::simulate(&ir, &cost)
+            .map_err(|source| DriverError::Simulate {
+                strategy: strategy.name,
+                candidate: candidate.label.clone(),
+                source: Box::new(source),
+            })?
+            .metrics;
+        if best
+            .as_ref()
+            .is_none_or(|(_, _, _, current)| preferred(&metrics, current, limit))
+        {
+            best = Some((label.clone(), ir, records, metrics));
         }
-        Some(at) => {
-            // The egg layer judges rewrites with its own estimate; the simulator has the last
-            // word: the step with eqsat is kept only if it is no slower (nor bigger) than the
-            // same pipeline without it.
-            let mut without = ir.clone();
-            let refined =
-                run_pipeline(&mut ir, &entries[at..], &options, sink).map_err(compile_error)?;
-            let plain = run_pipeline(&mut without, &entries[at + 1..], &options, sink)
-                .map_err(compile_error)?;
-            let with_metrics = simulate(&ir)?.metrics;
-            let without_metrics = simulate(&without)?.metrics;
-            let keep = !worse(&with_metrics, &without_metrics);
-            let mut eqsat = refined[0].clone();
-            eqsat
-                .statistics
-                .set("simulated_step_s", with_metrics.step_time_s);
-            eqsat
-                .statistics
-                .set("simulated_step_without_s", without_metrics.step_time_s);
-            eqsat.statistics.set("kept_by_simulator", keep);
-            passes.push(eqsat);
-            if keep {
-                passes.extend(refined.into_iter().skip(1));
-                (ir, passes, with_metrics)
-            } else {
-                passes.extend(plain);
-                (without, passes, without_metrics)
-            }
-        }
-    };
+    }
+    let (variant, ir, records, metrics) = best.expect("a candidate has a pipeline");
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut passes = prefix;
+    passes.extend(records);
     let evaluation = Evaluation {
         candidate: candidate.clone(),
+        variant,
         metrics,
         compile_ms,
     };
@@ -184,16 +177,23 @@ pub fn evaluate(
     Ok((evaluation, compiled))
 }
 
-/// The refinement pass the driver double-checks with the simulator.
-const EQSAT: &str = "eqsat";
+/// How many leading passes (name and options) every pipeline of a candidate shares.
+fn shared_prefix(pipelines: &[(String, Vec<PipelineEntry>)]) -> usize {
+    let first = &pipelines[0].1;
+    (0..first.len())
+        .take_while(|&i| {
+            pipelines.iter().all(|(_, entries)| {
+                entries.get(i).is_some_and(|e| {
+                    e.info.name == first[i].info.name && e.options == first[i].options
+                })
+            })
+        })
+        .count()
+}
 
-/// Whether `refined` is worse than `plain`: an OOM the refinement introduces, a longer step,
-/// or the same step with more peak memory.
-fn worse(refined: &Metrics, plain: &Metrics) -> bool {
-    (refined.oom && !plain.oom)
-        || refined.step_time_s > plain.step_time_s
-        || (refined.step_time_s == plain.step_time_s
-            && refined.peak_memory_bytes > plain.peak_memory_bytes)
+/// The memory a tuned configuration may use (see [`TUNING_HEADROOM`]).
+fn memory_limit(cost: &slimpack_ir::cost::CostModel) -> u64 {
+    (cost.memory().capacity_bytes() as f64 * TUNING_HEADROOM) as u64
 }
 
 /// Compiles and simulates every candidate `strategy` offers for `batch` (already admitted) and
@@ -212,8 +212,7 @@ pub fn choose(
         });
     }
     let outcomes = evaluate_all(strategy, spec, batch, &candidates);
-    let limit = (crate::machine::cost_model(spec).memory().capacity_bytes() as f64
-        * TUNING_HEADROOM) as u64;
+    let limit = memory_limit(&crate::machine::cost_model(spec));
     let mut evaluations = Vec::with_capacity(outcomes.len());
     let mut best: Option<(usize, Compiled)> = None;
     for outcome in outcomes {
@@ -221,7 +220,10 @@ pub fn choose(
         let index = evaluations.len();
         let better = match &best {
             None => true,
-            Some((current, _)) => preferred(&evaluation.metrics, &evaluations[*current], limit),
+            Some((current, _)) => {
+                let current: &Evaluation = &evaluations[*current];
+                preferred(&evaluation.metrics, &current.metrics, limit)
+            }
         };
         evaluations.push(evaluation);
         if better {
@@ -244,8 +246,7 @@ pub const TUNING_HEADROOM: f64 = 0.92;
 
 /// Whether `metrics` beats `current`: fitting (within `limit` bytes) beats not fitting; then
 /// the shorter step (when both fit) or the smaller peak (when neither does).
-fn preferred(metrics: &Metrics, current: &Evaluation, limit: u64) -> bool {
-    let other = &current.metrics;
+fn preferred(metrics: &Metrics, other: &Metrics, limit: u64) -> bool {
     let over = |m: &Metrics| m.oom || m.peak_memory_bytes > limit;
     match (over(metrics), over(other)) {
         (false, true) => true,
@@ -349,7 +350,7 @@ mod tests {
     }
 
     #[test]
-    fn eqsat_is_kept_only_when_the_simulator_agrees() {
+    fn each_step_runs_the_best_variant_of_its_candidate() {
         let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
         let batch = batch(&[
             4096, 3000, 2500, 900, 700, 512, 300, 260, 128, 100, 64, 2048,
@@ -357,39 +358,30 @@ mod tests {
         let info = strategy::lookup("slimpack").unwrap();
         let state = StrategyState::default();
         let choices = Choices::fixed(spec.model.recompute);
+        let cost = crate::machine::cost_model(&spec);
         for candidate in (info.candidates)(&spec, &batch, &state, &choices) {
+            assert_eq!(candidate.variants.len(), 3, "{}", candidate.label);
             let (evaluation, compiled) = evaluate(info, &spec, &batch, &candidate).unwrap();
-            let eqsat = compiled
-                .passes
-                .iter()
-                .find(|p| p.name == EQSAT)
-                .expect("slimpack refines with eqsat");
-            let with = eqsat
-                .statistics
-                .get("simulated_step_s")
-                .unwrap()
-                .as_f64()
-                .unwrap();
-            let without = eqsat
-                .statistics
-                .get("simulated_step_without_s")
-                .unwrap()
-                .as_f64()
-                .unwrap();
-            let kept = eqsat
-                .statistics
-                .get("kept_by_simulator")
-                .unwrap()
-                .as_bool()
-                .unwrap();
-            assert_eq!(kept, with <= without, "{}", candidate.label);
-            assert_eq!(evaluation.metrics.step_time_s, with.min(without));
-            // The step handed on is the one that was scored.
-            let again = sim::simulate(&compiled.ir, &crate::machine::cost_model(&compiled.ir.spec));
+            // Each pipeline compiled on its own: the chosen one is the fastest (all fit).
+            let mut steps = Vec::new();
+            for pipeline in std::iter::once(&candidate.pipeline)
+                .chain(candidate.variants.iter().map(|v| &v.pipeline))
+            {
+                let mut single = candidate.clone();
+                single.pipeline = pipeline.clone();
+                single.variants.clear();
+                let (alone, _) = evaluate(info, &spec, &batch, &single).unwrap();
+                steps.push(alone.metrics.step_time_s);
+            }
+            let fastest = steps.iter().cloned().fold(f64::INFINITY, f64::min);
             assert_eq!(
-                again.unwrap().metrics.step_time_s,
-                evaluation.metrics.step_time_s
+                evaluation.metrics.step_time_s, fastest,
+                "{}",
+                candidate.label
             );
+            // The step handed on is the one that was scored.
+            let again = sim::simulate(&compiled.ir, &cost).unwrap();
+            assert_eq!(again.metrics.step_time_s, evaluation.metrics.step_time_s);
         }
     }
 }

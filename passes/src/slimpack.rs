@@ -8,8 +8,10 @@
 //! Knobs: the slice size `S` and pack cap `C` (an eighth of the context in quarter-context
 //! packs, an eighth or a half of the context in context-sized packs, see [`slice_sizes`]), a
 //! static CP degree taken from the DP pool (as the peers may; without one, DP-Merge forms CP
-//! groups per sample), asymmetric or mirrored backward packs, and the recompute mode; the
-//! driver scores every candidate with the simulator and keeps the fastest that fits memory.
+//! groups per sample) and the recompute mode; the driver scores every candidate with the
+//! simulator and keeps the fastest that fits memory. Within a candidate, every step chooses,
+//! again by simulation, between asymmetric and mirrored backward packs and with or without
+//! eqsat (the candidate's variants).
 //! Then `lower` (run by the compile driver on the chosen candidate only) emits the op lists.
 //!
 //! Ablations (`--no-<idea>` on the command line, `slimpack-no-<idea>` as strategy names):
@@ -19,7 +21,7 @@
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 
-use crate::strategy::{capacity, cp_degrees, Candidate, Choices, StrategyState};
+use crate::strategy::{capacity, cp_degrees, Candidate, Choices, StrategyState, Variant};
 
 /// Which ideas a variant keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,19 +74,10 @@ enum Backward {
     Mirror,
 }
 
-impl Backward {
-    fn as_str(self) -> &'static str {
-        match self {
-            Backward::Asymmetric => "asymmetric",
-            Backward::Mirror => "mirror",
-        }
-    }
-}
-
-/// Backward packings tried: with asymmetry, both — an asymmetric partition balances each
-/// direction on its own cost, but its packs can hold a pipeline stage waiting for a forward
-/// they depend on (DESIGN §3.2), and where that costs more than the balance gains (pp=4 on the
-/// WLB-like mix, for one) the simulator picks the mirrored packs; without it, only the mirror.
+/// Backward packings a step may use: with asymmetry, both — an asymmetric partition balances
+/// each direction on its own cost, but its packs can hold a pipeline stage waiting for a
+/// forward they depend on (DESIGN §3.2), and where that costs more than the balance gains the
+/// simulator picks the mirrored packs, per step; without it, only the mirror.
 fn backward_packings(ideas: Ideas) -> &'static [Backward] {
     if ideas.asymmetric {
         &[Backward::Asymmetric, Backward::Mirror]
@@ -93,12 +86,22 @@ fn backward_packings(ideas: Ideas) -> &'static [Backward] {
     }
 }
 
+/// Whether a step runs eqsat: with the idea, with and without (the simulator judges eqsat's
+/// result per step, since its rewrites are scored by its own estimate); without, never.
+fn refinements(ideas: Ideas) -> &'static [bool] {
+    if ideas.eqsat {
+        &[true, false]
+    } else {
+        &[false]
+    }
+}
+
 /// DP-Merge memory fractions tried: merge only what would crowd a device (half its free
 /// memory), or merge long samples early (an eighth), trading CP exchanges for memory.
 const MERGE_MEMORY: [f64; 2] = [0.5, 0.125];
 
-/// The candidates of a variant: groupings x (slice size, cap) x backward packings x recompute
-/// modes.
+/// The candidates of a variant: groupings x (slice size, cap) x recompute modes, each with its
+/// backward packings and eqsat on or off as per-step variants.
 pub fn candidates_with(
     ideas: Ideas,
     spec: &Spec,
@@ -137,27 +140,43 @@ pub fn candidates_with(
                 passes.push(format!("slice{{size={size}}}"));
             }
             passes.push(format!("pack-fwd{{cap={cap}}}"));
-            for backward in backward_packings(ideas) {
-                let mut passes = passes.clone();
-                passes.push(match backward {
-                    Backward::Asymmetric => format!("pack-bwd{{cap={cap}}}"),
-                    Backward::Mirror => "pack-bwd{mirror=true}".to_string(),
-                });
-                if ideas.eqsat {
-                    passes.push("eqsat".into());
-                }
-                passes.push("schedule-pipeline".into());
-                for &recompute in &choices.recompute {
-                    candidates.push(Candidate {
-                        label: format!(
-                            "{label},slice={size},cap={cap},bwd={},recompute={}",
-                            backward.as_str(),
-                            recompute.as_str()
-                        ),
+            // Every (backward packing, eqsat) combination the variant keeps; the first is the
+            // candidate's pipeline, the others its per-step variants.
+            let mut pipelines = Vec::new();
+            for &backward in backward_packings(ideas) {
+                for &refine in refinements(ideas) {
+                    let mut passes = passes.clone();
+                    passes.push(match backward {
+                        Backward::Asymmetric => format!("pack-bwd{{cap={cap}}}"),
+                        Backward::Mirror => "pack-bwd{mirror=true}".to_string(),
+                    });
+                    let mut label = Vec::new();
+                    if backward == Backward::Mirror && ideas.asymmetric {
+                        label.push("bwd=mirror");
+                    }
+                    if refine {
+                        passes.push("eqsat".into());
+                    } else if ideas.eqsat {
+                        label.push("eqsat=off");
+                    }
+                    passes.push("schedule-pipeline".into());
+                    pipelines.push(Variant {
+                        label: label.join(","),
                         pipeline: passes.join(","),
-                        recompute,
                     });
                 }
+            }
+            let primary = pipelines.remove(0);
+            for &recompute in &choices.recompute {
+                candidates.push(Candidate {
+                    label: format!(
+                        "{label},slice={size},cap={cap},recompute={}",
+                        recompute.as_str()
+                    ),
+                    pipeline: primary.pipeline.clone(),
+                    variants: pipelines.clone(),
+                    recompute,
+                });
             }
         }
     }

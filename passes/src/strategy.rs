@@ -34,8 +34,23 @@ pub struct Candidate {
     pub label: String,
     /// The pass pipeline.
     pub pipeline: String,
+    /// Other pipelines of the same configuration a step may run instead, decided per step by
+    /// the simulator (see [`Variant`]); empty for most strategies.
+    pub variants: Vec<Variant>,
     /// The activation recomputation the step runs with (it replaces the model's).
     pub recompute: Recompute,
+}
+
+/// An alternative pipeline of a [`Candidate`]: the same configuration compiled another way
+/// (slimpack's mirrored backward packs, or its packs without eqsat's refinement). The driver
+/// compiles the passes a candidate's pipelines share once, then each variant's remaining
+/// passes, simulates each, and keeps the best — so a choice that depends on the batch is made
+/// on every step's batch, not fixed by the tuning step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Variant {
+    /// What differs, appended to the candidate's label in reports (`bwd=mirror`).
+    pub label: String,
+    pub pipeline: String,
 }
 
 /// What the strategies may choose among: the recompute modes (all of them, unless the user
@@ -293,6 +308,7 @@ fn cp_and_recompute(
                 format!("cp={cp},recompute={}", recompute.as_str())
             };
             candidates.push(Candidate {
+                variants: Vec::new(),
                 label,
                 pipeline: pipeline(cp),
                 recompute,
@@ -385,6 +401,7 @@ fn hybrid_cp_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) 
         let per_rank = context.div_ceil(degree);
         for &recompute in &c.recompute {
             candidates.push(Candidate {
+                variants: Vec::new(),
                 label: format!(
                     "max-tokens-per-rank={per_rank},recompute={}",
                     recompute.as_str()

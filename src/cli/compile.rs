@@ -214,7 +214,10 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             let choice = driver::choose(info, &job.spec, &batch, &state, &choices)?;
             let chosen = Chosen {
                 strategy: info.name,
-                label: choice.best().candidate.label.clone(),
+                label: match choice.best().variant.as_str() {
+                    "" => choice.best().candidate.label.clone(),
+                    variant => format!("{},{variant}", choice.best().candidate.label),
+                },
                 candidates: choice.evaluations.len(),
             };
             let mut compiled = choice.compiled;
