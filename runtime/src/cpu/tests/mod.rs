@@ -5,8 +5,8 @@
 mod errors;
 mod executor;
 mod gradcheck;
-mod memory;
 mod harness;
+mod memory;
 mod merged;
 mod sliced;
 mod stages;
