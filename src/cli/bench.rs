@@ -5,10 +5,13 @@
 //! compiles and simulates every candidate configuration the strategy offers (static CP degree,
 //! recomputation, ...) and keeps the fastest that fits memory; the later steps run that
 //! configuration. Strategies that carry state between steps (wlb) get one state per run.
-//! Figures are means over the steps, except `peak_memory_bytes` (the highest step), `oom` (any
-//! step), compile time (p50/p95 over the steps, the chosen configuration's) and the speedup
-//! (mean tokens/s over megatron's: a throughput ratio, fair to a strategy that trains fewer
-//! tokens in a step, as wlb does when it delays outliers).
+//! Figures describe the whole run: `tokens_per_s` is the tokens of all steps over their summed
+//! step time, and `mfu`, `efficiency` and `bubble_fraction` are weighted by step time the same
+//! way (a slow step weighs what it costs, never less); `step_time_s` and the imbalances are
+//! plain means over the steps, `peak_memory_bytes` the highest step, `oom` any step, compile
+//! time p50/p95 over the steps (the chosen configuration's), and the speedup the ratio of run
+//! throughputs (tokens/s over megatron's: fair to a strategy that trains fewer tokens in a
+//! step, as wlb does when it delays outliers).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -352,24 +355,36 @@ fn rows(runs: &[StrategyRun]) -> Vec<Row> {
     let mean = |run: &StrategyRun, f: &dyn Fn(&StepFigures) -> f64| {
         run.steps.iter().map(f).sum::<f64>() / run.steps.len() as f64
     };
+    // A per-step rate over the whole run: each step weighted by its time.
+    let over_run = |run: &StrategyRun, f: &dyn Fn(&StepFigures) -> f64| {
+        let time: f64 = run.steps.iter().map(|s| s.metrics.step_time_s).sum();
+        let weighted: f64 = run.steps.iter().map(|s| f(s) * s.metrics.step_time_s).sum();
+        if time > 0.0 {
+            weighted / time
+        } else {
+            0.0
+        }
+    };
     let megatron = runs
         .iter()
         .find(|r| r.strategy.name == "megatron")
-        .map(|r| mean(r, &|s| s.metrics.tokens_per_s));
+        .map(|r| over_run(r, &|s| s.metrics.tokens_per_s));
     runs.iter()
         .map(|run| {
             let mean = |f: &dyn Fn(&StepFigures) -> f64| mean(run, f);
+            let over_run = |f: &dyn Fn(&StepFigures) -> f64| over_run(run, f);
             let mut compile: Vec<f64> = run.steps.iter().map(|s| s.compile_ms).collect();
             compile.sort_by(f64::total_cmp);
+            let tokens_per_s = over_run(&|s| s.metrics.tokens_per_s);
             Row {
                 name: run.strategy.name,
                 step_time_s: mean(&|s| s.metrics.step_time_s),
-                tokens_per_s: mean(&|s| s.metrics.tokens_per_s),
-                mfu: mean(&|s| s.metrics.mfu),
-                efficiency: mean(&|s| s.metrics.efficiency),
+                tokens_per_s,
+                mfu: over_run(&|s| s.metrics.mfu),
+                efficiency: over_run(&|s| s.metrics.efficiency),
                 dp_imbalance: mean(&|s| s.metrics.dp_imbalance),
                 pp_imbalance: mean(&|s| s.metrics.pp_imbalance),
-                bubble_fraction: mean(&|s| s.metrics.bubble_fraction),
+                bubble_fraction: over_run(&|s| s.metrics.bubble_fraction),
                 peak_memory_bytes: run
                     .steps
                     .iter()
@@ -379,9 +394,7 @@ fn rows(runs: &[StrategyRun]) -> Vec<Row> {
                 oom: run.steps.iter().any(|s| s.metrics.oom),
                 compile_ms_p50: percentile(&compile, 0.50),
                 compile_ms_p95: percentile(&compile, 0.95),
-                speedup_vs_megatron: megatron
-                    .filter(|&m| m > 0.0)
-                    .map(|m| mean(&|s| s.metrics.tokens_per_s) / m),
+                speedup_vs_megatron: megatron.filter(|&m| m > 0.0).map(|m| tokens_per_s / m),
             }
         })
         .collect()
