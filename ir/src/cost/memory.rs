@@ -64,7 +64,9 @@
 //!   (min(m, 64) + min(n, 1024))` floats per product, so small packs peak at a wide GEMM and
 //!   large ones at the most live tensors; and while a sample's last slice runs its backward,
 //!   that slice's own dK/dV rows ([`MemoryModel::own_kv_grad_bytes`]: the runtime accumulates
-//!   into every position's rows);
+//!   into every position's rows); the attention's score buffers count at the instant they are
+//!   live: `64 × keys` floats per buffer, `keys` the end position of the pack's longest-reaching
+//!   slice (one buffer in the forward, probabilities and their gradients in the backward);
 //! - no workspace: every buffer the runtime allocates is one of the above.
 
 use crate::spec::{Dtype, ModelSpec, Recompute, Spec};
@@ -92,6 +94,9 @@ pub const GPU_WORKSPACE_BYTES: u64 = 3 << 30;
 pub const CPU_GEMM_BLOCKING: (u64, u64, u64) = (256, 64, 1024);
 /// Bytes per token of a pack's positions (`usize`) the CPU runtime keeps while it runs.
 pub const CPU_POSITION_BYTES: u64 = 8;
+/// Query rows the CPU runtime's attention scores at once (`attention.rs`, `QUERY_BLOCK`): its
+/// score buffers hold `QUERY_BLOCK × keys` floats (one in the forward, two in the backward).
+pub const CPU_QUERY_BLOCK: u64 = 64;
 
 /// Per-spec memory coefficients.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,6 +142,8 @@ enum Dim {
 struct Moment {
     floats_per_token: i64,
     gemm: Option<[Dim; 3]>,
+    /// Attention score buffers live (`CPU_QUERY_BLOCK × keys` floats each).
+    score_buffers: u64,
 }
 
 /// The CPU runtime's transient memory of a pack, instant by instant (see the module comment):
@@ -170,6 +177,12 @@ impl CpuTemporaries {
         let at = |floats_per_token: i64, gemm: Option<[Dim; 3]>| Moment {
             floats_per_token,
             gemm,
+            score_buffers: 0,
+        };
+        let attending = |floats_per_token: i64, score_buffers: u64| Moment {
+            floats_per_token,
+            gemm: None,
+            score_buffers,
         };
         let head = 2 * h + 1 + v;
         // Forward, last layer: the saved tensors not allocated yet, and K, V (2kv) live.
@@ -179,6 +192,7 @@ impl CpuTemporaries {
                 at(extra - unsaved, Some([r, w(h), w(q)])),
                 at(extra + kv - unsaved, Some([r, w(h), w(kv)])),
                 at(extra + 2 * kv - unsaved, Some([r, w(h), w(kv)])),
+                attending(extra + 2 * kv - (2 * h + 1 + 3 * f), 1),
                 at(extra + 2 * kv - (h + 1 + 3 * f), Some([r, w(q), w(h)])),
                 at(extra + 2 * kv - 2 * f, Some([r, w(h), w(f)])),
                 at(extra + 2 * kv - f, Some([r, w(h), w(f)])),
@@ -200,6 +214,7 @@ impl CpuTemporaries {
                 at(dy + 3 * f + h, Some([r, w(f), w(h)])),
                 at(dy + 3 * f + 2 * h, Some([w(q), r, w(h)])),
                 at(dy + 3 * f + 2 * h + q, Some([r, w(h), w(q)])),
+                attending(dy + h + 2 * q, 2),
                 at(dy + h + 2 * q + 2 * kv, Some([w(h), r, w(q)])),
                 at(dy + 2 * h + 2 * q + 2 * kv, Some([r, w(q), w(h)])),
                 at(dy + 3 * h + 2 * q + 2 * kv, None),
@@ -221,8 +236,9 @@ impl CpuTemporaries {
         }
     }
 
-    /// Transient bytes of a pack of `rows` token rows on a stage.
-    fn bytes(&self, rows: u64, direction: Direction, first: bool, last: bool) -> u64 {
+    /// Transient bytes of a pack of `rows` token rows whose slices attend to at most `keys`
+    /// keys, on a stage.
+    fn bytes(&self, rows: u64, keys: u64, direction: Direction, first: bool, last: bool) -> u64 {
         let (index, input) = match direction {
             Direction::Forward => (0, !first),
             Direction::Backward => (1, !last),
@@ -237,7 +253,8 @@ impl CpuTemporaries {
                 let gemm = moment
                     .gemm
                     .map_or(0, |[m, k, n]| gemm_packing_floats(dim(m), dim(k), dim(n)));
-                4 * (moment.floats_per_token * rows as i64 + gemm as i64)
+                let scores = moment.score_buffers * rows.min(CPU_QUERY_BLOCK) * keys;
+                4 * (moment.floats_per_token * rows as i64 + (gemm + scores) as i64)
             })
             .max()
             .unwrap_or(0)
@@ -363,11 +380,25 @@ impl MemoryModel {
         }
     }
 
-    /// Transient bytes while a pack of `pack_tokens` tokens runs one layer of `stage` in
-    /// `direction` (freed when the pack finishes).
+    /// [`MemoryModel::pack_temporary_bytes`] of a pack whose slices start their samples.
     pub fn temporary_bytes(&self, pack_tokens: u64, stage: u32, direction: Direction) -> u64 {
+        self.pack_temporary_bytes(pack_tokens, pack_tokens, stage, direction)
+    }
+
+    /// Transient bytes while a pack of `pack_tokens` tokens runs one layer of `stage` in
+    /// `direction` (freed when the pack finishes); `attended_keys` is the most keys one of its
+    /// slices attends to (its end position in its sample), which sizes the CPU runtime's
+    /// attention score buffers (fused GPU attention keeps scores on chip).
+    pub fn pack_temporary_bytes(
+        &self,
+        pack_tokens: u64,
+        attended_keys: u64,
+        stage: u32,
+        direction: Direction,
+    ) -> u64 {
         if let Some(cpu) = &self.cpu_temporaries {
-            return cpu.bytes(pack_tokens, direction, stage == 0, self.is_last(stage));
+            let (first, last) = (stage == 0, self.is_last(stage));
+            return cpu.bytes(pack_tokens, attended_keys, direction, first, last);
         }
         let gathered = pack_tokens * self.hidden_row;
         let mut sharded_per_token = self.rematerialised_per_token;

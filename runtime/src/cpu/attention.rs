@@ -36,6 +36,16 @@ pub(crate) struct SliceAttention<'a> {
     pub values: &'a [f32],
 }
 
+/// Floats of the largest block's scores: score buffers are allocated once at that size (growing
+/// them block by block would hold up to twice it, which the machine model does not count).
+fn largest(blocks: &[Block]) -> usize {
+    blocks
+        .iter()
+        .map(|b| b.rows.len() * b.keys)
+        .max()
+        .unwrap_or(0)
+}
+
 /// A block of query rows and the keys they see.
 struct Block {
     rows: std::ops::Range<usize>,
@@ -52,8 +62,9 @@ pub(crate) fn attention_forward(
 ) {
     let _timer = profile::scope(OpClass::AttentionForward);
     let (d, qw, kvw) = (config.head_dim, config.q_width(), config.kv_width());
-    let mut probs = Vec::new();
-    for block in input.blocks(config) {
+    let blocks = input.blocks(config);
+    let mut probs = Vec::with_capacity(largest(&blocks));
+    for block in blocks {
         let (l, n) = (block.rows.len(), block.keys);
         probs.resize(l * n, 0.0);
         let out_rows = &mut out[block.rows.start * qw..block.rows.end * qw];
@@ -100,8 +111,10 @@ pub(crate) fn attention_backward(
     let _timer = profile::scope(OpClass::AttentionBackward);
     let (d, qw, kvw) = (config.head_dim, config.q_width(), config.kv_width());
     let scale = 1.0 / (d as f32).sqrt();
-    let (mut probs, mut d_scores) = (Vec::new(), Vec::new());
-    for block in input.blocks(config) {
+    let blocks = input.blocks(config);
+    let most = largest(&blocks);
+    let (mut probs, mut d_scores) = (Vec::with_capacity(most), Vec::with_capacity(most));
+    for block in blocks {
         let (l, n) = (block.rows.len(), block.keys);
         probs.resize(l * n, 0.0);
         d_scores.resize(l * n, 0.0);

@@ -364,8 +364,16 @@ impl<'a> Builder<'a> {
         };
         let range = self.pack_slices[pack.0 as usize].clone();
         let slices = &self.slices[range.start as usize..range.end as usize];
+        let pairs = &self.pairs[range.start as usize..range.end as usize];
+        let keys = pairs
+            .iter()
+            .map(|&(len, prefix)| len + prefix)
+            .max()
+            .unwrap_or(0);
+        let temporary =
+            memory.pack_temporary_bytes(share(info.tokens), keys, stage, info.direction);
         let mut effect = MemoryEffect {
-            temporary: memory.temporary_bytes(share(info.tokens), stage, info.direction),
+            temporary,
             ..MemoryEffect::default()
         };
         for slice in slices {
