@@ -565,6 +565,11 @@ mod tests {
             memory.temporary_bytes(1000, 0, Direction::Backward),
             backward
         );
+        // 100 tokens at the end of a 65,536-token sample: the backward's two 64 x 65,536 score
+        // buffers with dy, dmid, dattn and dq live (512 floats per token) are the highest.
+        let scores = 4 * (512 * 100 + 2 * 64 * 65_536) + (512 + 8) * 100;
+        let long = memory.pack_temporary_bytes(100, 65_536, 0, Direction::Backward);
+        assert_eq!(long, scores);
         // Saved: 4 · (4 · 128 + 2 + 2 · 128 + 4 + 3 · 352) = 7320 B per token per layer, and
         // the head's 4 · (2 · 128 + 1 + 512) = 3076 B.
         assert_eq!(memory.activation_bytes(10, 0), 10 * 2 * 7320);
