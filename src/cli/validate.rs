@@ -127,7 +127,7 @@ struct Summary {
     step_time_max_ape: f64,
     /// Timed schedules with at least one unpreempted run, and the MAPE of their medians.
     unpreempted_schedules: usize,
-    step_time_mape_unpreempted: f64,
+    step_time_mape_unpreempted: Option<f64>,
     op_time_mape: f64,
     op_time_mape_cpu: f64,
 }
@@ -321,7 +321,7 @@ fn summary(rows: &[Row]) -> Summary {
         step_time_mape: mean(&timed),
         step_time_max_ape: timed.iter().copied().fold(0.0, f64::max),
         unpreempted_schedules: unpreempted.len(),
-        step_time_mape_unpreempted: mean(&unpreempted),
+        step_time_mape_unpreempted: (!unpreempted.is_empty()).then(|| mean(&unpreempted)),
         op_time_mape: mean(&rows.iter().map(|r| r.op_time_mape).collect::<Vec<_>>()),
         op_time_mape_cpu: mean(&rows.iter().map(|r| r.op_time_mape_cpu).collect::<Vec<_>>()),
     }
@@ -364,11 +364,14 @@ fn print_table(report: &ValidateReport) {
         report.cores,
         100.0 * s.step_time_max_ape
     );
-    eprintln!(
-        "step time MAPE over unpreempted runs {:.1}% ({} of those schedules had one)",
-        100.0 * s.step_time_mape_unpreempted,
-        s.unpreempted_schedules
-    );
+    match s.step_time_mape_unpreempted {
+        Some(mape) => eprintln!(
+            "step time MAPE over unpreempted runs {:.1}% ({} of those schedules had one)",
+            100.0 * mape,
+            s.unpreempted_schedules
+        ),
+        None => eprintln!("step time over unpreempted runs: no schedule had an unpreempted run"),
+    }
     eprintln!(
         "per-op (pack task) time MAPE {:.1}% (against thread CPU time {:.1}%)",
         100.0 * s.op_time_mape,
