@@ -287,13 +287,13 @@ fn run_strategy(
         compile_ms: best.compile_ms,
     }];
     let mut replanned = 0;
-    for (evaluation, (batch, kept)) in driver::evaluate_steps(strategy, spec, &later)?
+    for (evaluation, (batch, _)) in driver::evaluate_steps(strategy, spec, &later)?
         .into_iter()
         .zip(&later)
     {
         let evaluation = if evaluation.metrics.oom && strategy.replans {
             replanned += 1;
-            replan(strategy, spec, batch, &state, choices, &tuning, kept)?.unwrap_or(evaluation)
+            replan(strategy, spec, batch, &state, choices)?.unwrap_or(evaluation)
         } else {
             evaluation
         };
@@ -313,42 +313,20 @@ fn run_strategy(
     })
 }
 
-/// A step of a re-planning strategy whose kept configuration does not fit: the other
-/// configurations — with the kept recompute mode first, then with the others — fastest on the
-/// tuning step first, until one fits this batch.
+/// A step of a re-planning strategy whose kept configuration does not fit: re-tuned on this
+/// batch as on the first step — every configuration compiled and simulated, the fastest that
+/// fits kept (a strategy that compiles every step can; taking the first configuration that
+/// fits, in the tuning step's order, kept configurations many times slower than the best).
 fn replan(
     strategy: &'static StrategyInfo,
     spec: &Spec,
     batch: &Batch,
     state: &StrategyState,
     choices: &Choices,
-    tuning: &[driver::Evaluation],
-    kept: &slimpack_passes::strategy::Candidate,
 ) -> anyhow::Result<Option<driver::Evaluation>> {
-    // The kept recompute mode first, then the others; fastest on the tuning step first.
-    let mut order: Vec<&driver::Evaluation> = tuning
-        .iter()
-        .filter(|e| e.candidate.label != kept.label)
-        .collect();
-    order.sort_by(|a, b| {
-        (a.candidate.recompute != kept.recompute)
-            .cmp(&(b.candidate.recompute != kept.recompute))
-            .then(a.metrics.step_time_s.total_cmp(&b.metrics.step_time_s))
-    });
-    let offered = (strategy.candidates)(spec, batch, state, choices);
-    for evaluation in order {
-        let Some(candidate) = offered
-            .iter()
-            .find(|c| c.label == evaluation.candidate.label)
-        else {
-            continue;
-        };
-        let (attempt, _) = driver::evaluate(strategy, spec, batch, candidate)?;
-        if !attempt.metrics.oom {
-            return Ok(Some(attempt));
-        }
-    }
-    Ok(None)
+    let mut choice = driver::choose(strategy, spec, batch, state, choices)?;
+    let best = choice.evaluations.swap_remove(choice.chosen);
+    Ok((!best.metrics.oom).then_some(best))
 }
 
 fn rows(runs: &[StrategyRun]) -> Vec<Row> {
