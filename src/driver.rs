@@ -327,34 +327,15 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slimpack_ir::batch::Sample;
     use slimpack_passes::strategy;
-
-    fn batch(lengths: &[u32]) -> Batch {
-        let samples: Vec<Sample> = lengths
-            .iter()
-            .enumerate()
-            .map(|(doc, &len)| Sample {
-                len,
-                doc: doc as u64,
-                piece: 0,
-            })
-            .collect();
-        Batch {
-            source: "test".into(),
-            context: Some(4096),
-            documents: samples.len(),
-            documents_cut: 0,
-            samples,
-        }
-    }
 
     #[test]
     fn each_step_runs_the_best_variant_of_its_candidate() {
         let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
-        let batch = batch(&[
+        let lengths = [
             4096, 3000, 2500, 900, 700, 512, 300, 260, 128, 100, 64, 2048,
-        ]);
+        ];
+        let batch = Batch::from_lengths(&lengths, Some(4096), "test");
         let info = strategy::lookup("slimpack").unwrap();
         let state = StrategyState::default();
         let choices = Choices::fixed(spec.model.recompute);

@@ -6,7 +6,7 @@
 //! Small sizes so that CI stays fast: a narrow `tiny`-shaped model (4 layers, hidden 32) and a
 //! few dozen samples; no timing is asserted.
 
-use slimpack::ir::batch::{Batch, Sample};
+use slimpack::ir::batch::Batch;
 use slimpack::ir::spec::ModelSpec;
 use slimpack::ir::{Spec, StepIr};
 use slimpack::passes::strategy::{Choices, StrategyState, STRATEGIES};
@@ -35,21 +35,7 @@ fn spec(parallel: &str) -> Spec {
 
 /// Samples of the given lengths, as if cut to `context`.
 fn batch(lengths: &[u32], context: u32) -> Batch {
-    Batch {
-        samples: lengths
-            .iter()
-            .enumerate()
-            .map(|(doc, &len)| Sample {
-                len,
-                doc: doc as u64,
-                piece: 0,
-            })
-            .collect(),
-        documents: lengths.len(),
-        documents_cut: 0,
-        context: Some(context),
-        source: "runtime test".to_string(),
-    }
+    Batch::from_lengths(lengths, Some(context), "runtime test")
 }
 
 /// A long-tailed batch: many short samples and a few long ones.

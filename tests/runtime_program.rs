@@ -10,7 +10,7 @@
 mod common;
 
 use slimpack::codegen::schedule_json;
-use slimpack::ir::batch::{Batch, Sample};
+use slimpack::ir::batch::Batch;
 use slimpack::ir::program::Program;
 use slimpack::ir::spec::ModelSpec;
 use slimpack::ir::{Spec, StepIr};
@@ -43,22 +43,11 @@ fn spec() -> Spec {
 
 /// One dominant sample among short ones: DP-Merge merges both ranks for it.
 fn dominant() -> Batch {
-    let lengths = [480u32, 20, 12, 30, 9, 64, 3, 40, 100, 7];
-    Batch {
-        samples: lengths
-            .iter()
-            .enumerate()
-            .map(|(doc, &len)| Sample {
-                len,
-                doc: doc as u64,
-                piece: 0,
-            })
-            .collect(),
-        documents: lengths.len(),
-        documents_cut: 0,
-        context: Some(512),
-        source: "runtime program test".to_string(),
-    }
+    Batch::from_lengths(
+        &[480, 20, 12, 30, 9, 64, 3, 40, 100, 7],
+        Some(512),
+        "runtime program test",
+    )
 }
 
 /// The steps checked: a DP-Merge pipeline, then every strategy's step, on pp=2, dp=2.

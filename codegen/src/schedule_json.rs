@@ -19,13 +19,15 @@
 //! The JSON Schema ([`schema`], `slimpack schema` on the command line, shipped as
 //! `docs/schedule.schema.json`) is generated from these types.
 
+use std::collections::HashMap;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use slimpack_ir::batch::Sample;
 use slimpack_ir::program::{self, Op, PackLayout, Program, Worker};
 use slimpack_ir::spec::{Coords, ParallelSpec};
-use slimpack_ir::step::{BatchInfo, Direction, Pack, Phase, SliceId, Stage, StepIr};
+use slimpack_ir::step::{BatchInfo, Direction, Pack, PackId, Phase, SliceId, Stage, StepIr};
 use slimpack_ir::Spec;
 
 /// The value of the `format` field.
@@ -160,20 +162,21 @@ pub enum ScheduleError {
 /// If `ir` is not scheduled (callers check the phase).
 pub fn document(ir: &StepIr, predicted: Option<serde_json::Value>) -> ScheduleDocument {
     let program = program::lower(ir);
-    let mut packs = Vec::with_capacity(program.packs.len());
-    let mut pack_ids = Vec::with_capacity(program.packs.len());
-    for &replica in ir.replicas() {
-        for direction in [Direction::Forward, Direction::Backward] {
-            pack_ids.extend(ir.packs_on(replica, direction));
-        }
-    }
-    for (layout, &id) in program.packs.iter().zip(&pack_ids) {
-        packs.push(PackDocument {
+    let order = program::pack_order(ir);
+    let packs = program
+        .packs
+        .iter()
+        .zip(&order)
+        .map(|(layout, &(id, _))| PackDocument {
             layout: layout.clone(),
             cap: ir.pack(id).cap,
-        });
-    }
-    let index_of = |id| pack_ids.iter().position(|&p| p == id).unwrap_or(0) as u32;
+        })
+        .collect();
+    let index: HashMap<PackId, u32> = order
+        .iter()
+        .enumerate()
+        .map(|(i, &(id, _))| (id, i as u32))
+        .collect();
     let mut schedules = Vec::new();
     for (r, &replica) in ir.replicas().iter().enumerate() {
         for &stage in ir.stages() {
@@ -183,7 +186,7 @@ pub fn document(ir: &StepIr, predicted: Option<serde_json::Value>) -> ScheduleDo
                 schedules.push(ScheduleEntry {
                     replica: r as u32,
                     stage,
-                    packs: order.into_iter().map(index_of).collect(),
+                    packs: order.into_iter().map(|id| index[&id]).collect(),
                 });
             }
         }

@@ -424,22 +424,7 @@ mod tests {
     use slimpack_ir::batch::Sample;
 
     fn batch() -> Batch {
-        let samples = [40, 10, 64, 5]
-            .iter()
-            .enumerate()
-            .map(|(doc, &len)| Sample {
-                len,
-                doc: doc as u64,
-                piece: 0,
-            })
-            .collect();
-        Batch {
-            samples,
-            documents: 4,
-            documents_cut: 0,
-            context: Some(64),
-            source: "test".into(),
-        }
+        Batch::from_lengths(&[40, 10, 64, 5], Some(64), "test")
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use proptest::prelude::*;
 
-use slimpack_ir::batch::{Batch, Sample};
+use slimpack_ir::batch::Batch;
 use slimpack_ir::spec::Recompute;
 use slimpack_ir::step::Phase;
 use slimpack_ir::{text, verify, Spec, StepIr};
@@ -109,22 +109,7 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 fn batch(case: &Case) -> Batch {
-    Batch {
-        samples: case
-            .lengths
-            .iter()
-            .enumerate()
-            .map(|(doc, &len)| Sample {
-                len,
-                doc: doc as u64,
-                piece: 0,
-            })
-            .collect(),
-        documents: case.lengths.len(),
-        documents_cut: 0,
-        context: Some(case.context),
-        source: "proptest".into(),
-    }
+    Batch::from_lengths(&case.lengths, Some(case.context), "proptest")
 }
 
 /// Compiles `pipeline` on `batch` from fresh IR (verifying after every pass); the printed IR.

@@ -40,6 +40,26 @@ pub struct Batch {
 }
 
 impl Batch {
+    /// A batch of one uncut document per length, in order (for tests and embedders that already
+    /// hold their lengths), as if cut to `context`.
+    pub fn from_lengths(lengths: &[u32], context: Option<u32>, source: &str) -> Batch {
+        Batch {
+            samples: lengths
+                .iter()
+                .enumerate()
+                .map(|(doc, &len)| Sample {
+                    len,
+                    doc: doc as u64,
+                    piece: 0,
+                })
+                .collect(),
+            documents: lengths.len(),
+            documents_cut: 0,
+            context,
+            source: source.to_string(),
+        }
+    }
+
     /// Tokens over all samples.
     pub fn tokens(&self) -> u64 {
         self.samples

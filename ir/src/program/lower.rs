@@ -25,35 +25,37 @@ pub fn lower(ir: &StepIr) -> Program {
         .map(|(index, &id)| (id, index as u32))
         .collect();
 
-    let mut packs = Vec::new();
-    let mut pack_index: HashMap<PackId, u32> = HashMap::new();
-    for (replica_index, &replica) in ir.replicas().iter().enumerate() {
-        for direction in [Direction::Forward, Direction::Backward] {
-            for pack in ir.packs_on(replica, direction) {
-                pack_index.insert(pack, packs.len() as u32);
-                let slices: Vec<SliceLayout> = ir
-                    .pack_slices(pack)
-                    .into_iter()
-                    .map(|slice| {
-                        let s = ir.slice(slice);
-                        SliceLayout {
-                            sample: sample_index[&ir.sample_of(slice)],
-                            start: s.start,
-                            end: s.end(),
-                            kv_start: 0,
-                        }
-                    })
-                    .collect();
-                packs.push(layout(
-                    names.pack(pack).to_string(),
-                    direction,
-                    replica_index as u32,
-                    ir.replica(replica).ranks.clone(),
-                    slices,
-                    ir.padding(pack),
-                ));
-            }
-        }
+    let order = pack_order(ir);
+    let pack_index: HashMap<PackId, u32> = order
+        .iter()
+        .enumerate()
+        .map(|(index, &(pack, _))| (pack, index as u32))
+        .collect();
+    let mut packs = Vec::with_capacity(order.len());
+    for &(pack, replica_index) in &order {
+        let replica = ir.replicas()[replica_index as usize];
+        let direction = ir.pack(pack).direction;
+        let slices: Vec<SliceLayout> = ir
+            .pack_slices(pack)
+            .into_iter()
+            .map(|slice| {
+                let s = ir.slice(slice);
+                SliceLayout {
+                    sample: sample_index[&ir.sample_of(slice)],
+                    start: s.start,
+                    end: s.end(),
+                    kv_start: 0,
+                }
+            })
+            .collect();
+        packs.push(layout(
+            names.pack(pack).to_string(),
+            direction,
+            replica_index,
+            ir.replica(replica).ranks.clone(),
+            slices,
+            ir.padding(pack),
+        ));
     }
 
     let (pp, dp) = (ir.spec.parallel.pp, ir.spec.parallel.dp);
@@ -127,6 +129,22 @@ pub fn lower(ir: &StepIr) -> Program {
         packs,
         workers,
     }
+}
+
+/// Every pack with its replica's index, in the program's (and the printed IR's) order: per
+/// replica, forward packs then backward packs. `Program::packs[i]` is `pack_order(ir)[i]`.
+pub fn pack_order(ir: &StepIr) -> Vec<(PackId, u32)> {
+    let mut order = Vec::new();
+    for (index, &replica) in ir.replicas().iter().enumerate() {
+        for direction in [Direction::Forward, Direction::Backward] {
+            order.extend(
+                ir.packs_on(replica, direction)
+                    .into_iter()
+                    .map(|pack| (pack, index as u32)),
+            );
+        }
+    }
+    order
 }
 
 /// The layout of a pack from its slices in order.

@@ -27,7 +27,7 @@ mod lower;
 mod print;
 
 pub use check::{check, ProgramError};
-pub use lower::lower;
+pub use lower::{lower, pack_order};
 pub use print::print_workers;
 
 use schemars::JsonSchema;
