@@ -6,8 +6,8 @@ use std::time::Instant;
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::{Spec, StepIr};
+use slimpack_machine::sim::Metrics;
 use slimpack_passes::{parse_pipeline, run_pipeline, ManagerOptions, PassRecord, Result};
-use slimpack_runtime::sim::Metrics;
 
 /// How to compile.
 #[derive(Debug, Clone, Default)]

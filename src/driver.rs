@@ -14,11 +14,12 @@ use std::time::Instant;
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::{Spec, StepIr};
+use slimpack_machine::sim::{self, Metrics};
+use slimpack_machine::MachineError;
 use slimpack_passes::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
 use slimpack_passes::{
     parse_pipeline, run_pipeline, ManagerOptions, PassError, PassRecord, PipelineEntry,
 };
-use slimpack_runtime::sim::{self, Metrics, SimError};
 
 use crate::compile::Compiled;
 
@@ -37,7 +38,7 @@ pub enum DriverError {
         strategy: &'static str,
         candidate: String,
         #[source]
-        source: Box<SimError>,
+        source: Box<MachineError>,
     },
     #[error("strategy '{strategy}' offers no candidate for this spec and batch")]
     NoCandidate { strategy: &'static str },
@@ -118,7 +119,7 @@ pub fn evaluate(
     candidate: &Candidate,
 ) -> Result<(Evaluation, Compiled), DriverError> {
     let spec = candidate_spec(spec, candidate);
-    let cost = crate::machine::cost_model(&spec);
+    let cost = slimpack_machine::machine_model(&spec);
     let limit = memory_limit(&cost);
     let compile_error = |source| DriverError::Compile {
         strategy: strategy.name,
@@ -192,7 +193,7 @@ fn shared_prefix(pipelines: &[(String, Vec<PipelineEntry>)]) -> usize {
 }
 
 /// The memory a tuned configuration may use (see [`TUNING_HEADROOM`]).
-fn memory_limit(cost: &slimpack_ir::cost::CostModel) -> u64 {
+fn memory_limit(cost: &slimpack_machine::cost::CostModel) -> u64 {
     (cost.memory().capacity_bytes() as f64 * TUNING_HEADROOM) as u64
 }
 
@@ -212,7 +213,7 @@ pub fn choose(
         });
     }
     let outcomes = evaluate_all(strategy, spec, batch, &candidates);
-    let limit = memory_limit(&crate::machine::cost_model(spec));
+    let limit = memory_limit(&slimpack_machine::machine_model(spec));
     let mut evaluations = Vec::with_capacity(outcomes.len());
     let mut best: Option<(usize, Compiled)> = None;
     for outcome in outcomes {
@@ -339,7 +340,7 @@ mod tests {
         let info = strategy::lookup("slimpack").unwrap();
         let state = StrategyState::default();
         let choices = Choices::fixed(spec.model.recompute);
-        let cost = crate::machine::cost_model(&spec);
+        let cost = slimpack_machine::machine_model(&spec);
         for candidate in (info.candidates)(&spec, &batch, &state, &choices) {
             assert_eq!(candidate.variants.len(), 3, "{}", candidate.label);
             let (evaluation, compiled) = evaluate(info, &spec, &batch, &candidate).unwrap();

@@ -130,7 +130,8 @@ fn calibrate_writes_tables_the_cost_model_reads() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let calibration = slimpack::ir::cost::Calibration::load(&path).expect("a calibration file");
+    let calibration =
+        slimpack::machine::cost::Calibration::load(&path).expect("a calibration file");
     std::fs::remove_file(&path).unwrap();
     assert_eq!(calibration.device, "cpu-2core");
     assert_eq!(calibration.tables.len(), 5);

@@ -9,10 +9,10 @@
 use slimpack::ir::batch::Batch;
 use slimpack::ir::spec::ModelSpec;
 use slimpack::ir::{Spec, StepIr};
+use slimpack::machine::sim;
 use slimpack::passes::strategy::{Choices, StrategyState, STRATEGIES};
 use slimpack::runtime::cpu::exec::{check_reference, execute, DeviceOrder, Plan};
 use slimpack::runtime::cpu::{AdamWConfig, ModelConfig, Params};
-use slimpack::runtime::sim;
 use slimpack::{compile, driver, CompileOptions};
 
 const TOLERANCE: f32 = 1e-5;
@@ -89,7 +89,7 @@ fn check(ir: &StepIr, what: &str) -> (usize, usize, bool) {
     let batch = plan.synthetic_batch(&config, 7).unwrap();
     let params = Params::init(&config, 3);
     let adamw = AdamWConfig::default();
-    let simulated = sim::simulate(ir, &slimpack::machine::cost_model(&ir.spec)).unwrap();
+    let simulated = sim::simulate(ir, &slimpack::machine::machine_model(&ir.spec)).unwrap();
     let starts: std::collections::HashMap<(usize, usize), f64> = simulated
         .tasks()
         .filter(|(task, _)| matches!(task.kind, sim::TaskKind::Forward | sim::TaskKind::Backward))

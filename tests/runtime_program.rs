@@ -14,13 +14,13 @@ use slimpack::ir::batch::Batch;
 use slimpack::ir::program::Program;
 use slimpack::ir::spec::ModelSpec;
 use slimpack::ir::{Spec, StepIr};
+use slimpack::machine::sim;
 use slimpack::passes::strategy::{Choices, StrategyState, STRATEGIES};
 use slimpack::runtime::abi::{self, Call};
 use slimpack::runtime::cpu::exec::{
     check_reference, execute_program, DeviceOrder, Driver, Execution, Plan,
 };
 use slimpack::runtime::cpu::{AdamWConfig, ModelConfig, Params};
-use slimpack::runtime::sim;
 use slimpack::{compile, driver, CompileOptions};
 
 const TOLERANCE: f32 = 1e-5;
@@ -78,7 +78,7 @@ fn steps() -> Vec<(String, StepIr)> {
 
 /// The program `run` executes by default: replicas interleaved by simulated start times.
 fn simulated_program(ir: &StepIr, plan: &Plan) -> Program {
-    let simulated = sim::simulate(ir, &slimpack::machine::cost_model(&ir.spec)).unwrap();
+    let simulated = sim::simulate(ir, &slimpack::machine::machine_model(&ir.spec)).unwrap();
     let starts: std::collections::HashMap<(usize, usize), f64> = simulated
         .tasks()
         .filter(|(task, _)| matches!(task.kind, sim::TaskKind::Forward | sim::TaskKind::Backward))

@@ -8,7 +8,6 @@
 //! - [`verify`]: the invariants every pass must preserve.
 
 pub mod batch;
-pub mod cost;
 mod error;
 pub mod program;
 pub mod spec;

@@ -5,9 +5,9 @@
 //! quantity the heuristic balances), with the costs of real slices: per-layer forward FLOPs of
 //! llama-7b slices at their offsets, from lognormal sample lengths cut into slices.
 
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::Direction;
 use slimpack_ir::Spec;
+use slimpack_machine::cost::CostModel;
 use slimpack_passes::micropack::{partition, Item};
 use slimpack_passes::milp::optimal_max_pack_cost;
 

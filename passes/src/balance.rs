@@ -4,9 +4,9 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::Direction;
 use slimpack_ir::StepIr;
+use slimpack_machine::cost::CostModel;
 
 /// What the replicas are balanced on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,9 +18,9 @@ use crate::balance::{refine, sample_weights, Balance};
 use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
 use crate::registry::PassInfo;
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::{Phase, SampleId};
 use slimpack_ir::StepIr;
+use slimpack_machine::cost::CostModel;
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "dp-merge",

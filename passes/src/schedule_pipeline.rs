@@ -23,9 +23,9 @@ use std::ops::RangeInclusive;
 use crate::error::Result;
 use crate::pass::{Pass, Statistics};
 use crate::registry::PassInfo;
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::{Direction, PackId, Phase, ReplicaId};
 use slimpack_ir::StepIr;
+use slimpack_machine::cost::CostModel;
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "schedule-pipeline",

@@ -21,9 +21,9 @@
 //! `admit` if it keeps state) to [`STRATEGIES`].
 
 use slimpack_ir::batch::Batch;
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::spec::Recompute;
 use slimpack_ir::Spec;
+use slimpack_machine::cost::CostModel;
 
 use crate::pack_symmetric::{default_count, karmarkar_karp, wlb::OutlierDelay};
 

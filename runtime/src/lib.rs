@@ -4,4 +4,3 @@
 
 pub mod abi;
 pub mod cpu;
-pub mod sim;

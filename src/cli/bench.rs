@@ -58,7 +58,7 @@ pub struct BenchArgs {
 
 /// One step of one strategy.
 struct StepFigures {
-    metrics: slimpack_runtime::sim::Metrics,
+    metrics: slimpack_machine::sim::Metrics,
     compile_ms: f64,
 }
 

@@ -9,9 +9,9 @@ use slimpack::{compile, driver, CompileOptions};
 use slimpack_codegen::schedule_json;
 use slimpack_ir::step::Phase;
 use slimpack_ir::{text, StepIr};
+use slimpack_machine::sim::{self, SimResult};
 use slimpack_passes::strategy::{self, Choices, StrategyState};
 use slimpack_passes::{ManagerOptions, PassRecord, PrintOptions};
-use slimpack_runtime::sim::{self, SimResult};
 
 use super::input::{BatchArgs, SpecArgs};
 
@@ -106,7 +106,7 @@ impl SimulationArgs {
     /// Simulates `ir` and writes the pictures asked for; returns the result and its wall ms.
     pub fn simulate(&self, ir: &StepIr) -> anyhow::Result<(SimResult, f64)> {
         let start = std::time::Instant::now();
-        let result = sim::simulate(ir, &slimpack::machine::cost_model(&ir.spec))?;
+        let result = sim::simulate(ir, &slimpack::machine::machine_model(&ir.spec))?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         if let Some(path) = &self.trace {
             std::fs::write(path, sim::trace::chrome_trace(&result))

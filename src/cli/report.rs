@@ -1,6 +1,6 @@
 //! Human-readable reports shared by commands (stderr; `--report json` bypasses them).
 
-use slimpack_runtime::sim::Metrics;
+use slimpack_machine::sim::Metrics;
 
 /// Bytes as GiB with two decimals.
 pub fn gib(bytes: u64) -> String {

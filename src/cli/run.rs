@@ -19,14 +19,15 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 
 use slimpack::{compile, driver, CompileOptions};
-use slimpack_ir::cost::{
-    causal_pairs, CostModel, OpKind, Traffic, BACKWARD_ATTENTION_FACTOR, BACKWARD_LINEAR_FACTOR,
-    EMBEDDING_KERNELS, HEAD_KERNELS, KERNELS_PER_LAYER_BACKWARD, KERNELS_PER_LAYER_FORWARD,
-};
 use slimpack_ir::program::Program;
 use slimpack_ir::spec::Recompute;
 use slimpack_ir::step::Direction;
 use slimpack_ir::{text, Spec, StepIr};
+use slimpack_machine::cost::{
+    causal_pairs, CostModel, OpKind, Traffic, BACKWARD_ATTENTION_FACTOR, BACKWARD_LINEAR_FACTOR,
+    EMBEDDING_KERNELS, HEAD_KERNELS, KERNELS_PER_LAYER_BACKWARD, KERNELS_PER_LAYER_FORWARD,
+};
+use slimpack_machine::sim::{self, MemoryEffect, SimResult, TaskKind};
 use slimpack_passes::strategy::{self, Choices, StrategyState};
 use slimpack_runtime::cpu::exec::{
     check_reference, execute_program, DeviceOrder, Driver, Execution, Plan, ReferenceCheck,
@@ -34,7 +35,6 @@ use slimpack_runtime::cpu::exec::{
 };
 use slimpack_runtime::cpu::profile::OpTimes;
 use slimpack_runtime::cpu::{AdamWConfig, ModelConfig, Params};
-use slimpack_runtime::sim::{self, MemoryEffect, SimResult, TaskKind};
 
 use super::compile::ReportFormat;
 use super::input::{BatchArgs, SpecArgs};
@@ -540,7 +540,7 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
 /// for the spec's device, the facade's model otherwise.
 fn cost_model(spec: &Spec) -> anyhow::Result<(CostModel, bool)> {
     Ok((
-        slimpack::machine::cost_model(spec),
+        slimpack::machine::machine_model(spec),
         slimpack::machine::is_calibrated(spec),
     ))
 }

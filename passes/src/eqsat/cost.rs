@@ -27,8 +27,8 @@ use rustc_hash::FxHashMap as HashMap;
 
 use super::analysis::{direction_index, ReplicaFacts};
 use super::language::{Kept, Schedule, Span};
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::Direction;
+use slimpack_machine::cost::CostModel;
 
 /// What a set of slices contributes to a pack's time: additive over slices.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

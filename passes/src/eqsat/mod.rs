@@ -76,9 +76,9 @@ use analysis::{Knobs, ScheduleAnalysis};
 use cost::PackTimer;
 use encode::ReplicaPlan;
 use language::Schedule;
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::{Direction, Phase, ReplicaId};
 use slimpack_ir::StepIr;
+use slimpack_machine::cost::CostModel;
 
 pub use language::Span;
 

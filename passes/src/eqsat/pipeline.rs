@@ -165,7 +165,7 @@ mod tests {
     #[test]
     fn one_stage_runs_everything_back_to_back() {
         let spec = slimpack_ir::Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
-        let mut timer = PackTimer::new(slimpack_ir::cost::CostModel::new(&spec), vec![0]);
+        let mut timer = PackTimer::new(slimpack_machine::cost::CostModel::new(&spec), vec![0]);
         let span = |sample, start, len| Span { sample, start, len };
         let forward = vec![vec![span(0, 0, 100)], vec![span(1, 0, 300)]];
         let backward = vec![vec![span(1, 0, 300)], vec![span(0, 0, 100)]];

@@ -33,9 +33,9 @@ use crate::micropack::PackOptions;
 use crate::pack_bwd::PackBwd;
 use crate::pack_fwd::PackFwd;
 use crate::pass::Pass;
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::{Direction, Phase, ReplicaId, SampleId};
 use slimpack_ir::StepIr;
+use slimpack_machine::cost::CostModel;
 
 /// Placements re-packed and timed per pair, cheapest estimate first.
 const CANDIDATES: usize = 3;

@@ -7,7 +7,7 @@
 //! and the pair costs the larger. `T` is estimated bottom-up from the machine model: a list's
 //! [`PackLoad`] is the sum of its samples' slice loads (one for a plain rank, one for the
 //! group, whose attention is split two ways and whose packs pay the CP ring exchange of
-//! `ir/src/cost/comm.rs`, through [`PackTimer`] over the group's ranks), and `T` is the
+//! `machine/src/cost/comm.rs`, through [`PackTimer`] over the group's ranks), and `T` is the
 //! forward plus backward time of that load on the slowest stage. The pass judges what it
 //! extracts more finely: it re-packs the changed replicas with `pack-fwd` and `pack-bwd` and
 //! times them by their 1F1B makespans (`placement.rs`).
@@ -352,8 +352,8 @@ mod tests {
     use super::*;
     use crate::eqsat::language::Span;
     use egg::{RecExpr, Runner};
-    use slimpack_ir::cost::CostModel;
     use slimpack_ir::Spec;
+    use slimpack_machine::cost::CostModel;
 
     /// A pair of llama-7b ranks (tp=8, pp=2) whose samples have `lengths`, sliced at 8192.
     fn analysis(lengths: &[u32], plain_len_limit: u32) -> RankAnalysis {

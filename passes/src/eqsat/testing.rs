@@ -9,8 +9,8 @@ use indexmap::IndexMap;
 use super::analysis::{ReplicaFacts, SampleFacts, ScheduleAnalysis, ScheduleGraph};
 use super::cost::PackTimer;
 use super::language::Schedule;
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::Spec;
+use slimpack_machine::cost::CostModel;
 
 /// Facts of a replica whose samples have `lengths`, released at forward pack 0, with no
 /// token cap, merges up to the longest sample and room for every candidate.

@@ -73,7 +73,7 @@ pub(crate) fn pack_direction(
     if options.mirror {
         return mirror_forward(ir, pass);
     }
-    let cost = slimpack_ir::cost::CostModel::new(&ir.spec);
+    let cost = slimpack_machine::cost::CostModel::new(&ir.spec);
     let longest = ir
         .samples()
         .iter()

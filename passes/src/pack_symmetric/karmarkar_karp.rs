@@ -29,7 +29,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use slimpack_ir::cost::CostModel;
+use slimpack_machine::cost::CostModel;
 
 /// verl's constant `a`: `6 · hidden` for hidden 4096 (`calculate_workload`).
 pub const VERL_COEFFICIENT: u64 = 24_576;

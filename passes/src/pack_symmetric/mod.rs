@@ -45,9 +45,9 @@ use std::ops::RangeInclusive;
 use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
 use crate::registry::PassInfo;
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::step::{Direction, Pack, Phase, ReplicaId, SampleId};
 use slimpack_ir::StepIr;
+use slimpack_machine::cost::CostModel;
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "pack-symmetric",

@@ -36,7 +36,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use slimpack_ir::batch::{Batch, Sample};
-use slimpack_ir::cost::CostModel;
+use slimpack_machine::cost::CostModel;
 
 /// WLB-LLM's workload of one document: its model FLOPs, forward and backward.
 pub fn workload(cost: &CostModel, len: u32) -> f64 {

@@ -21,18 +21,18 @@
 //! other processes on a shared machine only ever add time); `threads` copies run at once (as many as the workers the runs will use) so that the
 //! rates include the sharing of memory bandwidth and caches between cores.
 //!
-//! [`shipped`] is the calibration measured for the `cpu` preset's device and shipped in the
-//! repository (`runtime/calibration/cpu.json`).
+//! The calibration measured this way for the `cpu` preset's device is shipped with the machine
+//! model (`machine/calibration/cpu.json`, `slimpack_machine::shipped_calibration`).
 
 use std::time::Instant;
 
-use slimpack_ir::cost::{
+use slimpack_ir::step::Direction;
+use slimpack_ir::Spec;
+use slimpack_machine::cost::{
     causal_pairs, Calibration, CalibrationPoint, CalibrationTable, CostModel, OpKind, Traffic,
     BACKWARD_ATTENTION_FACTOR, BACKWARD_LINEAR_FACTOR, EMBEDDING_KERNELS, HEAD_KERNELS,
     KERNELS_PER_LAYER_BACKWARD, KERNELS_PER_LAYER_FORWARD,
 };
-use slimpack_ir::step::Direction;
-use slimpack_ir::Spec;
 
 use super::batch::{Batch, SampleId, Slice};
 use super::config::ModelConfig;
@@ -41,17 +41,6 @@ use super::params::Params;
 use super::profile::{self, OpTimes};
 use super::stage::Stage;
 use super::stage_state::StageState;
-
-/// The calibration file of the `cpu` preset's device, as shipped.
-const SHIPPED_CPU: &str = include_str!("../../calibration/cpu.json");
-
-/// The shipped calibration of `device` (a [`slimpack_ir::spec::GpuSpec`] name), if slimpack
-/// ships one: `cpu-2core`, measured with [`measure`] on the machines the CPU runtime runs on.
-pub fn shipped(device: &str) -> Option<Calibration> {
-    let calibration = Calibration::from_json(SHIPPED_CPU, "runtime/calibration/cpu.json")
-        .expect("the shipped calibration parses (a test checks it)");
-    (calibration.device == device).then_some(calibration)
-}
 
 /// A run whose thread got less than this share of its wall time on a core was preempted by
 /// another process; its times are not the kernels'.
@@ -254,15 +243,6 @@ fn median(times: &[OpTimes]) -> OpTimes {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_shipped_calibration_parses_and_covers_every_op_kind() {
-        let calibration = shipped("cpu-2core").expect("shipped for the cpu preset's device");
-        for op in OpKind::ALL {
-            assert!(calibration.tables.contains_key(&op), "{op:?}");
-        }
-        assert!(shipped("H100-SXM5-80GB").is_none());
-    }
 
     #[test]
     fn a_tiny_measurement_gives_positive_increasing_tables() {

@@ -2,7 +2,7 @@
 //! lowered [`Program`] (`slimpack_ir::program`), one op list per worker.
 //!
 //! - One worker thread per device — a DP rank on a pipeline stage, the simulator's device group
-//!   (`runtime::sim::Layout`) and the program's worker — holding that stage's weights, a
+//!   (`slimpack_machine::sim::Layout`) and the program's worker — holding that stage's weights, a
 //!   gradient buffer, and its shard of the AdamW state. A plain replica's packs run on its
 //!   rank's devices; a DP-Merge group's packs run on all its ranks' devices at once, each with
 //!   its load-balanced share of every slice, computing attention across the group through a K/V

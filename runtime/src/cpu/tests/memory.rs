@@ -2,8 +2,8 @@
 //! for byte (capacities: what the counting allocator counts): the activations a forward pack
 //! saves, the K/V rows it keeps, and the dK/dV accumulators a sample's backward holds.
 
-use slimpack_ir::cost::MemoryModel;
 use slimpack_ir::Spec;
+use slimpack_machine::cost::MemoryModel;
 
 use crate::cpu::{Batch, ModelConfig, Params, SampleId, Slice, Stage, StageState};
 

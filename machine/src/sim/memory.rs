@@ -14,7 +14,7 @@
 //! gives the exact timeline: `baseline + allocations so far − frees so far`, plus the running
 //! task's temporaries.
 //!
-//! [`MemoryModel`]: slimpack_ir::cost::MemoryModel
+//! [`MemoryModel`]: crate::cost::MemoryModel
 
 use serde::Serialize;
 

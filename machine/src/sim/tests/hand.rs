@@ -1,13 +1,14 @@
 //! Steps small enough to compute by hand from the cost model's per-task figures.
 
+use crate::cost::causal_pairs;
 use slimpack_ir::batch::Sample;
-use slimpack_ir::cost::causal_pairs;
 use slimpack_ir::spec::Spec;
 use slimpack_ir::step::{BatchInfo, Direction, Pack, Phase, StepIr};
 
 use super::super::fixture::{schedule_gpipe, ReplicaPlan};
-use super::super::{simulate, SimError, TaskKind};
+use super::super::{simulate, TaskKind};
 use super::{assert_close, checked_run, plain, run, spec};
+use crate::MachineError;
 
 use Direction::{Backward, Forward};
 
@@ -276,17 +277,17 @@ fn sliced_sample_keeps_kv_and_accumulates_kv_gradients() {
 #[test]
 fn unscheduled_ir_is_an_error_naming_the_phase() {
     let mut ir = sliced_sample();
-    let cost = slimpack_ir::cost::CostModel::new(&ir.spec);
+    let cost = crate::cost::CostModel::new(&ir.spec);
     assert!(simulate(&ir, &cost).is_ok());
     ir = StepIr::new(ir.spec.clone(), BatchInfo::default());
     ir.advance(Phase::Packed);
     let error = simulate(&ir, &cost).unwrap_err();
-    assert_eq!(
+    assert!(matches!(
         error,
-        SimError::NotScheduled {
+        MachineError::NotScheduled {
             phase: Phase::Packed
         }
-    );
+    ));
     let message = error.to_string();
     assert!(message.contains("phase 'packed'"), "{message}");
     assert!(!message.contains('\n'));
@@ -295,7 +296,7 @@ fn unscheduled_ir_is_an_error_naming_the_phase() {
 #[test]
 fn cost_model_of_another_spec_is_an_error() {
     let ir = sliced_sample();
-    let other = slimpack_ir::cost::CostModel::new(&spec("llama-13b", "h100-sxm", "tp=8,pp=1,dp=1"));
+    let other = crate::cost::CostModel::new(&spec("llama-13b", "h100-sxm", "tp=8,pp=1,dp=1"));
     let message = simulate(&ir, &other).unwrap_err().to_string();
     assert!(
         message.contains("llama-13b") && message.contains("llama-7b"),
@@ -317,9 +318,9 @@ fn cyclic_schedule_is_a_deadlock_error() {
     // On the last stage the backward is listed before the forward it depends on.
     ir.set_schedule(replica, 1, &[backward, forward]);
     assert!(slimpack_ir::verify::verify(&ir).is_err());
-    let cost = slimpack_ir::cost::CostModel::new(&ir.spec);
+    let cost = crate::cost::CostModel::new(&ir.spec);
     let error = simulate(&ir, &cost).unwrap_err();
     let message = error.to_string();
     assert!(message.starts_with("the schedule deadlocks: "), "{message}");
-    assert!(matches!(error, SimError::Deadlock { unfinished, .. } if unfinished > 0));
+    assert!(matches!(error, MachineError::Deadlock { unfinished, .. } if unfinished > 0));
 }

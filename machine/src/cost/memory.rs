@@ -69,8 +69,8 @@
 //!   slice (one buffer in the forward, probabilities and their gradients in the backward);
 //! - no workspace: every buffer the runtime allocates is one of the above.
 
-use crate::spec::{Dtype, ModelSpec, Recompute, Spec};
-use crate::step::Direction;
+use slimpack_ir::spec::{Dtype, ModelSpec, Recompute, Spec};
+use slimpack_ir::step::Direction;
 
 use super::efficiency::DeviceKind;
 use super::flops::gemm_params_per_layer;

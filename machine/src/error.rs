@@ -1,10 +1,31 @@
-//! The simulator's errors: one line each, naming what was wrong and where.
+//! The one error type of `slimpack-machine`: calibrations that cannot be read or do not match
+//! the device, and steps the simulator cannot run. Every variant renders as one line naming
+//! what was wrong and where; the CLI prints it verbatim.
+
+use std::path::PathBuf;
 
 use slimpack_ir::step::Phase;
 
-/// Why a step could not be simulated.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum SimError {
+/// Why a machine model could not be built or a step could not be simulated.
+#[derive(Debug, thiserror::Error)]
+pub enum MachineError {
+    /// A calibration file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A calibration file could not be written.
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A calibration is malformed, or was measured on another device than the cluster's.
+    #[error("{what}: {message}")]
+    Calibration { what: String, message: String },
     /// The IR has not been scheduled yet.
     #[error("the simulator needs a scheduled step IR, got phase '{phase}' (run the passes through schedule-pipeline first)")]
     NotScheduled { phase: Phase },
@@ -35,3 +56,15 @@ pub enum SimError {
         total: usize,
     },
 }
+
+impl MachineError {
+    pub(crate) fn calibration(what: impl Into<String>, message: impl Into<String>) -> Self {
+        MachineError::Calibration {
+            what: what.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Result alias for this crate.
+pub type Result<T, E = MachineError> = std::result::Result<T, E>;

@@ -13,8 +13,8 @@
 //! MPICH"; NCCL's ring algorithm): all-gather and reduce-scatter `(n−1)/n · B/bw + (n−1)·α`;
 //! all-reduce, a reduce-scatter followed by an all-gather, `2(n−1)/n · B/bw + 2(n−1)·α`.
 
-use crate::spec::{LinkSpec, ModelSpec, ParallelSpec, Recompute, Spec};
-use crate::step::Direction;
+use slimpack_ir::spec::{LinkSpec, ModelSpec, ParallelSpec, Recompute, Spec};
+use slimpack_ir::step::Direction;
 
 use super::memory::MAIN_GRAD_BYTES;
 
@@ -129,8 +129,8 @@ impl Topology {
     }
 }
 
-fn coords(tp: u32, cp: u32, dp: u32, pp: u32) -> crate::spec::Coords {
-    crate::spec::Coords { tp, cp, dp, pp }
+fn coords(tp: u32, cp: u32, dp: u32, pp: u32) -> slimpack_ir::spec::Coords {
+    slimpack_ir::spec::Coords { tp, cp, dp, pp }
 }
 
 /// Per-spec communication volumes and the collectives built from them.

@@ -5,7 +5,7 @@ mod hand;
 mod pictures;
 mod properties;
 
-use slimpack_ir::cost::CostModel;
+use crate::cost::CostModel;
 use slimpack_ir::spec::Spec;
 use slimpack_ir::step::StepIr;
 

@@ -40,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use super::calibration::{Calibration, CalibrationTable};
 use super::memory::MAIN_GRAD_BYTES;
-use crate::spec::{ClusterSpec, Dtype, GpuSpec};
+use slimpack_ir::spec::{ClusterSpec, Dtype, GpuSpec};
 
 /// The kinds of kernel whose achieved rate the model distinguishes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

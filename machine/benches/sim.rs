@@ -5,11 +5,11 @@
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use slimpack_ir::batch::{Distribution, Synthetic};
-use slimpack_ir::cost::CostModel;
 use slimpack_ir::spec::Spec;
 use slimpack_ir::step::StepIr;
-use slimpack_runtime::sim::fixture::{one_f_one_b, ReplicaPlan};
-use slimpack_runtime::sim::{simulate, svg, trace};
+use slimpack_machine::cost::CostModel;
+use slimpack_machine::sim::fixture::{one_f_one_b, ReplicaPlan};
+use slimpack_machine::sim::{simulate, svg, trace};
 
 const SAMPLES: usize = 2048;
 const DP: usize = 8;

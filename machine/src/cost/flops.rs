@@ -25,8 +25,8 @@
 
 use std::ops::{Add, AddAssign, Mul};
 
-use crate::spec::{ModelSpec, Recompute};
-use crate::step::Direction;
+use slimpack_ir::spec::{ModelSpec, Recompute};
+use slimpack_ir::step::Direction;
 
 /// Backward over forward FLOPs of the GEMMs: input gradient plus weight gradient, each as large
 /// as the forward GEMM (Narayanan et al. 2021, §5.1: "the backward pass ... 2x the forward").

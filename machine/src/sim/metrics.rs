@@ -8,7 +8,7 @@
 //! - `ideal_step_time_s`: the physical limit of this step's compute: every FLOP the step
 //!   executes (recomputation included, summed over all devices) at the *saturated* rate of its
 //!   kernel kind (GEMM or attention, forward or backward: the efficiency curves of
-//!   `slimpack_ir::cost::Throughput` at 2^30 tokens), spread perfectly over all devices:
+//!   `crate::cost::Throughput` at 2^30 tokens), spread perfectly over all devices:
 //!   `Σ_kinds FLOPs_kind / rate_kind / devices`. It ignores memory-bound kernels, kernel
 //!   overheads, communication, small-pack inefficiency, imbalance and bubbles, so
 //!   `step_time_s ≥ ideal_step_time_s` always.

@@ -2,7 +2,7 @@
 //! shape of pack times (small packs and short queries run below peak, CP over the right link).
 
 use super::*;
-use crate::spec::Coords;
+use slimpack_ir::spec::Coords;
 
 fn spec(model: &str, cluster: &str, parallel: &str) -> Spec {
     Spec::from_presets(model, cluster, parallel).unwrap()

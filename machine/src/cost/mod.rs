@@ -53,9 +53,9 @@ pub use traffic::{Traffic, BACKWARD_ELEMENTWISE_FACTOR};
 
 use serde::Serialize;
 
-use crate::error::{IrError, Result};
-use crate::spec::{Dtype, LinkSpec, Recompute, Spec};
-use crate::step::Direction;
+use crate::error::{MachineError, Result};
+use slimpack_ir::spec::{Dtype, LinkSpec, Recompute, Spec};
+use slimpack_ir::step::Direction;
 
 /// Compute kernels of one layer's forward in a Megatron-Core + Transformer Engine layer: two
 /// RMSNorms, the QKV GEMM, RoPE, attention, the output-projection GEMM, a residual add, the
@@ -147,7 +147,7 @@ impl CostModel {
     /// calibration must have been measured on the cluster's device.
     pub fn with_calibration(spec: &Spec, calibration: Calibration) -> Result<CostModel> {
         if calibration.device != spec.cluster.gpu.name {
-            return Err(IrError::spec(
+            return Err(MachineError::calibration(
                 "calibration",
                 format!(
                     "measured on '{}' but cluster '{}' has '{}'",

@@ -13,7 +13,7 @@
 //! }
 //! ```
 //!
-//! `device` is the [`crate::spec::GpuSpec`] name the tables were measured on; `rate` is FLOP/s
+//! `device` is the [`slimpack_ir::spec::GpuSpec`] name the tables were measured on; `rate` is FLOP/s
 //! for the GEMM and attention kinds and bytes/s for `elementwise` (see [`OpKind`]). Tables are
 //! measured for one model shape and TP degree (the GEMM widths per device); `source` should say
 //! which. Between points, rates are interpolated piecewise-linearly in log(tokens); below the
@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::efficiency::OpKind;
-use crate::error::{IrError, Result};
+use crate::error::{MachineError, Result};
 
 /// One measurement: a kernel over `tokens` tokens achieved `rate`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -113,7 +113,7 @@ impl From<CalibrationTable> for Vec<CalibrationPoint> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Calibration {
-    /// Name of the device measured ([`crate::spec::GpuSpec::name`]).
+    /// Name of the device measured ([`slimpack_ir::spec::GpuSpec::name`]).
     pub device: String,
     /// How and for which model/TP shape the tables were measured.
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -139,7 +139,8 @@ impl Calibration {
 
     /// Parses calibration JSON; `source_name` names it in errors.
     pub fn from_json(text: &str, source_name: &str) -> Result<Calibration> {
-        serde_json::from_str(text).map_err(|e| IrError::spec(source_name, e.to_string()))
+        serde_json::from_str(text)
+            .map_err(|e| MachineError::calibration(source_name, e.to_string()))
     }
 
     /// Pretty JSON, tables in [`OpKind`] order.
@@ -149,13 +150,19 @@ impl Calibration {
 
     /// Reads a calibration file.
     pub fn load(path: &Path) -> Result<Calibration> {
-        let text = std::fs::read_to_string(path).map_err(|e| IrError::io(path, e))?;
+        let text = std::fs::read_to_string(path).map_err(|source| MachineError::Read {
+            path: path.into(),
+            source,
+        })?;
         Calibration::from_json(&text, &path.display().to_string())
     }
 
     /// Writes a calibration file.
     pub fn save(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_json() + "\n").map_err(|e| IrError::io(path, e))
+        std::fs::write(path, self.to_json() + "\n").map_err(|source| MachineError::Write {
+            path: path.into(),
+            source,
+        })
     }
 }
 

@@ -8,8 +8,8 @@
 //! Megatron-Core + Transformer Engine layer with its usual fusions (norm kernels separate from
 //! the GEMMs, fused RoPE, fused SwiGLU, fused bias-dropout-add).
 
-use crate::spec::{ModelSpec, Recompute};
-use crate::step::Direction;
+use slimpack_ir::spec::{ModelSpec, Recompute};
+use slimpack_ir::step::Direction;
 
 /// Element-wise backward over forward traffic: each backward kernel reads the saved input and
 /// the upstream gradient and writes the input gradient (RMSNorm also reduces its weight

@@ -15,7 +15,6 @@
 
 mod build;
 mod engine;
-mod error;
 pub mod fixture;
 mod layout;
 mod memory;
@@ -29,24 +28,24 @@ pub mod trace;
 mod tests;
 
 pub use engine::Span;
-pub use error::SimError;
 pub use layout::{GroupId, Layout};
 pub use memory::{GroupMemory, MemoryEffect, MemoryPoint};
 pub use metrics::Metrics;
 pub use result::{PackInfo, SimResult};
 pub use task::{PackIndex, Stream, Task, TaskGraph, TaskId, TaskKind};
 
-use slimpack_ir::cost::CostModel;
+use crate::cost::CostModel;
+use crate::error::MachineError;
 use slimpack_ir::step::{Phase, StepIr};
 
 /// Simulates one training step of `ir` (phase `scheduled` or later) on the machine `model`
 /// describes (which must be built for `ir.spec`).
-pub fn simulate(ir: &StepIr, model: &CostModel) -> Result<SimResult, SimError> {
+pub fn simulate(ir: &StepIr, model: &CostModel) -> Result<SimResult, MachineError> {
     if ir.phase() < Phase::Scheduled {
-        return Err(SimError::NotScheduled { phase: ir.phase() });
+        return Err(MachineError::NotScheduled { phase: ir.phase() });
     }
     if model.spec() != &ir.spec {
-        return Err(SimError::SpecMismatch {
+        return Err(MachineError::SpecMismatch {
             cost: describe(model.spec()),
             ir: describe(&ir.spec),
         });
@@ -56,7 +55,7 @@ pub fn simulate(ir: &StepIr, model: &CostModel) -> Result<SimResult, SimError> {
     let execution = engine::execute(&built.graph, &built.baselines).map_err(|stuck| {
         let task = &built.graph.tasks[stuck.first.index()];
         let pack = task.pack.map(|p| built.packs[p.0 as usize].name());
-        SimError::Deadlock {
+        MachineError::Deadlock {
             task: format!(
                 "{:?} {} on stage {}",
                 task.kind,

@@ -17,14 +17,14 @@
 
 use std::ops::Range;
 
-use slimpack_ir::cost::{recomputed_forward, CostModel, DirectionFactors, OpKind};
+use crate::cost::{recomputed_forward, CostModel, DirectionFactors, OpKind};
 use slimpack_ir::step::{Direction, SliceId, StepIr};
 
-use super::error::SimError;
 use super::layout::{GroupId, Layout};
 use super::memory::MemoryEffect;
 use super::result::PackInfo;
 use super::task::{PackIndex, Task, TaskGraph, TaskGraphBuilder, TaskId, TaskKind};
+use crate::error::MachineError;
 
 /// Token count at which the efficiency curves are taken as saturated, for the ideal time.
 const SATURATED_TOKENS: f64 = (1u64 << 30) as f64;
@@ -101,9 +101,9 @@ impl IdealRates {
 }
 
 /// Builds the task graph of `ir` (which must be scheduled) under `cost`.
-pub(super) fn build(ir: &StepIr, cost: &CostModel, layout: Layout) -> Result<Built, SimError> {
+pub(super) fn build(ir: &StepIr, cost: &CostModel, layout: Layout) -> Result<Built, MachineError> {
     if ir.stages().len() != layout.pp as usize {
-        return Err(SimError::Stages {
+        return Err(MachineError::Stages {
             stages: ir.stages().len(),
             pp: layout.pp,
         });
@@ -142,15 +142,19 @@ struct Builder<'a> {
 }
 
 impl<'a> Builder<'a> {
-    fn new(ir: &'a StepIr, cost: &'a CostModel, layout: Layout) -> Result<Builder<'a>, SimError> {
+    fn new(
+        ir: &'a StepIr,
+        cost: &'a CostModel,
+        layout: Layout,
+    ) -> Result<Builder<'a>, MachineError> {
         let mut replicas = Vec::with_capacity(ir.replicas().len());
         for (index, &replica) in ir.replicas().iter().enumerate() {
             let ranks = ir.replica(replica).ranks.clone();
             if ranks.is_empty() {
-                return Err(SimError::EmptyReplica { replica: index });
+                return Err(MachineError::EmptyReplica { replica: index });
             }
             if let Some(&rank) = ranks.iter().find(|&&rank| rank >= layout.dp) {
-                return Err(SimError::RankOutOfRange {
+                return Err(MachineError::RankOutOfRange {
                     replica: index,
                     rank,
                     dp: layout.dp,
@@ -264,7 +268,7 @@ impl<'a> Builder<'a> {
     }
 
     /// One compute task per (pack, stage), chained in each per-stage schedule.
-    fn compute_tasks(&mut self) -> Result<(), SimError> {
+    fn compute_tasks(&mut self) -> Result<(), MachineError> {
         let pp = self.layout.pp as usize;
         self.tasks = TaskGraphBuilder::with_capacity(self.packs.len() * pp * 2 + 3 * pp);
         self.compute = vec![TaskId(u32::MAX); self.packs.len() * pp];
@@ -288,7 +292,7 @@ impl<'a> Builder<'a> {
                     let foreign =
                         pack == NONE || self.packs[pack as usize].replica != replica as u32;
                     if foreign || seen[pack as usize] == stamp {
-                        return Err(SimError::Schedule {
+                        return Err(MachineError::Schedule {
                             replica,
                             stage,
                             message: "lists a pack twice or a pack of another replica".into(),
@@ -302,7 +306,7 @@ impl<'a> Builder<'a> {
                     previous = Some(task);
                 }
                 if order.len() != expected {
-                    return Err(SimError::Schedule {
+                    return Err(MachineError::Schedule {
                         replica,
                         stage,
                         message: format!(
