@@ -69,7 +69,17 @@ fn trl_best_fit_decreasing_makes_5732_bins() {
 #[test]
 fn axolotl_first_fit_in_input_order_makes_5734_bins() {
     let lengths = wikipedia_capped();
-    let bins = first_fit::pack(&lengths, CAP, first_fit::DEFAULT_BIN_SIZE).unwrap();
+    // `pack-symmetric`'s declared default bin size is Axolotl's `sample_packing_bin_size`.
+    let declared = slimpack::passes::registry::lookup("pack-symmetric")
+        .unwrap()
+        .options;
+    let bin_size = declared
+        .iter()
+        .find(|o| o.name == "bin-size")
+        .unwrap()
+        .default;
+    assert_eq!(bin_size, Some("200"));
+    let bins = first_fit::pack(&lengths, CAP, 200).unwrap();
     assert_valid(&bins, &lengths);
     assert_eq!(bins.len(), 5_734);
 }

@@ -14,13 +14,10 @@
 //! consecutive DP ranks each (`[0..K)`, `[K..2K)`, ...), every one a CP group that runs all of
 //! its samples split `K` ways. `K` must divide `dp`; `cp=1` (the default) is one replica per rank.
 
-use std::ops::RangeInclusive;
-
 pub use crate::balance::Balance;
 use crate::balance::{imbalance, lpt, refine, sample_weights};
 use crate::error::{PassError, Result};
-use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
-use crate::registry::PassInfo;
+use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use slimpack_ir::step::Phase;
 use slimpack_ir::StepIr;
 
@@ -30,14 +27,18 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Creates one replica per DP rank and places every sample: LPT on forward + \
                   backward FLOPs, then move/swap refinement between the most and least loaded \
                   replicas. Phase logical -> assigned.",
+    accepts: Phase::Logical..=Phase::Logical,
+    produces: Some(Phase::Assigned),
     options: &[
         OptionInfo {
             name: "balance",
-            help: "cost (default: FLOPs incl. quadratic attention), tokens, or none (round-robin)",
+            help: "cost (FLOPs incl. quadratic attention), tokens, or none (round-robin)",
+            default: Some("cost"),
         },
         OptionInfo {
             name: "cp",
-            help: "static CP degree taken from the DP pool: dp/cp replicas of cp ranks (default 1)",
+            help: "static CP degree taken from the DP pool: dp/cp replicas of cp ranks",
+            default: Some("1"),
         },
     ],
     create: |options| Ok(Box::new(AssignDp::from_options(options)?)),
@@ -53,49 +54,22 @@ pub struct AssignDp {
 
 impl AssignDp {
     fn from_options(options: &PassOptions) -> Result<AssignDp> {
-        let balance = match options
-            .get::<String>("balance", "cost, tokens or none")?
-            .as_deref()
-        {
-            None | Some("cost") => Balance::Cost,
+        let balance = match options.choice("balance", &["cost", "tokens", "none"])? {
             Some("tokens") => Balance::Tokens,
             Some("none") => Balance::None,
-            Some(other) => {
-                return Err(PassError::BadOption {
-                    pass: INFO.name,
-                    option: "balance".into(),
-                    value: other.into(),
-                    message: "expected cost, tokens or none".into(),
-                })
-            }
+            _ => Balance::Cost,
         };
-        let cp: u32 = options.get("cp", "a positive integer")?.unwrap_or(1);
-        if cp == 0 {
-            return Err(PassError::BadOption {
-                pass: INFO.name,
-                option: "cp".into(),
-                value: "0".into(),
-                message: "expected a positive integer".into(),
-            });
-        }
+        let cp = options.required_positive("cp")?;
         Ok(AssignDp { balance, cp })
     }
 }
 
 impl Pass for AssignDp {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
 
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Logical..=Phase::Logical
-    }
-
-    fn produces(&self) -> Option<Phase> {
-        Some(Phase::Assigned)
-    }
-
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+    fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
         let dp = ir.spec.parallel.dp;
         if dp % self.cp != 0 {
             return Err(PassError::Failed {
@@ -104,7 +78,7 @@ impl Pass for AssignDp {
             });
         }
         let bins = (dp / self.cp) as usize;
-        let cost = sample_weights(ir, Balance::Cost);
+        let cost = sample_weights(ir, cx.machine(), Balance::Cost);
         let (bin_of, steps) = match self.balance {
             Balance::None => ((0..cost.len()).map(|i| i % bins).collect(), 0),
             Balance::Cost => {
@@ -113,7 +87,7 @@ impl Pass for AssignDp {
                 (bin_of, steps)
             }
             Balance::Tokens => {
-                let tokens = sample_weights(ir, Balance::Tokens);
+                let tokens = sample_weights(ir, cx.machine(), Balance::Tokens);
                 let mut bin_of = lpt(&tokens, &vec![0.0; bins]);
                 let steps = refine(&tokens, &mut bin_of, &vec![0.0; bins]);
                 (bin_of, steps)

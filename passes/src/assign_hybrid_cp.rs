@@ -25,11 +25,8 @@
 //! `pipeline_model_parallel_size == 1` with hybrid CP; here the schedule that follows
 //! (`schedule-pipeline`) pipelines whatever `pp` the layout has.
 
-use std::ops::RangeInclusive;
-
 use crate::error::{PassError, Result};
-use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
-use crate::registry::PassInfo;
+use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use slimpack_ir::step::Phase;
 use slimpack_ir::StepIr;
 
@@ -40,9 +37,12 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   first, it goes to the least-loaded group of that size or a new group of free \
                   ranks (a DP-Merge replica), short samples to the least-loaded rank. Phase \
                   logical -> assigned.",
+    accepts: Phase::Logical..=Phase::Logical,
+    produces: Some(Phase::Assigned),
     options: &[OptionInfo {
         name: "max-tokens-per-rank",
         help: "Megatron's max_seqlen_per_dp_cp_rank (default: the batch's context length)",
+        default: None,
     }],
     create: |options| Ok(Box::new(AssignHybridCp::from_options(options)?)),
 };
@@ -55,18 +55,8 @@ pub struct AssignHybridCp {
 
 impl AssignHybridCp {
     fn from_options(options: &PassOptions) -> Result<AssignHybridCp> {
-        let max_tokens_per_rank =
-            options.get::<u32>("max-tokens-per-rank", "a positive integer")?;
-        if max_tokens_per_rank == Some(0) {
-            return Err(PassError::BadOption {
-                pass: INFO.name,
-                option: "max-tokens-per-rank".into(),
-                value: "0".into(),
-                message: "expected a positive integer".into(),
-            });
-        }
         Ok(AssignHybridCp {
-            max_tokens_per_rank,
+            max_tokens_per_rank: options.positive("max-tokens-per-rank")?,
         })
     }
 }
@@ -164,19 +154,11 @@ fn assign(lengths: &[u32], max_tokens_per_rank: u32, dp: u32) -> Assignment {
 }
 
 impl Pass for AssignHybridCp {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
 
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Logical..=Phase::Logical
-    }
-
-    fn produces(&self) -> Option<Phase> {
-        Some(Phase::Assigned)
-    }
-
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+    fn run(&mut self, ir: &mut StepIr, _: &PassContext) -> Result<Statistics> {
         let max_tokens =
             self.max_tokens_per_rank
                 .or(ir.batch.context)

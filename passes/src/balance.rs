@@ -17,8 +17,7 @@ pub enum Balance {
 }
 
 /// Estimated cost of each sample: FLOPs of forward + backward (`Cost`), or tokens.
-pub(crate) fn sample_weights(ir: &StepIr, balance: Balance) -> Vec<f64> {
-    let cost = CostModel::new(&ir.spec);
+pub(crate) fn sample_weights(ir: &StepIr, cost: &CostModel, balance: Balance) -> Vec<f64> {
     ir.samples()
         .iter()
         .map(|&s| {

@@ -12,12 +12,9 @@
 //! rank carries `cost / k` of the sample; the other samples keep their placement and are then
 //! moved and swapped between replicas until the loads, merged shares included, balance again.
 
-use std::ops::RangeInclusive;
-
 use crate::balance::{refine, sample_weights, Balance};
 use crate::error::{PassError, Result};
-use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
-use crate::registry::PassInfo;
+use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use slimpack_ir::step::{Phase, SampleId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
@@ -28,16 +25,18 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Samples costing more than `threshold` x the mean replica load, or too big \
                   for one device's memory, run on an aligned block of 2^k DP ranks as one CP \
                   group; the remaining samples are re-placed around them. Phase assigned.",
+    accepts: Phase::Assigned..=Phase::Assigned,
+    produces: None,
     options: &[
         OptionInfo {
             name: "threshold",
-            help: "merge a sample costing more than this fraction of the mean replica load \
-                   (default 1.0)",
+            help: "merge a sample costing more than this fraction of the mean replica load",
+            default: Some("1.0"),
         },
         OptionInfo {
             name: "memory",
-            help: "merge a sample needing more than this fraction of a device's free memory \
-                   (default 0.5)",
+            help: "merge a sample needing more than this fraction of a device's free memory",
+            default: Some("0.5"),
         },
     ],
     create: |options| Ok(Box::new(DpMerge::from_options(options)?)),
@@ -56,10 +55,10 @@ impl DpMerge {
     fn from_options(options: &PassOptions) -> Result<DpMerge> {
         let threshold: f64 = options
             .get("threshold", "a positive number")?
-            .unwrap_or(1.0);
+            .expect("declared with a default");
         let memory: f64 = options
             .get("memory", "a fraction in (0, 1]")?
-            .unwrap_or(0.5);
+            .expect("declared with a default");
         for (name, value, valid) in [
             (
                 "threshold",
@@ -108,19 +107,11 @@ fn sample_memory(cost: &CostModel, stages: u32, tokens: u64) -> u64 {
 }
 
 impl Pass for DpMerge {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
 
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Assigned..=Phase::Assigned
-    }
-
-    fn produces(&self) -> Option<Phase> {
-        None
-    }
-
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+    fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
         let dp = ir.spec.parallel.dp;
         let plain: Vec<_> = ir.replicas().to_vec();
         if plain.len() != dp as usize || plain.iter().any(|&r| ir.replica(r).ranks.len() != 1) {
@@ -130,9 +121,9 @@ impl Pass for DpMerge {
                     .into(),
             });
         }
-        let cost_model = CostModel::new(&ir.spec);
+        let cost_model = cx.machine();
         let stages = ir.spec.parallel.pp;
-        let weights = sample_weights(ir, Balance::Cost);
+        let weights = sample_weights(ir, cx.machine(), Balance::Cost);
         let samples: Vec<SampleId> = ir.samples().to_vec();
         let mean = weights.iter().sum::<f64>() / f64::from(dp);
         let capacity = cost_model.memory().capacity_bytes() as f64;
@@ -145,8 +136,8 @@ impl Pass for DpMerge {
             } else {
                 1.0
             };
-            let fixed = sample_memory(&cost_model, stages, 0) as f64;
-            let needed = sample_memory(&cost_model, stages, tokens) as f64 - fixed;
+            let fixed = sample_memory(cost_model, stages, 0) as f64;
+            let needed = sample_memory(cost_model, stages, tokens) as f64 - fixed;
             let allowed = self.memory * (capacity - fixed).max(1.0);
             let by_memory = if needed > allowed {
                 needed / allowed

@@ -5,15 +5,12 @@
 //! pass checks that the program is executable (every send received, every collective met, no
 //! deadlock: [`slimpack_ir::program::check`]), moves the phase on and reports what it emitted.
 
-use std::ops::RangeInclusive;
-
 use slimpack_ir::program;
 use slimpack_ir::step::Phase;
 use slimpack_ir::StepIr;
 
 use crate::error::{PassError, Result};
-use crate::pass::{Pass, Statistics};
-use crate::registry::PassInfo;
+use crate::pass::{Pass, PassContext, PassInfo, Statistics};
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "lower",
@@ -22,6 +19,8 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   its receive, CP exchange (DP-Merge groups), compute and send; then the \
                   stage's gradient reduce-scatter, optimizer step and parameter all-gather. \
                   Proves the op lists executable. Phase scheduled -> lowered.",
+    accepts: Phase::Scheduled..=Phase::Lowered,
+    produces: Some(Phase::Lowered),
     options: &[],
     create: |_| Ok(Box::new(Lower)),
 };
@@ -31,19 +30,11 @@ pub(crate) const INFO: PassInfo = PassInfo {
 pub struct Lower;
 
 impl Pass for Lower {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
 
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Scheduled..=Phase::Lowered
-    }
-
-    fn produces(&self) -> Option<Phase> {
-        Some(Phase::Lowered)
-    }
-
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+    fn run(&mut self, ir: &mut StepIr, _: &PassContext) -> Result<Statistics> {
         let program = program::lower(ir);
         program::check(&program).map_err(|e| PassError::Failed {
             pass: INFO.name,

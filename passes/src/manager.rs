@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use crate::error::{PassError, Result};
-use crate::pass::{describe_phases, Statistics};
+use crate::pass::{describe_phases, PassContext, Statistics};
 use crate::pipeline::PipelineEntry;
 use slimpack_ir::{text, verify, StepIr};
 
@@ -55,13 +55,31 @@ pub struct PassRecord {
     pub statistics: Statistics,
 }
 
-/// Runs `pipeline` over `ir`. Printed IR goes to `print_sink` (stderr for the CLI).
+/// Runs `pipeline` over `ir` with the machine model of its spec (built once, handed to every
+/// pass). Printed IR goes to `print_sink` (stderr for the CLI).
 pub fn run_pipeline(
     ir: &mut StepIr,
     pipeline: &[PipelineEntry],
     options: &ManagerOptions,
     print_sink: &mut dyn Write,
 ) -> Result<Vec<PassRecord>> {
+    let cx = PassContext::for_spec(&ir.spec);
+    run_pipeline_in(ir, pipeline, &cx, options, print_sink)
+}
+
+/// [`run_pipeline`] with a context the caller built (one machine model for several runs over
+/// the same spec, as the tuner's candidates share).
+pub fn run_pipeline_in(
+    ir: &mut StepIr,
+    pipeline: &[PipelineEntry],
+    cx: &PassContext,
+    options: &ManagerOptions,
+    print_sink: &mut dyn Write,
+) -> Result<Vec<PassRecord>> {
+    assert!(
+        cx.machine().spec() == &ir.spec,
+        "a pass context runs over steps of its own spec (bug)"
+    );
     if options.verify {
         verify::verify(ir).map_err(|source| PassError::Invalid {
             after: None,
@@ -79,13 +97,13 @@ pub fn run_pipeline(
     for (index, entry) in pipeline.iter().enumerate() {
         let position = index + 1;
         let mut pass = entry.create()?;
-        let name = pass.name();
-        let accepts = pass.accepts();
-        if !accepts.contains(&ir.phase()) {
+        let info = entry.info;
+        let name = info.name;
+        if !info.accepts.contains(&ir.phase()) {
             return Err(PassError::Phase {
                 pass: name,
                 phase: ir.phase(),
-                accepts: describe_phases(&accepts),
+                accepts: describe_phases(&info.accepts),
             });
         }
         if options.print.before.iter().any(|p| p == name) {
@@ -95,9 +113,9 @@ pub fn run_pipeline(
             dump(dir, &format!("{position:02}-{name}.before.sir"), ir)?;
         }
         let start = Instant::now();
-        let statistics = pass.run(ir)?;
+        let statistics = pass.run(ir, cx)?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
-        if let Some(phase) = pass.produces() {
+        if let Some(phase) = info.produces {
             ir.advance(phase.max(ir.phase()));
         }
         if options.verify {

@@ -8,12 +8,9 @@
 //! backward: that asymmetry is why the two partitions are built separately. The algorithm is
 //! in [`crate::micropack`].
 
-use std::ops::RangeInclusive;
-
 use crate::error::Result;
 use crate::micropack::{pack_direction, PackOptions, BACKWARD_OPTIONS};
-use crate::pass::{Pass, Statistics};
-use crate::registry::PassInfo;
+use crate::pass::{Pass, PassContext, PassInfo, Statistics};
 use slimpack_ir::step::{Direction, Phase};
 use slimpack_ir::StepIr;
 
@@ -23,6 +20,8 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Per replica: chain-constrained balanced partition of the slices (last slice \
                   first) into packs of at most `cap` tokens, balancing backward FLOPs. Phase \
                   assigned -> packed.",
+    accepts: Phase::Assigned..=Phase::Assigned,
+    produces: Some(Phase::Packed),
     options: BACKWARD_OPTIONS,
     create: |options| Ok(Box::new(PackBwd(PackOptions::parse(options)?))),
 };
@@ -32,16 +31,11 @@ pub(crate) const INFO: PassInfo = PassInfo {
 pub struct PackBwd(pub PackOptions);
 
 impl Pass for PackBwd {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Assigned..=Phase::Assigned
-    }
-    fn produces(&self) -> Option<Phase> {
-        Some(Phase::Packed)
-    }
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
-        pack_direction(ir, Direction::Backward, self.0, INFO.name)
+
+    fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
+        pack_direction(ir, cx.machine(), Direction::Backward, self.0, INFO.name)
     }
 }

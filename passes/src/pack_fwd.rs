@@ -7,12 +7,9 @@
 //! (which attends to a long prefix) weighs more than an early one of the same length. The
 //! algorithm is in [`crate::micropack`].
 
-use std::ops::RangeInclusive;
-
 use crate::error::Result;
 use crate::micropack::{pack_direction, PackOptions, OPTIONS};
-use crate::pass::{Pass, Statistics};
-use crate::registry::PassInfo;
+use crate::pass::{Pass, PassContext, PassInfo, Statistics};
 use slimpack_ir::step::{Direction, Phase};
 use slimpack_ir::StepIr;
 
@@ -22,6 +19,8 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Per replica: chain-constrained balanced partition of the slices (first slice \
                   first) into packs of at most `cap` tokens, balancing forward FLOPs at each \
                   slice's offset. Phase assigned -> assigned.",
+    accepts: Phase::Assigned..=Phase::Assigned,
+    produces: None,
     options: OPTIONS,
     create: |options| Ok(Box::new(PackFwd(PackOptions::parse(options)?))),
 };
@@ -31,16 +30,11 @@ pub(crate) const INFO: PassInfo = PassInfo {
 pub struct PackFwd(pub PackOptions);
 
 impl Pass for PackFwd {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Assigned..=Phase::Assigned
-    }
-    fn produces(&self) -> Option<Phase> {
-        None
-    }
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
-        pack_direction(ir, Direction::Forward, self.0, INFO.name)
+
+    fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
+        pack_direction(ir, cx.machine(), Direction::Forward, self.0, INFO.name)
     }
 }

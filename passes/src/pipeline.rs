@@ -107,7 +107,7 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<PipelineEntry>> {
                 }
             }
         }
-        let options = PassOptions::new(info.name, values);
+        let options = PassOptions::new(info.name, values, info.options);
         options.check_known(info.options)?;
         entries.push(PipelineEntry { info, options });
         skip_spaces(&mut i);

@@ -1,21 +1,10 @@
 //! The registry: every pass by name, with its summary, description and options.
 //!
-//! Adding a pass means adding its file and one entry to [`PASSES`].
+//! Adding a pass means adding its file (with its `const INFO: PassInfo`) and one entry to
+//! [`PASSES`].
 
 use crate::error::{PassError, Result};
-use crate::pass::{OptionInfo, Pass, PassOptions};
-
-/// What the registry knows of a pass without creating it.
-pub struct PassInfo {
-    pub name: &'static str,
-    /// One line, shown by `slimpack passes`.
-    pub summary: &'static str,
-    /// A few sentences: what it does, its contract, the phases in and out.
-    pub description: &'static str,
-    pub options: &'static [OptionInfo],
-    /// Builds the pass from its (already name-checked) options.
-    pub create: fn(&PassOptions) -> Result<Box<dyn Pass>>,
-}
+pub use crate::pass::PassInfo;
 
 /// Every registered pass, in pipeline order.
 pub static PASSES: &[PassInfo] = &[

@@ -18,11 +18,8 @@
 //! for is preceded, downstream, only by forwards it has already sent (the verifier proves it on
 //! every output).
 
-use std::ops::RangeInclusive;
-
 use crate::error::Result;
-use crate::pass::{Pass, Statistics};
-use crate::registry::PassInfo;
+use crate::pass::{Pass, PassContext, PassInfo, Statistics};
 use slimpack_ir::step::{Direction, PackId, Phase, ReplicaId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
@@ -33,6 +30,8 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Per replica and stage: warm-up forwards, then one backward as soon as its \
                   forwards have run, one forward otherwise; identical to 1F1B for symmetric \
                   packs. Phase packed -> scheduled.",
+    accepts: Phase::Packed..=Phase::Packed,
+    produces: Some(Phase::Scheduled),
     options: &[],
     create: |_| Ok(Box::new(SchedulePipeline)),
 };
@@ -138,53 +137,50 @@ fn same_slices(ir: &StepIr, a: PackId, b: PackId) -> bool {
 }
 
 impl Pass for SchedulePipeline {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
 
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Packed..=Phase::Packed
+    fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
+        Ok(schedule(ir, cx.machine()))
     }
+}
 
-    fn produces(&self) -> Option<Phase> {
-        Some(Phase::Scheduled)
-    }
-
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
-        let stages = ir.spec.parallel.pp;
-        let cost = CostModel::new(&ir.spec);
-        let mut scheduled = 0;
-        let mut max_in_flight = 0usize;
-        let mut memory_limited = 0usize;
-        for replica in ir.replicas().to_vec() {
-            if ir.packs_on(replica, Direction::Forward).is_empty() {
-                continue;
-            }
-            let warmups = warmups(ir, replica, &cost);
-            memory_limited += warmups
-                .iter()
-                .enumerate()
-                .filter(|&(s, &w)| w < (stages - 1) as usize - s)
-                .count();
-            for (stage, &warmup) in warmups.iter().enumerate() {
-                let order = one_f_one_b(ir, replica, warmup);
-                let mut in_flight: usize = 0;
-                for &pack in &order {
-                    match ir.pack(pack).direction {
-                        Direction::Forward => in_flight += 1,
-                        Direction::Backward => in_flight = in_flight.saturating_sub(1),
-                    }
-                    max_in_flight = max_in_flight.max(in_flight);
-                }
-                ir.set_schedule(replica, stage as u32, &order);
-            }
-            scheduled += 1;
+/// Sets every replica's per-stage 1F1B orders (memory-aware warm-up); the pass's algorithm,
+/// also run by `eqsat` on a scheduled step whose packs it changed.
+pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel) -> Statistics {
+    let stages = ir.spec.parallel.pp;
+    let mut scheduled = 0;
+    let mut max_in_flight = 0usize;
+    let mut memory_limited = 0usize;
+    for replica in ir.replicas().to_vec() {
+        if ir.packs_on(replica, Direction::Forward).is_empty() {
+            continue;
         }
-        Ok(Statistics::new()
-            .with("replicas_scheduled", scheduled)
-            .with("max_forwards_in_flight", max_in_flight)
-            .with("memory_limited_stages", memory_limited))
+        let warmups = warmups(ir, replica, cost);
+        memory_limited += warmups
+            .iter()
+            .enumerate()
+            .filter(|&(s, &w)| w < (stages - 1) as usize - s)
+            .count();
+        for (stage, &warmup) in warmups.iter().enumerate() {
+            let order = one_f_one_b(ir, replica, warmup);
+            let mut in_flight: usize = 0;
+            for &pack in &order {
+                match ir.pack(pack).direction {
+                    Direction::Forward => in_flight += 1,
+                    Direction::Backward => in_flight = in_flight.saturating_sub(1),
+                }
+                max_in_flight = max_in_flight.max(in_flight);
+            }
+            ir.set_schedule(replica, stage as u32, &order);
+        }
+        scheduled += 1;
     }
+    Statistics::new()
+        .with("replicas_scheduled", scheduled)
+        .with("max_forwards_in_flight", max_in_flight)
+        .with("memory_limited_stages", memory_limited)
 }
 
 /// Warm-up forwards of each stage of one replica: `pp - 1 - s`, reduced to what fits in

@@ -5,11 +5,8 @@
 //! fresh IR (one slice per sample) this cuts each sample into `ceil(len / N)` slices; on an IR
 //! that is already sliced it refines the slices, so running it twice with the same N is a no-op.
 
-use std::ops::RangeInclusive;
-
-use crate::error::{PassError, Result};
-use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
-use crate::registry::PassInfo;
+use crate::error::Result;
+use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use slimpack_ir::step::Phase;
 use slimpack_ir::StepIr;
 
@@ -19,9 +16,12 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Every slice longer than `size` tokens is replaced by consecutive slices of \
                   `size` tokens, the last one shorter, chained by dependency edges. Runs before \
                   packing (phases logical and assigned); leaves the phase unchanged.",
+    accepts: Phase::Logical..=Phase::Assigned,
+    produces: None,
     options: &[OptionInfo {
         name: "size",
         help: "maximum tokens per slice, a positive integer",
+        default: None,
     }],
     create: |options| Ok(Box::new(Slice::from_options(options)?)),
 };
@@ -35,40 +35,18 @@ pub struct Slice {
 
 impl Slice {
     fn from_options(options: &PassOptions) -> Result<Slice> {
-        let size: u32 =
-            options
-                .get("size", "a positive integer")?
-                .ok_or(PassError::MissingOption {
-                    pass: INFO.name,
-                    option: "size",
-                    help: INFO.options[0].help,
-                })?;
-        if size == 0 {
-            return Err(PassError::BadOption {
-                pass: INFO.name,
-                option: "size".into(),
-                value: "0".into(),
-                message: "expected a positive integer".into(),
-            });
-        }
-        Ok(Slice { size })
+        Ok(Slice {
+            size: options.required_positive("size")?,
+        })
     }
 }
 
 impl Pass for Slice {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
 
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Logical..=Phase::Assigned
-    }
-
-    fn produces(&self) -> Option<Phase> {
-        None
-    }
-
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+    fn run(&mut self, ir: &mut StepIr, _: &PassContext) -> Result<Statistics> {
         let (mut before, mut after, mut samples_cut) = (0usize, 0usize, 0usize);
         let mut largest = 0u32;
         for sample in ir.samples().to_vec() {

@@ -20,7 +20,7 @@ pub fn run(args: PassesArgs) -> anyhow::Result<()> {
         if args.verbose {
             println!("  {:width$}  {}", "", pass.description);
             for option in pass.options {
-                println!("  {:width$}    {}=  {}", "", option.name, option.help);
+                println!("  {:width$}    {}=  {}", "", option.name, option.describe());
             }
         }
     }

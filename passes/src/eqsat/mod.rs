@@ -62,23 +62,20 @@ mod tests;
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::ops::RangeInclusive;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use egg::{Analysis, RecExpr, Rewrite, Runner, StopReason};
 use indexmap::IndexMap;
 
-use crate::error::{PassError, Result};
-use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
-use crate::registry::PassInfo;
+use crate::error::Result;
+use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use analysis::{Knobs, ScheduleAnalysis};
 use cost::PackTimer;
 use encode::ReplicaPlan;
 use language::Schedule;
 use slimpack_ir::step::{Direction, Phase, ReplicaId};
 use slimpack_ir::StepIr;
-use slimpack_machine::cost::CostModel;
 
 pub use language::Span;
 
@@ -93,6 +90,8 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   neighbouring packs) rules under node and iteration limits, extract candidates \
                   under the machine model, and keep the one with the least 1F1B makespan if it \
                   beats the input. Phase packed (or scheduled, then re-scheduled) -> unchanged.",
+    accepts: Phase::Packed..=Phase::Scheduled,
+    produces: None,
     options: OPTIONS,
     create: |options| Ok(Box::new(Eqsat::from_options(options)?)),
 };
@@ -100,35 +99,43 @@ pub(crate) const INFO: PassInfo = PassInfo {
 const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "nodes",
-        help: "e-node limit per replica's e-graph (default 1000)",
+        help: "e-node limit per replica's e-graph",
+        default: Some("1000"),
     },
     OptionInfo {
         name: "iters",
-        help: "iteration limit per replica (default 6)",
+        help: "iteration limit per replica",
+        default: Some("6"),
     },
     OptionInfo {
         name: "ms",
         help: "time limit per replica in milliseconds (default none; with one, results depend on the machine's speed)",
+        default: None,
     },
     OptionInfo {
         name: "grain",
         help: "split slices only at multiples of this many tokens (default: the largest slice / 16, a power of two)",
+        default: None,
     },
     OptionInfo {
         name: "fanout",
-        help: "regroupings added per matched pair of packs, best first (default 2)",
+        help: "regroupings added per matched pair of packs, best first",
+        default: Some("2"),
     },
     OptionInfo {
         name: "focus",
-        help: "regroup around this many of the slowest packs of each direction (default 3)",
+        help: "regroup around this many of the slowest packs of each direction",
+        default: Some("3"),
     },
     OptionInfo {
         name: "scope",
-        help: "bottleneck (default: only replicas that bound the step) or all",
+        help: "bottleneck (only replicas that bound the step) or all",
+        default: Some("bottleneck"),
     },
     OptionInfo {
         name: "ranks",
-        help: "true (default): rank merging first (move, DP-Merge or split samples within aligned pairs of DP ranks); false: packs only",
+        help: "true: rank merging first (move, DP-Merge or split samples within aligned pairs of DP ranks); false: packs only",
+        default: Some("true"),
     },
 ];
 
@@ -158,59 +165,34 @@ pub struct Eqsat {
 }
 
 impl Default for Eqsat {
+    /// The pass with every option at its declared default.
     fn default() -> Eqsat {
-        Eqsat {
-            nodes: 1000,
-            iters: 6,
-            time_limit: None,
-            grain: None,
-            fanout: 2,
-            focus: 3,
-            scope: Scope::Bottleneck,
-            ranks: true,
-        }
+        Eqsat::from_options(&PassOptions::new(INFO.name, Default::default(), OPTIONS))
+            .expect("the declared defaults parse (bug)")
     }
 }
 
 impl Eqsat {
     fn from_options(options: &PassOptions) -> Result<Eqsat> {
-        let defaults = Eqsat::default();
-        let positive = |name: &str| -> Result<Option<u64>> {
-            let value: Option<u64> = options.get(name, "a positive integer")?;
-            if value == Some(0) {
-                return Err(PassError::BadOption {
-                    pass: INFO.name,
-                    option: name.into(),
-                    value: "0".into(),
-                    message: "expected a positive integer".into(),
-                });
-            }
-            Ok(value)
+        let declared = "declared with a default";
+        let count = |name: &str| -> Result<usize> {
+            Ok(options.positive::<u64>(name)?.expect(declared) as usize)
         };
-        let scope = match options.get::<String>("scope", "bottleneck or all")? {
-            None => defaults.scope,
-            Some(scope) if scope == "bottleneck" => Scope::Bottleneck,
-            Some(scope) if scope == "all" => Scope::All,
-            Some(other) => {
-                return Err(PassError::BadOption {
-                    pass: INFO.name,
-                    option: "scope".into(),
-                    value: other,
-                    message: "expected bottleneck or all".into(),
-                })
-            }
+        let scope = match options.choice("scope", &["bottleneck", "all"])? {
+            Some("all") => Scope::All,
+            _ => Scope::Bottleneck,
         };
         Ok(Eqsat {
-            nodes: positive("nodes")?.map_or(defaults.nodes, |n| n as usize),
-            iters: positive("iters")?.map_or(defaults.iters, |n| n as usize),
-            time_limit: positive("ms")?.map(Duration::from_millis),
-            grain: positive("grain")?.map(|g| g.min(u64::from(u32::MAX)) as u32),
-            fanout: positive("fanout")?.map_or(defaults.fanout, |n| n as usize),
-            focus: positive("focus")?.map_or(defaults.focus, |n| n as usize),
+            nodes: count("nodes")?,
+            iters: count("iters")?,
+            time_limit: options.positive("ms")?.map(Duration::from_millis),
+            grain: options
+                .positive::<u64>("grain")?
+                .map(|g| g.min(u64::from(u32::MAX)) as u32),
+            fanout: count("fanout")?,
+            focus: count("focus")?,
             scope,
-            ranks: options
-                .get::<bool>("ranks", "true or false")?
-                .unwrap_or(defaults.ranks),
+            ranks: options.get("ranks", "true or false")?.expect(declared),
         })
     }
 
@@ -408,23 +390,14 @@ fn default_grain(ir: &StepIr) -> u32 {
 }
 
 impl Pass for Eqsat {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
 
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Packed..=Phase::Scheduled
-    }
-
-    fn produces(&self) -> Option<Phase> {
-        None
-    }
-
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+    fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
         let start = Instant::now();
-        let scheduled = ir.phase() >= Phase::Scheduled;
         let ranks = if self.ranks {
-            placement::merge_ranks(self, ir)
+            placement::merge_ranks(self, ir, cx.machine())
         } else {
             placement::RankOutcome::default()
         };
@@ -432,7 +405,7 @@ impl Pass for Eqsat {
         let cost_before = if self.ranks {
             ranks.cost_before
         } else {
-            placement::step_seconds(ir)
+            placement::step_seconds(ir, cx.machine())
         };
         let mut totals = Totals::default();
         for (rule, count) in &ranks.applied {
@@ -442,7 +415,7 @@ impl Pass for Eqsat {
         if let Some(rebuilt) = &ranks.ir {
             *ir = rebuilt.clone();
         }
-        let model = CostModel::new(&ir.spec);
+        let model = cx.machine();
         let grain = self.grain.unwrap_or_else(|| default_grain(ir));
         // Every replica with packs, its plan, timer and input cost; slowest first. Replicas
         // without a CP exchange share one timer (and its memo tables).
@@ -499,11 +472,7 @@ impl Pass for Eqsat {
             .fold(bound, f64::max);
         let egraph_ms = start.elapsed().as_secs_f64() * 1e3 - setup_ms;
         if !plans.is_empty() {
-            *ir = rebuild::rebuild(ir, &plans);
-        }
-        if scheduled && (ranks_changed || !plans.is_empty()) {
-            crate::schedule_pipeline::SchedulePipeline.run(ir)?;
-            ir.advance(Phase::Scheduled);
+            *ir = rebuild::rebuild(ir, &plans, model);
         }
         let result = if plans.is_empty() && !ranks_changed {
             "kept-input"
@@ -512,7 +481,7 @@ impl Pass for Eqsat {
         };
         // The step's cost as the pass counts it: the slowest rank (replicas it runs, summed).
         let cost_after = if result == "improved" {
-            placement::step_seconds(ir)
+            placement::step_seconds(ir, cx.machine())
         } else {
             cost_before
         };

@@ -29,10 +29,7 @@ use super::pipeline;
 use super::rank_merge::{self, PairFacts, RankAnalysis, UnitFacts};
 use super::rebuild::{self, Layout};
 use super::Eqsat;
-use crate::micropack::PackOptions;
-use crate::pack_bwd::PackBwd;
-use crate::pack_fwd::PackFwd;
-use crate::pass::Pass;
+use crate::micropack::{pack_direction, PackOptions};
 use slimpack_ir::step::{Direction, Phase, ReplicaId, SampleId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
@@ -82,13 +79,12 @@ type Placement = [Vec<SampleId>; 3];
 type Repacked = [Option<(ReplicaPlan, [Vec<Option<u32>>; 2])>; 3];
 
 /// Runs rank merging over the step's pairs (see the module header).
-pub fn merge_ranks(eqsat: &Eqsat, ir: &StepIr) -> RankOutcome {
+pub fn merge_ranks(eqsat: &Eqsat, ir: &StepIr, model: &CostModel) -> RankOutcome {
     let mut outcome = RankOutcome::default();
     for rule in rank_merge::rules() {
         outcome.applied.insert(rule.name.to_string(), 0);
     }
     let dp = ir.spec.parallel.dp;
-    let model = CostModel::new(&ir.spec);
     let plain_timer = Rc::new(RefCell::new(PackTimer::new(model.clone(), vec![0])));
     let mut group_timers: HashMap<ReplicaId, Rc<RefCell<PackTimer>>> = HashMap::new();
     let mut inputs: HashMap<ReplicaId, Timed> = HashMap::new();
@@ -155,6 +151,7 @@ pub fn merge_ranks(eqsat: &Eqsat, ir: &StepIr) -> RankOutcome {
         let (after, repacked) = optimize_pair(
             eqsat,
             ir,
+            model,
             &pair,
             &inputs,
             (&plain_timer, &group_timer),
@@ -175,16 +172,15 @@ pub fn merge_ranks(eqsat: &Eqsat, ir: &StepIr) -> RankOutcome {
     if replans.is_empty() {
         outcome.cost_after = outcome.cost_before;
     } else {
-        let rebuilt = rebuild_step(ir, &replans);
-        outcome.cost_after = step_seconds(&rebuilt);
+        let rebuilt = rebuild_step(ir, &replans, model);
+        outcome.cost_after = step_seconds(&rebuilt, model);
         outcome.ir = Some(rebuilt);
     }
     outcome
 }
 
 /// The slowest rank's seconds: per rank, the makespans of the replicas it belongs to.
-pub fn step_seconds(ir: &StepIr) -> f64 {
-    let model = CostModel::new(&ir.spec);
+pub fn step_seconds(ir: &StepIr, model: &CostModel) -> f64 {
     let mut rank_seconds = vec![0.0f64; ir.spec.parallel.dp as usize];
     for (replica, plan) in ReplicaPlan::all(ir) {
         let ranks = ir.replica(replica).ranks.clone();
@@ -224,6 +220,7 @@ fn qualifying_pair(ir: &StepIr, ranks: [u32; 2]) -> Option<Pair> {
 fn optimize_pair(
     eqsat: &Eqsat,
     ir: &StepIr,
+    model: &CostModel,
     pair: &Pair,
     inputs: &HashMap<ReplicaId, Timed>,
     (plain_timer, group_timer): (&Rc<RefCell<PackTimer>>, &Rc<RefCell<PackTimer>>),
@@ -320,7 +317,7 @@ fn optimize_pair(
         }
         let chosen: Placement =
             candidate.map(|units| units.into_iter().map(|u| samples[u as usize]).collect());
-        let repacked = repack(ir, pair, &placement, &chosen, mirrored);
+        let repacked = repack(ir, model, pair, &placement, &chosen, mirrored);
         let seconds = [0, 1, 2].map(|list| match &repacked[list] {
             Some((plan, _)) => {
                 let timer = if list < 2 { plain_timer } else { group_timer };
@@ -384,6 +381,7 @@ fn mirrored(inputs: &HashMap<ReplicaId, Timed>) -> bool {
 /// a step holding only those replicas (their samples with their slices), at the input's cap.
 fn repack(
     ir: &StepIr,
+    model: &CostModel,
     pair: &Pair,
     input: &Placement,
     chosen: &Placement,
@@ -423,14 +421,25 @@ fn repack(
         packs: None,
         mirror: false,
     };
-    PackFwd(options)
-        .run(&mut step)
-        .expect("pack-fwd packs a step it packed before; this is a bug");
-    PackBwd(PackOptions {
+    pack_direction(
+        &mut step,
+        model,
+        Direction::Forward,
+        options,
+        super::INFO.name,
+    )
+    .expect("pack-fwd packs a step it packed before; this is a bug");
+    let backward = PackOptions {
         mirror: mirrored,
         ..options
-    })
-    .run(&mut step)
+    };
+    pack_direction(
+        &mut step,
+        model,
+        Direction::Backward,
+        backward,
+        super::INFO.name,
+    )
     .expect("pack-bwd packs a step it packed before; this is a bug");
     let mut plans: HashMap<ReplicaId, ReplicaPlan> = ReplicaPlan::all(&step).into_iter().collect();
     let mut repacked: Repacked = [None, None, None];
@@ -454,7 +463,11 @@ fn repack(
 
 /// The step with the re-packed pairs: their replicas replaced, a group added where a pair
 /// had none, and a group dropped where it runs nothing any more.
-fn rebuild_step(ir: &StepIr, replans: &BTreeMap<u32, (Pair, Repacked)>) -> StepIr {
+fn rebuild_step(
+    ir: &StepIr,
+    replans: &BTreeMap<u32, (Pair, Repacked)>,
+    model: &CostModel,
+) -> StepIr {
     let mut planned: HashMap<ReplicaId, Option<Layout>> = HashMap::new();
     let mut new_groups = Vec::new();
     for (pair, repacked) in replans.values() {
@@ -497,5 +510,5 @@ fn rebuild_step(ir: &StepIr, replans: &BTreeMap<u32, (Pair, Repacked)>) -> StepI
         }
     }
     replicas.extend(new_groups);
-    rebuild::rebuild_replicas(ir, &replicas)
+    rebuild::rebuild_replicas(ir, &replicas, model)
 }

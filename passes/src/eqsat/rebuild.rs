@@ -22,6 +22,7 @@ use super::encode::ReplicaPlan;
 use super::language::Span;
 use slimpack_ir::step::{Direction, Pack, Phase, ReplicaId, SampleId, Slice, SliceId};
 use slimpack_ir::StepIr;
+use slimpack_machine::cost::CostModel;
 
 /// The plan with both directions cut at the union of their boundaries.
 pub fn refine(plan: &ReplicaPlan, lengths: &[u32]) -> ReplicaPlan {
@@ -84,7 +85,7 @@ pub enum Layout {
 
 /// A new step equal to `ir` except for the replicas in `plans`, whose packs (and their
 /// samples' slices) are laid out from the (refined) plans. The phase is `packed`.
-pub fn rebuild(ir: &StepIr, plans: &BTreeMap<ReplicaId, ReplicaPlan>) -> StepIr {
+pub fn rebuild(ir: &StepIr, plans: &BTreeMap<ReplicaId, ReplicaPlan>, cost: &CostModel) -> StepIr {
     let replicas: Vec<(Vec<u32>, Layout)> = ir
         .replicas()
         .iter()
@@ -105,13 +106,13 @@ pub fn rebuild(ir: &StepIr, plans: &BTreeMap<ReplicaId, ReplicaPlan>) -> StepIr 
             (ir.replica(replica).ranks.clone(), layout)
         })
         .collect();
-    rebuild_replicas(ir, &replicas)
+    rebuild_replicas(ir, &replicas, cost)
 }
 
 /// A new step with the same spec, stages and samples as `ir` and the replicas `replicas`
 /// (ranks and layout, in this order); every sample of `ir` is on a copied replica or in a
 /// plan. The phase is `packed`.
-pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)]) -> StepIr {
+pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)], cost: &CostModel) -> StepIr {
     let stages: Vec<_> = ir.stages().iter().map(|&s| *ir.stage(s)).collect();
     let mut new = StepIr::with_stages(ir.spec.clone(), ir.batch.clone(), &stages);
     let mut copied_replicas = HashMap::new();
@@ -202,6 +203,11 @@ pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)]) -> StepIr 
         }
     }
     new.advance(Phase::Packed);
+    if ir.phase() >= Phase::Scheduled {
+        // The step keeps its phase: a scheduled input gets the 1F1B orders of its new packs.
+        crate::schedule_pipeline::schedule(&mut new, cost);
+        new.advance(Phase::Scheduled);
+    }
     new
 }
 

@@ -36,10 +36,10 @@ fn run(ir: &mut StepIr, pipeline: &str) -> Vec<Statistics> {
     .collect()
 }
 
-/// The step's cost as the pass counts it: the slowest rank, the 1F1B makespans of the
+/// The step's cost as the pass counts it (on the machine model the manager hands it): the slowest rank, the 1F1B makespans of the
 /// replicas it runs summed.
 fn step_cost(ir: &StepIr) -> f64 {
-    super::placement::step_seconds(ir)
+    super::placement::step_seconds(ir, &slimpack_machine::machine_model(&ir.spec))
 }
 
 const PACKED: &str = "assign-dp,slice{size=8192},pack-fwd{cap=32768},pack-bwd{cap=32768}";

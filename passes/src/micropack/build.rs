@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId};
 use slimpack_ir::StepIr;
+use slimpack_machine::cost::CostModel;
 
 use super::{partition, Item};
 
@@ -14,10 +15,12 @@ pub(crate) const OPTIONS: &[crate::pass::OptionInfo] = &[
     crate::pass::OptionInfo {
         name: "cap",
         help: "token cap per pack (default: the batch's context length, or the longest sample)",
+        default: None,
     },
     crate::pass::OptionInfo {
         name: "packs",
         help: "minimum packs per replica (default: tokens / cap, rounded up)",
+        default: None,
     },
 ];
 
@@ -29,6 +32,7 @@ pub(crate) const BACKWARD_OPTIONS: &[crate::pass::OptionInfo] = &[
         name: "mirror",
         help: "true: reuse the forward packs' slices (no asymmetric partition), in an order \
                that keeps each sample's backward last slice first",
+        default: Some("false"),
     },
 ];
 
@@ -43,18 +47,8 @@ pub struct PackOptions {
 
 impl PackOptions {
     pub(crate) fn parse(options: &crate::pass::PassOptions) -> crate::Result<PackOptions> {
-        let cap: Option<u32> = options.get("cap", "a positive integer")?;
-        let packs: Option<usize> = options.get("packs", "a positive integer")?;
-        for (name, value) in [("cap", cap.map(|c| c as usize)), ("packs", packs)] {
-            if value == Some(0) {
-                return Err(crate::PassError::BadOption {
-                    pass: options.pass,
-                    option: name.into(),
-                    value: "0".into(),
-                    message: "expected a positive integer".into(),
-                });
-            }
-        }
+        let cap = options.positive("cap")?;
+        let packs = options.positive("packs")?;
         let mirror = options
             .get::<bool>("mirror", "true or false")?
             .unwrap_or(false);
@@ -66,6 +60,7 @@ impl PackOptions {
 /// machine model (per-layer FLOPs of the slice at its offset, in that direction).
 pub(crate) fn pack_direction(
     ir: &mut StepIr,
+    cost: &CostModel,
     direction: Direction,
     options: PackOptions,
     pass: &'static str,
@@ -73,7 +68,6 @@ pub(crate) fn pack_direction(
     if options.mirror {
         return mirror_forward(ir, pass);
     }
-    let cost = slimpack_machine::cost::CostModel::new(&ir.spec);
     let longest = ir
         .samples()
         .iter()

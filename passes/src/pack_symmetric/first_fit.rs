@@ -16,9 +16,6 @@
 
 use super::Oversize;
 
-/// Axolotl's default `sample_packing_bin_size`: at most this many sequences per bin.
-pub const DEFAULT_BIN_SIZE: usize = 200;
-
 /// Packs `lengths`, in order, into bins of `cap` tokens holding at most `bin_size` sequences
 /// each. Returns the bins (indices into `lengths`, in insertion order), in the order they were
 /// opened.

@@ -40,11 +40,8 @@ pub mod karmarkar_karp;
 pub mod padding;
 pub mod wlb;
 
-use std::ops::RangeInclusive;
-
 use crate::error::{PassError, Result};
-use crate::pass::{OptionInfo, Pass, PassOptions, Statistics};
-use crate::registry::PassInfo;
+use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use slimpack_ir::step::{Direction, Pack, Phase, ReplicaId, SampleId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
@@ -55,32 +52,40 @@ pub(crate) const INFO: PassInfo = PassInfo {
     description: "Groups samples into packs by a policy (per-sample, padding, ffd, bfd, \
                   first-fit, kk, wlb), per replica or over the whole batch (then dealt to the replicas), and \
                   uses the same packs in both directions. Phase assigned -> packed.",
+    accepts: Phase::Assigned..=Phase::Assigned,
+    produces: Some(Phase::Packed),
     options: &[
         OptionInfo {
             name: "policy",
-            help: "per-sample (default), padding, ffd, bfd, first-fit, kk or wlb",
+            help: "per-sample, padding, ffd, bfd, first-fit, kk or wlb",
+            default: Some("per-sample"),
         },
         OptionInfo {
             name: "scope",
-            help: "replica (default: pack each replica's samples) or global (pack the batch, \
-                   deal packs to replicas)",
+            help: "replica (pack each replica's samples) or global (pack the batch, deal \
+                   packs to replicas)",
+            default: Some("replica"),
         },
         OptionInfo {
             name: "cap",
             help: "tokens per pack (default: the batch's context length)",
+            default: None,
         },
         OptionInfo {
             name: "bin-size",
-            help: "first-fit: most samples per bin (default 200, Axolotl's)",
+            help: "first-fit: most samples per bin (Axolotl's default)",
+            default: Some("200"),
         },
         OptionInfo {
             name: "a",
             help: "kk: the workload a*L + L^2's linear coefficient (default: from the model)",
+            default: None,
         },
         OptionInfo {
             name: "micro-batches",
             help: "wlb: micro-batches of the step (global) or of each replica (replica scope); \
                    default: enough for the tokens at cap, a multiple of the replicas",
+            default: None,
         },
     ],
     create: |options| Ok(Box::new(PackSymmetric::from_options(options)?)),
@@ -157,20 +162,22 @@ impl PackSymmetric {
             value,
             message: message.into(),
         };
-        let positive = |option: &str| -> Result<Option<u64>> {
-            match options.get::<u64>(option, "a positive integer")? {
-                Some(0) => Err(bad(option, "0".into(), "expected a positive integer")),
-                value => Ok(value),
-            }
-        };
-        let expected = "per-sample, padding, ffd, bfd, first-fit, kk or wlb";
-        let policy = match options.get::<String>("policy", expected)?.as_deref() {
-            None | Some("per-sample") => Policy::PerSample,
+        let positive = |option: &str| options.positive::<u64>(option);
+        let policies = [
+            "per-sample",
+            "padding",
+            "ffd",
+            "bfd",
+            "first-fit",
+            "kk",
+            "wlb",
+        ];
+        let policy = match options.choice("policy", &policies)? {
             Some("padding") => Policy::Padding,
             Some("ffd") => Policy::FirstFitDecreasing,
             Some("bfd") => Policy::BestFitDecreasing,
             Some("first-fit") => Policy::FirstFit {
-                bin_size: positive("bin-size")?.map_or(first_fit::DEFAULT_BIN_SIZE, |n| n as usize),
+                bin_size: positive("bin-size")?.expect("declared with a default") as usize,
             },
             Some("kk") => Policy::KarmarkarKarp {
                 a: options.get("a", "a non-negative integer")?,
@@ -178,17 +185,11 @@ impl PackSymmetric {
             Some("wlb") => Policy::Wlb {
                 micro_batches: positive("micro-batches")?.map(|n| n as usize),
             },
-            Some(other) => {
-                return Err(bad("policy", other.into(), &format!("expected {expected}")))
-            }
+            _ => Policy::PerSample,
         };
-        let scope = match options
-            .get::<String>("scope", "replica or global")?
-            .as_deref()
-        {
-            None | Some("replica") => Scope::Replica,
+        let scope = match options.choice("scope", &["replica", "global"])? {
             Some("global") => Scope::Global,
-            Some(other) => return Err(bad("scope", other.into(), "expected replica or global")),
+            _ => Scope::Replica,
         };
         let cap = positive("cap")?
             .map(|cap| u32::try_from(cap).map_err(|_| bad("cap", cap.to_string(), "too large")))
@@ -245,7 +246,7 @@ type Plan = Vec<Vec<Vec<SampleId>>>;
 impl PackSymmetric {
     /// The packs of one group of samples (a replica's, or the whole batch's), for the policies
     /// that pack each group on its own.
-    fn bins(&self, ir: &StepIr, items: &Items, cap: u32) -> Result<Vec<Vec<usize>>> {
+    fn bins(&self, cost: &CostModel, items: &Items, cap: u32) -> Result<Vec<Vec<usize>>> {
         let oversize = |error: Oversize| PassError::Failed {
             pass: INFO.name,
             message: format!("a sample of {} tokens exceeds cap={}", error.len, error.cap),
@@ -261,7 +262,7 @@ impl PackSymmetric {
             }
             Policy::Wlb { micro_batches } => {
                 let count = micro_batches.unwrap_or_else(|| default_count(items.tokens(), cap, 1));
-                self.wlb(ir, items, count, cap)
+                self.wlb(cost, items, count, cap)
             }
             Policy::KarmarkarKarp { .. } => {
                 unreachable!("kk packs replicas jointly; this is a bug")
@@ -269,12 +270,17 @@ impl PackSymmetric {
         }
     }
 
-    fn wlb(&self, ir: &StepIr, items: &Items, count: usize, cap: u32) -> Result<Vec<Vec<usize>>> {
-        let cost = CostModel::new(&ir.spec);
+    fn wlb(
+        &self,
+        cost: &CostModel,
+        items: &Items,
+        count: usize,
+        cap: u32,
+    ) -> Result<Vec<Vec<usize>>> {
         let workloads: Vec<f64> = items
             .lengths
             .iter()
-            .map(|&l| wlb::workload(&cost, l))
+            .map(|&l| wlb::workload(cost, l))
             .collect();
         let fill = wlb::fill(&items.lengths, &workloads, count, cap);
         if let Some(&first) = fill.delayed.first() {
@@ -293,10 +299,10 @@ impl PackSymmetric {
     }
 
     /// kk's workload of every item.
-    fn kk_workloads(&self, ir: &StepIr, items: &Items) -> Vec<u128> {
+    fn kk_workloads(&self, cost: &CostModel, items: &Items) -> Vec<u128> {
         let a = match self.policy {
             Policy::KarmarkarKarp { a: Some(a) } => a,
-            _ => karmarkar_karp::workload_coefficient(&CostModel::new(&ir.spec)),
+            _ => karmarkar_karp::workload_coefficient(cost),
         };
         items
             .lengths
@@ -306,7 +312,7 @@ impl PackSymmetric {
     }
 
     /// verl's micro-batching of every replica: a common count, KK within each.
-    fn kk_micro_batches(&self, ir: &StepIr, groups: &[Items], cap: u32) -> Plan {
+    fn kk_micro_batches(&self, cost: &CostModel, groups: &[Items], cap: u32) -> Plan {
         let count = groups
             .iter()
             .map(|g| (g.tokens().div_ceil(u64::from(cap)) as usize).min(g.lengths.len()))
@@ -315,13 +321,19 @@ impl PackSymmetric {
         groups
             .iter()
             .map(|group| {
-                let workloads = self.kk_workloads(ir, group);
+                let workloads = self.kk_workloads(cost, group);
                 group.resolve(karmarkar_karp::micro_batches(&workloads, count))
             })
             .collect()
     }
 
-    fn plan(&self, ir: &StepIr, replicas: &[ReplicaId], cap: u32) -> Result<Plan> {
+    fn plan(
+        &self,
+        ir: &StepIr,
+        cost: &CostModel,
+        replicas: &[ReplicaId],
+        cap: u32,
+    ) -> Result<Plan> {
         let deal = |packs: Vec<Vec<SampleId>>| -> Plan {
             let mut plan = vec![Vec::new(); replicas.len()];
             for (index, pack) in packs.into_iter().enumerate() {
@@ -335,33 +347,33 @@ impl PackSymmetric {
                     .iter()
                     .map(|&r| Items::new(ir, ir.samples_on(r)))
                     .collect();
-                Ok(self.kk_micro_batches(ir, &groups, cap))
+                Ok(self.kk_micro_batches(cost, &groups, cap))
             }
             (Scope::Replica, _) => replicas
                 .iter()
                 .map(|&r| {
                     let items = Items::new(ir, ir.samples_on(r));
-                    Ok(items.resolve(self.bins(ir, &items, cap)?))
+                    Ok(items.resolve(self.bins(cost, &items, cap)?))
                 })
                 .collect(),
             (Scope::Global, Policy::KarmarkarKarp { .. }) => {
                 let all = Items::new(ir, ir.samples().to_vec());
-                let workloads = self.kk_workloads(ir, &all);
+                let workloads = self.kk_workloads(cost, &all);
                 let groups: Vec<Items> = karmarkar_karp::balance_ranks(&workloads, replicas.len())
                     .iter()
                     .map(|part| all.subset(part))
                     .collect();
-                Ok(self.kk_micro_batches(ir, &groups, cap))
+                Ok(self.kk_micro_batches(cost, &groups, cap))
             }
             (Scope::Global, Policy::Wlb { micro_batches }) => {
                 let all = Items::new(ir, ir.samples().to_vec());
                 let count = micro_batches
                     .unwrap_or_else(|| default_count(all.tokens(), cap, replicas.len()));
-                Ok(deal(all.resolve(self.wlb(ir, &all, count, cap)?)))
+                Ok(deal(all.resolve(self.wlb(cost, &all, count, cap)?)))
             }
             (Scope::Global, _) => {
                 let all = Items::new(ir, ir.samples().to_vec());
-                Ok(deal(all.resolve(self.bins(ir, &all, cap)?)))
+                Ok(deal(all.resolve(self.bins(cost, &all, cap)?)))
             }
         }
     }
@@ -375,26 +387,18 @@ pub fn default_count(tokens: u64, cap: u32, replicas: usize) -> usize {
 }
 
 impl Pass for PackSymmetric {
-    fn name(&self) -> &'static str {
-        INFO.name
+    fn info(&self) -> &'static PassInfo {
+        &INFO
     }
 
-    fn accepts(&self) -> RangeInclusive<Phase> {
-        Phase::Assigned..=Phase::Assigned
-    }
-
-    fn produces(&self) -> Option<Phase> {
-        Some(Phase::Packed)
-    }
-
-    fn run(&mut self, ir: &mut StepIr) -> Result<Statistics> {
+    fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
         let cap = if self.policy.needs_cap() {
             self.cap(ir)?
         } else {
             u32::MAX
         };
         let replicas = ir.replicas().to_vec();
-        let plan = self.plan(ir, &replicas, cap)?;
+        let plan = self.plan(ir, cx.machine(), &replicas, cap)?;
         let recorded_cap = self.policy.enforces_cap().then_some(cap);
         let padded_to = (self.policy == Policy::Padding).then(|| {
             let lengths: Vec<u32> = ir.samples().iter().map(|&s| ir.sample(s).len).collect();
