@@ -161,7 +161,7 @@ pub enum ScheduleError {
 /// # Panics
 /// If `ir` is not scheduled (callers check the phase).
 pub fn document(ir: &StepIr, predicted: Option<serde_json::Value>) -> ScheduleDocument {
-    let program = program::lower(ir);
+    let program = program::program_of(ir);
     let order = program::pack_order(ir);
     let packs = program
         .packs
@@ -446,8 +446,10 @@ pub fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
         }
         ir.set_schedule(replica, entry.stage, &order);
     }
-    ir.advance(Phase::Lowered);
+    ir.advance(Phase::Scheduled);
     slimpack_ir::verify::verify(&ir)?;
+    program::lower_into(&mut ir).map_err(|e| invalid(e.message))?;
+    ir.advance(Phase::Lowered);
     let again = document(&ir, doc.predicted.clone());
     if again.packs != doc.packs {
         let at = again

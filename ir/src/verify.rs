@@ -39,10 +39,11 @@
 //!   stage) has no cycle, so the schedule runs to completion.
 //!
 //! From `lowered`:
-//! - `program-executable`: the per-worker op lists the schedule lowers to (see
-//!   [`crate::program`]) reference packs and workers in range, receive every send exactly once,
-//!   meet every collective with all its members, and run to completion (the token game of
-//!   [`crate::program::check`]).
+//! - `program-stored`: the step carries its program (stored by [`crate::program::lower_into`]).
+//! - `program-derived`: the stored program is exactly what the schedule lowers to.
+//! - `program-executable`: its per-worker op lists (see [`crate::program`]) reference packs
+//!   and workers in range, receive every send exactly once, meet every collective with all its
+//!   members, and run to completion (the token game of [`crate::program::check`]).
 //!
 //! Memory (`peak <= cap`) is checked by the compile driver with the simulator's memory timeline
 //! (the verifier has no machine model), and reported as an `oom` error there.
@@ -55,6 +56,10 @@ use petgraph::graph::DiGraph;
 use crate::error::{IrError, Result};
 use crate::step::{Direction, PackId, Phase, ReplicaId, StepIr};
 use crate::text::Names;
+
+/// The invariant a lowered step breaks while its program is not stored yet (what the text
+/// parser and the schedule JSON reader look past before they store it).
+pub const PROGRAM_STORED: &str = "program-stored";
 
 /// One broken invariant.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,9 +109,7 @@ pub fn check(ir: &StepIr) -> Vec<VerifyError> {
     }
     if ir.phase() >= Phase::Lowered && verifier.errors.is_empty() {
         // Lowering needs a sound schedule; with one broken, that error is the one to show.
-        if let Err(e) = crate::program::check(&crate::program::lower(ir)) {
-            verifier.report("program", "program-executable", e.message);
-        }
+        verifier.program();
     }
     verifier.errors
 }
@@ -122,6 +125,27 @@ struct Verifier<'a> {
 }
 
 impl Verifier<'_> {
+    /// The stored program is the schedule's lowering, and executable.
+    fn program(&mut self) {
+        let Some(stored) = self.ir.program() else {
+            self.report(
+                "program",
+                PROGRAM_STORED,
+                "a lowered step carries its program (made by the lower pass)".into(),
+            );
+            return;
+        };
+        if *stored != crate::program::lower(self.ir) {
+            self.report(
+                "program",
+                "program-derived",
+                "the stored op lists are not what the schedule lowers to".into(),
+            );
+        } else if let Err(e) = crate::program::check(stored) {
+            self.report("program", "program-executable", e.message);
+        }
+    }
+
     fn report(&mut self, location: impl Into<String>, invariant: &'static str, message: String) {
         self.errors.push(VerifyError {
             location: location.into(),

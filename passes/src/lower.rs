@@ -1,9 +1,9 @@
 //! `lower`: the scheduled step to per-worker op lists (phase scheduled -> lowered).
 //!
-//! The lowering itself is [`slimpack_ir::program::lower`], a pure function of the schedule, so
-//! that the parser, the verifier, codegen and the runtimes all derive the same program; this
-//! pass checks that the program is executable (every send received, every collective met, no
-//! deadlock: [`slimpack_ir::program::check`]), moves the phase on and reports what it emitted.
+//! The lowering itself is [`slimpack_ir::program::lower`], a pure function of the schedule;
+//! this pass stores its result in the step ([`slimpack_ir::program::lower_into`], which also
+//! proves it executable: every send received, every collective met, no deadlock), so that the
+//! printer, codegen and the runtimes read one program. The manager moves the phase on.
 
 use slimpack_ir::program;
 use slimpack_ir::step::Phase;
@@ -35,11 +35,11 @@ impl Pass for Lower {
     }
 
     fn run(&mut self, ir: &mut StepIr, _: &PassContext) -> Result<Statistics> {
-        let program = program::lower(ir);
-        program::check(&program).map_err(|e| PassError::Failed {
+        program::lower_into(ir).map_err(|e| PassError::Failed {
             pass: INFO.name,
             message: e.message,
         })?;
+        let program = ir.program().expect("lower_into stores the program");
         let mut stats = Statistics::new()
             .with("workers", program.workers.len())
             .with("packs", program.packs.len());

@@ -357,7 +357,7 @@ fn backend_emitted(emit: Emit, ir: &StepIr) -> anyhow::Result<String> {
 
 #[cfg(feature = "mlir")]
 fn emit_mlir_form(ir: &StepIr, llvm_ir: bool) -> anyhow::Result<String> {
-    let program = slimpack_ir::program::lower(ir);
+    let program = slimpack_ir::program::program_of(ir);
     Ok(if llvm_ir {
         slimpack_codegen::mlir::emit_llvm_ir(&program)?
     } else {

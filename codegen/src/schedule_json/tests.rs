@@ -17,6 +17,7 @@ fn reads_back_into_the_same_step() {
     let json = serde_json::to_string(&doc).unwrap();
     let back = to_ir(&parse(&json).unwrap()).unwrap();
     let mut lowered = ir.clone();
+    program::lower_into(&mut lowered).unwrap();
     lowered.advance(Phase::Lowered);
     assert_eq!(text::print(&back), text::print(&lowered));
 }

@@ -1,6 +1,6 @@
 //! The lowered program: what every device runs, in order, and the layout of every pack.
 //!
-//! Lowering ([`lower`]) turns a scheduled [`StepIr`](crate::StepIr) into a [`Program`]: one op
+//! Lowering ([`lower`]) turns a scheduled [`StepIr`] into a [`Program`]: one op
 //! list per *worker* — a (DP rank, pipeline stage) pair, i.e. the TP x static-CP devices that run
 //! the same ops in lockstep — and a [`PackLayout`] per pack with what a varlen attention kernel
 //! needs (slices, `cu_seqlens_q/k`, `max_seqlen_q/k`, position offsets). It is what codegen and
@@ -21,6 +21,11 @@
 //! IR order (replica-major): every worker meets the replicas in the same order, so the program is
 //! deadlock-free whenever each replica's schedule is (which the verifier proves); [`check`]
 //! proves it again on the op lists themselves.
+//!
+//! A lowered step carries its program ([`StepIr::program`]), stored by [`lower_into`] — what
+//! the `lower` pass, the IR text parser and the schedule JSON reader call to make a lowered
+//! step. Everything else (the printer, codegen, the runtimes) reads the stored program; the
+//! verifier re-derives it once to prove the stored one is the schedule's.
 
 mod check;
 mod lower;
@@ -30,10 +35,34 @@ pub use check::{check, ProgramError};
 pub use lower::{lower, pack_order};
 pub use print::print_workers;
 
+use std::borrow::Cow;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::step::Direction;
+use crate::step::{Direction, StepIr};
+
+/// The program of a scheduled step: the one it carries when lowered, else its lowering now (a
+/// step compiled by a pipeline that stops at `schedule-pipeline`). Consumers — codegen, the
+/// runtimes, the CLI — read programs through this, never through [`lower`].
+///
+/// # Panics
+/// If `ir` is not scheduled (callers check the phase).
+pub fn program_of(ir: &StepIr) -> Cow<'_, Program> {
+    match ir.program() {
+        Some(program) => Cow::Borrowed(program),
+        None => Cow::Owned(lower(ir)),
+    }
+}
+
+/// Lowers `ir` (phase `scheduled` or later), stores the program in `ir`, and proves it
+/// executable (an error leaves the program stored, for the verifier to name).
+pub fn lower_into(ir: &mut StepIr) -> Result<(), ProgramError> {
+    let program = lower(ir);
+    let executable = check(&program);
+    ir.set_program(program);
+    executable
+}
 
 /// A worker: the devices of one DP rank on one pipeline stage.
 #[derive(

@@ -163,6 +163,7 @@ fn an_unreceived_send_is_reported() {
 #[test]
 fn lowered_text_round_trips_and_is_checked() {
     let mut ir = parse(STEP, "test").unwrap();
+    super::lower_into(&mut ir).unwrap();
     ir.advance(Phase::Lowered);
     let text = print(&ir);
     assert!(text.contains("  worker dp=1 pp=1 {\n    recv fwd %f1 from dp=1 pp=0\n"));
@@ -173,4 +174,23 @@ fn lowered_text_round_trips_and_is_checked() {
     let edited = text.replacen("    bwd %b2\n", "    bwd %b1\n", 1);
     let error = parse(&edited, "test").unwrap_err().to_string();
     assert!(error.contains("derived from the schedule"), "{error}");
+
+    // A lowered step must carry its program, and exactly the schedule's.
+    let mut bare = parse(STEP, "test").unwrap();
+    bare.advance(Phase::Lowered);
+    let invariants: Vec<_> = crate::verify::check(&bare)
+        .iter()
+        .map(|e| e.invariant)
+        .collect();
+    assert_eq!(invariants, ["program-stored"]);
+    let mut stale = ir.clone();
+    let other = parse(STEP, "test").unwrap();
+    let mut program = lower(&other);
+    program.workers.swap(0, 1);
+    stale.set_program(program);
+    let invariants: Vec<_> = crate::verify::check(&stale)
+        .iter()
+        .map(|e| e.invariant)
+        .collect();
+    assert_eq!(invariants, ["program-derived"]);
 }

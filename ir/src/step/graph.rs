@@ -13,6 +13,7 @@ use petgraph::Direction::{Incoming, Outgoing};
 
 use super::ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
 use super::node::{BatchInfo, Direction, Edge, Node, Pack, Phase, Replica, Sample, Slice, Stage};
+use crate::program::Program;
 use crate::spec::Spec;
 
 /// One training step, from samples to schedule.
@@ -30,6 +31,8 @@ pub struct StepIr {
     /// Packs added so far per (replica, direction): the position of the next one. Packs are
     /// never removed, so this equals `packs_on(..).len()` without walking the replica's edges.
     pack_counts: HashMap<(ReplicaId, Direction), u32>,
+    /// The lowered program, stored by [`crate::program::lower_into`] (phase `lowered`).
+    program: Option<Program>,
 }
 
 impl StepIr {
@@ -59,6 +62,7 @@ impl StepIr {
             replicas: Vec::new(),
             padding: BTreeMap::new(),
             pack_counts: HashMap::new(),
+            program: None,
         };
         for stage in stages {
             ir.add_stage(*stage);
@@ -87,6 +91,17 @@ impl StepIr {
             self.phase
         );
         self.phase = phase;
+    }
+
+    // ---- the lowered program ----
+
+    /// The per-worker op lists and pack layouts of a lowered step (`None` before `lower`).
+    pub fn program(&self) -> Option<&Program> {
+        self.program.as_ref()
+    }
+
+    pub(crate) fn set_program(&mut self, program: Program) {
+        self.program = Some(program);
     }
 
     // ---- samples and slices ----

@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use super::names::Names;
 use crate::program;
-use crate::step::{Direction, Phase, StepIr};
+use crate::step::{Direction, StepIr};
 
 /// Prints the IR in its canonical text form.
 pub fn print(ir: &StepIr) -> String {
@@ -102,8 +102,8 @@ pub fn print(ir: &StepIr) -> String {
             );
         }
     }
-    if ir.phase() >= Phase::Lowered {
-        program::print_workers(&program::lower(ir), &mut out);
+    if let Some(program) = ir.program() {
+        program::print_workers(program, &mut out);
     }
     out.push_str("}\n");
     out

@@ -91,7 +91,7 @@ impl Plan {
                 .iter()
                 .map(|&s| ir.sample(s).len as usize)
                 .collect(),
-            lowered: program::lower(ir),
+            lowered: program::program_of(ir).into_owned(),
         };
         let mut numbers = [0usize; 2];
         let mut pack_index = std::collections::HashMap::new();
