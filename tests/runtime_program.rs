@@ -11,12 +11,13 @@ mod common;
 
 use slimpack::codegen::schedule_json;
 use slimpack::ir::batch::Batch;
+use slimpack::ir::program::abi::abi_call;
 use slimpack::ir::program::Program;
 use slimpack::ir::spec::ModelSpec;
 use slimpack::ir::{Spec, StepIr};
 use slimpack::machine::sim;
 use slimpack::passes::strategy::{Choices, StrategyState, STRATEGIES};
-use slimpack::runtime::abi::{self, Call};
+use slimpack::runtime::abi::Call;
 use slimpack::runtime::cpu::exec::{
     check_reference, execute_program, DeviceOrder, Driver, Execution, Plan,
 };
@@ -123,7 +124,7 @@ fn program_calls(program: &Program) -> Vec<Vec<Call>> {
         .iter()
         .map(|w| {
             let (dp, pp) = (i64::from(w.worker.dp), i64::from(w.worker.pp));
-            w.ops.iter().map(|op| abi::call_of(dp, pp, op)).collect()
+            w.ops.iter().map(|op| abi_call(dp, pp, op)).collect()
         })
         .collect()
 }
@@ -152,6 +153,7 @@ fn interpreted_programs_equal_the_reference_also_read_back_from_schedule_json() 
 fn compiled_and_interpreted_drivers_run_the_same_trace_to_bitwise_the_same_step() {
     use slimpack::codegen::llvm::driver::with_run_device;
     use slimpack::codegen::mlir::emit_llvm_ir;
+    use slimpack::runtime::abi;
     use slimpack::runtime::cpu::exec::CompiledDriver;
 
     let config = ModelConfig::from_spec(&spec().model).unwrap();

@@ -8,7 +8,7 @@ mod common;
 use common::{program, SCHEDULES};
 use slimpack_codegen::llvm::driver::{run_step, with_run_device, write_object};
 use slimpack_codegen::mlir::emit_llvm_ir;
-use slimpack_runtime::abi::{self, Call};
+use slimpack_runtime::abi;
 
 #[test]
 fn compiled_driver_makes_the_interpreters_calls() {
@@ -27,7 +27,7 @@ fn compiled_driver_makes_the_interpreters_calls() {
         assert!(
             interpreted
                 .iter()
-                .any(|call| matches!(call, Call::Forward { .. })),
+                .any(|call| call.function == &slimpack_ir::program::abi::FORWARD),
             "{name}: no forward call recorded"
         );
     }

@@ -1,70 +1,19 @@
-//! The runtime's C ABI: one `extern "C"` function per program op, which a compiled schedule
-//! driver (codegen's MLIR lowering, compiled by its LLVM backend) calls, and an interpreter that
-//! walks a [`Program`] calling the very same functions.
+//! The runtime's side of the C ABI (declared once in [`slimpack_ir::program::abi`]): one
+//! `extern "C"` function per program op, which a compiled schedule driver (codegen's MLIR
+//! lowering, compiled by its LLVM backend) calls, and an interpreter that walks a [`Program`]
+//! calling the very same functions.
 //!
-//! Every argument is an `i64`: the calling device's `dp` and `pp` first, then the pack id, the
-//! direction (0 = forward, 1 = backward), peers as `dp`, `pp`; a CP group is a pointer to its DP
-//! ranks and their count.
-//!
-//! A call goes to the [`Call`] handler installed on the calling thread with [`with_handler`];
-//! [`record`] installs one that collects the calls, which is how the interpreted and the compiled
-//! paths are compared. A call with no handler installed is a bug in the caller (nothing would
-//! run the op); it aborts, since unwinding cannot cross the C ABI.
+//! A call goes to the handler installed on the calling thread with [`with_handler`], as an
+//! [`abi::Call`]; [`record`] installs one that collects the calls, which is how the interpreted
+//! and the compiled paths are compared. A call with no handler installed is a bug in the caller
+//! (nothing would run the op); it aborts, since unwinding cannot cross the C ABI.
 
 use std::cell::RefCell;
 
-use slimpack_ir::program::{Op, Program, WorkerProgram};
-use slimpack_ir::step::Direction;
+use slimpack_ir::program::abi::{self, abi_call, Function};
+use slimpack_ir::program::{Program, WorkerProgram};
 
-/// One call through the C ABI, as a handler sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Call {
-    Forward {
-        dp: i64,
-        pp: i64,
-        pack: i64,
-    },
-    Backward {
-        dp: i64,
-        pp: i64,
-        pack: i64,
-    },
-    CpExchange {
-        dp: i64,
-        pp: i64,
-        pack: i64,
-        direction: i64,
-        group: Vec<i64>,
-    },
-    Send {
-        dp: i64,
-        pp: i64,
-        pack: i64,
-        direction: i64,
-        to_dp: i64,
-        to_pp: i64,
-    },
-    Recv {
-        dp: i64,
-        pp: i64,
-        pack: i64,
-        direction: i64,
-        from_dp: i64,
-        from_pp: i64,
-    },
-    ReduceScatter {
-        dp: i64,
-        pp: i64,
-    },
-    Optimizer {
-        dp: i64,
-        pp: i64,
-    },
-    AllGather {
-        dp: i64,
-        pp: i64,
-    },
-}
+pub use slimpack_ir::program::abi::Call;
 
 type Handler<'a> = &'a mut dyn FnMut(Call);
 
@@ -110,14 +59,22 @@ fn dispatch(call: Call) {
     });
 }
 
+fn call(function: &'static Function, args: Vec<i64>) {
+    dispatch(Call {
+        function,
+        args,
+        group: Vec::new(),
+    });
+}
+
 #[no_mangle]
 pub extern "C" fn slimpack_rt_forward(dp: i64, pp: i64, pack: i64) {
-    dispatch(Call::Forward { dp, pp, pack });
+    call(&abi::FORWARD, vec![dp, pp, pack]);
 }
 
 #[no_mangle]
 pub extern "C" fn slimpack_rt_backward(dp: i64, pp: i64, pack: i64) {
-    dispatch(Call::Backward { dp, pp, pack });
+    call(&abi::BACKWARD, vec![dp, pp, pack]);
 }
 
 /// # Safety
@@ -137,11 +94,9 @@ pub unsafe extern "C" fn slimpack_rt_cp_exchange(
         // SAFETY: the caller's contract above.
         unsafe { std::slice::from_raw_parts(group, group_len as usize) }.to_vec()
     };
-    dispatch(Call::CpExchange {
-        dp,
-        pp,
-        pack,
-        direction,
+    dispatch(Call {
+        function: &abi::CP_EXCHANGE,
+        args: vec![dp, pp, pack, direction],
         group,
     });
 }
@@ -155,14 +110,7 @@ pub extern "C" fn slimpack_rt_send(
     to_dp: i64,
     to_pp: i64,
 ) {
-    dispatch(Call::Send {
-        dp,
-        pp,
-        pack,
-        direction,
-        to_dp,
-        to_pp,
-    });
+    call(&abi::SEND, vec![dp, pp, pack, direction, to_dp, to_pp]);
 }
 
 #[no_mangle]
@@ -174,123 +122,45 @@ pub extern "C" fn slimpack_rt_recv(
     from_dp: i64,
     from_pp: i64,
 ) {
-    dispatch(Call::Recv {
-        dp,
-        pp,
-        pack,
-        direction,
-        from_dp,
-        from_pp,
-    });
+    call(&abi::RECV, vec![dp, pp, pack, direction, from_dp, from_pp]);
 }
 
 #[no_mangle]
 pub extern "C" fn slimpack_rt_reduce_scatter(dp: i64, pp: i64) {
-    dispatch(Call::ReduceScatter { dp, pp });
+    call(&abi::REDUCE_SCATTER, vec![dp, pp]);
 }
 
 #[no_mangle]
 pub extern "C" fn slimpack_rt_optimizer(dp: i64, pp: i64) {
-    dispatch(Call::Optimizer { dp, pp });
+    call(&abi::OPTIMIZER, vec![dp, pp]);
 }
 
 #[no_mangle]
 pub extern "C" fn slimpack_rt_all_gather(dp: i64, pp: i64) {
-    dispatch(Call::AllGather { dp, pp });
+    call(&abi::ALL_GATHER, vec![dp, pp]);
+}
+
+/// The address of the runtime's function for `function`: where each declared symbol is bound.
+fn address(function: &Function) -> usize {
+    match function.symbol {
+        "slimpack_rt_forward" => slimpack_rt_forward as *const () as usize,
+        "slimpack_rt_backward" => slimpack_rt_backward as *const () as usize,
+        "slimpack_rt_cp_exchange" => slimpack_rt_cp_exchange as *const () as usize,
+        "slimpack_rt_send" => slimpack_rt_send as *const () as usize,
+        "slimpack_rt_recv" => slimpack_rt_recv as *const () as usize,
+        "slimpack_rt_reduce_scatter" => slimpack_rt_reduce_scatter as *const () as usize,
+        "slimpack_rt_optimizer" => slimpack_rt_optimizer as *const () as usize,
+        "slimpack_rt_all_gather" => slimpack_rt_all_gather as *const () as usize,
+        other => panic!("the C ABI declares {other}, which the runtime does not bind (bug)"),
+    }
 }
 
 /// Every C ABI function's symbol and address, for a JIT to resolve the driver's calls.
 pub fn symbols() -> Vec<(&'static str, usize)> {
-    vec![
-        (
-            "slimpack_rt_forward",
-            slimpack_rt_forward as *const () as usize,
-        ),
-        (
-            "slimpack_rt_backward",
-            slimpack_rt_backward as *const () as usize,
-        ),
-        (
-            "slimpack_rt_cp_exchange",
-            slimpack_rt_cp_exchange as *const () as usize,
-        ),
-        ("slimpack_rt_send", slimpack_rt_send as *const () as usize),
-        ("slimpack_rt_recv", slimpack_rt_recv as *const () as usize),
-        (
-            "slimpack_rt_reduce_scatter",
-            slimpack_rt_reduce_scatter as *const () as usize,
-        ),
-        (
-            "slimpack_rt_optimizer",
-            slimpack_rt_optimizer as *const () as usize,
-        ),
-        (
-            "slimpack_rt_all_gather",
-            slimpack_rt_all_gather as *const () as usize,
-        ),
-    ]
-}
-
-fn direction_code(direction: Direction) -> i64 {
-    match direction {
-        Direction::Forward => 0,
-        Direction::Backward => 1,
-    }
-}
-
-/// The call a driver makes for `op` on worker (`dp`, `pp`).
-pub fn call_of(dp: i64, pp: i64, op: &Op) -> Call {
-    let pack = |pack: &u32| i64::from(*pack);
-    match op {
-        Op::Forward { pack: p } => Call::Forward {
-            dp,
-            pp,
-            pack: pack(p),
-        },
-        Op::Backward { pack: p } => Call::Backward {
-            dp,
-            pp,
-            pack: pack(p),
-        },
-        Op::CpExchange {
-            pack: p,
-            direction,
-            group,
-        } => Call::CpExchange {
-            dp,
-            pp,
-            pack: pack(p),
-            direction: direction_code(*direction),
-            group: group.iter().map(|&rank| i64::from(rank)).collect(),
-        },
-        Op::Send {
-            pack: p,
-            direction,
-            to,
-        } => Call::Send {
-            dp,
-            pp,
-            pack: pack(p),
-            direction: direction_code(*direction),
-            to_dp: i64::from(to.dp),
-            to_pp: i64::from(to.pp),
-        },
-        Op::Recv {
-            pack: p,
-            direction,
-            from,
-        } => Call::Recv {
-            dp,
-            pp,
-            pack: pack(p),
-            direction: direction_code(*direction),
-            from_dp: i64::from(from.dp),
-            from_pp: i64::from(from.pp),
-        },
-        Op::ReduceScatter => Call::ReduceScatter { dp, pp },
-        Op::Optimizer => Call::Optimizer { dp, pp },
-        Op::AllGather => Call::AllGather { dp, pp },
-    }
+    abi::FUNCTIONS
+        .into_iter()
+        .map(|function| (function.symbol, address(function)))
+        .collect()
 }
 
 /// Runs `program` by walking it: every worker in program order (`pp · dp_count + dp`), its ops
@@ -309,66 +179,51 @@ pub fn interpret_worker(worker_program: &WorkerProgram) {
         i64::from(worker_program.worker.pp),
     );
     for op in &worker_program.ops {
-        interpret_op(dp, pp, op);
+        invoke(&abi_call(dp, pp, op));
     }
 }
 
-fn interpret_op(dp: i64, pp: i64, op: &Op) {
-    match op {
-        Op::Forward { pack } => slimpack_rt_forward(dp, pp, i64::from(*pack)),
-        Op::Backward { pack } => slimpack_rt_backward(dp, pp, i64::from(*pack)),
-        Op::CpExchange {
-            pack,
-            direction,
-            group,
-        } => {
-            let group: Vec<i64> = group.iter().map(|&rank| i64::from(rank)).collect();
-            // SAFETY: `group` is a live vector of `group.len()` i64s.
-            unsafe {
-                slimpack_rt_cp_exchange(
-                    dp,
-                    pp,
-                    i64::from(*pack),
-                    direction_code(*direction),
-                    group.as_ptr(),
-                    group.len() as i64,
-                )
-            }
-        }
-        Op::Send {
-            pack,
-            direction,
-            to,
-        } => slimpack_rt_send(
-            dp,
-            pp,
-            i64::from(*pack),
-            direction_code(*direction),
-            i64::from(to.dp),
-            i64::from(to.pp),
-        ),
-        Op::Recv {
-            pack,
-            direction,
-            from,
-        } => slimpack_rt_recv(
-            dp,
-            pp,
-            i64::from(*pack),
-            direction_code(*direction),
-            i64::from(from.dp),
-            i64::from(from.pp),
-        ),
-        Op::ReduceScatter => slimpack_rt_reduce_scatter(dp, pp),
-        Op::Optimizer => slimpack_rt_optimizer(dp, pp),
-        Op::AllGather => slimpack_rt_all_gather(dp, pp),
+/// Makes `call` through the exported function it names, as compiled code would.
+fn invoke(call: &Call) {
+    let a = &call.args;
+    match call.function.symbol {
+        "slimpack_rt_forward" => slimpack_rt_forward(a[0], a[1], a[2]),
+        "slimpack_rt_backward" => slimpack_rt_backward(a[0], a[1], a[2]),
+        // SAFETY: `call.group` is a live vector of `call.group.len()` i64s.
+        "slimpack_rt_cp_exchange" => unsafe {
+            slimpack_rt_cp_exchange(
+                a[0],
+                a[1],
+                a[2],
+                a[3],
+                call.group.as_ptr(),
+                call.group.len() as i64,
+            )
+        },
+        "slimpack_rt_send" => slimpack_rt_send(a[0], a[1], a[2], a[3], a[4], a[5]),
+        "slimpack_rt_recv" => slimpack_rt_recv(a[0], a[1], a[2], a[3], a[4], a[5]),
+        "slimpack_rt_reduce_scatter" => slimpack_rt_reduce_scatter(a[0], a[1]),
+        "slimpack_rt_optimizer" => slimpack_rt_optimizer(a[0], a[1]),
+        "slimpack_rt_all_gather" => slimpack_rt_all_gather(a[0], a[1]),
+        other => panic!("the C ABI declares {other}, which the runtime does not bind (bug)"),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slimpack_ir::program::Worker;
+    use slimpack_ir::program::{Op, Worker};
+    use slimpack_ir::step::Direction;
+
+    #[test]
+    fn every_declared_function_is_bound() {
+        let symbols = symbols();
+        assert_eq!(symbols.len(), abi::FUNCTIONS.len());
+        let mut addresses: Vec<usize> = symbols.iter().map(|&(_, a)| a).collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        assert_eq!(addresses.len(), symbols.len());
+    }
 
     #[test]
     fn interpreting_a_worker_makes_the_call_of_each_op() {
@@ -395,19 +250,13 @@ mod tests {
             ],
         };
         let ((), calls) = record(|| interpret_worker(&worker));
-        let expected: Vec<Call> = worker.ops.iter().map(|op| call_of(1, 1, op)).collect();
+        let expected: Vec<Call> = worker.ops.iter().map(|op| abi_call(1, 1, op)).collect();
         assert_eq!(calls, expected);
         assert_eq!(
-            calls[3],
-            Call::Send {
-                dp: 1,
-                pp: 1,
-                pack: 4,
-                direction: 1,
-                to_dp: 1,
-                to_pp: 0
-            }
+            format!("{:?}", calls[3]),
+            "Send { dp: 1, pp: 1, pack: 4, direction: 1, to_dp: 1, to_pp: 0 }"
         );
+        assert_eq!(calls[1].group, [0, 1]);
     }
 
     #[test]
@@ -415,27 +264,15 @@ mod tests {
         let ((), outer) = record(|| {
             slimpack_rt_forward(1, 0, 3);
             let ((), inner) = record(|| slimpack_rt_optimizer(1, 0));
-            assert_eq!(inner, vec![Call::Optimizer { dp: 1, pp: 0 }]);
+            assert_eq!(format!("{inner:?}"), "[Optimizer { dp: 1, pp: 0 }]");
             let group = [1i64, 2];
             // SAFETY: a live array of two i64s.
             unsafe { slimpack_rt_cp_exchange(1, 0, 3, 1, group.as_ptr(), 2) };
         });
         assert_eq!(
-            outer,
-            vec![
-                Call::Forward {
-                    dp: 1,
-                    pp: 0,
-                    pack: 3
-                },
-                Call::CpExchange {
-                    dp: 1,
-                    pp: 0,
-                    pack: 3,
-                    direction: 1,
-                    group: vec![1, 2]
-                },
-            ]
+            format!("{outer:?}"),
+            "[Forward { dp: 1, pp: 0, pack: 3 }, \
+             CpExchange { dp: 1, pp: 0, pack: 3, direction: 1, group: [1, 2] }]"
         );
     }
 }

@@ -24,22 +24,23 @@ use melior::ir::block::BlockLike;
 use melior::ir::operation::{OperationLike, OperationRef};
 use melior::ir::Module;
 
+use slimpack_ir::program::abi::{self, Function, Param};
+
 use crate::CodegenError;
 
-/// The C ABI: symbol and parameter types (all i64 but a CP group's pointer).
-pub const RUNTIME_FUNCTIONS: &[(&str, &str)] = &[
-    ("slimpack_rt_forward", "i64, i64, i64"),
-    ("slimpack_rt_backward", "i64, i64, i64"),
-    (
-        "slimpack_rt_cp_exchange",
-        "i64, i64, i64, i64, !llvm.ptr, i64",
-    ),
-    ("slimpack_rt_send", "i64, i64, i64, i64, i64, i64"),
-    ("slimpack_rt_recv", "i64, i64, i64, i64, i64, i64"),
-    ("slimpack_rt_reduce_scatter", "i64, i64"),
-    ("slimpack_rt_optimizer", "i64, i64"),
-    ("slimpack_rt_all_gather", "i64, i64"),
-];
+/// A C ABI function's parameter types in MLIR (every `i64`, a CP group as a pointer and a
+/// count), from its declaration.
+fn parameter_types(function: &Function) -> String {
+    let types: Vec<&str> = function
+        .params
+        .iter()
+        .map(|param| match param {
+            Param::Int(_) => "i64",
+            Param::Group => "!llvm.ptr, i64",
+        })
+        .collect();
+    types.join(", ")
+}
 
 fn malformed(message: String) -> CodegenError {
     CodegenError::Mlir {
@@ -101,48 +102,41 @@ impl Emitter {
         name
     }
 
-    fn call(&mut self, function: &str, args: &[i64]) {
-        let values: Vec<String> = args.iter().map(|&a| self.constant(a)).collect();
-        let types = vec!["i64"; args.len()].join(", ");
+    /// A call of `function` with `args`, its group (if it has one) a constant global.
+    fn call(&mut self, function: &Function, args: &[i64], group: &[i64]) {
+        let mut values: Vec<String> = args.iter().map(|&a| self.constant(a)).collect();
+        if function.params.contains(&Param::Group) {
+            let global = format!("slimpack_group_{}", self.groups);
+            self.groups += 1;
+            let ranks: Vec<String> = group.iter().map(i64::to_string).collect();
+            let _ = writeln!(
+                self.globals,
+                "  llvm.mlir.global internal constant @{global}(dense<[{}]> : tensor<{}xi64>) \
+                 {{addr_space = 0 : i32}} : !llvm.array<{} x i64>",
+                ranks.join(", "),
+                group.len(),
+                group.len()
+            );
+            let pointer = format!("%v{}", self.next_value);
+            self.next_value += 1;
+            let _ = writeln!(
+                self.functions,
+                "    {pointer} = llvm.mlir.addressof @{global} : !llvm.ptr"
+            );
+            values.push(pointer);
+            values.push(self.constant(group.len() as i64));
+        }
         let _ = writeln!(
             self.functions,
-            "    func.call @{function}({}) : ({types}) -> ()",
-            values.join(", ")
+            "    func.call @{}({}) : ({}) -> ()",
+            function.symbol,
+            values.join(", "),
+            parameter_types(function)
         );
     }
 
-    fn cp_exchange(&mut self, device: [i64; 2], pack: i64, direction: i64, group: &[i64]) {
-        let global = format!("slimpack_group_{}", self.groups);
-        self.groups += 1;
-        let ranks: Vec<String> = group.iter().map(i64::to_string).collect();
-        let _ = writeln!(
-            self.globals,
-            "  llvm.mlir.global internal constant @{global}(dense<[{}]> : tensor<{}xi64>) \
-             {{addr_space = 0 : i32}} : !llvm.array<{} x i64>",
-            ranks.join(", "),
-            group.len(),
-            group.len()
-        );
-        let values: Vec<String> = [device[0], device[1], pack, direction]
-            .iter()
-            .map(|&a| self.constant(a))
-            .collect();
-        let pointer = format!("%v{}", self.next_value);
-        self.next_value += 1;
-        let _ = writeln!(
-            self.functions,
-            "    {pointer} = llvm.mlir.addressof @{global} : !llvm.ptr"
-        );
-        let length = self.constant(group.len() as i64);
-        let _ = writeln!(
-            self.functions,
-            "    func.call @slimpack_rt_cp_exchange({}, {pointer}, {length}) : \
-             (i64, i64, i64, i64, !llvm.ptr, i64) -> ()",
-            values.join(", ")
-        );
-    }
-
-    /// Lowers one device op to its call.
+    /// Lowers one device op to its call: the C ABI function declared for the dialect op, its
+    /// integer arguments read from the attributes of the same names.
     fn op(&mut self, op: &OperationRef, device: [i64; 2]) -> Result<(), CodegenError> {
         let name = op_name(op);
         let [dp, pp] = device;
@@ -153,28 +147,18 @@ impl Emitter {
                 named[0], named[1]
             )));
         }
-        match name.as_str() {
-            "slimpack.forward" => self.call("slimpack_rt_forward", &[dp, pp, int(op, "pack")?]),
-            "slimpack.backward" => self.call("slimpack_rt_backward", &[dp, pp, int(op, "pack")?]),
-            "slimpack.cp_exchange" => {
-                let group = dense(op, "group")?;
-                self.cp_exchange(device, int(op, "pack")?, direction(op)?, &group)
+        let function = abi::function_for_dialect_op(&name)
+            .ok_or_else(|| malformed(format!("{name} is not a device op")))?;
+        let mut args = Vec::new();
+        let mut group = Vec::new();
+        for param in function.params {
+            match param {
+                Param::Int("direction") => args.push(direction(op)?),
+                Param::Int(attribute) => args.push(int(op, attribute)?),
+                Param::Group => group = dense(op, "group")?,
             }
-            "slimpack.send" => {
-                let args = [dp, pp, int(op, "pack")?, direction(op)?];
-                let peer = [int(op, "to_dp")?, int(op, "to_pp")?];
-                self.call("slimpack_rt_send", &[&args[..], &peer[..]].concat())
-            }
-            "slimpack.recv" => {
-                let args = [dp, pp, int(op, "pack")?, direction(op)?];
-                let peer = [int(op, "from_dp")?, int(op, "from_pp")?];
-                self.call("slimpack_rt_recv", &[&args[..], &peer[..]].concat())
-            }
-            "slimpack.reduce_scatter" => self.call("slimpack_rt_reduce_scatter", &[dp, pp]),
-            "slimpack.optimizer" => self.call("slimpack_rt_optimizer", &[dp, pp]),
-            "slimpack.all_gather" => self.call("slimpack_rt_all_gather", &[dp, pp]),
-            other => return Err(malformed(format!("{other} is not a device op"))),
         }
+        self.call(function, &args, &group);
         Ok(())
     }
 }
@@ -250,8 +234,13 @@ pub fn lower_to_runtime_calls(schedule: &Module) -> Result<String, CodegenError>
 fn assemble(emitter: &Emitter, devices: &[String]) -> String {
     let mut out = String::from("module {\n");
     out.push_str(&emitter.globals);
-    for (name, params) in RUNTIME_FUNCTIONS {
-        let _ = writeln!(out, "  func.func private @{name}({params})");
+    for function in abi::FUNCTIONS {
+        let _ = writeln!(
+            out,
+            "  func.func private @{}({})",
+            function.symbol,
+            parameter_types(function)
+        );
     }
     out.push_str(&emitter.functions);
 

@@ -14,7 +14,7 @@ mod print;
 mod translate;
 
 pub use context::{MlirContext, SLIMPACK_IRDL};
-pub use lower::{lower_to_runtime_calls, RUNTIME_FUNCTIONS};
+pub use lower::lower_to_runtime_calls;
 pub use print::{print_dialect, DIALECT_VERSION};
 pub use translate::{convert_to_llvm_dialect, translate_to_llvm_ir, TO_LLVM_DIALECT};
 

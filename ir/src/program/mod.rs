@@ -27,6 +27,7 @@
 //! step. Everything else (the printer, codegen, the runtimes) reads the stored program; the
 //! verifier re-derives it once to prove the stored one is the schedule's.
 
+pub mod abi;
 mod check;
 mod lower;
 mod print;

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use slimpack_ir::program::{Op, Worker as ProgramWorker};
 use slimpack_ir::step::Direction;
 
-use crate::abi::{self, Call};
+use crate::abi::Call;
 use crate::cpu::adamw::ShardedAdamW;
 use crate::cpu::counting_alloc::MemoryMeter;
 use crate::cpu::cp::{KvExchange, LocalExchange};
@@ -32,6 +32,7 @@ use crate::cpu::error::{CpuError, Result};
 use crate::cpu::params::{Grads, Params};
 use crate::cpu::profile::{self, OpTimes};
 use crate::cpu::stage_state::StageState;
+use slimpack_ir::program::abi::abi_call;
 
 use super::mailbox::{Tag, Tensors};
 use super::plan::Device;
@@ -178,7 +179,7 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
                 "the driver called {call:?} after the program's last op"
             )));
         };
-        let expected = abi::call_of(dp, pp, op);
+        let expected = abi_call(dp, pp, op);
         if *call != expected {
             return Err(schedule_error(format!(
                 "the driver called {call:?} where the program's op {} is {expected:?}",

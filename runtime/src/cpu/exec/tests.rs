@@ -5,7 +5,7 @@ use slimpack_ir::program::Op;
 use slimpack_ir::spec::ModelSpec;
 
 use super::{execute_program, CompiledDriver, DeviceOrder, Driver, Execution, Plan};
-use crate::abi::{self, Call};
+use crate::abi::Call;
 use crate::cpu::{AdamWConfig, CpuError, ModelConfig, Params};
 
 /// Two stages, DP 2: rank 0 in a plain replica and in a DP-Merge group with rank 1.
@@ -86,7 +86,7 @@ fn the_replica_major_order_is_the_lowered_program_and_the_trace_is_the_program()
         let expected: Vec<Call> = worker
             .ops
             .iter()
-            .map(|op| abi::call_of(dp, pp, op))
+            .map(|op| slimpack_ir::program::abi::abi_call(dp, pp, op))
             .collect();
         assert_eq!(*calls, expected, "worker {:?}", worker.worker);
     }
@@ -94,7 +94,7 @@ fn the_replica_major_order_is_the_lowered_program_and_the_trace_is_the_program()
         .trace
         .iter()
         .flatten()
-        .filter(|call| matches!(call, Call::CpExchange { .. }))
+        .filter(|call| call.function == &slimpack_ir::program::abi::CP_EXCHANGE)
         .count();
     assert_eq!(
         exchanges, 16,
