@@ -7,7 +7,10 @@ use std::time::Instant;
 use slimpack_ir::batch::Batch;
 use slimpack_ir::{Spec, StepIr};
 use slimpack_machine::sim::Metrics;
-use slimpack_passes::{parse_pipeline, run_pipeline, ManagerOptions, PassRecord, Result};
+use slimpack_passes::{
+    parse_pipeline, run_pipeline, run_pipeline_in, ManagerOptions, PassContext, PassRecord,
+    PipelineEntry, Result,
+};
 
 /// How to compile.
 #[derive(Debug, Clone, Default)]
@@ -35,9 +38,24 @@ pub fn compile(
     print_sink: &mut dyn Write,
 ) -> Result<Compiled> {
     let pipeline = parse_pipeline(&options.pipeline)?;
+    let cx = PassContext::for_spec(spec);
+    compile_entries(spec, batch, &pipeline, &cx, &options.manager, print_sink)
+}
+
+/// Builds the logical IR of `batch` and runs `pipeline` over it with the context `cx` (built
+/// for `spec`), timing both: the one place a step is compiled (the tuner compiles candidates
+/// through it too).
+pub fn compile_entries(
+    spec: &Spec,
+    batch: &Batch,
+    pipeline: &[PipelineEntry],
+    cx: &PassContext,
+    manager: &ManagerOptions,
+    print_sink: &mut dyn Write,
+) -> Result<Compiled> {
     let start = Instant::now();
     let mut ir = StepIr::from_batch(spec.clone(), batch);
-    let passes = run_pipeline(&mut ir, &pipeline, &options.manager, print_sink)?;
+    let passes = run_pipeline_in(&mut ir, pipeline, cx, manager, print_sink)?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(Compiled {
         ir,

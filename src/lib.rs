@@ -6,7 +6,8 @@
 //! embeds; the `slimpack` binary is a thin command line over it.
 
 pub mod compile;
-pub mod driver;
+pub mod measure;
+pub mod tune;
 
 pub use compile::{compile, CompileOptions, Compiled};
 pub use slimpack_codegen as codegen;

@@ -10,10 +10,11 @@ use slimpack::ir::batch::Batch;
 use slimpack::ir::spec::ModelSpec;
 use slimpack::ir::{Spec, StepIr};
 use slimpack::machine::sim;
-use slimpack::passes::strategy::{Choices, StrategyState, STRATEGIES};
 use slimpack::runtime::cpu::exec::{check_reference, execute, DeviceOrder, Plan};
 use slimpack::runtime::cpu::{AdamWConfig, ModelConfig, Params};
-use slimpack::{compile, driver, CompileOptions};
+use slimpack::tune::autotune;
+use slimpack::tune::strategy::{Choices, StrategyState, STRATEGIES};
+use slimpack::{compile, CompileOptions};
 
 const TOLERANCE: f32 = 1e-5;
 
@@ -135,7 +136,7 @@ fn every_strategy_runs_equal_to_the_reference() {
             let choices = Choices::fixed(spec.model.recompute);
             let mut state = StrategyState::default();
             let (_, choice) =
-                driver::compile_step(strategy, &spec, &batch, &mut state, &choices).unwrap();
+                autotune::compile_step(strategy, &spec, &batch, &mut state, &choices).unwrap();
             let label = &choice.best().candidate.label;
             let what = format!("{} ({label}) on {parallel}", strategy.name);
             any(&mut seen, check(&choice.compiled.ir, &what));

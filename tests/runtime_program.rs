@@ -16,13 +16,14 @@ use slimpack::ir::program::Program;
 use slimpack::ir::spec::ModelSpec;
 use slimpack::ir::{Spec, StepIr};
 use slimpack::machine::sim;
-use slimpack::passes::strategy::{Choices, StrategyState, STRATEGIES};
 use slimpack::runtime::abi::Call;
 use slimpack::runtime::cpu::exec::{
     check_reference, execute_program, DeviceOrder, Driver, Execution, Plan,
 };
 use slimpack::runtime::cpu::{AdamWConfig, ModelConfig, Params};
-use slimpack::{compile, driver, CompileOptions};
+use slimpack::tune::autotune;
+use slimpack::tune::strategy::{Choices, StrategyState, STRATEGIES};
+use slimpack::{compile, CompileOptions};
 
 const TOLERANCE: f32 = 1e-5;
 
@@ -71,7 +72,7 @@ fn steps() -> Vec<(String, StepIr)> {
         let choices = Choices::fixed(spec.model.recompute);
         let mut state = StrategyState::default();
         let (_, choice) =
-            driver::compile_step(strategy, &spec, &dominant(), &mut state, &choices).unwrap();
+            autotune::compile_step(strategy, &spec, &dominant(), &mut state, &choices).unwrap();
         steps.push((strategy.name.to_string(), choice.compiled.ir));
     }
     steps

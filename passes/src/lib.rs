@@ -25,10 +25,8 @@ pub mod pipeline;
 pub mod registry;
 pub mod schedule_pipeline;
 pub mod slice;
-pub mod slimpack;
-pub mod strategy;
 
 pub use error::{PassError, Result};
-pub use manager::{run_pipeline, ManagerOptions, PassRecord, PrintOptions};
-pub use pass::{OptionInfo, Pass, PassOptions, Statistics};
+pub use manager::{run_pipeline, run_pipeline_in, ManagerOptions, PassRecord, PrintOptions};
+pub use pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 pub use pipeline::{parse_pipeline, render_pipeline, PipelineEntry};

@@ -21,10 +21,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use slimpack::driver;
-use slimpack_ir::batch::Batch;
-use slimpack_ir::Spec;
-use slimpack_passes::strategy::{self, Choices, StrategyInfo, StrategyState, STRATEGIES};
+use slimpack::tune::run::{run_strategy, Progress, StepFigures, StrategyRun};
+use slimpack::tune::strategy::{self, Choices, StrategyInfo, STRATEGIES};
 
 use super::compile::ReportFormat;
 use super::input::{BatchArgs, SpecArgs};
@@ -54,24 +52,6 @@ pub struct BenchArgs {
     /// Print every candidate configuration tried on step 1, and how it scored (to stderr).
     #[arg(long, short)]
     verbose: bool,
-}
-
-/// One step of one strategy.
-struct StepFigures {
-    metrics: slimpack_machine::sim::Metrics,
-    compile_ms: f64,
-}
-
-/// One strategy's run.
-struct StrategyRun {
-    strategy: &'static StrategyInfo,
-    chosen: String,
-    /// Every candidate tried on step 1.
-    tuning: Vec<driver::Evaluation>,
-    steps: Vec<StepFigures>,
-    backlog: (usize, u64),
-    /// Steps on which a re-planning strategy left its kept configuration to fit memory.
-    replanned: usize,
 }
 
 /// A row of the report (field names and order are the `--report json` contract).
@@ -151,8 +131,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut runs = Vec::with_capacity(strategies.len());
     for strategy in strategies {
         progress.set_message(strategy.name);
+        let grow = |units| progress.inc_length(units);
+        let advance = |units| progress.inc(units);
+        let report = Progress {
+            grow: &grow,
+            advance: &advance,
+        };
         runs.push(run_strategy(
-            strategy, &job.spec, &batches, &choices, &progress,
+            strategy, &job.spec, &batches, &choices, &report,
         )?);
     }
     progress.finish_and_clear();
@@ -247,86 +233,6 @@ fn progress_bar() -> ProgressBar {
         bar.set_style(style.progress_chars("=> "));
     }
     bar
-}
-
-/// Tunes `strategy` on the first batch, then runs the chosen configuration on every batch (the
-/// later steps in parallel: the admissions, which carry state, run in step order first).
-fn run_strategy(
-    strategy: &'static StrategyInfo,
-    spec: &Spec,
-    batches: &[Batch],
-    choices: &Choices,
-    progress: &ProgressBar,
-) -> anyhow::Result<StrategyRun> {
-    let mut state = StrategyState::default();
-    let first = driver::admit(strategy, &mut state, spec, &batches[0]);
-    let candidates = (strategy.candidates)(spec, &first, &state, choices).len() as u64;
-    progress.inc_length(candidates + batches.len() as u64 - 1);
-    let choice = driver::choose(strategy, spec, &first, &state, choices)?;
-    progress.inc(candidates);
-    let tuning = choice.evaluations;
-    let chosen = tuning[choice.chosen].candidate.label.clone();
-    let mut later = Vec::with_capacity(batches.len() - 1);
-    for (index, drawn) in batches.iter().enumerate().skip(1) {
-        let batch = driver::admit(strategy, &mut state, spec, drawn);
-        let candidate = (strategy.candidates)(spec, &batch, &state, choices)
-            .into_iter()
-            .find(|c| c.label == chosen)
-            .with_context(|| {
-                format!(
-                    "strategy '{}' no longer offers {chosen} at step {}",
-                    strategy.name,
-                    index + 1
-                )
-            })?;
-        later.push((batch, candidate));
-    }
-    let best = &tuning[choice.chosen];
-    let mut steps = vec![StepFigures {
-        metrics: best.metrics.clone(),
-        compile_ms: best.compile_ms,
-    }];
-    let mut replanned = 0;
-    for (evaluation, (batch, _)) in driver::evaluate_steps(strategy, spec, &later)?
-        .into_iter()
-        .zip(&later)
-    {
-        let evaluation = if evaluation.metrics.oom && strategy.replans {
-            replanned += 1;
-            replan(strategy, spec, batch, &state, choices)?.unwrap_or(evaluation)
-        } else {
-            evaluation
-        };
-        steps.push(StepFigures {
-            metrics: evaluation.metrics,
-            compile_ms: evaluation.compile_ms,
-        });
-    }
-    progress.inc(later.len() as u64);
-    Ok(StrategyRun {
-        strategy,
-        chosen,
-        tuning,
-        steps,
-        backlog: state.backlog(),
-        replanned,
-    })
-}
-
-/// A step of a re-planning strategy whose kept configuration does not fit: re-tuned on this
-/// batch as on the first step — every configuration compiled and simulated, the fastest that
-/// fits kept (a strategy that compiles every step can; taking the first configuration that
-/// fits, in the tuning step's order, kept configurations many times slower than the best).
-fn replan(
-    strategy: &'static StrategyInfo,
-    spec: &Spec,
-    batch: &Batch,
-    state: &StrategyState,
-    choices: &Choices,
-) -> anyhow::Result<Option<driver::Evaluation>> {
-    let mut choice = driver::choose(strategy, spec, batch, state, choices)?;
-    let best = choice.evaluations.swap_remove(choice.chosen);
-    Ok((!best.metrics.oom).then_some(best))
 }
 
 fn rows(runs: &[StrategyRun]) -> Vec<Row> {

@@ -5,12 +5,13 @@ use clap::{Args, ValueEnum};
 use std::io::Write;
 use std::path::PathBuf;
 
-use slimpack::{compile, driver, CompileOptions};
+use slimpack::tune::autotune;
+use slimpack::tune::strategy::{self, Choices, StrategyState};
+use slimpack::{compile, CompileOptions};
 use slimpack_codegen::schedule_json;
 use slimpack_ir::step::Phase;
 use slimpack_ir::{text, StepIr};
 use slimpack_machine::sim::{self, SimResult};
-use slimpack_passes::strategy::{self, Choices, StrategyState};
 use slimpack_passes::{ManagerOptions, PassRecord, PrintOptions};
 
 use super::input::{BatchArgs, SpecArgs};
@@ -210,8 +211,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 None => Choices::all(),
             };
             let mut state = StrategyState::default();
-            let batch = driver::admit(info, &mut state, &job.spec, &batch);
-            let choice = driver::choose(info, &job.spec, &batch, &state, &choices)?;
+            let batch = autotune::admit(info, &mut state, &job.spec, &batch);
+            let choice = autotune::choose(info, &job.spec, &batch, &state, &choices)?;
             let chosen = Chosen {
                 strategy: info.name,
                 label: match choice.best().variant.as_str() {

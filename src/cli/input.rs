@@ -14,7 +14,7 @@ use slimpack_ir::spec::{ClusterSpec, ConfigFile, ModelSpec, ParallelSpec, Recomp
 use slimpack_ir::Spec;
 
 /// Model, cluster and layout.
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 pub struct SpecArgs {
     /// A TOML job file with [model], [cluster], [parallel] and optionally [batch] tables.
     #[arg(long, value_name = "FILE.toml")]
@@ -34,7 +34,7 @@ pub struct SpecArgs {
 }
 
 /// Where the global batch comes from.
-#[derive(Debug, Args)]
+#[derive(Debug, Default, Args)]
 pub struct BatchArgs {
     /// Lengths (text, one per line; JSON array; JSONL with a length field) or a JSONL corpus.
     #[arg(long, value_name = "FILE")]

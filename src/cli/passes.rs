@@ -2,8 +2,8 @@
 
 use clap::Args;
 
+use slimpack::tune::strategy::STRATEGIES;
 use slimpack_passes::registry::PASSES;
-use slimpack_passes::strategy::STRATEGIES;
 
 #[derive(Debug, Args)]
 pub struct PassesArgs {

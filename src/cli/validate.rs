@@ -22,11 +22,14 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use clap::{Args, Parser};
+use clap::Args;
 use serde::Serialize;
 
 use super::compile::ReportFormat;
-use super::run::{self, Backend, RunArgs, RunReport};
+use slimpack::measure::{self, ape, RunReport};
+
+use super::input::{BatchArgs, SpecArgs};
+use super::run::{self, Backend, DriverArg, InterleaveArg, RunArgs};
 
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
@@ -163,9 +166,9 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
         {
             continue;
         }
-        let command = command_line(layout, batch, schedule, args.repeat);
+        let (run_args, command) = suite_run(layout, batch, schedule, args.repeat);
         eprintln!("  {label} ...");
-        let report = measure(&command).with_context(|| format!("schedule '{label}'"))?;
+        let report = run::measure(&run_args).with_context(|| format!("schedule '{label}'"))?;
         rows.push(row(label, command, report, cores)?);
     }
     if rows.is_empty() {
@@ -191,63 +194,63 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `slimpack run` arguments of one schedule of the suite.
-fn command_line(layout: &str, batch: &str, schedule: &str, repeat: usize) -> Vec<String> {
+/// The `slimpack run` arguments of one schedule of the suite, and the command line that
+/// reproduces them (printed with the row).
+fn suite_run(layout: &str, batch: &str, schedule: &str, repeat: usize) -> (RunArgs, String) {
     let synthetic = BATCHES
         .iter()
         .find(|(name, _)| *name == batch)
         .map(|(_, spec)| *spec)
         .expect("the suite names its own batches (bug)");
-    let mut line: Vec<String> = [
-        "--backend",
-        "cpu",
-        "--model",
-        "tiny",
-        "--cluster",
-        "cpu",
-        "--parallel",
-        &format!("tp=1,{layout}"),
-        "--synthetic",
-        synthetic,
-        "--seed",
-        "0",
-        "--repeat",
-        &repeat.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    match schedule.strip_prefix("slice") {
-        Some(size) => line.extend([
-            "--passes".to_string(),
-            format!(
+    let parallel = format!("tp=1,{layout}");
+    let (strategy, passes) = match schedule.strip_prefix("slice") {
+        Some(size) => (
+            None,
+            Some(format!(
                 "slice{{size={size}}},assign-dp,pack-fwd{{cap={size}}},pack-bwd{{cap={size}}},schedule-pipeline"
-            ),
-        ]),
-        None => line.extend(["--strategy".to_string(), schedule.to_string()]),
-    }
-    line
+            )),
+        ),
+        None => (Some(schedule.to_string()), None),
+    };
+    let command = format!(
+        "slimpack run --backend cpu --model tiny --cluster cpu --parallel {parallel} \
+         --synthetic {synthetic} --seed 0 --repeat {repeat} {}",
+        match (&strategy, &passes) {
+            (Some(name), _) => format!("--strategy {name}"),
+            (_, Some(pipeline)) => format!("--passes '{pipeline}'"),
+            _ => unreachable!("a suite schedule is a strategy or a pipeline"),
+        }
+    );
+    let args = RunArgs {
+        backend: Backend::Cpu,
+        spec: SpecArgs {
+            model: Some("tiny".into()),
+            cluster: Some("cpu".into()),
+            parallel: Some(parallel),
+            ..SpecArgs::default()
+        },
+        batch: BatchArgs {
+            synthetic: Some(synthetic.into()),
+            seed: Some(0),
+            ..BatchArgs::default()
+        },
+        ir: None,
+        schedule: None,
+        driver: DriverArg::Interpreted,
+        strategy,
+        passes,
+        check_reference: false,
+        token_seed: 0,
+        init_seed: 0,
+        interleave: InterleaveArg::Simulated,
+        repeat,
+        tasks: false,
+        report: ReportFormat::Text,
+    };
+    (args, command)
 }
 
-/// `run`'s arguments, parsed from a command line.
-#[derive(Debug, Parser)]
-#[command(no_binary_name = true)]
-struct RunLine {
-    #[command(flatten)]
-    run: RunArgs,
-}
-
-fn measure(command: &[String]) -> anyhow::Result<RunReport> {
-    let line = RunLine::try_parse_from(command).context("the suite's run command")?;
-    run::measure(line.run)
-}
-
-fn row(
-    label: String,
-    command: Vec<String>,
-    report: RunReport,
-    cores: usize,
-) -> anyhow::Result<Row> {
+fn row(label: String, command: String, report: RunReport, cores: usize) -> anyhow::Result<Row> {
     let Some(peaks) = report.peak_memory_bytes else {
         bail!("no memory measured: this binary does not count its allocations");
     };
@@ -265,17 +268,10 @@ fn row(
         .filter(|(_, &off)| off <= UNPREEMPTED)
         .map(|(&t, _)| t)
         .collect();
-    let step_time_unpreempted_s = (!unpreempted.is_empty()).then(|| run::median(&unpreempted));
-    let quoted: Vec<String> = command
-        .iter()
-        .map(|arg| match arg.contains(['{', '}', ',', ';']) {
-            true => format!("'{arg}'"),
-            false => arg.clone(),
-        })
-        .collect();
+    let step_time_unpreempted_s = (!unpreempted.is_empty()).then(|| measure::median(&unpreempted));
     Ok(Row {
         label,
-        command: format!("slimpack run {}", quoted.join(" ")),
+        command,
         schedule: report.schedule,
         workers: report.workers,
         tokens: report.tokens,
@@ -315,15 +311,16 @@ fn summary(rows: &[Row]) -> Summary {
     Summary {
         schedules: rows.len(),
         workers: memory.len(),
-        peak_memory_mape: mean(&memory),
+        peak_memory_mape: measure::mean(memory.iter().copied()),
         peak_memory_max_ape: memory.iter().copied().fold(0.0, f64::max),
         timed_schedules: timed.len(),
-        step_time_mape: mean(&timed),
+        step_time_mape: measure::mean(timed.iter().copied()),
         step_time_max_ape: timed.iter().copied().fold(0.0, f64::max),
         unpreempted_schedules: unpreempted.len(),
-        step_time_mape_unpreempted: (!unpreempted.is_empty()).then(|| mean(&unpreempted)),
-        op_time_mape: mean(&rows.iter().map(|r| r.op_time_mape).collect::<Vec<_>>()),
-        op_time_mape_cpu: mean(&rows.iter().map(|r| r.op_time_mape_cpu).collect::<Vec<_>>()),
+        step_time_mape_unpreempted: (!unpreempted.is_empty())
+            .then(|| measure::mean(unpreempted.iter().copied())),
+        op_time_mape: measure::mean(rows.iter().map(|r| r.op_time_mape)),
+        op_time_mape_cpu: measure::mean(rows.iter().map(|r| r.op_time_mape_cpu)),
     }
 }
 
@@ -389,15 +386,4 @@ fn load_average() -> String {
         .ok()
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_else(|| "unknown".to_string())
-}
-
-fn ape(predicted: f64, measured: f64) -> f64 {
-    (predicted - measured).abs() / measured
-}
-
-fn mean(values: &[f64]) -> f64 {
-    match values.len() {
-        0 => 0.0,
-        n => values.iter().sum::<f64>() / n as f64,
-    }
 }

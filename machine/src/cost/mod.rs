@@ -83,6 +83,11 @@ pub struct PackTime {
     pub attention_s: f64,
     /// The GEMMs' share of `compute_s` (the window TP collectives overlap with).
     pub gemm_s: f64,
+    /// The memory-bound element-wise kernels' share of `compute_s` (norms, RoPE, activations,
+    /// residuals, embedding, loss).
+    pub elementwise_s: f64,
+    /// The fixed per-kernel launch overheads' share of `compute_s`.
+    pub kernel_overhead_s: f64,
     /// Sequence-parallel TP collectives (all-gather / reduce-scatter), before overlap.
     pub tp_comm_s: f64,
     /// The part of `tp_comm_s` the GEMMs do not hide ([`exposed_tp_comm`]).
@@ -339,10 +344,9 @@ impl CostModel {
         let tokens = tokens as f64 / split;
         let (first, last) = (stage == 0, self.is_last(stage));
         let gemm_s = self.linear_time(tokens, last, direction);
-        let compute_s = layers * attention_layer_s
-            + gemm_s
-            + self.elementwise_time(tokens, first, last, direction)
-            + self.kernel_overhead(first, last, direction);
+        let elementwise_s = self.elementwise_time(tokens, first, last, direction);
+        let kernel_overhead_s = self.kernel_overhead(first, last, direction);
+        let compute_s = layers * attention_layer_s + gemm_s + elementwise_s + kernel_overhead_s;
         let tp_comm_s = layers * self.comm.tp_layer_time(tokens, direction)
             + self.comm.tp_edges_time(tokens, first, last, direction);
         let cp_comm_s = layers
@@ -353,6 +357,8 @@ impl CostModel {
             compute_s,
             attention_s: layers * attention_layer_s,
             gemm_s,
+            elementwise_s,
+            kernel_overhead_s,
             tp_comm_s,
             tp_exposed_s: exposed_tp_comm(tp_comm_s, gemm_s, self.spec.parallel.tp),
             cp_comm_s,

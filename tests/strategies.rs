@@ -11,12 +11,12 @@
 
 use proptest::prelude::*;
 
-use slimpack_ir::batch::Batch;
-use slimpack_ir::spec::Recompute;
-use slimpack_ir::step::Phase;
-use slimpack_ir::{text, verify, Spec, StepIr};
-use slimpack_passes::strategy::{Choices, StrategyState, STRATEGIES};
-use slimpack_passes::{parse_pipeline, run_pipeline, ManagerOptions};
+use slimpack::ir::batch::Batch;
+use slimpack::ir::spec::Recompute;
+use slimpack::ir::step::Phase;
+use slimpack::ir::{text, verify, Spec, StepIr};
+use slimpack::passes::{parse_pipeline, run_pipeline, ManagerOptions};
+use slimpack::tune::strategy::{Choices, StrategyState, STRATEGIES};
 
 /// A model preset with the cluster it runs on and the contexts drawn for it.
 struct Model {

@@ -21,7 +21,7 @@
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 
-use crate::strategy::{capacity, cp_degrees, Candidate, Choices, StrategyState, Variant};
+use super::strategy::{capacity, cp_degrees, Candidate, Choices, StrategyState, Variant};
 
 /// Which ideas a variant keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

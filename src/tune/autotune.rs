@@ -1,7 +1,7 @@
-//! The strategy driver: compiles every candidate configuration of a strategy, scores each with
-//! the simulator, and keeps the fastest that fits memory — the autotuner above the compiler.
+//! The autotuner: compiles every candidate configuration of a strategy, scores each with the
+//! simulator, and keeps the fastest that fits memory.
 //!
-//! A strategy (`slimpack_passes::strategy`) offers candidates: pipelines with a recompute mode
+//! A strategy ([`super::strategy`]) offers candidates: pipelines with a recompute mode
 //! and a label (`cp=2,recompute=selective`). [`choose`] compiles each on the batch (with the
 //! model's recompute mode replaced by the candidate's), simulates it, and returns the fastest
 //! candidate whose predicted peak memory fits the device; if none fits, the one with the least
@@ -12,20 +12,21 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+use super::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
 use slimpack_ir::batch::Batch;
 use slimpack_ir::{Spec, StepIr};
 use slimpack_machine::sim::{self, Metrics};
 use slimpack_machine::MachineError;
-use slimpack_passes::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
 use slimpack_passes::{
-    parse_pipeline, run_pipeline, ManagerOptions, PassError, PassRecord, PipelineEntry,
+    parse_pipeline, run_pipeline_in, ManagerOptions, PassContext, PassError, PassRecord,
+    PipelineEntry,
 };
 
-use crate::compile::Compiled;
+use crate::compile::{compile_entries, Compiled};
 
-/// Why a strategy could not be compiled.
+/// Why a strategy could not be tuned.
 #[derive(Debug, thiserror::Error)]
-pub enum DriverError {
+pub enum TuneError {
     #[error("strategy '{strategy}', candidate {candidate}: {source}")]
     Compile {
         strategy: &'static str,
@@ -42,6 +43,12 @@ pub enum DriverError {
     },
     #[error("strategy '{strategy}' offers no candidate for this spec and batch")]
     NoCandidate { strategy: &'static str },
+    #[error("strategy '{strategy}' no longer offers {candidate} at step {step}")]
+    Withdrawn {
+        strategy: &'static str,
+        candidate: String,
+        step: usize,
+    },
 }
 
 /// One candidate compiled and simulated.
@@ -103,7 +110,7 @@ pub fn compile_step(
     batch: &Batch,
     state: &mut StrategyState,
     choices: &Choices,
-) -> Result<(Batch, Choice), DriverError> {
+) -> Result<(Batch, Choice), TuneError> {
     let admitted = admit(strategy, state, spec, batch);
     let choice = choose(strategy, spec, &admitted, state, choices)?;
     Ok((admitted, choice))
@@ -117,11 +124,12 @@ pub fn evaluate(
     spec: &Spec,
     batch: &Batch,
     candidate: &Candidate,
-) -> Result<(Evaluation, Compiled), DriverError> {
+) -> Result<(Evaluation, Compiled), TuneError> {
     let spec = candidate_spec(spec, candidate);
-    let cost = slimpack_machine::machine_model(&spec);
-    let limit = memory_limit(&cost);
-    let compile_error = |source| DriverError::Compile {
+    let cx = PassContext::for_spec(&spec);
+    let cost = cx.machine();
+    let limit = memory_limit(cost);
+    let compile_error = |source| TuneError::Compile {
         strategy: strategy.name,
         candidate: candidate.label.clone(),
         source: Box::new(source),
@@ -138,16 +146,17 @@ pub fn evaluate(
     let options = ManagerOptions::default();
     let sink = &mut std::io::sink();
     let start = Instant::now();
-    let mut base = StepIr::from_batch(spec.clone(), batch);
-    let prefix = run_pipeline(&mut base, &pipelines[0].1[..shared], &options, sink)
+    let base = compile_entries(&spec, batch, &pipelines[0].1[..shared], &cx, &options, sink)
         .map_err(compile_error)?;
+    let prefix = base.passes;
+    let base = base.ir;
     let mut best: Option<(String, StepIr, Vec<PassRecord>, Metrics)> = None;
     for (label, entries) in &pipelines {
         let mut ir = base.clone();
-        let records =
-            run_pipeline(&mut ir, &entries[shared..], &options, sink).map_err(compile_error)?;
-        let metrics = sim::simulate(&ir, &cost)
-            .map_err(|source| DriverError::Simulate {
+        let records = run_pipeline_in(&mut ir, &entries[shared..], &cx, &options, sink)
+            .map_err(compile_error)?;
+        let metrics = sim::simulate(&ir, cost)
+            .map_err(|source| TuneError::Simulate {
                 strategy: strategy.name,
                 candidate: candidate.label.clone(),
                 source: Box::new(source),
@@ -193,7 +202,7 @@ fn shared_prefix(pipelines: &[(String, Vec<PipelineEntry>)]) -> usize {
 }
 
 /// The memory a tuned configuration may use (see [`TUNING_HEADROOM`]).
-fn memory_limit(cost: &slimpack_machine::cost::CostModel) -> u64 {
+fn memory_limit(cost: &slimpack_machine::CostModel) -> u64 {
     (cost.memory().capacity_bytes() as f64 * TUNING_HEADROOM) as u64
 }
 
@@ -205,10 +214,10 @@ pub fn choose(
     batch: &Batch,
     state: &StrategyState,
     choices: &Choices,
-) -> Result<Choice, DriverError> {
+) -> Result<Choice, TuneError> {
     let candidates = (strategy.candidates)(spec, batch, state, choices);
     if candidates.is_empty() {
-        return Err(DriverError::NoCandidate {
+        return Err(TuneError::NoCandidate {
             strategy: strategy.name,
         });
     }
@@ -263,7 +272,7 @@ fn evaluate_all(
     spec: &Spec,
     batch: &Batch,
     candidates: &[Candidate],
-) -> Vec<Result<(Evaluation, Compiled), DriverError>> {
+) -> Vec<Result<(Evaluation, Compiled), TuneError>> {
     parallel_map(candidates, |candidate| {
         evaluate(strategy, spec, batch, candidate)
     })
@@ -275,7 +284,7 @@ pub fn evaluate_steps(
     strategy: &StrategyInfo,
     spec: &Spec,
     steps: &[(Batch, Candidate)],
-) -> Result<Vec<Evaluation>, DriverError> {
+) -> Result<Vec<Evaluation>, TuneError> {
     parallel_map(steps, |(batch, candidate)| {
         evaluate(strategy, spec, batch, candidate).map(|(evaluation, _)| evaluation)
     })
@@ -328,7 +337,7 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slimpack_passes::strategy;
+    use crate::tune::strategy;
 
     #[test]
     fn each_step_runs_the_best_variant_of_its_candidate() {

@@ -4,7 +4,7 @@
 //! A strategy is a row of [`STRATEGIES`]: a name, a one-line summary, its source (repository,
 //! file, paper section), its deviations from that source, and a function giving its
 //! [`Candidate`]s for a spec and a batch — pipeline strings with a recompute mode and a label.
-//! The driver (`slimpack::driver`) compiles every candidate, simulates it and keeps the fastest
+//! The autotuner ([`super::autotune`]) compiles every candidate, simulates it and keeps the fastest
 //! that fits memory, the way a competent user of the peer would tune it: Megatron users pick
 //! the static CP degree and the recomputation granularity that run fastest without running out
 //! of memory, and so do users of the packers that leave memory to the trainer. So, unless the
@@ -23,9 +23,10 @@
 use slimpack_ir::batch::Batch;
 use slimpack_ir::spec::Recompute;
 use slimpack_ir::Spec;
-use slimpack_machine::cost::CostModel;
 
-use crate::pack_symmetric::{default_count, karmarkar_karp, wlb::OutlierDelay};
+use slimpack_passes::pack_symmetric::{default_count, karmarkar_karp, wlb::OutlierDelay};
+
+use super::method;
 
 /// One configuration of a strategy to compile and score.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,44 +221,44 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         source: "Fine-Grained Asymmetric Packing (SlimPack), arXiv 2509.26246, sections 3-5",
         deviations: "phase 2 is a chain-constrained balanced-partition heuristic with local \
                      search and e-graph refinement instead of the paper's MILP; slice size, pack \
-                     cap and recompute are searched with the simulator (see passes/src/slimpack.rs).",
-        candidates: crate::slimpack::full,
+                     cap and recompute are searched with the simulator (see src/tune/method.rs).",
+        candidates: method::full,
         admit: None,
         replans: true,
     },
     StrategyInfo {
         name: "slimpack-no-asymmetric",
         summary: "ablation: backward packs mirror the forward packs",
-        source: "passes/src/slimpack.rs",
+        source: "src/tune/method.rs",
         deviations: "pack-bwd{mirror=true}",
-        candidates: crate::slimpack::no_asymmetric,
+        candidates: method::no_asymmetric,
         admit: None,
         replans: true,
     },
     StrategyInfo {
         name: "slimpack-no-dp-merge",
         summary: "ablation: no DP-Merge groups",
-        source: "passes/src/slimpack.rs",
+        source: "src/tune/method.rs",
         deviations: "no dp-merge pass",
-        candidates: crate::slimpack::no_dp_merge,
+        candidates: method::no_dp_merge,
         admit: None,
         replans: true,
     },
     StrategyInfo {
         name: "slimpack-no-slicing",
         summary: "ablation: whole samples, no slices",
-        source: "passes/src/slimpack.rs",
+        source: "src/tune/method.rs",
         deviations: "no slice pass; packs capped at the context",
-        candidates: crate::slimpack::no_slicing,
+        candidates: method::no_slicing,
         admit: None,
         replans: true,
     },
     StrategyInfo {
         name: "slimpack-no-eqsat",
         summary: "ablation: no e-graph refinement",
-        source: "passes/src/slimpack.rs",
+        source: "src/tune/method.rs",
         deviations: "no eqsat pass",
-        candidates: crate::slimpack::no_eqsat,
+        candidates: method::no_eqsat,
         admit: None,
         replans: true,
     },
@@ -350,7 +351,7 @@ fn ff_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<
 }
 
 fn kk_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
-    let a = karmarkar_karp::workload_coefficient(&CostModel::new(spec));
+    let a = karmarkar_karp::workload_coefficient(&slimpack_machine::machine_model(spec));
     global_packing(spec, c, &format!("kk,a={a}"), capacity(b))
 }
 
@@ -385,7 +386,8 @@ fn wlb_admit(state: &mut StrategyState, spec: &Spec, batch: &Batch) -> Batch {
     });
     wlb.micro_batches = count;
     wlb.cap = cap;
-    wlb.delay.admit(batch, &CostModel::new(spec), count, cap)
+    wlb.delay
+        .admit(batch, &slimpack_machine::machine_model(spec), count, cap)
 }
 
 fn hybrid_cp_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
@@ -420,8 +422,8 @@ fn hybrid_cp_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parse_pipeline;
     use slimpack_ir::batch::Sample;
+    use slimpack_passes::parse_pipeline;
 
     fn batch() -> Batch {
         Batch::from_lengths(&[40, 10, 64, 5], Some(64), "test")
@@ -481,8 +483,8 @@ mod tests {
             for candidate in (wlb.candidates)(&spec, &admitted, &state, &Choices::all()) {
                 let mut ir = slimpack_ir::StepIr::from_batch(spec.clone(), &admitted);
                 let pipeline = parse_pipeline(&candidate.pipeline).unwrap();
-                let options = crate::ManagerOptions::default();
-                crate::run_pipeline(&mut ir, &pipeline, &options, &mut std::io::sink())
+                let options = slimpack_passes::ManagerOptions::default();
+                slimpack_passes::run_pipeline(&mut ir, &pipeline, &options, &mut std::io::sink())
                     .unwrap_or_else(|e| panic!("step {step}, {}: {e}", candidate.label));
                 assert_eq!(ir.tokens(), admitted.tokens());
             }

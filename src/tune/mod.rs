@@ -1,0 +1,17 @@
+//! The tuner: the autotuner above the compiler.
+//!
+//! - [`strategy`]: the strategies — the peers reproduced in the step IR and slimpack's own —
+//!   each a table row with its source, deviations and candidate configurations;
+//! - [`method`]: the candidates of the SlimPack method and its ablations;
+//! - [`autotune`]: compiles every candidate of a strategy on a batch, scores each with the
+//!   simulator on the machine model, keeps the fastest that fits memory;
+//! - [`run`]: the multi-step run policy (tune on the first step, keep the configuration,
+//!   re-plan a step that no longer fits) that `slimpack bench` measures.
+//!
+//! Passes never tune: they plan with the machine model they are handed; choosing among
+//! pipelines by simulating them happens here only.
+
+pub mod autotune;
+pub mod method;
+pub mod run;
+pub mod strategy;
