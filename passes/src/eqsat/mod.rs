@@ -8,7 +8,7 @@
 //! memory-aware warm-up, exactly as it orders any packs; run after scheduling, the pass re-runs
 //! `schedule-pipeline` on the rebuilt step (and so replaces whatever order the input had).
 //!
-//! Per replica, slowest first (by its 1F1B makespan, [`pipeline`]): the packs around the
+//! Per replica, slowest first (by its 1F1B makespan, [`makespan`]): the packs around the
 //! `focus` slowest packs of each direction become a term of the schedule language
 //! ([`language`]; the other packs are kept runs); the rules ([`slicing`]: split a slice of the
 //! slower of two neighbouring packs where a piece would balance them, merge pieces back;
@@ -49,7 +49,7 @@ mod cost;
 mod encode;
 mod extract;
 mod language;
-mod pipeline;
+mod makespan;
 mod placement;
 mod rank_merge;
 mod rebuild;
@@ -357,7 +357,7 @@ fn cheapest_combination(
             };
             let refined = rebuild::refine(&plan, &lengths);
             let cost =
-                pipeline::makespan(&mut timer.borrow_mut(), &refined.forward, &refined.backward);
+                makespan::makespan(&mut timer.borrow_mut(), &refined.forward, &refined.backward);
             if best.as_ref().is_none_or(|(_, least)| cost < *least) {
                 best = Some((refined, cost));
             }
@@ -435,7 +435,7 @@ impl Pass for Eqsat {
                 }
             };
             let cost_before =
-                pipeline::makespan(&mut timer.borrow_mut(), &plan.forward, &plan.backward);
+                makespan::makespan(&mut timer.borrow_mut(), &plan.forward, &plan.backward);
             jobs.push(Job {
                 replica,
                 plan,

@@ -25,7 +25,7 @@ use indexmap::IndexMap;
 use super::cost::PackTimer;
 use super::encode::ReplicaPlan;
 use super::language::{Schedule, Span, Whole};
-use super::pipeline;
+use super::makespan;
 use super::rank_merge::{self, PairFacts, RankAnalysis, UnitFacts};
 use super::rebuild::{self, Layout};
 use super::Eqsat;
@@ -104,7 +104,7 @@ pub fn merge_ranks(eqsat: &Eqsat, ir: &StepIr, model: &CostModel) -> RankOutcome
             forward: Vec::new(),
             backward: Vec::new(),
         });
-        let seconds = pipeline::makespan(&mut timer.borrow_mut(), &plan.forward, &plan.backward);
+        let seconds = makespan::makespan(&mut timer.borrow_mut(), &plan.forward, &plan.backward);
         for &rank in ranks {
             rank_seconds[rank as usize] += seconds;
         }
@@ -185,7 +185,7 @@ pub fn step_seconds(ir: &StepIr, model: &CostModel) -> f64 {
     for (replica, plan) in ReplicaPlan::all(ir) {
         let ranks = ir.replica(replica).ranks.clone();
         let mut timer = PackTimer::new(model.clone(), ranks.clone());
-        let seconds = pipeline::makespan(&mut timer, &plan.forward, &plan.backward);
+        let seconds = makespan::makespan(&mut timer, &plan.forward, &plan.backward);
         for rank in ranks {
             rank_seconds[rank as usize] += seconds;
         }
@@ -321,7 +321,7 @@ fn optimize_pair(
         let seconds = [0, 1, 2].map(|list| match &repacked[list] {
             Some((plan, _)) => {
                 let timer = if list < 2 { plain_timer } else { group_timer };
-                pipeline::makespan(&mut timer.borrow_mut(), &plan.forward, &plan.backward)
+                makespan::makespan(&mut timer.borrow_mut(), &plan.forward, &plan.backward)
             }
             None => input_seconds[list],
         });

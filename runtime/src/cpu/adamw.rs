@@ -197,7 +197,7 @@ impl StepRates {
 mod tests {
     use super::*;
     use crate::cpu::config::ModelConfig;
-    use crate::cpu::stage::Stage;
+    use crate::cpu::stage::LayerRange;
 
     fn micro() -> ModelConfig {
         ModelConfig {
@@ -217,7 +217,7 @@ mod tests {
     #[test]
     fn two_steps_match_the_closed_form() {
         let config = micro();
-        let mut params = Params::zeros(&config, Stage::whole(&config));
+        let mut params = Params::zeros(&config, LayerRange::whole(&config));
         params.embedding.as_mut().unwrap()[0] = 1.0;
         params.layers[0].attn_norm[0] = 1.0;
         let mut grads = params.zeros_like();
@@ -250,7 +250,7 @@ mod tests {
             layers: 2,
             ..micro()
         };
-        let mut params = Params::zeros(&config, Stage::whole(&config));
+        let mut params = Params::zeros(&config, LayerRange::whole(&config));
         let mut grads = params.zeros_like();
         for (index, (p, g)) in params
             .tensors_mut()

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use slimpack_ir::step::Direction;
 
 use super::attention::{attention_backward, SliceAttention};
-use super::batch::{Batch, SampleId, Slice};
+use super::batch::{SampleId, TokenBatch, TokenSlice};
 use super::cp::gather::{gather_prefix, scatter_add_grads};
 use super::error::Result;
 use super::head::head_backward;
@@ -43,8 +43,8 @@ impl StageState {
         &mut self,
         params: &Params,
         grads: &mut Grads,
-        batch: &Batch,
-        slices: &[Slice],
+        batch: &TokenBatch,
+        slices: &[TokenSlice],
         grad_out: &[Vec<f32>],
     ) -> Result<Vec<Vec<f32>>> {
         self.backward_padded_pack(params, grads, batch, slices, 0, grad_out)
@@ -57,8 +57,8 @@ impl StageState {
         &mut self,
         params: &Params,
         grads: &mut Grads,
-        batch: &Batch,
-        slices: &[Slice],
+        batch: &TokenBatch,
+        slices: &[TokenSlice],
         padding: usize,
         grad_out: &[Vec<f32>],
     ) -> Result<Vec<Vec<f32>>> {
@@ -79,7 +79,7 @@ impl StageState {
             }
         }
         let layout = PackLayout::new(&order, self.shard, padding);
-        let position = |slice: &Slice| {
+        let position = |slice: &TokenSlice| {
             slices
                 .iter()
                 .position(|s| s == slice)

@@ -1,6 +1,6 @@
 //! The global batch as the CPU backend sees it: token ids per sample, and slices of samples.
 //!
-//! Every worker of a step (each pipeline stage of each DP replica) gets the same [`Batch`]: slices
+//! Every worker of a step (each pipeline stage of each DP replica) gets the same [`TokenBatch`]: slices
 //! name samples by their index in it, and the loss is normalised by the number of predicted tokens
 //! of the *whole* batch, so that any split of the work adds up to the same loss and gradients.
 //! Each sample predicts its own next tokens: position `p` has target `tokens[p + 1]`, and its last
@@ -14,26 +14,26 @@ use rand_chacha::ChaCha8Rng;
 use super::config::ModelConfig;
 use super::error::{CpuError, Result};
 
-/// Index of a sample in its [`Batch`].
+/// Index of a sample in its [`TokenBatch`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SampleId(pub usize);
 
 /// Tokens `[start, start + len)` of one sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Slice {
+pub struct TokenSlice {
     pub sample: SampleId,
     pub start: usize,
     pub len: usize,
 }
 
-impl Slice {
+impl TokenSlice {
     /// One past the last token of the slice.
     pub fn end(&self) -> usize {
         self.start + self.len
     }
 }
 
-impl fmt::Display for Slice {
+impl fmt::Display for TokenSlice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -47,14 +47,14 @@ impl fmt::Display for Slice {
 
 /// Token ids of every sample of a global batch.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Batch {
+pub struct TokenBatch {
     samples: Vec<Vec<u32>>,
     predicted_tokens: usize,
 }
 
-impl Batch {
+impl TokenBatch {
     /// A batch of the given samples; fails on empty samples and tokens outside the vocabulary.
-    pub fn new(config: &ModelConfig, samples: Vec<Vec<u32>>) -> Result<Batch> {
+    pub fn new(config: &ModelConfig, samples: Vec<Vec<u32>>) -> Result<TokenBatch> {
         for (sample, tokens) in samples.iter().enumerate() {
             if tokens.is_empty() {
                 return Err(CpuError::EmptySample { sample });
@@ -69,7 +69,7 @@ impl Batch {
             }
         }
         let predicted_tokens = samples.iter().map(|tokens| tokens.len() - 1).sum();
-        Ok(Batch {
+        Ok(TokenBatch {
             samples,
             predicted_tokens,
         })
@@ -77,14 +77,14 @@ impl Batch {
 
     /// Samples of the given lengths with uniformly random tokens, deterministic in `seed`
     /// (for running length-only batches).
-    pub fn synthetic(config: &ModelConfig, lengths: &[usize], seed: u64) -> Result<Batch> {
+    pub fn synthetic(config: &ModelConfig, lengths: &[usize], seed: u64) -> Result<TokenBatch> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let vocab = config.vocab as u32;
         let samples = lengths
             .iter()
             .map(|&len| (0..len).map(|_| rng.random_range(0..vocab)).collect())
             .collect();
-        Batch::new(config, samples)
+        TokenBatch::new(config, samples)
     }
 
     /// Number of samples.
@@ -113,8 +113,8 @@ impl Batch {
     }
 
     /// The whole of one sample as a single slice.
-    pub fn whole_slice(&self, sample: SampleId) -> Slice {
-        Slice {
+    pub fn whole_slice(&self, sample: SampleId) -> TokenSlice {
+        TokenSlice {
             sample,
             start: 0,
             len: self.samples[sample.0].len(),
@@ -136,13 +136,13 @@ impl Batch {
     }
 
     /// The next-token target of each token of `slice` (`None` for a sample's last token).
-    pub(crate) fn targets(&self, slice: &Slice) -> impl Iterator<Item = Option<u32>> + '_ {
+    pub(crate) fn targets(&self, slice: &TokenSlice) -> impl Iterator<Item = Option<u32>> + '_ {
         let tokens = self.tokens(slice.sample);
         (slice.start..slice.end()).map(move |p| tokens.get(p + 1).copied())
     }
 
     /// Checks that `slice` is a non-empty token range of one of the batch's samples.
-    pub(crate) fn check_slice(&self, slice: &Slice) -> Result<()> {
+    pub(crate) fn check_slice(&self, slice: &TokenSlice) -> Result<()> {
         let sample_len = self.sample_len(slice.sample).unwrap_or(0);
         if slice.len == 0 || slice.end() > sample_len {
             return Err(CpuError::SliceOutOfRange {

@@ -34,12 +34,12 @@ use slimpack_machine::cost::{
     KERNELS_PER_LAYER_BACKWARD, KERNELS_PER_LAYER_FORWARD,
 };
 
-use super::batch::{Batch, SampleId, Slice};
+use super::batch::{SampleId, TokenBatch, TokenSlice};
 use super::config::ModelConfig;
 use super::error::Result;
 use super::params::Params;
 use super::profile::{self, OpTimes};
-use super::stage::Stage;
+use super::stage::LayerRange;
 use super::stage_state::StageState;
 
 /// A run whose thread got less than this share of its wall time on a core was preempted by
@@ -155,7 +155,7 @@ fn measure_point(
     options: &CalibrationOptions,
 ) -> Result<PackTimes> {
     let params = Params::init(config, 1);
-    let batch = Batch::synthetic(config, &[n], 2)?;
+    let batch = TokenBatch::synthetic(config, &[n], 2)?;
     let runs: Vec<Result<Vec<PackTimes>>> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..options.threads.max(1))
             .map(|_| scope.spawn(|| repeated_runs(config, &params, &batch, options.min_seconds)))
@@ -182,10 +182,10 @@ fn measure_point(
 fn repeated_runs(
     config: &ModelConfig,
     params: &Params,
-    batch: &Batch,
+    batch: &TokenBatch,
     min_seconds: f64,
 ) -> Result<Vec<PackTimes>> {
-    let slice = [Slice {
+    let slice = [TokenSlice {
         sample: SampleId(0),
         start: 0,
         len: batch.tokens(SampleId(0)).len(),
@@ -195,7 +195,7 @@ fn repeated_runs(
     let (mut clean, mut all) = (Vec::new(), Vec::new());
     // One untimed run first: page faults of fresh buffers, instruction caches.
     for run in 0..=MAX_RUNS {
-        let mut state = StageState::new(config, Stage::whole(config));
+        let mut state = StageState::new(config, LayerRange::whole(config));
         let (wall, cpu) = (Instant::now(), profile::thread_cpu_s());
         profile::take();
         state.forward_pack(params, batch, &slice, &[])?;

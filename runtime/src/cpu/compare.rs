@@ -79,7 +79,7 @@ fn distance(x: f32, y: f32) -> f32 {
 mod tests {
     use super::*;
     use crate::cpu::config::ModelConfig;
-    use crate::cpu::stage::Stage;
+    use crate::cpu::stage::LayerRange;
 
     #[test]
     fn errors_are_relative_to_the_tensor_scale_with_a_floor_and_nan_is_infinite() {
@@ -95,7 +95,7 @@ mod tests {
             norm_eps: 1e-5,
             rope_theta: 1e4,
         };
-        let mut expected = Params::zeros(&config, Stage::whole(&config));
+        let mut expected = Params::zeros(&config, LayerRange::whole(&config));
         expected.embedding.as_mut().unwrap()[0] = 100.0;
         expected.layers[0].wq[0] = 20.0;
         expected.layers[0].wk[0] = 1e-3;

@@ -6,8 +6,8 @@
 
 use slimpack_ir::spec::Dtype;
 
-use super::batch::Slice;
-use super::stage::Stage;
+use super::batch::TokenSlice;
+use super::stage::LayerRange;
 
 /// Errors of the CPU backend.
 #[derive(Debug, thiserror::Error)]
@@ -37,29 +37,35 @@ pub enum CpuError {
     /// A slice names a sample that is not in the batch, is empty, or runs past its sample's end.
     #[error("slice {slice} does not fit its sample (batch of {samples} samples, sample length {sample_len})")]
     SliceOutOfRange {
-        slice: Slice,
+        slice: TokenSlice,
         samples: usize,
         sample_len: usize,
     },
     /// A forward pack skips or repeats tokens of a sample: slices are forwarded in increasing order.
     #[error("forward of slice {slice} out of order: the next slice of its sample starts at {expected_start}")]
-    ForwardOutOfOrder { slice: Slice, expected_start: usize },
+    ForwardOutOfOrder {
+        slice: TokenSlice,
+        expected_start: usize,
+    },
     /// A sample was forwarded again after its backward finished.
     #[error("forward of slice {slice}: its sample already finished its backward in this step")]
-    SampleRetired { slice: Slice },
+    SampleRetired { slice: TokenSlice },
     /// A backward pack runs before every slice of the sample was forwarded on this stage.
     #[error("backward of slice {slice} before its sample was fully forwarded ({forwarded} of {sample_len} tokens)")]
     BackwardBeforeForward {
-        slice: Slice,
+        slice: TokenSlice,
         forwarded: usize,
         sample_len: usize,
     },
     /// A backward pack breaks the decreasing slice order of a sample.
     #[error("backward of slice {slice} out of order: the next slice of its sample must end at {expected_end}")]
-    BackwardOutOfOrder { slice: Slice, expected_end: usize },
+    BackwardOutOfOrder {
+        slice: TokenSlice,
+        expected_end: usize,
+    },
     /// A backward pack names a slice whose forward (with exactly these bounds) did not run here.
     #[error("backward of slice {slice}: no forward of this slice is pending on this stage")]
-    NotForwarded { slice: Slice },
+    NotForwarded { slice: TokenSlice },
     /// A padded pack cannot run: its padding does not match a forward pack's.
     #[error("padded pack: {reason}")]
     Padding { reason: String },
@@ -72,7 +78,10 @@ pub enum CpuError {
     },
     /// Parameters or gradients of one stage were handed to another stage's worker.
     #[error("tensors of stage {got} given to the worker of stage {expected}")]
-    StageMismatch { expected: Stage, got: Stage },
+    StageMismatch {
+        expected: LayerRange,
+        got: LayerRange,
+    },
     /// A list of stages does not partition the model's layers, or a stage range is invalid.
     #[error("invalid pipeline stages: {reason}")]
     InvalidStages { reason: String },

@@ -9,7 +9,7 @@
 use slimpack_ir::step::Direction;
 
 use super::attention::{attention_forward, SliceAttention};
-use super::batch::{Batch, Slice};
+use super::batch::{TokenBatch, TokenSlice};
 use super::cp::gather::gather_prefix;
 use super::error::Result;
 use super::head::head_forward;
@@ -44,8 +44,8 @@ impl StageState {
     pub fn forward_pack(
         &mut self,
         params: &Params,
-        batch: &Batch,
-        slices: &[Slice],
+        batch: &TokenBatch,
+        slices: &[TokenSlice],
         hidden_in: &[Vec<f32>],
     ) -> Result<ForwardOutput> {
         self.forward_padded_pack(params, batch, slices, 0, hidden_in)
@@ -56,8 +56,8 @@ impl StageState {
     pub fn forward_padded_pack(
         &mut self,
         params: &Params,
-        batch: &Batch,
-        slices: &[Slice],
+        batch: &TokenBatch,
+        slices: &[TokenSlice],
         padding: usize,
         hidden_in: &[Vec<f32>],
     ) -> Result<ForwardOutput> {

@@ -9,10 +9,10 @@
 //!
 //! # Driving a step
 //! An executor holds, per worker (a pipeline stage of a DP replica), that stage's [`Params`] (cut
-//! from the whole model with [`Params::split`] over [`Stage`]s), a zeroed [`Grads`]
+//! from the whole model with [`Params::split`] over [`LayerRange`]s), a zeroed [`Grads`]
 //! ([`Params::zeros_like`]) and a fresh [`StageState`]; every worker sees the same global
-//! [`Batch`]. It then replays the schedule:
-//! - forward of a pack (a list of [`Slice`]s): on stage 0 `forward_pack(params, batch, slices,
+//! [`TokenBatch`]. It then replays the schedule:
+//! - forward of a pack (a list of [`TokenSlice`]s): on stage 0 `forward_pack(params, batch, slices,
 //!   &[])`, then on each next stage `forward_pack(.., &previous.hidden)`; the last stage returns
 //!   the pack's share of the loss in [`ForwardOutput::loss`] (add them up);
 //! - backward of a pack: on the last stage `backward_pack(params, grads, batch, slices, &[])`,
@@ -58,7 +58,7 @@ mod stage_state;
 mod tests;
 
 pub use adamw::{AdamW, AdamWConfig, ShardedAdamW};
-pub use batch::{Batch, SampleId, Slice};
+pub use batch::{SampleId, TokenBatch, TokenSlice};
 pub use compare::{tensor_diff, TensorDiff};
 pub use config::ModelConfig;
 pub use counting_alloc::{AttachGuard, CountingAllocator, MemoryMeter, MAX_METERS};
@@ -68,5 +68,5 @@ pub use forward::ForwardOutput;
 pub use params::{sum_tied_grads, Grads, LayerParams, Params, TensorKind, TensorMut, TensorRef};
 pub use reference::reference_step;
 pub use rendezvous::{Aborted, Rendezvous};
-pub use stage::Stage;
+pub use stage::LayerRange;
 pub use stage_state::{LiveBytes, StageState};

@@ -11,12 +11,12 @@
 //! many tokens as the padding, positioned after the pack's own tokens as one more segment (a
 //! worker of a group holds its share of them too). They have token 0 and no target.
 
-use super::batch::{Batch, Slice};
+use super::batch::{TokenBatch, TokenSlice};
 use super::cp::CpShard;
 
 /// Row ranges of a pack's slices in its concatenated tensors.
 pub(crate) struct PackLayout {
-    pub slices: Vec<Slice>,
+    pub slices: Vec<TokenSlice>,
     offsets: Vec<usize>,
     /// Rows of each slice (its tokens held by this worker).
     lens: Vec<usize>,
@@ -28,7 +28,7 @@ pub(crate) struct PackLayout {
 
 impl PackLayout {
     /// The rows `shard` holds of each of `slices`, then of `padding` padding tokens.
-    pub fn new(slices: &[Slice], shard: CpShard, padding: usize) -> PackLayout {
+    pub fn new(slices: &[TokenSlice], shard: CpShard, padding: usize) -> PackLayout {
         let mut offsets = Vec::with_capacity(slices.len() + 1);
         let mut lens = Vec::with_capacity(slices.len() + 1);
         let mut positions = Vec::new();
@@ -97,7 +97,7 @@ impl PackLayout {
     }
 
     /// Next-token target of every row.
-    pub fn targets(&self, batch: &Batch) -> Vec<Option<u32>> {
+    pub fn targets(&self, batch: &TokenBatch) -> Vec<Option<u32>> {
         let mut targets = Vec::with_capacity(self.rows());
         for (index, slice) in self.slices.iter().enumerate() {
             let tokens = batch.tokens(slice.sample);
@@ -110,7 +110,7 @@ impl PackLayout {
     }
 
     /// Token id of every row (0 for padding).
-    pub fn tokens<'a>(&'a self, batch: &'a Batch) -> impl Iterator<Item = u32> + 'a {
+    pub fn tokens<'a>(&'a self, batch: &'a TokenBatch) -> impl Iterator<Item = u32> + 'a {
         let padding = self.padding_rows().map_or(0, |rows| rows.len());
         let real = (0..self.slices.len()).flat_map(move |index| {
             let tokens = batch.tokens(self.slices[index].sample);

@@ -1,6 +1,6 @@
 //! Model tensors: the weights ([`Params`]) and their gradients ([`Grads`], the same layout).
 //!
-//! A [`Params`] holds the tensors of one pipeline [`Stage`] (the whole model is the single stage
+//! A [`Params`] holds the tensors of one pipeline [`LayerRange`] (the whole model is the single stage
 //! holding every layer): the embedding on the first stage, the stage's layers, the final norm and
 //! output projection on the last stage. Matrices are row-major, `[in, out]` for projections
 //! (`y = x · W`) and `[vocab, hidden]` for the embedding and output projection (`logits = h · Wᵀ`).
@@ -18,7 +18,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::config::ModelConfig;
 use super::error::{CpuError, Result};
-use super::stage::Stage;
+use super::stage::LayerRange;
 
 /// Gradients of a [`Params`]: the same stage, tensors and shapes.
 pub type Grads = Params;
@@ -76,7 +76,7 @@ pub struct TensorMut<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Params {
     config: ModelConfig,
-    stage: Stage,
+    stage: LayerRange,
     /// Token embedding, `[vocab, hidden]`; on the first stage only.
     pub embedding: Option<Vec<f32>>,
     /// The stage's layers, in order.
@@ -95,7 +95,7 @@ impl Params {
     /// which the logits contract over), every norm gain 1.
     pub fn init(config: &ModelConfig, seed: u64) -> Params {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut params = Params::zeros(config, Stage::whole(config));
+        let mut params = Params::zeros(config, LayerRange::whole(config));
         for tensor in params.tensors_mut() {
             match tensor.kind {
                 TensorKind::NormGain => tensor.data.fill(1.0),
@@ -112,7 +112,7 @@ impl Params {
     }
 
     /// All-zero tensors of `stage` (the gradient accumulators of a step).
-    pub fn zeros(config: &ModelConfig, stage: Stage) -> Params {
+    pub fn zeros(config: &ModelConfig, stage: LayerRange) -> Params {
         let (h, v) = (config.hidden, config.vocab);
         let layer = LayerParams {
             attn_norm: vec![0.0; h],
@@ -147,7 +147,7 @@ impl Params {
     }
 
     /// The stage these tensors belong to.
-    pub fn stage(&self) -> Stage {
+    pub fn stage(&self) -> LayerRange {
         self.stage
     }
 
@@ -281,8 +281,8 @@ impl Params {
 
     /// Splits the whole model into the tensors of each of `stages` (a partition of the layers, in
     /// order). With tied embeddings, the last stage gets a copy of the embedding as `output`.
-    pub fn split(&self, stages: &[Stage]) -> Result<Vec<Params>> {
-        if self.stage != Stage::whole(&self.config) {
+    pub fn split(&self, stages: &[LayerRange]) -> Result<Vec<Params>> {
+        if self.stage != LayerRange::whole(&self.config) {
             return Err(CpuError::InvalidStages {
                 reason: format!(
                     "only the whole model can be split, not stage {}",
@@ -290,7 +290,7 @@ impl Params {
                 ),
             });
         }
-        Stage::check_partition(stages)?;
+        LayerRange::check_partition(stages)?;
         if stages[stages.len() - 1].layers().end != self.config.layers {
             return Err(CpuError::InvalidStages {
                 reason: format!(
@@ -321,15 +321,15 @@ impl Params {
     /// split across stages, the two copies must be bit-identical (for gradients: call
     /// [`sum_tied_grads`] first); the first stage's copy is kept.
     pub fn merge(parts: Vec<Params>) -> Result<Params> {
-        let stages: Vec<Stage> = parts.iter().map(Params::stage).collect();
-        Stage::check_partition(&stages)?;
+        let stages: Vec<LayerRange> = parts.iter().map(Params::stage).collect();
+        LayerRange::check_partition(&stages)?;
         let config = parts[0].config;
         if parts.iter().any(|part| part.config != config) {
             return Err(CpuError::LayoutMismatch {
                 reason: "stages of different models".to_string(),
             });
         }
-        let mut whole = Params::zeros(&config, Stage::whole(&config));
+        let mut whole = Params::zeros(&config, LayerRange::whole(&config));
         whole.layers.clear();
         let count = parts.len();
         for (index, part) in parts.into_iter().enumerate() {
@@ -396,7 +396,7 @@ impl Params {
     /// The stage's copy of a tied embedding that is split across stages: the embedding on the
     /// first stage, `output` on the last; `None` otherwise.
     pub(crate) fn tied_copy_mut(&mut self) -> Option<&mut Vec<f32>> {
-        if !self.config.tied_embeddings || self.stage == Stage::whole(&self.config) {
+        if !self.config.tied_embeddings || self.stage == LayerRange::whole(&self.config) {
             return None;
         }
         if self.stage.is_first() {

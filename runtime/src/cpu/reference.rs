@@ -6,7 +6,7 @@
 //! written here independently in its textbook form. Sliced and packed execution must reproduce
 //! its loss and gradients; the reference itself is checked against finite differences.
 
-use super::batch::{Batch, SampleId};
+use super::batch::{SampleId, TokenBatch};
 use super::config::ModelConfig;
 use super::error::{CpuError, Result};
 use super::head::{head_backward, head_forward};
@@ -17,15 +17,15 @@ use super::layer::{
 use super::ops::embedding::{embed, embed_backward};
 use super::ops::gemm::{gemm, Mat, MatMut};
 use super::params::{Grads, LayerParams, Params};
-use super::stage::Stage;
+use super::stage::LayerRange;
 
 /// Loss (mean over the batch's predicted tokens) and gradients of one training step over
 /// `batch`, computed sample by sample without slicing. `params` must be the whole model.
-pub fn reference_step(params: &Params, batch: &Batch) -> Result<(f64, Grads)> {
+pub fn reference_step(params: &Params, batch: &TokenBatch) -> Result<(f64, Grads)> {
     let config = *params.config();
-    if params.stage() != Stage::whole(&config) {
+    if params.stage() != LayerRange::whole(&config) {
         return Err(CpuError::StageMismatch {
-            expected: Stage::whole(&config),
+            expected: LayerRange::whole(&config),
             got: params.stage(),
         });
     }
@@ -50,7 +50,7 @@ fn sample_step(
     config: &ModelConfig,
     params: &Params,
     grads: &mut Grads,
-    batch: &Batch,
+    batch: &TokenBatch,
     sample: SampleId,
 ) -> f64 {
     let tokens = batch.tokens(sample);

@@ -13,14 +13,14 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use super::batch::Slice;
+use super::batch::TokenSlice;
 use super::saved::SavedActivations;
 
 /// One forward pack's saved activations: its slices in row order and their rows, then its
 /// padding's rows, if padded.
 #[derive(Debug)]
 struct PackRecord {
-    slices: Vec<Slice>,
+    slices: Vec<TokenSlice>,
     rows: Vec<usize>,
     saved: SavedActivations,
     /// Padding tokens after the slices (0: not padded) and their keys and values per layer.
@@ -32,8 +32,8 @@ impl PackRecord {
     /// Row ranges of the record's slices that `wanted` says to keep, in row order, with them.
     fn ranges(
         &self,
-        wanted: impl Fn(&Slice) -> bool,
-    ) -> (Vec<Slice>, Vec<usize>, Vec<Range<usize>>) {
+        wanted: impl Fn(&TokenSlice) -> bool,
+    ) -> (Vec<TokenSlice>, Vec<usize>, Vec<Range<usize>>) {
         let (mut slices, mut rows, mut ranges) = (Vec::new(), Vec::new(), Vec::new());
         let mut offset = 0;
         for (slice, &len) in self.slices.iter().zip(&self.rows) {
@@ -52,7 +52,7 @@ impl PackRecord {
 #[derive(Debug, Default)]
 pub(crate) struct SavedStore {
     records: BTreeMap<u64, PackRecord>,
-    record_of: BTreeMap<Slice, u64>,
+    record_of: BTreeMap<TokenSlice, u64>,
     next: u64,
 }
 
@@ -61,7 +61,7 @@ impl SavedStore {
     /// of `padding` padding tokens with, per layer, their keys and values.
     pub fn insert(
         &mut self,
-        slices: Vec<Slice>,
+        slices: Vec<TokenSlice>,
         rows: Vec<usize>,
         saved: SavedActivations,
         (padding, padding_kv): (usize, Vec<(Vec<f32>, Vec<f32>)>),
@@ -84,8 +84,8 @@ impl SavedStore {
     /// Whether a backward pack of `slices` padded with `padding` tokens matches the forward:
     /// unpadded, it takes no slice of a padded forward pack; padded, it is exactly one forward
     /// pack with the same padding.
-    pub fn padding_matches(&self, slices: &[Slice], padding: usize) -> bool {
-        let record = |s: &Slice| self.record_of.get(s).map(|id| &self.records[id]);
+    pub fn padding_matches(&self, slices: &[TokenSlice], padding: usize) -> bool {
+        let record = |s: &TokenSlice| self.record_of.get(s).map(|id| &self.records[id]);
         if padding == 0 {
             return slices.iter().filter_map(record).all(|r| r.padding == 0);
         }
@@ -100,7 +100,7 @@ impl SavedStore {
     }
 
     /// Whether the forward of exactly this slice is saved.
-    pub fn contains(&self, slice: &Slice) -> bool {
+    pub fn contains(&self, slice: &TokenSlice) -> bool {
         self.record_of.contains_key(slice)
     }
 
@@ -130,8 +130,8 @@ impl SavedStore {
     #[allow(clippy::type_complexity)]
     pub fn take(
         &mut self,
-        slices: &[Slice],
-    ) -> (Vec<Slice>, SavedActivations, Vec<(Vec<f32>, Vec<f32>)>) {
+        slices: &[TokenSlice],
+    ) -> (Vec<TokenSlice>, SavedActivations, Vec<(Vec<f32>, Vec<f32>)>) {
         let mut ids: Vec<u64> = slices
             .iter()
             .map(|s| {
@@ -151,7 +151,7 @@ impl SavedStore {
                 .records
                 .remove(&id)
                 .expect("bug: a slice names a live record");
-            let taken = |s: &Slice| slices.contains(s);
+            let taken = |s: &TokenSlice| slices.contains(s);
             if record.slices.iter().all(taken) {
                 for slice in &record.slices {
                     self.record_of.remove(slice);

@@ -12,15 +12,15 @@ use super::error::{CpuError, Result};
 
 /// A contiguous range of layers of a model with `num_layers` layers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Stage {
+pub struct LayerRange {
     first_layer: usize,
     end_layer: usize,
     num_layers: usize,
 }
 
-impl Stage {
+impl LayerRange {
     /// The stage holding layers `layers` of `config`'s model.
-    pub fn new(config: &ModelConfig, layers: Range<usize>) -> Result<Stage> {
+    pub fn new(config: &ModelConfig, layers: Range<usize>) -> Result<LayerRange> {
         if layers.start >= layers.end || layers.end > config.layers {
             return Err(CpuError::InvalidStages {
                 reason: format!(
@@ -29,7 +29,7 @@ impl Stage {
                 ),
             });
         }
-        Ok(Stage {
+        Ok(LayerRange {
             first_layer: layers.start,
             end_layer: layers.end,
             num_layers: config.layers,
@@ -37,8 +37,8 @@ impl Stage {
     }
 
     /// The single stage holding the whole model.
-    pub fn whole(config: &ModelConfig) -> Stage {
-        Stage {
+    pub fn whole(config: &ModelConfig) -> LayerRange {
+        LayerRange {
             first_layer: 0,
             end_layer: config.layers,
             num_layers: config.layers,
@@ -46,7 +46,7 @@ impl Stage {
     }
 
     /// `count` stages of as equal a number of layers as possible (earlier stages take the extra).
-    pub fn split_even(config: &ModelConfig, count: usize) -> Result<Vec<Stage>> {
+    pub fn split_even(config: &ModelConfig, count: usize) -> Result<Vec<LayerRange>> {
         if count == 0 || count > config.layers {
             return Err(CpuError::InvalidStages {
                 reason: format!(
@@ -59,14 +59,14 @@ impl Stage {
         let mut start = 0;
         for index in 0..count {
             let len = config.layers / count + usize::from(index < config.layers % count);
-            stages.push(Stage::new(config, start..start + len)?);
+            stages.push(LayerRange::new(config, start..start + len)?);
             start += len;
         }
         Ok(stages)
     }
 
     /// Checks that `stages` are, in order, a partition of all the model's layers.
-    pub fn check_partition(stages: &[Stage]) -> Result<()> {
+    pub fn check_partition(stages: &[LayerRange]) -> Result<()> {
         let Some(first) = stages.first() else {
             return Err(CpuError::InvalidStages {
                 reason: "no stages".to_string(),
@@ -113,7 +113,7 @@ impl Stage {
     }
 }
 
-impl fmt::Display for Stage {
+impl fmt::Display for LayerRange {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,

@@ -22,20 +22,20 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::batch::{Batch, SampleId, Slice};
+use super::batch::{SampleId, TokenBatch, TokenSlice};
 use super::config::ModelConfig;
 use super::cp::{CpShard, KvExchange, LocalExchange};
 use super::error::{CpuError, Result};
 use super::kv_cache::KvCache;
 use super::params::Params;
 use super::saved_store::SavedStore;
-use super::stage::Stage;
+use super::stage::LayerRange;
 
 /// One stage worker's in-flight state during a step: K/V caches and saved activations.
 #[derive(Debug)]
 pub struct StageState {
     pub(super) config: ModelConfig,
-    pub(super) stage: Stage,
+    pub(super) stage: LayerRange,
     /// This worker's share of each slice.
     pub(super) shard: CpShard,
     /// How it sees the K/V of the other workers of its group.
@@ -67,7 +67,7 @@ impl LiveBytes {
 
 impl StageState {
     /// A fresh state for the worker of `stage` at the start of a step.
-    pub fn new(config: &ModelConfig, stage: Stage) -> StageState {
+    pub fn new(config: &ModelConfig, stage: LayerRange) -> StageState {
         StageState::with_exchange(config, stage, Box::new(LocalExchange))
     }
 
@@ -75,7 +75,7 @@ impl StageState {
     /// group's other workers by `exchange` (a [`LocalExchange`] makes it a group of one).
     pub fn with_exchange(
         config: &ModelConfig,
-        stage: Stage,
+        stage: LayerRange,
         exchange: Box<dyn KvExchange>,
     ) -> StageState {
         let shard = exchange.shard();
@@ -96,7 +96,7 @@ impl StageState {
     }
 
     /// The stage this worker runs.
-    pub fn stage(&self) -> Stage {
+    pub fn stage(&self) -> LayerRange {
         self.stage
     }
 
@@ -136,8 +136,8 @@ impl StageState {
     /// Checks a forward pack against the batch, the slice order and its inputs.
     pub(super) fn check_forward(
         &self,
-        batch: &Batch,
-        slices: &[Slice],
+        batch: &TokenBatch,
+        slices: &[TokenSlice],
         padding: usize,
         hidden_in: &[Vec<f32>],
     ) -> Result<()> {
@@ -173,8 +173,8 @@ impl StageState {
     /// Checks a backward pack against the batch, the slice order and its output gradients.
     pub(super) fn check_backward(
         &self,
-        batch: &Batch,
-        slices: &[Slice],
+        batch: &TokenBatch,
+        slices: &[TokenSlice],
         padding: usize,
         grad_out: &[Vec<f32>],
     ) -> Result<()> {
@@ -228,7 +228,7 @@ impl StageState {
     fn check_per_slice(
         &self,
         what: &str,
-        slices: &[Slice],
+        slices: &[TokenSlice],
         padding: usize,
         tensors: &[Vec<f32>],
     ) -> Result<()> {

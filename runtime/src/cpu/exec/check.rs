@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::result::Execution;
 use crate::cpu::adamw::{AdamW, AdamWConfig};
-use crate::cpu::batch::Batch;
+use crate::cpu::batch::TokenBatch;
 use crate::cpu::compare::tensor_diff;
 use crate::cpu::error::Result;
 use crate::cpu::params::Params;
@@ -35,7 +35,7 @@ pub struct ReferenceCheck {
 pub fn check_reference(
     execution: &Execution,
     initial: &Params,
-    batch: &Batch,
+    batch: &TokenBatch,
     adamw: AdamWConfig,
 ) -> Result<ReferenceCheck> {
     let (ref_loss, ref_grads) = reference_step(initial, batch)?;

@@ -46,15 +46,15 @@ use std::time::Instant;
 use slimpack_ir::program::Program;
 
 use crate::cpu::adamw::AdamWConfig;
-use crate::cpu::batch::Batch;
+use crate::cpu::batch::TokenBatch;
 use crate::cpu::cp::ThreadExchange;
 use crate::cpu::error::{CpuError, Result};
 use crate::cpu::params::Params;
-use crate::cpu::stage::Stage;
+use crate::cpu::stage::LayerRange;
 
 use mailbox::mailboxes;
 use sync::{shard_range, Collectives};
-use worker::{Outcome, Worker};
+use worker::{Outcome, WorkerThread};
 
 /// Runs one training step of `plan` on `batch` from the whole-model weights `params`, devices
 /// interleaving replicas as `order` says (its [`DeviceOrder::program`], interpreted), and updates
@@ -62,7 +62,7 @@ use worker::{Outcome, Worker};
 pub fn execute(
     plan: &Plan,
     order: &DeviceOrder,
-    batch: &Batch,
+    batch: &TokenBatch,
     params: &Params,
     adamw: AdamWConfig,
 ) -> Result<Execution> {
@@ -76,14 +76,14 @@ pub fn execute_program(
     plan: &Plan,
     program: &Program,
     driver: &Driver,
-    batch: &Batch,
+    batch: &TokenBatch,
     params: &Params,
     adamw: AdamWConfig,
 ) -> Result<Execution> {
     let config = *params.config();
-    if params.stage() != Stage::whole(&config) {
+    if params.stage() != LayerRange::whole(&config) {
         return Err(CpuError::StageMismatch {
-            expected: Stage::whole(&config),
+            expected: LayerRange::whole(&config),
             got: params.stage(),
         });
     }
@@ -110,7 +110,7 @@ pub fn execute_program(
         let mut handles = Vec::with_capacity(devices.len());
         for (inbox, &device) in inboxes.into_iter().zip(&devices) {
             let index = plan.device_index(device);
-            let worker = Worker {
+            let worker = WorkerThread {
                 device,
                 plan,
                 program,

@@ -38,7 +38,7 @@ use super::mailbox::{Tag, Tensors};
 use super::plan::Device;
 use super::result::{SyncTimes, TaskMemory, TaskRecord, WorkerReport};
 use super::sync::{shard_range, Sync};
-use super::worker::{Outcome, Worker};
+use super::worker::{Outcome, WorkerThread};
 
 /// A meter's bytes now (never negative: blocks freed by others are taken off their meters).
 fn bytes_now(meter: &MemoryMeter) -> u64 {
@@ -64,7 +64,7 @@ struct OpenTask {
 
 /// A worker's state while its program runs.
 pub(super) struct DeviceRun<'w, 'a> {
-    worker: &'w mut Worker<'a>,
+    worker: &'w mut WorkerThread<'a>,
     meter: Option<&'w MemoryMeter>,
     params: Params,
     /// The stage's gradients until `reduce-scatter` takes them.
@@ -101,7 +101,10 @@ fn schedule_error(message: String) -> CpuError {
 }
 
 impl<'w, 'a> DeviceRun<'w, 'a> {
-    pub fn new(worker: &'w mut Worker<'a>, meter: Option<&'w MemoryMeter>) -> DeviceRun<'w, 'a> {
+    pub fn new(
+        worker: &'w mut WorkerThread<'a>,
+        meter: Option<&'w MemoryMeter>,
+    ) -> DeviceRun<'w, 'a> {
         let params = worker.weights.clone();
         let grads = params.zeros_like();
         let range = shard_range(params.numel(), worker.plan.dp, worker.device.rank);

@@ -5,10 +5,10 @@
 use slimpack_ir::program::{self, Program};
 use slimpack_ir::step::{Direction, Phase, StepIr};
 
-use crate::cpu::batch::{Batch, SampleId, Slice};
+use crate::cpu::batch::{SampleId, TokenBatch, TokenSlice};
 use crate::cpu::config::ModelConfig;
 use crate::cpu::error::{CpuError, Result};
-use crate::cpu::stage::Stage;
+use crate::cpu::stage::LayerRange;
 
 /// One pack of the step.
 #[derive(Debug, Clone)]
@@ -17,7 +17,7 @@ pub struct PlanPack {
     /// Index into [`Plan::replicas`].
     pub replica: usize,
     /// Its slices, in the pack's order; samples are numbered in the IR's batch order.
-    pub slices: Vec<Slice>,
+    pub slices: Vec<TokenSlice>,
     /// Padding tokens after the slices (0 unless the pack is padded to a fixed length).
     pub padding: usize,
     /// The pack's name in the printed IR (`%f3`, `%b7`).
@@ -30,7 +30,7 @@ pub struct Plan {
     /// Data-parallel ranks.
     pub dp: usize,
     /// Pipeline stages, in order.
-    pub stages: Vec<Stage>,
+    pub stages: Vec<LayerRange>,
     /// DP ranks of each replica, in the IR's replica order.
     pub replicas: Vec<Vec<usize>>,
     /// Every pack, in the IR's canonical order (per replica, forward packs then backward).
@@ -70,10 +70,10 @@ impl Plan {
             .map(|&id| {
                 let stage = ir.stage(id);
                 let first = stage.first_layer as usize;
-                Stage::new(config, first..first + stage.layers as usize)
+                LayerRange::new(config, first..first + stage.layers as usize)
             })
-            .collect::<Result<Vec<Stage>>>()?;
-        Stage::check_partition(&stages)?;
+            .collect::<Result<Vec<LayerRange>>>()?;
+        LayerRange::check_partition(&stages)?;
         let sample_index: std::collections::HashMap<_, _> = ir
             .samples()
             .iter()
@@ -118,13 +118,13 @@ impl Plan {
                         .into_iter()
                         .map(|slice| {
                             let bounds = ir.slice(slice);
-                            Slice {
+                            TokenSlice {
                                 sample: SampleId(sample_index[&ir.sample_of(slice)]),
                                 start: bounds.start as usize,
                                 len: bounds.len as usize,
                             }
                         })
-                        .collect::<Vec<Slice>>();
+                        .collect::<Vec<TokenSlice>>();
                     let tokens: usize = slices.iter().map(|s| s.len).sum();
                     let padded = ir.padding(pack).map_or(0, |p| p as usize);
                     pack_index.insert(pack, plan.packs.len());
@@ -170,8 +170,8 @@ impl Plan {
     }
 
     /// The batch's samples with seeded random tokens, one per token of each IR sample.
-    pub fn synthetic_batch(&self, config: &ModelConfig, seed: u64) -> Result<Batch> {
-        Batch::synthetic(config, &self.sample_lens, seed)
+    pub fn synthetic_batch(&self, config: &ModelConfig, seed: u64) -> Result<TokenBatch> {
+        TokenBatch::synthetic(config, &self.sample_lens, seed)
     }
 
     /// Checks that `program` is a program of this step — the same layout, and every pack with

@@ -150,7 +150,7 @@ fn a_program_of_another_step_or_out_of_order_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(message.contains("does not fit the step"), "{message}");
-    // Stage 0's rank 0 computes its first backward before receiving its input.
+    // LayerRange 0's rank 0 computes its first backward before receiving its input.
     let mut swapped = plan.lowered.clone();
     let ops = &mut swapped.workers[0].ops;
     let bwd = ops

@@ -14,7 +14,7 @@ use slimpack_ir::program::{Op, Program};
 
 use crate::abi::{self, Call};
 use crate::cpu::adamw::AdamWConfig;
-use crate::cpu::batch::Batch;
+use crate::cpu::batch::TokenBatch;
 use crate::cpu::config::ModelConfig;
 use crate::cpu::counting_alloc::MemoryMeter;
 use crate::cpu::cp::ThreadExchange;
@@ -29,7 +29,7 @@ use super::result::{TaskRecord, WorkerReport};
 use super::sync::Collectives;
 
 /// Everything a worker starts with.
-pub struct Worker<'a> {
+pub struct WorkerThread<'a> {
     pub device: Device,
     pub plan: &'a Plan,
     pub program: &'a Program,
@@ -37,7 +37,7 @@ pub struct Worker<'a> {
     pub ops: &'a [Op],
     pub driver: &'a Driver,
     pub config: ModelConfig,
-    pub batch: &'a Batch,
+    pub batch: &'a TokenBatch,
     /// This stage's initial weights (shared; the worker copies them).
     pub weights: &'a Params,
     pub adamw: AdamWConfig,
@@ -76,7 +76,7 @@ impl Drop for AbortOnFailure {
     }
 }
 
-impl<'a> Worker<'a> {
+impl<'a> WorkerThread<'a> {
     /// Runs the worker to the end of the step.
     pub fn run(self) -> Result<Outcome> {
         let guard = AbortOnFailure(Arc::clone(&self.abort));

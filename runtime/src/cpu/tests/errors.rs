@@ -4,12 +4,12 @@
 use super::harness::{batch_of, small_config};
 use super::sliced::TOLERANCE;
 use crate::cpu::{
-    reference_step, tensor_diff, Batch, CpuError, ModelConfig, Params, SampleId, Slice, Stage,
-    StageState,
+    reference_step, tensor_diff, CpuError, LayerRange, ModelConfig, Params, SampleId, StageState,
+    TokenBatch, TokenSlice,
 };
 
-fn slice(sample: usize, start: usize, len: usize) -> Slice {
-    Slice {
+fn slice(sample: usize, start: usize, len: usize) -> TokenSlice {
+    TokenSlice {
         sample: SampleId(sample),
         start,
         len,
@@ -21,7 +21,7 @@ fn schedule_order_violations_are_refused_and_leave_the_state_untouched() {
     let config = small_config(2, true);
     let params = Params::init(&config, 2);
     let batch = batch_of(&config, &[6, 4], 3);
-    let mut state = StageState::new(&config, Stage::whole(&config));
+    let mut state = StageState::new(&config, LayerRange::whole(&config));
     let mut grads = params.zeros_like();
 
     let error = state
@@ -151,7 +151,7 @@ fn schedule_order_violations_are_refused_and_leave_the_state_untouched() {
 fn tensors_and_inputs_of_the_wrong_stage_are_refused() {
     let config = small_config(2, false);
     let params = Params::init(&config, 1);
-    let stages = Stage::split_even(&config, 2).unwrap();
+    let stages = LayerRange::split_even(&config, 2).unwrap();
     let parts = params.split(&stages).unwrap();
     let batch = batch_of(&config, &[5], 1);
     let whole = [batch.whole_slice(SampleId(0))];
@@ -224,12 +224,12 @@ fn tensors_and_inputs_of_the_wrong_stage_are_refused() {
 #[test]
 fn invalid_batches_and_models_are_refused() {
     let config = small_config(1, true);
-    let error = Batch::new(&config, vec![vec![1, 2], vec![]]).unwrap_err();
+    let error = TokenBatch::new(&config, vec![vec![1, 2], vec![]]).unwrap_err();
     assert!(
         matches!(error, CpuError::EmptySample { sample: 1 }),
         "{error}"
     );
-    let error = Batch::new(&config, vec![vec![1, 32]]).unwrap_err();
+    let error = TokenBatch::new(&config, vec![vec![1, 32]]).unwrap_err();
     assert_eq!(
         error.to_string(),
         "sample 0, position 1: token 32 is outside the vocabulary of 32"
@@ -248,7 +248,7 @@ fn invalid_batches_and_models_are_refused() {
         Err(CpuError::UnsupportedModel { .. })
     ));
     assert!(
-        Stage::split_even(&config, 2).is_err(),
+        LayerRange::split_even(&config, 2).is_err(),
         "one layer cannot make two stages"
     );
 }

@@ -11,12 +11,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::harness::{batch_of, params_with_random_gains, small_config};
-use crate::cpu::{reference_step, Batch, Params};
+use crate::cpu::{reference_step, Params, TokenBatch};
 
 const STEP: f32 = 3e-3;
 const TOLERANCE: f32 = 5e-3;
 
-fn loss_at(params: &Params, batch: &Batch) -> f64 {
+fn loss_at(params: &Params, batch: &TokenBatch) -> f64 {
     reference_step(params, batch).expect("whole model").0
 }
 

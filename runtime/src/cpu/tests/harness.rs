@@ -13,8 +13,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::cpu::{
-    sum_tied_grads, Batch, Grads, KvExchange, LocalExchange, ModelConfig, Params, Result, SampleId,
-    Slice, Stage, StageState, ThreadExchange,
+    sum_tied_grads, Grads, KvExchange, LayerRange, LocalExchange, ModelConfig, Params, Result,
+    SampleId, StageState, ThreadExchange, TokenBatch, TokenSlice,
 };
 
 /// Property-test settings: `cases` cases from a fixed seed (the same cases every run), and no
@@ -63,8 +63,8 @@ pub fn params_with_random_gains(config: &ModelConfig, seed: u64) -> Params {
 /// One unit of a schedule.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Pack {
-    Forward(Vec<Slice>),
-    Backward(Vec<Slice>),
+    Forward(Vec<TokenSlice>),
+    Backward(Vec<TokenSlice>),
 }
 
 /// Cuts each sample into random slices (fine and coarse cuts both occur), interleaves the
@@ -72,9 +72,9 @@ pub enum Pack {
 /// increasing; backwards decreasing, after all its forwards), and groups consecutive events of one
 /// direction into packs of random size, each shuffled. Forward and backward packs thus form two
 /// different partitions of the slices.
-pub fn random_schedule(batch: &Batch, seed: u64) -> Vec<Pack> {
+pub fn random_schedule(batch: &TokenBatch, seed: u64) -> Vec<Pack> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let slices: Vec<Vec<Slice>> = batch
+    let slices: Vec<Vec<TokenSlice>> = batch
         .sample_ids()
         .map(|s| random_slices(batch, s, &mut rng))
         .collect();
@@ -104,14 +104,14 @@ pub fn random_schedule(batch: &Batch, seed: u64) -> Vec<Pack> {
     group_into_packs(events, &mut rng)
 }
 
-fn random_slices(batch: &Batch, sample: SampleId, rng: &mut ChaCha8Rng) -> Vec<Slice> {
+fn random_slices(batch: &TokenBatch, sample: SampleId, rng: &mut ChaCha8Rng) -> Vec<TokenSlice> {
     let len = batch.tokens(sample).len();
     let cut_probability = [0.0, 0.05, 0.2, 0.5][rng.random_range(0..4)];
     let mut slices = Vec::new();
     let mut start = 0;
     for position in 1..=len {
         if position == len || rng.random_bool(cut_probability) {
-            slices.push(Slice {
+            slices.push(TokenSlice {
                 sample,
                 start,
                 len: position - start,
@@ -122,9 +122,9 @@ fn random_slices(batch: &Batch, sample: SampleId, rng: &mut ChaCha8Rng) -> Vec<S
     slices
 }
 
-fn group_into_packs(events: Vec<(bool, Slice)>, rng: &mut ChaCha8Rng) -> Vec<Pack> {
+fn group_into_packs(events: Vec<(bool, TokenSlice)>, rng: &mut ChaCha8Rng) -> Vec<Pack> {
     let mut packs = Vec::new();
-    let mut current: Vec<Slice> = Vec::new();
+    let mut current: Vec<TokenSlice> = Vec::new();
     let mut current_forward = true;
     for (forward, slice) in events {
         if !current.is_empty() && (forward != current_forward || rng.random_bool(0.35)) {
@@ -143,7 +143,7 @@ fn group_into_packs(events: Vec<(bool, Slice)>, rng: &mut ChaCha8Rng) -> Vec<Pac
     packs
 }
 
-fn make_pack(forward: bool, mut slices: Vec<Slice>, rng: &mut ChaCha8Rng) -> Pack {
+fn make_pack(forward: bool, mut slices: Vec<TokenSlice>, rng: &mut ChaCha8Rng) -> Pack {
     slices.shuffle(rng);
     if forward {
         Pack::Forward(slices)
@@ -153,16 +153,16 @@ fn make_pack(forward: bool, mut slices: Vec<Slice>, rng: &mut ChaCha8Rng) -> Pac
 }
 
 /// Samples of random tokens of the given lengths.
-pub fn batch_of(config: &ModelConfig, lengths: &[usize], seed: u64) -> Batch {
-    Batch::synthetic(config, lengths, seed).expect("test lengths are valid")
+pub fn batch_of(config: &ModelConfig, lengths: &[usize], seed: u64) -> TokenBatch {
+    TokenBatch::synthetic(config, lengths, seed).expect("test lengths are valid")
 }
 
 /// Runs `schedule` over `stages` (a partition of the model's layers; one stage is the whole
 /// model) and returns the loss and the merged gradients of the whole model.
 pub fn run_schedule(
     params: &Params,
-    stages: &[Stage],
-    batch: &Batch,
+    stages: &[LayerRange],
+    batch: &TokenBatch,
     schedule: &[Pack],
 ) -> Result<(f64, Grads)> {
     let exchanges = stages
@@ -176,8 +176,8 @@ pub fn run_schedule(
 /// every slice on every stage, and returns the summed loss and gradients of the whole model.
 pub fn run_schedule_merged(
     params: &Params,
-    stages: &[Stage],
-    batch: &Batch,
+    stages: &[LayerRange],
+    batch: &TokenBatch,
     schedule: &[Pack],
     size: usize,
 ) -> Result<(f64, Grads)> {
@@ -243,8 +243,8 @@ impl Drop for AbortOnDrop {
 /// One worker's pass over the schedule: every stage in turn, with one exchange per stage.
 fn run_worker(
     params: &Params,
-    stages: &[Stage],
-    batch: &Batch,
+    stages: &[LayerRange],
+    batch: &TokenBatch,
     schedule: &[Pack],
     exchanges: Vec<Box<dyn KvExchange>>,
 ) -> Result<(f64, Vec<Grads>)> {

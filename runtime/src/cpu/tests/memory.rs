@@ -5,10 +5,10 @@
 use slimpack_ir::Spec;
 use slimpack_machine::cost::MemoryModel;
 
-use crate::cpu::{Batch, ModelConfig, Params, SampleId, Slice, Stage, StageState};
+use crate::cpu::{LayerRange, ModelConfig, Params, SampleId, StageState, TokenBatch, TokenSlice};
 
-fn slice(sample: usize, start: usize, len: usize) -> Slice {
-    Slice {
+fn slice(sample: usize, start: usize, len: usize) -> TokenSlice {
+    TokenSlice {
         sample: SampleId(sample),
         start,
         len,
@@ -20,9 +20,9 @@ fn saved_activations_kv_and_kv_grads_are_what_the_cpu_memory_model_counts() {
     let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=1").unwrap();
     let memory = MemoryModel::new(&spec);
     let config = ModelConfig::from_spec(&spec.model).unwrap();
-    let stages = Stage::split_even(&config, 2).unwrap();
+    let stages = LayerRange::split_even(&config, 2).unwrap();
     let params = Params::init(&config, 0).split(&stages).unwrap();
-    let batch = Batch::synthetic(&config, &[300, 200], 1).unwrap();
+    let batch = TokenBatch::synthetic(&config, &[300, 200], 1).unwrap();
     let (head, tail, other) = (slice(0, 0, 100), slice(0, 100, 200), slice(1, 0, 200));
     let mut first = StageState::new(&config, stages[0]);
     let mut last = StageState::new(&config, stages[1]);

@@ -10,9 +10,15 @@ use super::harness::{
     small_config,
 };
 use super::sliced::TOLERANCE;
-use crate::cpu::{reference_step, tensor_diff, Batch, Params, Stage};
+use crate::cpu::{reference_step, tensor_diff, LayerRange, Params, TokenBatch};
 
-fn check_merged(params: &Params, stages: &[Stage], batch: &Batch, seed: u64, size: usize) -> f32 {
+fn check_merged(
+    params: &Params,
+    stages: &[LayerRange],
+    batch: &TokenBatch,
+    seed: u64,
+    size: usize,
+) -> f32 {
     let (expected_loss, expected) = reference_step(params, batch).unwrap();
     let schedule = random_schedule(batch, seed);
     let (loss, grads) = run_schedule_merged(params, stages, batch, &schedule, size).unwrap();
@@ -44,7 +50,7 @@ proptest! {
         let config = small_config(2, tied);
         let params = params_with_random_gains(&config, seed);
         let batch = batch_of(&config, &lengths, seed);
-        let stages = Stage::split_even(&config, stages).unwrap();
+        let stages = LayerRange::split_even(&config, stages).unwrap();
         check_merged(&params, &stages, &batch, seed, size);
     }
 }
@@ -55,7 +61,7 @@ fn a_long_sample_over_several_query_blocks_matches_the_reference() {
     let params = params_with_random_gains(&config, 7);
     let batch = batch_of(&config, &[300, 5], 3);
     for size in [1, 2, 4] {
-        let worst = check_merged(&params, &[Stage::whole(&config)], &batch, 11, size);
+        let worst = check_merged(&params, &[LayerRange::whole(&config)], &batch, 11, size);
         eprintln!("{size} workers: worst relative error {worst:e}");
     }
 }

@@ -12,7 +12,9 @@ use super::harness::{
     batch_of, deterministic_config, params_with_random_gains, random_schedule, run_schedule,
     small_config, Pack,
 };
-use crate::cpu::{reference_step, tensor_diff, Batch, ModelConfig, Params, Stage, StageState};
+use crate::cpu::{
+    reference_step, tensor_diff, LayerRange, ModelConfig, Params, StageState, TokenBatch,
+};
 
 /// Tolerance of the differential tests (fp32 sums in a different order: ~1e-7 expected).
 pub const TOLERANCE: f32 = 1e-5;
@@ -20,8 +22,8 @@ pub const TOLERANCE: f32 = 1e-5;
 /// Runs `schedule` over `stages` and checks it against the reference; returns the worst error.
 pub fn check_against_reference(
     params: &Params,
-    stages: &[Stage],
-    batch: &Batch,
+    stages: &[LayerRange],
+    batch: &TokenBatch,
     schedule: &[Pack],
 ) -> f32 {
     let (expected_loss, expected) = reference_step(params, batch).unwrap();
@@ -57,7 +59,7 @@ proptest! {
         let params = params_with_random_gains(&config, seed);
         let batch = batch_of(&config, &lengths, seed);
         let schedule = random_schedule(&batch, seed);
-        check_against_reference(&params, &[Stage::whole(&config)], &batch, &schedule);
+        check_against_reference(&params, &[LayerRange::whole(&config)], &batch, &schedule);
     }
 }
 
@@ -72,7 +74,7 @@ fn tiny_preset_matches_the_reference_under_fine_slicing() {
         let schedule = random_schedule(&batch, seed);
         worst = worst.max(check_against_reference(
             &params,
-            &[Stage::whole(&config)],
+            &[LayerRange::whole(&config)],
             &batch,
             &schedule,
         ));
@@ -87,7 +89,7 @@ fn one_slice_per_sample_in_one_pack_matches_the_reference() {
     let batch = batch_of(&config, &[5, 12, 2], 9);
     let whole: Vec<_> = batch.sample_ids().map(|s| batch.whole_slice(s)).collect();
     let schedule = [Pack::Forward(whole.clone()), Pack::Backward(whole)];
-    check_against_reference(&params, &[Stage::whole(&config)], &batch, &schedule);
+    check_against_reference(&params, &[LayerRange::whole(&config)], &batch, &schedule);
 }
 
 #[test]
@@ -96,7 +98,8 @@ fn a_batch_of_single_tokens_has_zero_loss_and_gradients() {
     let params = Params::init(&config, 4);
     let batch = batch_of(&config, &[1, 1], 2);
     let schedule = random_schedule(&batch, 1);
-    let (loss, grads) = run_schedule(&params, &[Stage::whole(&config)], &batch, &schedule).unwrap();
+    let (loss, grads) =
+        run_schedule(&params, &[LayerRange::whole(&config)], &batch, &schedule).unwrap();
     assert_eq!(loss, 0.0);
     assert!(grads
         .tensors()
@@ -110,7 +113,7 @@ fn padding_holds_memory_like_a_slice_and_changes_no_value() {
     let params = params_with_random_gains(&config, 8);
     let batch = batch_of(&config, &[20, 9], 4);
     let whole: Vec<_> = batch.sample_ids().map(|s| batch.whole_slice(s)).collect();
-    let stages = Stage::split_even(&config, 2).unwrap();
+    let stages = LayerRange::split_even(&config, 2).unwrap();
     let parts = params.split(&stages).unwrap();
     let run = |padding: usize| {
         let mut states: Vec<StageState> = stages

@@ -7,7 +7,7 @@ use super::harness::{
     batch_of, deterministic_config, params_with_random_gains, random_schedule, small_config,
 };
 use super::sliced::check_against_reference;
-use crate::cpu::{reference_step, sum_tied_grads, AdamW, AdamWConfig, Params, Stage};
+use crate::cpu::{reference_step, sum_tied_grads, AdamW, AdamWConfig, LayerRange, Params};
 
 proptest! {
     #![proptest_config(deterministic_config(24))]
@@ -21,7 +21,7 @@ proptest! {
         let config = small_config(3, tied);
         let params = params_with_random_gains(&config, seed);
         let batch = batch_of(&config, &lengths, seed);
-        let stages = Stage::split_even(&config, 2).unwrap();
+        let stages = LayerRange::split_even(&config, 2).unwrap();
         check_against_reference(&params, &stages, &batch, &random_schedule(&batch, seed));
     }
 }
@@ -32,7 +32,7 @@ fn three_stages_of_one_layer_match_the_reference() {
         let config = small_config(3, tied);
         let params = params_with_random_gains(&config, 21);
         let batch = batch_of(&config, &[30, 7, 50], 8);
-        let stages = Stage::split_even(&config, 3).unwrap();
+        let stages = LayerRange::split_even(&config, 3).unwrap();
         check_against_reference(&params, &stages, &batch, &random_schedule(&batch, 2));
     }
 }
@@ -42,7 +42,7 @@ fn split_then_merge_is_the_identity() {
     for tied in [true, false] {
         let config = small_config(3, tied);
         let params = Params::init(&config, 5);
-        let stages = Stage::split_even(&config, 2).unwrap();
+        let stages = LayerRange::split_even(&config, 2).unwrap();
         let parts = params.split(&stages).unwrap();
         assert_eq!(parts[0].layers.len(), 2);
         assert!(
@@ -58,7 +58,7 @@ fn merging_unsummed_tied_gradients_is_refused() {
     let config = small_config(2, true);
     let params = params_with_random_gains(&config, 6);
     let batch = batch_of(&config, &[12, 4], 1);
-    let stages = Stage::split_even(&config, 2).unwrap();
+    let stages = LayerRange::split_even(&config, 2).unwrap();
     let (_, mut grads) = run_schedule_unsummed(&params, &stages, &batch);
     assert!(Params::merge(grads.clone()).is_err());
     let (first, last) = grads.split_at_mut(1);
@@ -69,8 +69,8 @@ fn merging_unsummed_tied_gradients_is_refused() {
 /// Per-stage gradients of one pack holding every sample whole, before any tied-gradient sum.
 fn run_schedule_unsummed(
     params: &Params,
-    stages: &[Stage],
-    batch: &crate::cpu::Batch,
+    stages: &[LayerRange],
+    batch: &crate::cpu::TokenBatch,
 ) -> (f64, Vec<Params>) {
     let parts = params.split(stages).unwrap();
     let slices: Vec<_> = batch.sample_ids().map(|s| batch.whole_slice(s)).collect();
@@ -101,7 +101,7 @@ fn per_stage_adamw_after_summing_tied_gradients_equals_whole_model_adamw() {
     let config = small_config(2, true);
     let mut whole = params_with_random_gains(&config, 8);
     let batch = batch_of(&config, &[20, 9, 33], 4);
-    let stages = Stage::split_even(&config, 2).unwrap();
+    let stages = LayerRange::split_even(&config, 2).unwrap();
     let mut parts = whole.split(&stages).unwrap();
     let adam = AdamWConfig {
         lr: 1e-2,
