@@ -54,7 +54,7 @@ pub enum DriverArg {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Backend to execute on: cpu, or cuda (where built with it).
+    /// Backend to execute on: cpu (cuda: not implemented yet, refused with a one-line error).
     #[arg(long, value_enum)]
     pub(crate) backend: Backend,
     #[command(flatten)]
@@ -137,13 +137,10 @@ pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
     Ok(slimpack::measure::measure(&ir, schedule, &options)?)
 }
 
-/// What `--backend cuda` says in this build.
+/// What `--backend cuda` says: slimpack has no CUDA backend yet (no cargo feature pretends to
+/// provide one).
 fn cuda_unavailable() -> String {
-    if cfg!(feature = "cuda") {
-        "--backend cuda: no CUDA device (the CUDA backend found none on this machine)".to_string()
-    } else {
-        "--backend cuda: not available in this build (slimpack was compiled without the `cuda` feature; rebuild with --features cuda on a machine with a CUDA device)".to_string()
-    }
+    "--backend cuda: this build of slimpack has no CUDA backend (not implemented yet); use --backend cpu".to_string()
 }
 
 /// The step to run and how it was made.
