@@ -137,7 +137,7 @@ fn wikipedia_lengths_when_shared_data_is_present() {
         dataset.total_tokens(),
         "cutting loses no token"
     );
-    // 4.4% of the documents are longer than 4K (shared data, DESIGN.md §4).
+    // 4.4% of the documents are longer than 4K (shared data, `wikipedia.lengths.txt`).
     let longer = dataset.lengths.iter().filter(|&&l| l > 4096).count();
     assert_eq!(batch.documents_cut, longer);
     assert!((40_000..50_000).contains(&longer), "{longer}");

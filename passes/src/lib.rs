@@ -1,10 +1,17 @@
 //! slimpack-passes: transformations of the step IR and the machinery that runs them.
 //!
-//! - [`Pass`]: the trait every pass implements (name, accepted phases, produced phase, run);
+//! - [`Pass`]: the trait every pass implements; [`PassInfo`] declares a pass once (name,
+//!   phases, options with defaults); [`PassContext`] is what every pass receives (the machine
+//!   model the manager built once);
 //! - [`registry`]: every pass by name, with summary, description and options;
 //! - [`pipeline`]: pipeline strings (`slice{size=8192},...`);
 //! - [`manager`]: runs a pipeline, verifying, timing, printing and dumping;
-//! - one file per pass: [`assign_dp`], [`slice`], [`pack_symmetric`], [`schedule_pipeline`].
+//! - one file per pass: [`assign_dp`], [`assign_hybrid_cp`], [`dp_merge`], [`slice`],
+//!   [`pack_fwd`], [`pack_bwd`], [`eqsat`], [`pack_symmetric`], [`schedule_pipeline`], [`lower`];
+//!   what several passes share is plain functions ([`micropack`], `balance`).
+//!
+//! Passes plan with the machine model's cost functions; choosing among pipelines by simulation
+//! is the tuner's job (the facade's `tune` module), never a pass's.
 
 pub mod assign_dp;
 pub mod assign_hybrid_cp;

@@ -1,10 +1,10 @@
 //! `slimpack bench`: the strategies side by side on N global batches of a dataset, every one
 //! compiled in the same IR and scored by the same simulator.
 //!
-//! Each strategy's run is tuned once, as a user tunes a job: on the first step the driver
-//! compiles and simulates every candidate configuration the strategy offers (static CP degree,
-//! recomputation, ...) and keeps the fastest that fits memory; the later steps run that
-//! configuration. Strategies that carry state between steps (wlb) get one state per run.
+//! Each strategy's run follows the tuner's run policy (`slimpack::tune::run`): tuned once on the
+//! first step (every candidate configuration compiled and simulated, the fastest that fits
+//! kept), then that configuration on every later step. Strategies that carry state between
+//! steps (wlb) get one state per run.
 //! Figures describe the whole run: `tokens_per_s` is the tokens of all steps over their summed
 //! step time, and `mfu`, `efficiency` and `bubble_fraction` are weighted by step time the same
 //! way (a slow step weighs what it costs, never less); `step_time_s` and the imbalances are

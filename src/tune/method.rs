@@ -76,7 +76,7 @@ enum Backward {
 
 /// Backward packings a step may use: with asymmetry, both — an asymmetric partition balances
 /// each direction on its own cost, but its packs can hold a pipeline stage waiting for a
-/// forward they depend on (DESIGN §3.2), and where that costs more than the balance gains the
+/// forward they depend on (a slice's backward waits for its forward on every later stage), and where that costs more than the balance gains the
 /// simulator picks the mirrored packs, per step; without it, only the mirror.
 fn backward_packings(ideas: Ideas) -> &'static [Backward] {
     if ideas.asymmetric {

@@ -6,7 +6,7 @@
 //! needs (slices, `cu_seqlens_q/k`, `max_seqlen_q/k`, position offsets). It is what codegen and
 //! the runtimes consume; the schedule JSON expands it to one entry per global rank.
 //!
-//! Semantics of a worker's ops (DESIGN §3.6):
+//! Semantics of a worker's ops:
 //! - `fwd p` / `bwd p` run pack `p` on the worker's layers; a pack of a DP-Merge group runs on
 //!   every member, each taking its share of the tokens, preceded by `cp-exchange p` among the
 //!   group (the K/V ring of context parallelism; the kernels overlap it with attention);

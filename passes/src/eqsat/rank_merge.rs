@@ -1,5 +1,5 @@
 //! Rank-merging rules: which DP ranks of an aligned pair `{a, a + 1}` run each whole sample —
-//! rank `a`'s plain replica, rank `a + 1`'s, or the DP-Merge group of the two (DESIGN §3.4).
+//! rank `a`'s plain replica, rank `a + 1`'s, or the DP-Merge group of the two (see `passes/src/eqsat/mod.rs`).
 //!
 //! The term is `(pair A B M)` (see `language.rs`): the samples of the two plain replicas and
 //! of the merged group. A rank runs its plain replica's work and the group's on the same
