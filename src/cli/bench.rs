@@ -135,6 +135,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let job = args.spec.job()?;
     let mut batch_args = args.batch;
     if let Some(dataset) = args.dataset {
+        if let Some(batch) = &batch_args.batch {
+            bail!(
+                "--dataset {} and --batch {} both name the dataset; give one",
+                dataset.display(),
+                batch.display()
+            );
+        }
+        if let Some(synthetic) = &batch_args.synthetic {
+            bail!(
+                "--dataset {} and --synthetic {synthetic} both name the dataset; give one",
+                dataset.display()
+            );
+        }
         batch_args.batch = Some(dataset);
     }
     if args.steps == 0 {
