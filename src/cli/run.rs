@@ -377,6 +377,8 @@ pub(crate) fn measure(args: RunArgs) -> anyhow::Result<RunReport> {
     }
     let (cost, calibrated) = cost_model(&ir.spec)?;
     let simulated = sim::simulate(&ir, &cost)?;
+    let workers = slimpack::limits::workers_peak_bytes(&simulated.metrics);
+    slimpack::limits::check_fits(&format!("run --backend cpu ({schedule})"), workers)?;
     let plan = Plan::new(&ir, &config)?;
     let order = match args.interleave {
         Interleave::ReplicaMajor => DeviceOrder::replica_major(&plan),
