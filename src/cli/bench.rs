@@ -131,6 +131,9 @@ const TUNING: &str =
     "per run: every candidate on step 1, the fastest that fits kept for all steps \
                       (strategies that plan every step re-plan a step it does not fit)";
 
+/// The most steps one bench runs (each holds its drawn batch until the report).
+const MAX_STEPS: usize = 100_000;
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let job = args.spec.job()?;
     let mut batch_args = args.batch;
@@ -150,8 +153,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         batch_args.batch = Some(dataset);
     }
-    if args.steps == 0 {
-        bail!("--steps: must be at least 1");
+    if !(1..=MAX_STEPS).contains(&args.steps) {
+        bail!("--steps {}: give 1 to {MAX_STEPS} steps", args.steps);
     }
     let (dataset, options) = job.dataset(&batch_args)?;
     let batches = dataset.global_batches(&options, args.steps)?;

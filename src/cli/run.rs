@@ -364,6 +364,9 @@ pub(crate) fn measure(args: RunArgs) -> anyhow::Result<RunReport> {
     if args.backend == Backend::Cuda {
         bail!(cuda_unavailable());
     }
+    if args.repeat == 0 {
+        bail!("--repeat 0: give at least 1 run");
+    }
     if args.driver == DriverKind::Compiled && !COMPILED_DRIVER {
         bail!(compiled_driver_unavailable());
     }
