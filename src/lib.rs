@@ -7,6 +7,7 @@
 
 pub mod compile;
 pub mod driver;
+pub mod fuzz;
 pub mod limits;
 pub mod machine;
 

@@ -25,7 +25,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Compile a model + cluster + batch spec into a step IR (and report on it).
+    /// Compile a model + cluster + batch spec into a step (--strategy slimpack unless --strategy
+    /// or --passes says otherwise) and report on it.
     Compile(compile::CompileArgs),
     /// Read text IR, run passes over it, print it.
     Opt(opt::OptArgs),
