@@ -91,11 +91,19 @@ pub struct CompileReport<'a> {
     pub context: Option<u32>,
     pub documents: u64,
     pub documents_cut: u64,
+    /// Zero-length documents of the source, skipped (as trainers drop them).
+    pub documents_empty: u64,
     pub samples: usize,
     pub tokens: u64,
     pub slices: usize,
     pub packs: usize,
     pub replicas: usize,
+    /// Samples and tokens a strategy delayed to a later step (wlb's outlier queues); set by
+    /// the caller that admitted the batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delayed_samples: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delayed_tokens: Option<u64>,
     pub passes: &'a [PassRecord],
     pub compile_ms: f64,
     /// The simulator's figures (`step_time_s`, `tokens_per_s`, `mfu`, ...) for a scheduled IR.
@@ -122,11 +130,14 @@ impl Compiled {
             context: ir.batch.context,
             documents: ir.batch.documents,
             documents_cut: ir.batch.documents_cut,
+            documents_empty: 0,
             samples,
             tokens: ir.tokens(),
             slices,
             packs,
             replicas,
+            delayed_samples: None,
+            delayed_tokens: None,
             passes: &self.passes,
             compile_ms: self.compile_ms,
             simulation: simulation.map(|(metrics, _)| metrics),

@@ -6,6 +6,8 @@
 //! embeds; the `slimpack` binary is a thin command line over it.
 
 pub mod compile;
+pub mod fuzz;
+pub mod limits;
 pub mod measure;
 pub mod tune;
 

@@ -33,6 +33,8 @@ pub enum MeasureError {
     Unsupported(String),
     #[error("--driver compiled: {0}")]
     CompiledDriver(String),
+    #[error(transparent)]
+    OutOfHostMemory(#[from] crate::limits::OutOfHostMemory),
 }
 
 /// What drives each worker's ops.
@@ -277,6 +279,8 @@ pub fn measure(
     let cost = slimpack_machine::machine_model(&ir.spec);
     let calibrated = slimpack_machine::is_calibrated(&ir.spec);
     let simulated = sim::simulate(ir, &cost)?;
+    let workers = crate::limits::workers_peak_bytes(&simulated.metrics);
+    crate::limits::check_fits(&format!("run --backend cpu ({schedule})"), workers)?;
     let plan = Plan::new(ir, &config)?;
     let order = match options.interleave {
         Interleave::ReplicaMajor => DeviceOrder::replica_major(&plan),

@@ -67,11 +67,30 @@ fn empty_batch() {
 }
 
 #[test]
-fn zero_negative_and_non_numeric_lengths() {
-    run_compile(
-        &["--batch", &fixture("zero-length.txt")],
-        &["zero-length.txt", "line 2"],
+fn zero_lengths_are_skipped_and_counted() {
+    let args = compile_with(&[
+        "--batch",
+        &fixture("zero-length.txt"),
+        "--passes",
+        "",
+        "--report",
+        "json",
+    ]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = slimpack(&refs);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
     );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["documents"], 2);
+    assert_eq!(report["documents_empty"], 1);
+    assert_eq!(report["tokens"], 300);
+}
+
+#[test]
+fn negative_and_non_numeric_lengths() {
     run_compile(
         &["--batch", &fixture("negative-length.txt")],
         &["negative-length.txt", "line 2", "-5"],
@@ -254,6 +273,8 @@ fn compile_then_opt_round_trips_byte_identically() {
         &fixture("lengths.txt"),
         "--context",
         "4096",
+        "--passes",
+        "",
         "--emit",
         "ir",
         "-o",

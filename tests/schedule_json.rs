@@ -122,6 +122,8 @@ fn bad_schedule_files_are_one_line_errors() {
         "tp=1,pp=1,dp=1",
         "--synthetic",
         "lognormal:median=64,sigma=1,count=4",
+        "--passes",
+        "",
         "--emit",
         "json",
     ]);

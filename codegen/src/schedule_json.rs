@@ -322,6 +322,7 @@ pub fn parse(text: &str) -> Result<ScheduleDocument, ScheduleError> {
 pub fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
     let invalid = |message: String| ScheduleError::Invalid(message);
     doc.spec.validate()?;
+    check::check(doc)?;
     let stages: Vec<Stage> = doc
         .stages
         .iter()
@@ -484,5 +485,6 @@ pub fn schema() -> String {
     text
 }
 
+mod check;
 #[cfg(test)]
 mod tests;

@@ -41,7 +41,7 @@ proptest! {
         options in options_strategy(),
         count in 1usize..6,
     ) {
-        let dataset = Dataset { name: "random".into(), lengths };
+        let dataset = Dataset { name: "random".into(), lengths, empty: 0 };
         let batches = dataset.global_batches(&options, count).unwrap();
         prop_assert_eq!(batches.len(), count);
         for batch in &batches {

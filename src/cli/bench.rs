@@ -111,14 +111,30 @@ const TUNING: &str =
     "per run: every candidate on step 1, the fastest that fits kept for all steps \
                       (strategies that plan every step re-plan a step it does not fit)";
 
+/// The most steps one bench runs (each holds its drawn batch until the report).
+const MAX_STEPS: usize = 100_000;
+
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let job = args.spec.job()?;
     let mut batch_args = args.batch;
     if let Some(dataset) = args.dataset {
+        if let Some(batch) = &batch_args.batch {
+            bail!(
+                "--dataset {} and --batch {} both name the dataset; give one",
+                dataset.display(),
+                batch.display()
+            );
+        }
+        if let Some(synthetic) = &batch_args.synthetic {
+            bail!(
+                "--dataset {} and --synthetic {synthetic} both name the dataset; give one",
+                dataset.display()
+            );
+        }
         batch_args.batch = Some(dataset);
     }
-    if args.steps == 0 {
-        bail!("--steps: must be at least 1");
+    if !(1..=MAX_STEPS).contains(&args.steps) {
+        bail!("--steps {}: give 1 to {MAX_STEPS} steps", args.steps);
     }
     let (dataset, options) = job.dataset(&batch_args)?;
     let batches = dataset.global_batches(&options, args.steps)?;

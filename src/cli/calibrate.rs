@@ -35,6 +35,14 @@ pub struct CalibrateArgs {
     output: Option<PathBuf>,
 }
 
+/// The longest `--min-seconds` (an hour per point).
+const MAX_MIN_SECONDS: f64 = 3600.0;
+
+/// The most copies measured at once: four per core (more only measure the scheduler).
+fn max_threads() -> usize {
+    4 * std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     if args.backend != Backend::Cpu {
         bail!(
@@ -44,9 +52,22 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     }
     let mut spec = Spec::from_presets(&args.model, "cpu", "tp=1,pp=1,dp=1").context("--model")?;
     spec.cluster = ClusterSpec::preset("cpu")?;
+    if !(args.min_seconds.is_finite() && (0.0..=MAX_MIN_SECONDS).contains(&args.min_seconds)) {
+        bail!(
+            "--min-seconds {}: give a number of seconds from 0 to {MAX_MIN_SECONDS}",
+            args.min_seconds
+        );
+    }
+    let max_threads = max_threads();
+    if !(1..=max_threads).contains(&args.threads) {
+        bail!(
+            "--threads {}: give 1 to {max_threads} copies (4 per core of this machine)",
+            args.threads
+        );
+    }
     let mut options = CalibrationOptions {
         min_seconds: args.min_seconds,
-        threads: args.threads.max(1),
+        threads: args.threads,
         ..CalibrationOptions::default()
     };
     if let Some(tokens) = args.tokens {
@@ -55,6 +76,17 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
         }
         options.tokens = tokens;
     }
+    let largest = *options.tokens.last().expect("at least one token count");
+    let largest = u32::try_from(largest)
+        .map_err(|_| anyhow::anyhow!("--tokens {largest}: at most {} tokens", u32::MAX))?;
+    let per_copy = slimpack::limits::single_pack_peak_bytes(&spec, largest)?;
+    slimpack::limits::check_fits(
+        &format!(
+            "calibrate --tokens {largest} --threads {} (a pack of {largest} tokens per copy)",
+            options.threads
+        ),
+        per_copy.saturating_mul(options.threads as u64),
+    )?;
     let calibration = measure(&spec, &options).context("--backend cpu")?;
     match &args.output {
         Some(path) => {

@@ -61,8 +61,19 @@ pub struct PassManagerArgs {
 }
 
 impl PassManagerArgs {
-    pub fn options(&self) -> ManagerOptions {
-        ManagerOptions {
+    /// The pass manager's options; a pass named in `--print-ir-after`/`--print-ir-before` must
+    /// exist (a typo would print nothing, silently).
+    pub fn options(&self) -> anyhow::Result<ManagerOptions> {
+        for (flag, names) in [
+            ("--print-ir-after", &self.print_ir_after),
+            ("--print-ir-before", &self.print_ir_before),
+        ] {
+            for name in names {
+                slimpack_passes::registry::lookup(name)
+                    .map_err(|error| anyhow::anyhow!("{flag}: {error}"))?;
+            }
+        }
+        Ok(ManagerOptions {
             verify: !self.no_verify,
             print: PrintOptions {
                 after_all: self.print_ir_after_all,
@@ -70,7 +81,7 @@ impl PassManagerArgs {
                 before: self.print_ir_before.clone(),
             },
             dump_dir: self.dump_dir.clone(),
-        }
+        })
     }
 
     /// `--time-passes`: a table on stderr.
@@ -127,10 +138,10 @@ pub struct CompileArgs {
     spec: SpecArgs,
     #[command(flatten)]
     batch: BatchArgs,
-    /// Strategy to compile with: slimpack or a peer (padding, megatron, bfd, ff, kk, wlb,
-    /// hybrid-cp); its candidate configurations are simulated and the fastest that fits
-    /// memory is kept. Without --strategy or --passes, compile stops at the logical IR.
-    #[arg(long, value_name = "NAME", conflicts_with = "passes")]
+    /// Strategy to compile with (default: slimpack): slimpack or a peer (padding, megatron,
+    /// bfd, ff, kk, wlb, hybrid-cp); its candidate configurations are simulated and the fastest
+    /// that fits memory is kept. Give --passes instead to run an explicit pipeline.
+    #[arg(long, value_name = "NAME")]
     strategy: Option<String>,
     /// slimpack ablation: backward packs mirror the forward packs.
     #[arg(long)]
@@ -144,9 +155,13 @@ pub struct CompileArgs {
     /// slimpack ablation: no e-graph refinement.
     #[arg(long)]
     no_eqsat: bool,
-    /// Pass pipeline to run, e.g. 'slice{size=8192}' (see `slimpack passes`).
-    #[arg(long, default_value = "")]
-    passes: String,
+    /// Run this explicit pass pipeline instead of a strategy, e.g. 'slice{size=8192}' (see
+    /// `slimpack passes`); an empty pipeline (--passes '') gives the logical IR.
+    #[arg(long, value_name = "PIPELINE")]
+    passes: Option<String>,
+    /// Write the plan and exit 0 even when it does not fit device memory (otherwise: exit 3).
+    #[arg(long)]
+    allow_oom: bool,
     /// What to emit: ir, json; mlir, llvm (feature `mlir`); ptx (feature `llvm`).
     #[arg(long, value_enum)]
     emit: Option<Emit>,
@@ -163,8 +178,9 @@ pub struct CompileArgs {
 }
 
 impl CompileArgs {
-    /// The strategy asked for, ablations applied (`slimpack` + `--no-eqsat` is
-    /// `slimpack-no-eqsat`).
+    /// The strategy to run, ablations applied (`slimpack` + `--no-eqsat` is
+    /// `slimpack-no-eqsat`): `--strategy`, or slimpack when neither it nor `--passes` is given;
+    /// `None` with `--passes`.
     fn strategy_name(&self) -> anyhow::Result<Option<String>> {
         let ablations: Vec<&str> = [
             (self.no_asymmetric, "asymmetric"),
@@ -176,7 +192,19 @@ impl CompileArgs {
         .filter(|(on, _)| *on)
         .map(|(_, idea)| *idea)
         .collect();
-        match (self.strategy.as_deref(), ablations.as_slice()) {
+        if let Some(pipeline) = &self.passes {
+            if let Some(strategy) = &self.strategy {
+                bail!("--strategy {strategy} and --passes '{pipeline}' both say what to run; give one");
+            }
+            if let Some(idea) = ablations.first() {
+                bail!("--no-{idea} applies to --strategy slimpack, not to --passes");
+            }
+            return Ok(None);
+        }
+        match (
+            self.strategy.as_deref().or(Some("slimpack")),
+            ablations.as_slice(),
+        ) {
             (strategy, []) => Ok(strategy.map(str::to_string)),
             (Some("slimpack"), [idea]) => Ok(Some(format!("slimpack-no-{idea}"))),
             (Some("slimpack"), _) => bail!(
@@ -197,12 +225,15 @@ struct Chosen {
 
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let job = args.spec.job()?;
-    let batch = job.batch(&args.batch)?;
     let strategy = args.strategy_name()?;
+    let manager = args.manager.options()?;
+    let batch = job.batch(&args.batch)?;
     let emit = args.emit.or(args.output.as_ref().map(|_| Emit::Ir));
     if emit.is_some() && args.output.is_none() && args.report == ReportFormat::Json {
         bail!("--emit to standard output and --report json would mix on stdout; give -o FILE");
     }
+    // Samples and tokens a strategy delayed to a later step (wlb's outlier queues).
+    let mut delayed: Option<(usize, u64)> = None;
     let (compiled, chosen) = match &strategy {
         Some(name) => {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
@@ -212,6 +243,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             };
             let mut state = StrategyState::default();
             let batch = autotune::admit(info, &mut state, &job.spec, &batch);
+            delayed = state.wlb.as_ref().map(|wlb| wlb.delay.backlog());
             let choice = autotune::choose(info, &job.spec, &batch, &state, &choices)?;
             let chosen = Chosen {
                 strategy: info.name,
@@ -222,17 +254,13 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 candidates: choice.evaluations.len(),
             };
             let mut compiled = choice.compiled;
-            slimpack::compile::lower(
-                &mut compiled,
-                &args.manager.options(),
-                &mut std::io::stderr(),
-            )?;
+            slimpack::compile::lower(&mut compiled, &manager, &mut std::io::stderr())?;
             (compiled, Some(chosen))
         }
         None => {
             let options = CompileOptions {
-                pipeline: args.passes.clone(),
-                manager: args.manager.options(),
+                pipeline: args.passes.clone().unwrap_or_default(),
+                manager,
             };
             (
                 compile(&job.spec, &batch, &options, &mut std::io::stderr())?,
@@ -251,6 +279,12 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    if let Some((result, _)) = &simulation {
+        if result.metrics.oom && !args.allow_oom {
+            let candidates = chosen.as_ref().map_or(1, |c| c.candidates);
+            return Err(does_not_fit(&compiled.ir, &result.metrics, candidates).into());
+        }
+    }
     if let Some(emit) = emit {
         let metrics = simulation.as_ref().map(|(result, _)| &result.metrics);
         let emitted = emitted(emit, &compiled.ir, metrics)?;
@@ -263,11 +297,16 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             }
         }
     }
-    let report = compiled.report(
+    let mut report = compiled.report(
         simulation
             .as_ref()
             .map(|(result, ms)| (&result.metrics, *ms)),
     );
+    report.documents_empty = batch.documents_empty;
+    if let Some((samples, tokens)) = delayed {
+        report.delayed_samples = Some(samples as u64);
+        report.delayed_tokens = Some(tokens);
+    }
     match args.report {
         ReportFormat::Json => {
             let mut value = serde_json::to_value(&report)?;
@@ -280,14 +319,20 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         }
         ReportFormat::Text => {
             eprintln!(
-                "compiled {} samples ({} tokens, {} documents, {} cut at context {}) from {}",
+                "compiled {} samples ({} tokens, {} documents, {} cut at context {}, {} empty skipped) from {}",
                 report.samples,
                 report.tokens,
                 report.documents,
                 report.documents_cut,
                 report.context.map_or("none".to_string(), |c| c.to_string()),
+                report.documents_empty,
                 report.source
             );
+            if let (Some(samples), Some(tokens)) = (report.delayed_samples, report.delayed_tokens) {
+                eprintln!(
+                    "  delayed to a later step: {samples} samples ({tokens} tokens), not in this schedule"
+                );
+            }
             eprintln!(
                 "  {} on {} ({}, {} devices): phase {}, {} slices, {} packs, {} replicas, {:.2} ms",
                 report.model,
@@ -300,6 +345,16 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 report.replicas,
                 report.compile_ms
             );
+            let per_node = u64::from(compiled.ir.spec.cluster.gpus_per_node);
+            if report.world % per_node != 0 {
+                eprintln!(
+                    "  note: {} devices fill {} nodes of {} in rank order; the last node holds {}",
+                    report.world,
+                    compiled.ir.spec.nodes(),
+                    per_node,
+                    report.world % per_node
+                );
+            }
             if let Some(chosen) = &chosen {
                 eprintln!(
                     "  strategy {}: chose {} of {} candidates",
@@ -312,6 +367,24 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The exit-3 error: the best plan found peaks above device memory.
+fn does_not_fit(ir: &StepIr, metrics: &sim::Metrics, candidates: usize) -> super::exit::Failure {
+    let capacity = slimpack::machine::machine_model(&ir.spec)
+        .memory()
+        .capacity_bytes();
+    let tried = match candidates {
+        1 => "the plan".to_string(),
+        n => format!("the best of {n} candidates"),
+    };
+    super::exit::Failure::DoesNotFit(format!(
+        "the plan does not fit device memory: {tried} peaks at {} on device {}, capacity {} of a '{}' device (--allow-oom writes it anyway)",
+        super::report::gib(metrics.peak_memory_bytes),
+        metrics.oom_device.unwrap_or(0),
+        super::report::gib(capacity),
+        ir.spec.cluster.gpu.name
+    ))
 }
 
 /// The text of the `--emit` form `emit` of `ir` (the simulator's `metrics` go into the JSON).

@@ -69,6 +69,30 @@ pub struct BatchArgs {
     pub seed: Option<u64>,
 }
 
+/// The first spec or batch flag given, by name: a step read from a file carries its own spec
+/// and batch, so such a flag would be silently ignored.
+pub fn first_job_flag(spec: &SpecArgs, batch: &BatchArgs) -> Option<&'static str> {
+    [
+        ("--config", spec.config.is_some()),
+        ("--model", spec.model.is_some()),
+        ("--cluster", spec.cluster.is_some()),
+        ("--parallel", spec.parallel.is_some()),
+        ("--recompute", spec.recompute.is_some()),
+        ("--batch", batch.batch.is_some()),
+        ("--batch-format", batch.batch_format.is_some()),
+        ("--length-field", batch.length_field.is_some()),
+        ("--text-field", batch.text_field.is_some()),
+        ("--tokenizer", batch.tokenizer.is_some()),
+        ("--synthetic", batch.synthetic.is_some()),
+        ("--context", batch.context.is_some()),
+        ("--global-batch", batch.global_batch.is_some()),
+        ("--global-batch-tokens", batch.global_batch_tokens.is_some()),
+        ("--seed", batch.seed.is_some()),
+    ]
+    .into_iter()
+    .find_map(|(flag, given)| given.then_some(flag))
+}
+
 /// A job: the spec, and the raw `[batch]` table of its config file with the file's directory.
 pub struct Job {
     pub spec: Spec,
@@ -130,6 +154,12 @@ impl SpecArgs {
 impl Job {
     /// The dataset and batch options: the config's `[batch]` table overridden by the flags.
     pub fn dataset(&self, args: &BatchArgs) -> anyhow::Result<(Dataset, BatchOptions)> {
+        if let (Some(file), Some(synthetic)) = (&args.batch, &args.synthetic) {
+            bail!(
+                "--batch {} and --synthetic {synthetic} both name the batch; give one",
+                file.display()
+            );
+        }
         let (mut config, mut base_dir) = match &self.config_batch {
             Some((table, dir, name)) => {
                 (BatchConfig::from_table(table.clone(), name)?, dir.clone())
@@ -232,10 +262,15 @@ fn parse_synthetic(text: &str) -> anyhow::Result<SyntheticConfig> {
         max: None,
         seed: None,
     };
+    let mut seen: Vec<&str> = Vec::new();
     for part in rest.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (key, value) = part
             .split_once('=')
             .ok_or_else(|| anyhow::anyhow!("--synthetic: '{part}' is not key=value; {usage}"))?;
+        if seen.contains(&key.trim()) {
+            bail!("--synthetic: '{}' is given twice in '{text}'", key.trim());
+        }
+        seen.push(key.trim());
         let number = |what: &str| -> anyhow::Result<f64> {
             value
                 .trim()

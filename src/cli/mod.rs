@@ -3,6 +3,7 @@
 pub mod bench;
 mod calibrate;
 mod compile;
+pub mod exit;
 mod input;
 mod opt;
 mod passes;
@@ -24,7 +25,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Compile a model + cluster + batch spec into a step IR (and report on it).
+    /// Compile a model + cluster + batch spec into a step (--strategy slimpack unless --strategy
+    /// or --passes says otherwise) and report on it.
     Compile(compile::CompileArgs),
     /// Read text IR, run passes over it, print it.
     Opt(opt::OptArgs),
@@ -44,8 +46,9 @@ enum Command {
     Validate(validate::ValidateArgs),
 }
 
-/// Runs the command line and returns the process exit status.
+/// Runs the command line and returns the process exit status (see [`exit`]).
 pub fn main() -> i32 {
+    exit::quiet_on_closed_pipe();
     install_panic_hook();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -55,7 +58,20 @@ pub fn main() -> i32 {
             return error.exit_code();
         }
     };
-    let result = match cli.command {
+    let dispatched = std::panic::catch_unwind(|| dispatch(cli.command));
+    match dispatched {
+        Ok(Ok(())) => exit::SUCCESS,
+        Ok(Err(error)) => {
+            eprintln!("error: {}", one_line(&error));
+            exit::status_of(&error)
+        }
+        // The panic hook has printed the one line that says it is a bug.
+        Err(_) => exit::INTERNAL,
+    }
+}
+
+fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Compile(args) => compile::run(args),
         Command::Opt(args) => opt::run(args),
         Command::Passes(args) => passes::run(args),
@@ -65,13 +81,6 @@ pub fn main() -> i32 {
         Command::Run(args) => run::run(args),
         Command::Calibrate(args) => calibrate::run(args),
         Command::Validate(args) => validate::run(args),
-    };
-    match result {
-        Ok(()) => 0,
-        Err(error) => {
-            eprintln!("error: {}", one_line(&error));
-            2
-        }
     }
 }
 

@@ -41,7 +41,7 @@ pub fn run(args: OptArgs) -> anyhow::Result<()> {
     let records = run_pipeline(
         &mut ir,
         &pipeline,
-        &args.manager.options(),
+        &args.manager.options()?,
         &mut std::io::stderr(),
     )?;
     args.manager.report_times(&records);

@@ -115,6 +115,9 @@ pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
     if args.backend == Backend::Cuda {
         bail!(cuda_unavailable());
     }
+    if args.repeat == 0 {
+        bail!("--repeat 0: give at least 1 run");
+    }
     if args.driver == DriverArg::Compiled && !COMPILED_DRIVER {
         bail!(compiled_driver_unavailable());
     }
@@ -145,6 +148,17 @@ fn cuda_unavailable() -> String {
 
 /// The step to run and how it was made.
 fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
+    let file = args
+        .ir
+        .as_ref()
+        .map(|_| "--ir")
+        .or(args.schedule.as_ref().map(|_| "--schedule"));
+    if let (Some(file), Some(flag)) = (file, super::input::first_job_flag(&args.spec, &args.batch))
+    {
+        bail!(
+            "{flag} cannot be combined with {file}: the step file carries its own spec and batch"
+        );
+    }
     if let Some(path) = &args.ir {
         let source = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;

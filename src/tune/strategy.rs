@@ -474,6 +474,7 @@ mod tests {
                 documents: samples.len(),
                 samples,
                 documents_cut: 0,
+                documents_empty: 0,
                 context: Some(64),
                 source: "test".into(),
             };

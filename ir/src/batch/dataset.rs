@@ -2,7 +2,9 @@
 //!
 //! [`Dataset::load`] reads a file in any [`DatasetFormat`]; [`Dataset::parse`] does the same on
 //! bytes already in memory. A loaded dataset is never empty and every length is in
-//! `1..=u32::MAX`: the readers reject anything else with a one-line error naming the file, the
+//! `1..=u32::MAX`: zero-length documents (empty files of a code corpus, say) are skipped and
+//! counted in [`Dataset::empty`], as trainers drop them; the readers reject anything else
+//! (negative, fractional, non-numeric, too large) with a one-line error naming the file, the
 //! line and the value.
 
 use serde::{Deserialize, Serialize};
@@ -22,8 +24,11 @@ pub const DEFAULT_TEXT_FIELD: &str = "text";
 pub struct Dataset {
     /// Where the lengths came from (a path, or a synthetic distribution's description).
     pub name: String,
-    /// Token count of each document, in file order; document `i` is `lengths[i]`.
+    /// Token count of each non-empty document, in file order; document `i` is `lengths[i]`.
     pub lengths: Vec<u32>,
+    /// Zero-length documents the file held, skipped as trainers drop them (not in `lengths`).
+    #[serde(default)]
+    pub empty: u64,
 }
 
 /// How to read a dataset file; the default detects everything from the content.
@@ -58,17 +63,20 @@ impl Dataset {
             DatasetFormat::Corpus => jsonl::parse(name, bytes, options, true)?,
             DatasetFormat::Text | DatasetFormat::Auto => length_lines::parse(name, bytes)?,
         };
+        let read = lengths.len();
+        let lengths: Vec<u32> = lengths.into_iter().filter(|&length| length > 0).collect();
+        let empty = (read - lengths.len()) as u64;
         if lengths.is_empty() {
-            return Err(batch_error(
-                name,
-                format!(
-                    "no documents: the {format} dataset is empty (it needs at least one length)"
-                ),
-            ));
+            let message = match empty {
+                0 => format!("no documents: the {format} dataset is empty (it needs at least one length)"),
+                _ => format!("no documents: the {format} dataset holds only zero-length documents ({empty}), which are skipped"),
+            };
+            return Err(batch_error(name, message));
         }
         Ok(Dataset {
             name: name.to_string(),
             lengths,
+            empty,
         })
     }
 
@@ -145,6 +153,19 @@ mod tests {
             .to_string();
         assert!(
             message.starts_with("d: line 1: length '[3]' is not a whole number"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn zero_lengths_are_skipped_and_counted() {
+        let dataset = parse("3\n0\n4\n0\n").unwrap();
+        assert_eq!((dataset.lengths, dataset.empty), (vec![3, 4], 2));
+        let dataset = parse("[0, 5]").unwrap();
+        assert_eq!((dataset.lengths, dataset.empty), (vec![5], 1));
+        let message = parse("0\n0\n").unwrap_err().to_string();
+        assert!(
+            message.contains("only zero-length documents (2)"),
             "{message}"
         );
     }

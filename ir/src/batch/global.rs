@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use super::cut::cut_document;
 use super::options::Budget;
 use super::permutation::permutation;
-use super::{batch_error, BatchOptions, Dataset, Sample};
+use super::{batch_error, BatchOptions, Dataset, Sample, MAX_SAMPLES};
 use crate::error::Result;
 
 /// The samples of one training step.
@@ -33,6 +33,9 @@ pub struct Batch {
     pub documents: usize,
     /// Documents longer than the context, cut into several samples.
     pub documents_cut: usize,
+    /// Zero-length documents of the source, skipped ([`Dataset::empty`]).
+    #[serde(default)]
+    pub documents_empty: u64,
     /// The context the documents were cut to, if any.
     pub context: Option<u32>,
     /// The dataset the batch was drawn from ([`Dataset::name`]).
@@ -55,6 +58,7 @@ impl Batch {
                 .collect(),
             documents: lengths.len(),
             documents_cut: 0,
+            documents_empty: 0,
             context,
             source: source.to_string(),
         }
@@ -82,7 +86,7 @@ impl Dataset {
         options.validate()?;
         self.check_drawable()?;
         let mut draw = Draw::new(self, options);
-        Ok((0..count).map(|_| draw.next_batch()).collect())
+        (0..count).map(|_| draw.next_batch()).collect()
     }
 
     /// Rejects what the readers never produce but a hand-built dataset could hold.
@@ -132,12 +136,15 @@ impl<'a> Draw<'a> {
         }
     }
 
-    fn next_batch(&mut self) -> Batch {
+    /// The next batch; fails when cutting its documents to the context would make more than
+    /// [`MAX_SAMPLES`] samples.
+    fn next_batch(&mut self) -> Result<Batch> {
         self.batch_number += 1;
         let mut batch = Batch {
             samples: Vec::new(),
             documents: 0,
             documents_cut: 0,
+            documents_empty: self.dataset.empty,
             context: self.context,
             source: self.dataset.name.clone(),
         };
@@ -153,6 +160,16 @@ impl<'a> Draw<'a> {
             }
             self.in_batch[doc] = self.batch_number;
             let length = self.dataset.lengths[doc];
+            let pieces = self.context.map_or(1, |context| length.div_ceil(context)) as usize;
+            if batch.samples.len() + pieces > MAX_SAMPLES {
+                return Err(batch_error(
+                    &self.dataset.name,
+                    format!(
+                        "the batch would hold more than {MAX_SAMPLES} samples (document {doc} of {length} tokens is {pieces} samples at context {})",
+                        self.context.map_or("none".to_string(), |c| c.to_string())
+                    ),
+                ));
+            }
             if cut_document(doc, length, self.context, &mut batch.samples) {
                 batch.documents_cut += 1;
             }
@@ -160,7 +177,7 @@ impl<'a> Draw<'a> {
             tokens += u64::from(length);
         }
         self.stream.defer(deferred);
-        batch
+        Ok(batch)
     }
 }
 
@@ -229,6 +246,7 @@ mod tests {
         Dataset {
             name: "d".into(),
             lengths: lengths.to_vec(),
+            empty: 0,
         }
     }
 

@@ -132,11 +132,7 @@ mod tests {
             message.contains("element 1: length '12' is not a whole number"),
             "{message}"
         );
-        let message = parse("a.json", b"[1, 0]").unwrap_err().to_string();
-        assert!(
-            message.contains("element 2: length 0 is not allowed"),
-            "{message}"
-        );
+        assert_eq!(parse("a.json", b"[1, 0]").unwrap(), vec![1, 0]);
         let message = parse("a.json", b"[1, 4294967296]").unwrap_err().to_string();
         assert!(
             message.contains("element 2: length 4294967296 is too large"),

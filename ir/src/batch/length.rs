@@ -1,12 +1,13 @@
 //! What a valid document length is, and the messages for the ways a value can fail to be one.
 //!
-//! A length is a whole number of tokens from 1 to `u32::MAX`. Every reader (text lines, JSON,
+//! A length is a whole number of tokens from 0 to `u32::MAX` (a zero-length document is read,
+//! then skipped and counted by [`super::Dataset::parse`]). Every reader (text lines, JSON,
 //! JSONL, the tokenizer) funnels its raw values through these checks so that a bad value gets
 //! the same wording whatever the file format. Messages name the value and what would be valid;
 //! the caller adds the file and the line.
 
 /// The rule every length must satisfy, appended to each message.
-const VALID: &str = "a length is a whole number of tokens from 1 to 4294967295";
+const VALID: &str = "a length is a whole number of tokens from 0 to 4294967295";
 
 /// Longest excerpt of a bad value quoted in a message.
 const MAX_QUOTED_CHARS: usize = 40;
@@ -14,7 +15,6 @@ const MAX_QUOTED_CHARS: usize = 40;
 /// Checks an unsigned integer length.
 pub(super) fn from_u64(value: u64) -> Result<u32, String> {
     match u32::try_from(value) {
-        Ok(0) => Err(format!("length 0 is not allowed: {VALID}")),
         Ok(length) => Ok(length),
         Err(_) => Err(format!("length {value} is too large: {VALID}")),
     }
@@ -125,8 +125,7 @@ mod tests {
 
     #[test]
     fn digits_name_each_problem() {
-        let zero = from_digits(b"0").unwrap_err();
-        assert!(zero.starts_with("length 0 is not allowed"), "{zero}");
+        assert_eq!(from_digits(b"0"), Ok(0));
         let negative = from_digits(b"-5").unwrap_err();
         assert!(negative.starts_with("length -5 is negative"), "{negative}");
         let large = from_digits(b"4294967296").unwrap_err();
@@ -143,7 +142,7 @@ mod tests {
         );
         let float = from_digits(b"3.5").unwrap_err();
         assert!(float.contains("'3.5' is not a whole number"), "{float}");
-        assert!(float.ends_with("from 1 to 4294967295"), "{float}");
+        assert!(float.ends_with("from 0 to 4294967295"), "{float}");
     }
 
     #[test]

@@ -35,6 +35,10 @@ pub use tokenizer::Tokenizer;
 
 use crate::error::IrError;
 
+/// The most samples (and synthetic documents) one batch may hold: the step IR holds a node per
+/// sample and slice, so a larger batch is an allocation failure, not a plan.
+pub const MAX_SAMPLES: usize = 1 << 24;
+
 /// One training sample: a document, or one context-length piece of a longer document.
 #[derive(
     Debug,

@@ -61,6 +61,15 @@ impl BatchOptions {
         if self.global_batch_tokens == Some(0) {
             return zero("--global-batch-tokens", "tokens");
         }
+        if let Some(samples) = self.global_batch.filter(|&n| n > super::MAX_SAMPLES) {
+            return Err(batch_error(
+                "--global-batch",
+                format!(
+                    "{samples} samples is more than the {} a batch may hold",
+                    super::MAX_SAMPLES
+                ),
+            ));
+        }
         if let (Some(samples), Some(tokens)) = (self.global_batch, self.global_batch_tokens) {
             return Err(batch_error(
                 "--global-batch",

@@ -61,6 +61,13 @@ impl Synthetic {
         if self.count == 0 {
             return bad("count must be at least 1 document, got 0".to_string());
         }
+        if self.count > super::MAX_SAMPLES {
+            return bad(format!(
+                "count={} is more than the {} documents a batch may hold",
+                self.count,
+                super::MAX_SAMPLES
+            ));
+        }
         if self.max == 0 {
             return bad("max must be at least 1 token, got 0".to_string());
         }
@@ -93,6 +100,7 @@ impl Synthetic {
         Ok(Dataset {
             name: self.describe(),
             lengths,
+            empty: 0,
         })
     }
 

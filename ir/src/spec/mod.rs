@@ -11,7 +11,7 @@ mod parallel;
 
 pub use cluster::{ClusterSpec, GpuSpec, LinkSpec, CLUSTER_PRESETS};
 pub use model::{Dtype, ModelSpec, Recompute, MODEL_PRESETS};
-pub use parallel::{Coords, ParallelSpec};
+pub use parallel::{Coords, ParallelSpec, MAX_WORLD};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

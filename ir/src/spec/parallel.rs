@@ -23,6 +23,11 @@ pub struct ParallelSpec {
     pub dp: u32,
 }
 
+/// The largest world (tp x cp x pp x dp) slimpack plans: the simulator and the schedule hold
+/// per-device state, and a step's samples spread over DP replicas, so a larger world is work
+/// without a plan at the end (a world of millions ran for minutes before this bound).
+pub const MAX_WORLD: u64 = 16_384;
+
 /// Coordinates of one device in the layout.
 #[derive(
     Debug,
@@ -55,7 +60,7 @@ impl ParallelSpec {
         u64::from(self.tp) * u64::from(self.cp_degree()) * u64::from(self.pp) * u64::from(self.dp)
     }
 
-    /// Checks that every degree is positive.
+    /// Checks that every degree is positive and the world is at most [`MAX_WORLD`] devices.
     pub fn validate(&self) -> Result<()> {
         for (name, value) in [
             ("tp", self.tp),
@@ -69,6 +74,15 @@ impl ParallelSpec {
                     format!("{name} must be a positive integer, got 0"),
                 ));
             }
+        }
+        if self.world() > MAX_WORLD {
+            return Err(IrError::spec(
+                "--parallel",
+                format!(
+                    "{self} is {} devices; slimpack plans at most {MAX_WORLD} devices (tp x cp x pp x dp)",
+                    self.world()
+                ),
+            ));
         }
         Ok(())
     }
@@ -112,7 +126,18 @@ impl FromStr for ParallelSpec {
             dp: 1,
         };
         let bad = |message: String| IrError::spec("--parallel", message);
-        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let parts: Vec<&str> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .collect();
+        if parts.is_empty() {
+            return Err(bad(
+                "empty layout: give degrees as key=value (e.g. tp=8,pp=4,dp=4)".to_string(),
+            ));
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for part in parts {
             let (key, value) = part.split_once('=').ok_or_else(|| {
                 bad(format!(
                     "expected key=value in '{part}' (e.g. tp=8,cp=1,pp=4,dp=4)"
@@ -124,7 +149,12 @@ impl FromStr for ParallelSpec {
                     value.trim()
                 ))
             })?;
-            match key.trim() {
+            let key = key.trim();
+            if seen.contains(&key) {
+                return Err(bad(format!("degree '{key}' is given twice in '{text}'")));
+            }
+            seen.push(key);
+            match key {
                 "tp" => spec.tp = value,
                 "cp" => spec.cp = Some(value),
                 "pp" => spec.pp = value,
@@ -172,6 +202,10 @@ mod tests {
             ("tp=x", "'x' is not a positive integer"),
             ("ep=2", "unknown degree 'ep'"),
             ("tp8", "expected key=value"),
+            ("tp=1,tp=2", "degree 'tp' is given twice"),
+            ("", "empty layout"),
+            (" , ", "empty layout"),
+            ("dp=1000000", "at most 16384 devices"),
         ] {
             let message = text.parse::<ParallelSpec>().unwrap_err().to_string();
             assert!(message.contains(needle), "{text}: {message}");

@@ -1,6 +1,7 @@
 //! The parser: canonical (or hand-written) text to [`StepIr`].
 //!
-//! Recursive descent over the lexer's tokens, one statement per line. Every error carries the
+//! Descent over the lexer's tokens, one statement per line, to a fixed depth (statements hold
+//! attributes, attributes hold values, a list holds scalars): no input can grow the stack. Every error carries the
 //! line and column of the token that broke the grammar. The parser builds the graph; it does not
 //! judge it: invariants are the verifier's job, so an IR that parses but is wrong is reported by
 //! [`crate::verify`] with the node's name.
@@ -163,7 +164,34 @@ impl Parser<'_> {
 
     // ---- values and attributes ----
 
+    /// A value: a scalar, or a list of scalars. Lists do not nest, so the parser's depth
+    /// never depends on the input (a million `[` is one error, not a stack overflow).
     fn value(&mut self) -> Result<(Value, Pos)> {
+        if *self.peek() != Token::LBracket {
+            return self.scalar();
+        }
+        let at = self.here();
+        self.next();
+        let mut items = Vec::new();
+        if *self.peek() != Token::RBracket {
+            loop {
+                if *self.peek() == Token::LBracket {
+                    return Err(self.error_at(self.here(), "lists do not nest: expected a value"));
+                }
+                items.push(self.scalar()?);
+                if *self.peek() == Token::Comma {
+                    self.next();
+                } else {
+                    break;
+                }
+            }
+        }
+        self.expect(Token::RBracket, "',' or ']'")?;
+        Ok((Value::List(items), at))
+    }
+
+    /// A word, range, string or name.
+    fn scalar(&mut self) -> Result<(Value, Pos)> {
         let at = self.here();
         let value = match self.next().token {
             Token::Word(word) => {
@@ -177,21 +205,6 @@ impl Parser<'_> {
             }
             Token::Str(text) => Value::Str(text),
             Token::Name(name) => Value::Name(name),
-            Token::LBracket => {
-                let mut items = Vec::new();
-                if *self.peek() != Token::RBracket {
-                    loop {
-                        items.push(self.value()?);
-                        if *self.peek() == Token::Comma {
-                            self.next();
-                        } else {
-                            break;
-                        }
-                    }
-                }
-                self.expect(Token::RBracket, "',' or ']'")?;
-                Value::List(items)
-            }
             other => {
                 return Err(
                     self.error_at(at, format!("expected a value, found {}", other.describe()))

@@ -47,7 +47,10 @@ pub fn rules() -> Vec<Rewrite<Schedule, ScheduleAnalysis>> {
 /// The grain multiples strictly inside `span`.
 pub fn cut_points(span: Span, grain: u32) -> impl Iterator<Item = u32> {
     let grain = grain.max(1);
-    let first = (span.start / grain + 1) * grain;
+    // The first multiple past the start may lie past u32::MAX: then there is none inside.
+    let first = (span.start / grain + 1)
+        .checked_mul(grain)
+        .unwrap_or(span.end());
     (first..span.end()).step_by(grain as usize)
 }
 
@@ -61,7 +64,8 @@ fn mergeable(a: &'static str, b: &'static str) -> impl Fn(&mut ScheduleGraph, Id
         let (first, second) = (egraph[subst[a]].data.span(), egraph[subst[b]].data.span());
         first.sample == second.sample
             && first.end() == second.start
-            && first.len + second.len <= facts.largest_slice
+            // In u64: two long slices of one sample sum past u32::MAX.
+            && u64::from(first.len) + u64::from(second.len) <= u64::from(facts.largest_slice)
             && facts
                 .input_cuts
                 .binary_search(&(second.sample, second.start))

@@ -188,6 +188,7 @@ fn admitted_batch(drawn: &Batch, samples: Vec<Sample>) -> Batch {
         samples,
         documents: documents.len(),
         documents_cut: cut.len(),
+        documents_empty: drawn.documents_empty,
         context: drawn.context,
         source: drawn.source.clone(),
     }
@@ -219,6 +220,7 @@ mod tests {
             documents: samples.len(),
             samples,
             documents_cut: 0,
+            documents_empty: 0,
             context: Some(100),
             source: "test".into(),
         }

@@ -1,0 +1,946 @@
+//! The hostile-input catalogue (issue 16): every input that once crashed, hung or was silently
+//! accepted, and the bad input that was already handled, each asserting its exit status
+//! (`src/cli/exit.rs`: 2 bad input, 3 the plan does not fit memory), one `error:` line on
+//! stderr naming what was wrong, and nothing on stdout.
+//!
+//! The binary runs without `RUST_BACKTRACE`, so that a panic would show as the one-line
+//! "internal error" of the panic hook, and fail these tests.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn slimpack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_slimpack"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .expect("the slimpack binary runs")
+}
+
+/// Asserts exit status `code`, one `error:` line on stderr holding every needle, and an empty
+/// stdout.
+fn refused(code: i32, args: &[&str], needles: &[&str]) {
+    let output = slimpack(args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(code), "{args:?}: {stderr}");
+    assert!(stderr.starts_with("error: "), "{args:?}: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    assert!(!stderr.contains("internal error"), "{args:?}: {stderr}");
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{args:?}: '{needle}' not in {stderr}"
+        );
+    }
+    assert!(output.stdout.is_empty(), "{args:?}: stdout not empty");
+}
+
+fn bad_input(args: &[&str], needles: &[&str]) {
+    refused(2, args, needles);
+}
+
+/// Runs `args`, expecting success; returns stdout and stderr.
+fn ok(args: &[&str]) -> (String, String) {
+    let output = slimpack(args);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{args:?}: {stderr}");
+    (String::from_utf8(output.stdout).unwrap(), stderr)
+}
+
+fn json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout).expect("stdout is one JSON object")
+}
+
+const LENGTHS: &str = "tests/fixtures/lengths.txt";
+
+/// `compile` of the tiny model on the cpu preset with `parallel`, then `extra`.
+fn tiny<'a>(parallel: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "compile",
+        "--model",
+        "tiny",
+        "--cluster",
+        "cpu",
+        "--parallel",
+        parallel,
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// A scheduled step of the tiny model as schedule JSON, parsed.
+fn schedule_json(dir: &Path) -> serde_json::Value {
+    let path = dir.join("step.json");
+    let path = path.to_str().unwrap();
+    ok(&tiny(
+        "tp=1,pp=2,dp=2",
+        &[
+            "--batch",
+            LENGTHS,
+            "--context",
+            "4096",
+            "--emit",
+            "json",
+            "-o",
+            path,
+        ],
+    ));
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+// ---- crashes (panic or abort) on user input ----
+
+#[test]
+fn heavy_tailed_pareto_batch_does_not_overflow_token_counts() {
+    // Lengths up to 2^32-1: two slices of one sample once summed past u32::MAX in eqsat.
+    let args = tiny(
+        "tp=1,pp=1,dp=1",
+        &[
+            "--synthetic",
+            "pareto:scale=256,shape=0.01,count=64",
+            "--strategy",
+            "slimpack",
+        ],
+    );
+    refused(
+        3,
+        &args,
+        &["does not fit device memory", "capacity 24.00 GiB"],
+    );
+    let mut allowed = args.clone();
+    allowed.extend(["--allow-oom", "--report", "json"]);
+    let report = json(&ok(&allowed).0);
+    let drawn = ok(&tiny(
+        "tp=1,pp=1,dp=1",
+        &[
+            "--synthetic",
+            "pareto:scale=256,shape=0.01,count=64",
+            "--passes",
+            "",
+            "--report",
+            "json",
+        ],
+    ));
+    assert_eq!(report["tokens"], json(&drawn.0)["tokens"]);
+    assert_eq!(report["oom"], true);
+}
+
+#[test]
+fn schedule_json_without_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut document = schedule_json(dir.path());
+    document["stages"] = serde_json::json!([]);
+    let path = write(dir.path(), "nostages.json", &document.to_string());
+    bad_input(
+        &["simulate", &path],
+        &["nostages.json", "stages: 0 given", "pp=2"],
+    );
+}
+
+#[test]
+fn schedule_json_references_out_of_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = schedule_json(dir.path());
+    let mut document = original.clone();
+    document["replicas"][0]["dp_ranks"] = serde_json::json!([7]);
+    let path = write(dir.path(), "rank.json", &document.to_string());
+    bad_input(&["simulate", &path], &["replica 0 names DP rank 7", "dp=2"]);
+    let mut document = original.clone();
+    document["packs"][0]["slices"][0]["sample"] = serde_json::json!(4000000000u64);
+    let path = write(dir.path(), "sample.json", &document.to_string());
+    bad_input(&["simulate", &path], &["names sample 4000000000"]);
+    let mut document = original.clone();
+    document["schedules"][0]["packs"] = serde_json::json!([99999]);
+    let path = write(dir.path(), "pack.json", &document.to_string());
+    bad_input(&["simulate", &path], &["schedule names pack 99999"]);
+    let mut document = original;
+    document["devices"] = serde_json::json!([]);
+    let path = write(dir.path(), "devices.json", &document.to_string());
+    bad_input(
+        &["run", "--backend", "cpu", "--schedule", &path],
+        &["devices: 0 given"],
+    );
+}
+
+#[test]
+fn schedule_json_with_a_million_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut document = schedule_json(dir.path());
+    document["spec"]["parallel"]["dp"] = serde_json::json!(1000000);
+    let path = write(dir.path(), "dp.json", &document.to_string());
+    bad_input(&["simulate", &path], &["at most 16384 devices"]);
+}
+
+#[test]
+fn ir_text_with_a_million_nested_brackets() {
+    let dir = tempfile::tempdir().unwrap();
+    let ir = dir.path().join("step.sir");
+    ok(&tiny(
+        "tp=1,pp=2,dp=2",
+        &[
+            "--batch",
+            LENGTHS,
+            "--emit",
+            "ir",
+            "-o",
+            ir.to_str().unwrap(),
+        ],
+    ));
+    let text = std::fs::read_to_string(&ir).unwrap();
+    assert!(text.contains("dp=["), "{text}");
+    let deep = text.replacen("dp=[", &format!("dp={}", "[".repeat(1_000_000)), 1);
+    let path = write(dir.path(), "deep.sir", &deep);
+    bad_input(&["opt", &path], &["deep.sir:", "lists do not nest"]);
+}
+
+/// Runs `args` with stdout a pipe closed after one byte: the process ends quietly (status 0
+/// or killed by SIGPIPE, as `cat` is), with nothing on stderr.
+fn quiet_on_closed_pipe(args: &[&str]) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_slimpack"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("RUST_BACKTRACE")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut byte = [0u8; 1];
+    stdout.read_exact(&mut byte).unwrap();
+    drop(stdout);
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        let quiet = output.status.success() || output.status.signal() == Some(libc::SIGPIPE);
+        assert!(quiet, "{args:?}: {:?}", output.status);
+    }
+}
+
+#[test]
+fn closed_stdout_pipe_exits_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ir = dir.path().join("big.sir");
+    // Far more than a pipe buffer holds, so that the writer meets the closed pipe.
+    ok(&tiny(
+        "tp=1,pp=1,dp=1",
+        &[
+            "--synthetic",
+            "lognormal:median=64,sigma=1,count=20000",
+            "--passes",
+            "",
+            "--emit",
+            "ir",
+            "-o",
+            ir.to_str().unwrap(),
+        ],
+    ));
+    assert!(std::fs::metadata(&ir).unwrap().len() > 1 << 20);
+    quiet_on_closed_pipe(&["opt", ir.to_str().unwrap()]);
+    quiet_on_closed_pipe(&["passes", "--verbose"]);
+    quiet_on_closed_pipe(&["schema"]);
+}
+
+#[test]
+fn synthetic_count_beyond_the_bound() {
+    bad_input(
+        &tiny(
+            "tp=1",
+            &[
+                "--synthetic",
+                "lognormal:median=3,sigma=1,count=1000000000000",
+            ],
+        ),
+        &["count=1000000000000", "16777216 documents"],
+    );
+}
+
+#[test]
+fn context_cutting_beyond_the_sample_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "long.txt", "4000000000\n");
+    bad_input(
+        &tiny("tp=1", &["--batch", &path, "--context", "1"]),
+        &["long.txt", "more than 16777216 samples", "context 1"],
+    );
+}
+
+#[test]
+fn calibrate_tokens_beyond_memory() {
+    bad_input(
+        &["calibrate", "--backend", "cpu", "--tokens", "1000000000"],
+        &["calibrate --tokens 1000000000", "needs about", "available"],
+    );
+}
+
+#[test]
+fn cpu_run_of_a_model_beyond_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "70b.toml",
+        "[model]\npreset = \"llama-70b\"\ndtype = \"fp32\"\n[cluster]\npreset = \"cpu\"\n[parallel]\ntp = 1\npp = 1\ndp = 1\n",
+    );
+    bad_input(
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--config",
+            &config,
+            "--batch",
+            LENGTHS,
+            "--strategy",
+            "slimpack",
+        ],
+        &["run --backend cpu", "needs about", "available"],
+    );
+}
+
+#[test]
+fn cpu_run_of_a_huge_document_is_refused_up_front() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "huge.txt", "50000000\n");
+    bad_input(
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1,pp=1,dp=1",
+            "--batch",
+            &path,
+            "--strategy",
+            "slimpack",
+        ],
+        &[
+            "needs about",
+            "GiB of memory by the simulator's estimate",
+            "available",
+        ],
+    );
+}
+
+// ---- hangs and unbounded work ----
+
+#[test]
+fn worlds_beyond_the_bound() {
+    bad_input(
+        &tiny(
+            "dp=1000000",
+            &["--batch", LENGTHS, "--strategy", "slimpack"],
+        ),
+        &["--parallel", "1000000 devices", "at most 16384"],
+    );
+    bad_input(
+        &tiny("tp=2,cp=1300,dp=1000", &["--batch", LENGTHS]),
+        &["2600000 devices", "at most 16384"],
+    );
+}
+
+#[test]
+fn calibrate_thread_counts() {
+    bad_input(
+        &["calibrate", "--backend", "cpu", "--threads", "100000"],
+        &["--threads 100000", "give 1 to"],
+    );
+    bad_input(
+        &["calibrate", "--backend", "cpu", "--threads", "0"],
+        &["--threads 0", "give 1 to"],
+    );
+}
+
+#[test]
+fn calibrate_min_seconds_not_finite() {
+    for value in ["NaN", "inf", "1e9"] {
+        bad_input(
+            &["calibrate", "--backend", "cpu", "--min-seconds", value],
+            &["--min-seconds", "from 0 to 3600"],
+        );
+    }
+}
+
+// ---- accepted silently before ----
+
+#[test]
+fn duplicate_parallel_degree() {
+    bad_input(
+        &tiny("tp=1,tp=2", &["--batch", LENGTHS]),
+        &["--parallel", "degree 'tp' is given twice"],
+    );
+}
+
+#[test]
+fn empty_parallel_layout() {
+    bad_input(
+        &tiny("", &["--batch", LENGTHS]),
+        &["--parallel", "empty layout"],
+    );
+    bad_input(
+        &tiny(" , ", &["--batch", LENGTHS]),
+        &["--parallel", "empty layout"],
+    );
+}
+
+#[test]
+fn duplicate_synthetic_key() {
+    bad_input(
+        &tiny(
+            "tp=1",
+            &["--synthetic", "lognormal:median=3,median=5,sigma=1,count=4"],
+        ),
+        &["--synthetic", "'median' is given twice"],
+    );
+}
+
+#[test]
+fn batch_with_synthetic() {
+    bad_input(
+        &tiny(
+            "tp=1",
+            &[
+                "--batch",
+                LENGTHS,
+                "--synthetic",
+                "lognormal:median=3,sigma=1,count=4",
+            ],
+        ),
+        &["--batch", "--synthetic", "give one"],
+    );
+}
+
+#[test]
+fn bench_dataset_with_batch() {
+    bad_input(
+        &[
+            "bench",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1,pp=1,dp=2",
+            "--dataset",
+            LENGTHS,
+            "--batch",
+            LENGTHS,
+        ],
+        &["--dataset", "--batch", "give one"],
+    );
+}
+
+#[test]
+fn run_ir_with_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let ir = dir.path().join("step.sir");
+    ok(&tiny(
+        "tp=1,pp=2,dp=2",
+        &[
+            "--batch",
+            LENGTHS,
+            "--emit",
+            "ir",
+            "-o",
+            ir.to_str().unwrap(),
+        ],
+    ));
+    bad_input(
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--ir",
+            ir.to_str().unwrap(),
+            "--model",
+            "tiny",
+        ],
+        &["--model cannot be combined with --ir"],
+    );
+}
+
+#[test]
+fn print_ir_after_unknown_pass() {
+    bad_input(
+        &tiny(
+            "tp=1",
+            &["--batch", LENGTHS, "--print-ir-after", "frobnicate"],
+        ),
+        &["--print-ir-after", "unknown pass 'frobnicate'", "valid:"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ir = dir.path().join("step.sir");
+    ok(&tiny(
+        "tp=1",
+        &[
+            "--batch",
+            LENGTHS,
+            "--passes",
+            "",
+            "--emit",
+            "ir",
+            "-o",
+            ir.to_str().unwrap(),
+        ],
+    ));
+    bad_input(
+        &["opt", ir.to_str().unwrap(), "--print-ir-before", "slise"],
+        &["--print-ir-before", "unknown pass 'slise'"],
+    );
+}
+
+#[test]
+fn world_not_a_multiple_of_the_node_is_accepted_and_said() {
+    // The cpu preset has 2 devices per node: 3 devices fill 2 nodes, the last holding 1.
+    let (_, stderr) = ok(&tiny(
+        "tp=1,pp=1,dp=3",
+        &["--batch", LENGTHS, "--passes", ""],
+    ));
+    assert!(
+        stderr.contains("3 devices fill 2 nodes of 2 in rank order; the last node holds 1"),
+        "{stderr}"
+    );
+    let (_, stderr) = ok(&tiny(
+        "tp=1,pp=1,dp=4",
+        &["--batch", LENGTHS, "--passes", ""],
+    ));
+    assert!(!stderr.contains("the last node holds"), "{stderr}");
+}
+
+#[test]
+fn repeat_zero() {
+    bad_input(
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1",
+            "--batch",
+            LENGTHS,
+            "--repeat",
+            "0",
+        ],
+        &["--repeat 0"],
+    );
+}
+
+#[test]
+fn bench_steps_beyond_the_bound() {
+    bad_input(
+        &[
+            "bench",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1",
+            "--dataset",
+            LENGTHS,
+            "--steps",
+            "1000000000",
+        ],
+        &["--steps 1000000000", "give 1 to 100000"],
+    );
+}
+
+// ---- silent loss of requested work ----
+
+#[test]
+fn wlb_reports_the_samples_it_delays() {
+    let args = tiny(
+        "tp=1,pp=1,dp=2",
+        &[
+            "--synthetic",
+            "lognormal:median=300,sigma=1.5,count=512",
+            "--strategy",
+            "wlb",
+        ],
+    );
+    let mut with_json = args.clone();
+    with_json.extend(["--report", "json"]);
+    let report = json(&ok(&with_json).0);
+    let delayed = report["delayed_samples"].as_u64().unwrap();
+    assert!(delayed > 0, "{report}");
+    assert_eq!(report["samples"].as_u64().unwrap() + delayed, 512);
+    let drawn = ok(&tiny(
+        "tp=1,pp=1,dp=2",
+        &[
+            "--synthetic",
+            "lognormal:median=300,sigma=1.5,count=512",
+            "--passes",
+            "",
+            "--report",
+            "json",
+        ],
+    ));
+    let drawn = json(&drawn.0)["tokens"].as_u64().unwrap();
+    let kept = report["tokens"].as_u64().unwrap();
+    assert_eq!(kept + report["delayed_tokens"].as_u64().unwrap(), drawn);
+    let (_, stderr) = ok(&args);
+    assert!(
+        stderr.contains(&format!("delayed to a later step: {delayed} samples")),
+        "{stderr}"
+    );
+    // A strategy that delays nothing says nothing of it.
+    let mut slimpack = tiny("tp=1,pp=1,dp=2", &["--batch", LENGTHS, "--report", "json"]);
+    slimpack.extend(["--strategy", "slimpack"]);
+    assert!(json(&ok(&slimpack).0).get("delayed_samples").is_none());
+}
+
+// ---- real corpora contain empty documents ----
+
+#[test]
+fn zero_length_documents_are_skipped_and_counted() {
+    let (stdout, _) = ok(&tiny(
+        "tp=1",
+        &[
+            "--batch",
+            "tests/fixtures/zero-length.txt",
+            "--passes",
+            "",
+            "--report",
+            "json",
+        ],
+    ));
+    assert_eq!(json(&stdout)["documents_empty"], 1);
+    let (_, stderr) = ok(&tiny(
+        "tp=1",
+        &["--batch", "tests/fixtures/zero-length.txt", "--passes", ""],
+    ));
+    assert!(stderr.contains("1 empty skipped"), "{stderr}");
+    let dir = tempfile::tempdir().unwrap();
+    let only_zero = write(dir.path(), "zeros.txt", "0\n0\n");
+    bad_input(
+        &tiny("tp=1", &["--batch", &only_zero]),
+        &["zeros.txt", "only zero-length documents (2)"],
+    );
+    let jsonl = write(
+        dir.path(),
+        "c.jsonl",
+        "{\"text\": \"hello\"}\n{\"text\": \"\"}\n",
+    );
+    let (stdout, _) = ok(&tiny(
+        "tp=1",
+        &["--batch", &jsonl, "--passes", "", "--report", "json"],
+    ));
+    assert_eq!(json(&stdout)["documents_empty"], 1);
+}
+
+#[test]
+fn shared_cpython_corpus_compiles() {
+    let path = "../shared/data/cpython_stdlib.lengths.txt";
+    if !Path::new(env!("CARGO_MANIFEST_DIR")).join(path).exists() {
+        return; // a clone without ../shared: the fixture test above covers the rule
+    }
+    let (stdout, _) = ok(&tiny(
+        "tp=1",
+        &["--batch", path, "--passes", "", "--report", "json"],
+    ));
+    assert_eq!(json(&stdout)["documents_empty"], 28);
+}
+
+// ---- infeasible plans ----
+
+#[test]
+fn plan_beyond_device_memory_exits_3() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = write(dir.path(), "long.txt", "2000000\n");
+    let args = [
+        "compile",
+        "--model",
+        "llama-70b",
+        "--cluster",
+        "h100-sxm",
+        "--parallel",
+        "tp=1,pp=1,dp=1",
+        "--batch",
+        &long,
+    ];
+    refused(
+        3,
+        &args,
+        &[
+            "does not fit device memory",
+            "peaks at",
+            "capacity 80.00 GiB",
+            "--allow-oom",
+        ],
+    );
+    // The weights alone: a small batch does not help.
+    let mut weights = args;
+    weights[8] = LENGTHS;
+    refused(3, &weights, &["does not fit device memory"]);
+    let out = dir.path().join("oom.json");
+    let mut allowed = weights.to_vec();
+    allowed.extend(["--allow-oom", "--emit", "json", "-o", out.to_str().unwrap()]);
+    let (_, stderr) = ok(&allowed);
+    assert!(stderr.contains("OUT OF MEMORY"), "{stderr}");
+    assert!(out.exists());
+}
+
+// ---- the default strategy ----
+
+#[test]
+fn compile_defaults_to_the_slimpack_strategy() {
+    let report = json(
+        &ok(&tiny(
+            "tp=1,pp=2,dp=2",
+            &["--batch", LENGTHS, "--report", "json"],
+        ))
+        .0,
+    );
+    assert_eq!(report["strategy"], "slimpack");
+    assert_eq!(report["phase"], "lowered");
+    assert!(report["step_time_s"].as_f64().unwrap() > 0.0);
+    let logical = json(
+        &ok(&tiny(
+            "tp=1,pp=2,dp=2",
+            &["--batch", LENGTHS, "--passes", "", "--report", "json"],
+        ))
+        .0,
+    );
+    assert_eq!(logical["phase"], "logical");
+    assert!(logical.get("strategy").is_none());
+    bad_input(
+        &tiny(
+            "tp=1",
+            &[
+                "--batch",
+                LENGTHS,
+                "--strategy",
+                "wlb",
+                "--passes",
+                "slice{size=8}",
+            ],
+        ),
+        &["--strategy wlb and --passes", "give one"],
+    );
+    bad_input(
+        &tiny("tp=1", &["--batch", LENGTHS, "--passes", "", "--no-eqsat"]),
+        &["--no-eqsat applies to --strategy slimpack"],
+    );
+}
+
+// ---- bad input that was already handled ----
+
+#[test]
+fn already_handled_batch_options() {
+    bad_input(
+        &tiny("tp=1", &["--batch", LENGTHS, "--context", "0"]),
+        &["--context", "positive"],
+    );
+    bad_input(
+        &tiny("tp=1", &["--batch", LENGTHS, "--global-batch", "0"]),
+        &["--global-batch", "positive"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1",
+            &[
+                "--batch",
+                LENGTHS,
+                "--global-batch",
+                "4",
+                "--global-batch-tokens",
+                "9",
+            ],
+        ),
+        &["not both"],
+    );
+    bad_input(
+        &tiny("tp=1", &["--synthetic", "zipf:count=3"]),
+        &["unknown distribution 'zipf'"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1",
+            &["--synthetic", "lognormal:median=-1,sigma=1,count=3"],
+        ),
+        &["median must be a positive number"],
+    );
+    bad_input(
+        &tiny("tp=1", &["--batch", LENGTHS, "--batch-format", "xml"]),
+        &["--batch-format", "unknown value 'xml'"],
+    );
+    bad_input(&tiny("tp=1", &[]), &["no batch"]);
+}
+
+#[test]
+fn already_handled_specs() {
+    bad_input(
+        &tiny("tp=1", &["--batch", LENGTHS, "--recompute", "sometimes"]),
+        &["--recompute"],
+    );
+    bad_input(
+        &tiny("tp=x", &["--batch", LENGTHS]),
+        &["'x' is not a positive integer"],
+    );
+    bad_input(&tiny("tp=4", &["--batch", LENGTHS]), &["tp=4"]);
+    bad_input(
+        &["compile", "--config", "no/such.toml", "--batch", LENGTHS],
+        &["no/such.toml"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let broken = write(dir.path(), "broken.toml", "[model\npreset = 3\n");
+    bad_input(
+        &["compile", "--config", &broken, "--batch", LENGTHS],
+        &["broken.toml"],
+    );
+    let duplicate = write(
+        dir.path(),
+        "dup.toml",
+        "[model]\npreset = \"tiny\"\npreset = \"tiny\"\n[cluster]\npreset = \"cpu\"\n[parallel]\ntp = 1\n",
+    );
+    bad_input(
+        &["compile", "--config", &duplicate, "--batch", LENGTHS],
+        &["dup.toml"],
+    );
+}
+
+#[test]
+fn already_handled_pipelines_and_outputs() {
+    bad_input(
+        &tiny("tp=1", &["--batch", LENGTHS, "--passes", "slice{size=8"]),
+        &["slice{size=8"],
+    );
+    bad_input(
+        &tiny("tp=1", &["--batch", LENGTHS, "--strategy", "best"]),
+        &["--strategy", "best"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1",
+            &["--batch", LENGTHS, "--emit", "json", "--report", "json"],
+        ),
+        &["would mix on stdout"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1",
+            &["--batch", LENGTHS, "--passes", "", "--emit", "json"],
+        ),
+        &["needs a scheduled step"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1",
+            &["--batch", LENGTHS, "--strategy", "wlb", "--no-eqsat"],
+        ),
+        &["--no-eqsat applies to --strategy slimpack"],
+    );
+}
+
+#[test]
+fn already_handled_step_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_json = write(dir.path(), "bad.json", "{\"format\": ");
+    bad_input(&["simulate", &not_json], &["bad.json"]);
+    let other = write(
+        dir.path(),
+        "other.json",
+        "{\"format\": \"onnx\", \"version\": 1}",
+    );
+    bad_input(&["simulate", &other], &["not a slimpack schedule"]);
+    let version = write(
+        dir.path(),
+        "v9.json",
+        "{\"format\": \"slimpack.schedule\", \"version\": 9}",
+    );
+    bad_input(&["simulate", &version], &["version 9 is not supported"]);
+    let ir = dir.path().join("logical.sir");
+    ok(&tiny(
+        "tp=1",
+        &[
+            "--batch",
+            LENGTHS,
+            "--passes",
+            "",
+            "--emit",
+            "ir",
+            "-o",
+            ir.to_str().unwrap(),
+        ],
+    ));
+    bad_input(
+        &["simulate", ir.to_str().unwrap()],
+        &["phase 'logical' has no schedule"],
+    );
+    bad_input(&["simulate", "no/such.json"], &["cannot read no/such.json"]);
+    let binary = dir.path().join("binary.sir");
+    std::fs::write(&binary, [0xff, 0xfe, 0x00, 0x01]).unwrap();
+    bad_input(&["opt", binary.to_str().unwrap()], &["binary.sir"]);
+}
+
+#[test]
+fn already_handled_backends() {
+    bad_input(
+        &[
+            "run",
+            "--backend",
+            "cuda",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1",
+            "--batch",
+            LENGTHS,
+            "--strategy",
+            "slimpack",
+        ],
+        &["--backend cuda"],
+    );
+    bad_input(
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1",
+            "--batch",
+            LENGTHS,
+        ],
+        &["give --strategy NAME"],
+    );
+    bad_input(
+        &["calibrate", "--backend", "cpu", "--tokens", "8,4"],
+        &["strictly increasing"],
+    );
+}
+
+#[test]
+fn clap_usage_errors_keep_their_form() {
+    let output = slimpack(&["compile", "--frobnicate"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("error: unexpected argument '--frobnicate'"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("Usage:"), "{stderr}");
+    assert!(output.stdout.is_empty());
+}
