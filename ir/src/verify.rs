@@ -17,6 +17,8 @@
 //! - `pack-placement`: every pack is placed on a replica, is not empty, and holds only slices of
 //!   samples placed on that replica.
 //! - `pack-cap`: a pack's tokens do not exceed its cap.
+//! - `pack-size`: a pack's tokens, and the keys its slices attend to (each slice's prefix and
+//!   itself), each fit the 32-bit offsets of its varlen layout (`cu_seqlens_q/k`).
 //! - `pack-padding`: a padded pack is padded to at least its own tokens.
 //! - `pack-unique`: a slice is in at most one pack per direction.
 //! - `forward-order`: per sample, forward packs run its slices in increasing slice order (a
@@ -336,8 +338,19 @@ impl Verifier<'_> {
                 );
             }
         }
+        let keys: u64 = slices.iter().map(|&s| u64::from(ir.slice(s).end())).sum();
+        let tokens = ir.pack_tokens(pack);
+        if tokens > u64::from(u32::MAX) || keys > u64::from(u32::MAX) {
+            self.report(
+                &name,
+                "pack-size",
+                format!(
+                    "{tokens} tokens attending to {keys} keys: a pack holds at most {} of each",
+                    u32::MAX
+                ),
+            );
+        }
         if let Some(cap) = ir.pack(pack).cap {
-            let tokens = ir.pack_tokens(pack);
             if tokens > u64::from(cap) {
                 self.report(
                     &name,
