@@ -499,6 +499,9 @@ impl Verifier<'_> {
     fn deadlock_free(&mut self, replica: ReplicaId) {
         let ir = self.ir;
         let stages = ir.stages().len();
+        if stages == 0 {
+            return; // `stages` reports it
+        }
         let mut graph: DiGraph<(PackId, usize), ()> = DiGraph::new();
         let mut task = HashMap::new();
         let mut packs = ir.packs_on(replica, Direction::Forward);
@@ -508,21 +511,24 @@ impl Verifier<'_> {
                 task.insert((pack, stage), graph.add_node((pack, stage)));
             }
         }
+        // An edge between two of the replica's tasks; a pack of another replica (a slice whose
+        // packs sit on two replicas) is `pack-placement`'s to report, not an edge here.
+        let edge = |graph: &mut DiGraph<(PackId, usize), ()>, from, to| {
+            if let (Some(&from), Some(&to)) = (task.get(&from), task.get(&to)) {
+                graph.add_edge(from, to, ());
+            }
+        };
         for stage in 0..stages {
             let order = ir.schedule(replica, stage as u32);
             for pair in order.windows(2) {
-                graph.add_edge(task[&(pair[0], stage)], task[&(pair[1], stage)], ());
+                edge(&mut graph, (pair[0], stage), (pair[1], stage));
             }
         }
         for &pack in &packs {
             for stage in 1..stages {
                 match ir.pack(pack).direction {
-                    Direction::Forward => {
-                        graph.add_edge(task[&(pack, stage - 1)], task[&(pack, stage)], ())
-                    }
-                    Direction::Backward => {
-                        graph.add_edge(task[&(pack, stage)], task[&(pack, stage - 1)], ())
-                    }
+                    Direction::Forward => edge(&mut graph, (pack, stage - 1), (pack, stage)),
+                    Direction::Backward => edge(&mut graph, (pack, stage), (pack, stage - 1)),
                 };
             }
         }
@@ -533,7 +539,7 @@ impl Verifier<'_> {
             }
             for slice in ir.pack_slices(pack) {
                 if let Some(backward) = ir.pack_of(slice, Direction::Backward) {
-                    graph.add_edge(task[&(pack, last)], task[&(backward, last)], ());
+                    edge(&mut graph, (pack, last), (backward, last));
                 }
             }
         }
