@@ -17,6 +17,8 @@
 //! - `pack-placement`: every pack is placed on a replica, is not empty, and holds only slices of
 //!   samples placed on that replica.
 //! - `pack-cap`: a pack's tokens do not exceed its cap.
+//! - `pack-size`: a pack's tokens, and the keys its slices attend to (each slice's prefix and
+//!   itself), each fit the 32-bit offsets of its varlen layout (`cu_seqlens_q/k`).
 //! - `pack-padding`: a padded pack is padded to at least its own tokens.
 //! - `pack-unique`: a slice is in at most one pack per direction.
 //! - `forward-order`: per sample, forward packs run its slices in increasing slice order (a
@@ -360,8 +362,19 @@ impl Verifier<'_> {
                 );
             }
         }
+        let keys: u64 = slices.iter().map(|&s| u64::from(ir.slice(s).end())).sum();
+        let tokens = ir.pack_tokens(pack);
+        if tokens > u64::from(u32::MAX) || keys > u64::from(u32::MAX) {
+            self.report(
+                &name,
+                "pack-size",
+                format!(
+                    "{tokens} tokens attending to {keys} keys: a pack holds at most {} of each",
+                    u32::MAX
+                ),
+            );
+        }
         if let Some(cap) = ir.pack(pack).cap {
-            let tokens = ir.pack_tokens(pack);
             if tokens > u64::from(cap) {
                 self.report(
                     &name,
@@ -510,6 +523,9 @@ impl Verifier<'_> {
     fn deadlock_free(&mut self, replica: ReplicaId) {
         let ir = self.ir;
         let stages = ir.stages().len();
+        if stages == 0 {
+            return; // `stages` reports it
+        }
         let mut graph: DiGraph<(PackId, usize), ()> = DiGraph::new();
         let mut task = HashMap::new();
         let mut packs = ir.packs_on(replica, Direction::Forward);
@@ -519,21 +535,24 @@ impl Verifier<'_> {
                 task.insert((pack, stage), graph.add_node((pack, stage)));
             }
         }
+        // An edge between two of the replica's tasks; a pack of another replica (a slice whose
+        // packs sit on two replicas) is `pack-placement`'s to report, not an edge here.
+        let edge = |graph: &mut DiGraph<(PackId, usize), ()>, from, to| {
+            if let (Some(&from), Some(&to)) = (task.get(&from), task.get(&to)) {
+                graph.add_edge(from, to, ());
+            }
+        };
         for stage in 0..stages {
             let order = ir.schedule(replica, stage as u32);
             for pair in order.windows(2) {
-                graph.add_edge(task[&(pair[0], stage)], task[&(pair[1], stage)], ());
+                edge(&mut graph, (pair[0], stage), (pair[1], stage));
             }
         }
         for &pack in &packs {
             for stage in 1..stages {
                 match ir.pack(pack).direction {
-                    Direction::Forward => {
-                        graph.add_edge(task[&(pack, stage - 1)], task[&(pack, stage)], ())
-                    }
-                    Direction::Backward => {
-                        graph.add_edge(task[&(pack, stage)], task[&(pack, stage - 1)], ())
-                    }
+                    Direction::Forward => edge(&mut graph, (pack, stage - 1), (pack, stage)),
+                    Direction::Backward => edge(&mut graph, (pack, stage), (pack, stage - 1)),
                 };
             }
         }
@@ -544,7 +563,7 @@ impl Verifier<'_> {
             }
             for slice in ir.pack_slices(pack) {
                 if let Some(backward) = ir.pack_of(slice, Direction::Backward) {
-                    graph.add_edge(task[&(pack, last)], task[&(backward, last)], ());
+                    edge(&mut graph, (pack, last), (backward, last));
                 }
             }
         }

@@ -51,3 +51,19 @@ pub fn quiet_on_closed_pipe() {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use anyhow::Context;
+
+    #[test]
+    fn status_follows_the_failure_anywhere_in_the_chain() {
+        let plain = anyhow::anyhow!("--context: must be positive");
+        assert_eq!(status_of(&plain), BAD_INPUT);
+        let oom = anyhow::Error::from(Failure::DoesNotFit("peaks at 90 GiB".into()));
+        assert_eq!(status_of(&oom), DOES_NOT_FIT);
+        let wrapped: anyhow::Result<()> = Err(oom).context("step.json");
+        assert_eq!(status_of(&wrapped.unwrap_err()), DOES_NOT_FIT);
+    }
+}
