@@ -100,12 +100,22 @@ fn schedule_json(dir: &Path) -> serde_json::Value {
 
 #[test]
 fn heavy_tailed_pareto_batch_does_not_overflow_token_counts() {
-    // Lengths up to 2^32-1: two slices of one sample once summed past u32::MAX in eqsat.
+    // Lengths up to 2^32-1: two slices of one sample once summed past u32::MAX in eqsat, and
+    // a pack's keys past the 32-bit varlen offsets. The batch is now refused by its size...
+    bad_input(
+        &tiny(
+            "tp=1,pp=1,dp=1",
+            &["--synthetic", "pareto:scale=256,shape=0.01,count=64"],
+        ),
+        &["pareto", "more than 4294967295 tokens"],
+    );
+    // ...and the heaviest tail within the bound compiles: it does not fit memory (exit 3),
+    // and --allow-oom keeps every token.
     let args = tiny(
         "tp=1,pp=1,dp=1",
         &[
             "--synthetic",
-            "pareto:scale=256,shape=0.01,count=64",
+            "pareto:scale=256,shape=0.01,count=64,max=60000000",
             "--strategy",
             "slimpack",
         ],
@@ -122,7 +132,7 @@ fn heavy_tailed_pareto_batch_does_not_overflow_token_counts() {
         "tp=1,pp=1,dp=1",
         &[
             "--synthetic",
-            "pareto:scale=256,shape=0.01,count=64",
+            "pareto:scale=256,shape=0.01,count=64,max=60000000",
             "--passes",
             "",
             "--report",

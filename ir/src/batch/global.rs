@@ -21,7 +21,7 @@ use std::collections::VecDeque;
 use super::cut::cut_document;
 use super::options::Budget;
 use super::permutation::permutation;
-use super::{batch_error, BatchOptions, Dataset, Sample, MAX_SAMPLES};
+use super::{batch_error, BatchOptions, Dataset, Sample, MAX_SAMPLES, MAX_TOKENS};
 use crate::error::Result;
 
 /// The samples of one training step.
@@ -160,6 +160,14 @@ impl<'a> Draw<'a> {
             }
             self.in_batch[doc] = self.batch_number;
             let length = self.dataset.lengths[doc];
+            if tokens + u64::from(length) > MAX_TOKENS {
+                return Err(batch_error(
+                    &self.dataset.name,
+                    format!(
+                        "the batch would hold more than {MAX_TOKENS} tokens (the 32-bit varlen offsets of a schedule); draw a smaller one with --global-batch-tokens"
+                    ),
+                ));
+            }
             let pieces = self.context.map_or(1, |context| length.div_ceil(context)) as usize;
             if batch.samples.len() + pieces > MAX_SAMPLES {
                 return Err(batch_error(

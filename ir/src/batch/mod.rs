@@ -39,6 +39,11 @@ use crate::error::IrError;
 /// sample and slice, so a larger batch is an allocation failure, not a plan.
 pub const MAX_SAMPLES: usize = 1 << 24;
 
+/// The most tokens one batch may hold: the schedule's varlen offsets (`cu_seqlens_q/k`, as
+/// trainers' kernels take them) are 32-bit, and a pack's keys are bounded by its batch's
+/// tokens. Real global batches hold millions of tokens; this bound is a thousand times that.
+pub const MAX_TOKENS: u64 = u32::MAX as u64;
+
 /// One training sample: a document, or one context-length piece of a longer document.
 #[derive(
     Debug,

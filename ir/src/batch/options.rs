@@ -61,6 +61,15 @@ impl BatchOptions {
         if self.global_batch_tokens == Some(0) {
             return zero("--global-batch-tokens", "tokens");
         }
+        if let Some(tokens) = self.global_batch_tokens.filter(|&n| n > super::MAX_TOKENS) {
+            return Err(batch_error(
+                "--global-batch-tokens",
+                format!(
+                    "{tokens} tokens is more than the {} a batch may hold",
+                    super::MAX_TOKENS
+                ),
+            ));
+        }
         if let Some(samples) = self.global_batch.filter(|&n| n > super::MAX_SAMPLES) {
             return Err(batch_error(
                 "--global-batch",
