@@ -327,3 +327,45 @@ fn dump_dir_holds_numbered_before_and_after_files() {
         ]
     );
 }
+
+/// `lengths` tokenizes a corpus once into the length file the other commands read; with a
+/// draw flag it prints the samples of that global batch, cut as `compile` cuts them.
+#[test]
+fn lengths_of_a_corpus_and_of_a_global_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.jsonl");
+    std::fs::write(
+        &corpus,
+        "{\"text\": \"hello world\"}\n{\"text\": \"\"}\n{\"text\": \"a b c d e f g h\"}\n",
+    )
+    .unwrap();
+    let output = slimpack(&["lengths", "--batch", corpus.to_str().unwrap()]);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "2\n8\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("2 documents") && stderr.contains("1 empty skipped"),
+        "{stderr}"
+    );
+
+    let lengths = dir.path().join("lengths.txt");
+    std::fs::write(&lengths, "10\n3\n25\n").unwrap();
+    let output = slimpack(&[
+        "lengths",
+        "--batch",
+        lengths.to_str().unwrap(),
+        "--context",
+        "8",
+    ]);
+    assert!(output.status.success(), "{output:?}");
+    let mut samples: Vec<u32> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| line.parse().unwrap())
+        .collect();
+    samples.sort_unstable();
+    assert_eq!(samples, [1, 2, 3, 8, 8, 8, 8]);
+    assert_bad_input(
+        &["lengths", "--batch", "no/such/file.txt"],
+        &["no/such/file.txt"],
+    );
+}

@@ -154,69 +154,7 @@ impl SpecArgs {
 impl Job {
     /// The dataset and batch options: the config's `[batch]` table overridden by the flags.
     pub fn dataset(&self, args: &BatchArgs) -> anyhow::Result<(Dataset, BatchOptions)> {
-        if let (Some(file), Some(synthetic)) = (&args.batch, &args.synthetic) {
-            bail!(
-                "--batch {} and --synthetic {synthetic} both name the batch; give one",
-                file.display()
-            );
-        }
-        let (mut config, mut base_dir) = match &self.config_batch {
-            Some((table, dir, name)) => {
-                (BatchConfig::from_table(table.clone(), name)?, dir.clone())
-            }
-            None => (BatchConfig::default(), PathBuf::new()),
-        };
-        if let Some(file) = &args.batch {
-            // A path given as a flag is relative to the working directory, not to the config.
-            config.file = Some(file.clone());
-            config.synthetic = None;
-            base_dir = PathBuf::new();
-        }
-        if let Some(text) = &args.synthetic {
-            config.synthetic = Some(parse_synthetic(text)?);
-            config.file = None;
-        }
-        if let Some(format) = &args.batch_format {
-            config.format = Some(parse_named(
-                format,
-                "--batch-format",
-                &DatasetFormat::ALL.map(|f| f.name()),
-                |f| DatasetFormat::ALL.into_iter().find(|x| x.name() == f),
-            )?);
-        }
-        if let Some(tokenizer) = &args.tokenizer {
-            let short = |t: Tokenizer| t.name().trim_end_matches("_base").to_string();
-            config.tokenizer = Some(parse_named(
-                tokenizer,
-                "--tokenizer",
-                &Tokenizer::ALL.map(|t| t.name()),
-                |name| {
-                    Tokenizer::ALL
-                        .into_iter()
-                        .find(|&t| t.name() == name || short(t) == name)
-                },
-            )?);
-        }
-        if args.length_field.is_some() {
-            config.field = args.length_field.clone();
-        }
-        if args.text_field.is_some() {
-            config.text_field = args.text_field.clone();
-        }
-        if args.context.is_some() {
-            config.context = args.context;
-        }
-        if args.global_batch.is_some() || args.global_batch_tokens.is_some() {
-            config.global_batch = args.global_batch;
-            config.global_batch_tokens = args.global_batch_tokens;
-        }
-        if args.seed.is_some() {
-            config.seed = args.seed;
-        }
-        if config.file.is_none() && config.synthetic.is_none() {
-            bail!("no batch: give --batch FILE or --synthetic DIST:K=V,.. (or a [batch] table in --config)");
-        }
-        Ok(config.resolve(&base_dir)?)
+        resolve_dataset(self.config_batch.as_ref(), args)
     }
 
     /// The global batch of one step.
@@ -224,6 +162,81 @@ impl Job {
         let (dataset, options) = self.dataset(args)?;
         Ok(dataset.global_batch(&options)?)
     }
+}
+
+impl BatchArgs {
+    /// The dataset and batch options from the flags alone (commands without a spec).
+    pub fn dataset(&self) -> anyhow::Result<(Dataset, BatchOptions)> {
+        resolve_dataset(None, self)
+    }
+}
+
+/// A config file's `[batch]` table (if any) overridden by the batch flags.
+fn resolve_dataset(
+    config_batch: Option<&(toml::Table, PathBuf, String)>,
+    args: &BatchArgs,
+) -> anyhow::Result<(Dataset, BatchOptions)> {
+    if let (Some(file), Some(synthetic)) = (&args.batch, &args.synthetic) {
+        bail!(
+            "--batch {} and --synthetic {synthetic} both name the batch; give one",
+            file.display()
+        );
+    }
+    let (mut config, mut base_dir) = match config_batch {
+        Some((table, dir, name)) => (BatchConfig::from_table(table.clone(), name)?, dir.clone()),
+        None => (BatchConfig::default(), PathBuf::new()),
+    };
+    if let Some(file) = &args.batch {
+        // A path given as a flag is relative to the working directory, not to the config.
+        config.file = Some(file.clone());
+        config.synthetic = None;
+        base_dir = PathBuf::new();
+    }
+    if let Some(text) = &args.synthetic {
+        config.synthetic = Some(parse_synthetic(text)?);
+        config.file = None;
+    }
+    if let Some(format) = &args.batch_format {
+        config.format = Some(parse_named(
+            format,
+            "--batch-format",
+            &DatasetFormat::ALL.map(|f| f.name()),
+            |f| DatasetFormat::ALL.into_iter().find(|x| x.name() == f),
+        )?);
+    }
+    if let Some(tokenizer) = &args.tokenizer {
+        let short = |t: Tokenizer| t.name().trim_end_matches("_base").to_string();
+        config.tokenizer = Some(parse_named(
+            tokenizer,
+            "--tokenizer",
+            &Tokenizer::ALL.map(|t| t.name()),
+            |name| {
+                Tokenizer::ALL
+                    .into_iter()
+                    .find(|&t| t.name() == name || short(t) == name)
+            },
+        )?);
+    }
+    if args.length_field.is_some() {
+        config.field = args.length_field.clone();
+    }
+    if args.text_field.is_some() {
+        config.text_field = args.text_field.clone();
+    }
+    if args.context.is_some() {
+        config.context = args.context;
+    }
+    if args.global_batch.is_some() || args.global_batch_tokens.is_some() {
+        config.global_batch = args.global_batch;
+        config.global_batch_tokens = args.global_batch_tokens;
+    }
+    if args.seed.is_some() {
+        config.seed = args.seed;
+    }
+    if config.file.is_none() && config.synthetic.is_none() {
+        bail!("no batch: give --batch FILE or --synthetic DIST:K=V,.. (or a [batch] table in --config)");
+    }
+    Ok(config.resolve(&base_dir)?)
 }
 
 fn parse_named<T>(

@@ -5,6 +5,7 @@ mod calibrate;
 mod compile;
 pub mod exit;
 mod input;
+mod lengths;
 mod opt;
 mod passes;
 mod report;
@@ -36,6 +37,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Print the JSON Schema of the schedule JSON (`compile --emit json`).
     Schema(schema::SchemaArgs),
+    /// Print a dataset's token counts, one per line (tokenize a JSONL corpus once).
+    Lengths(lengths::LengthsArgs),
     /// Run the strategies side by side on global batches of a dataset, through the simulator.
     Bench(bench::BenchArgs),
     /// Execute a compiled step for real (CPU backend), measured against the simulator.
@@ -77,6 +80,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Passes(args) => passes::run(args),
         Command::Simulate(args) => simulate::run(args),
         Command::Schema(args) => schema::run(args),
+        Command::Lengths(args) => lengths::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Run(args) => run::run(args),
         Command::Calibrate(args) => calibrate::run(args),
