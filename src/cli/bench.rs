@@ -356,11 +356,9 @@ fn rows(runs: &[StrategyRun], peak_flops: f64) -> (Vec<Row>, Option<&'static str
         base.filter(|&b| b > 0.0 && fits(row))
             .map(|b| row.useful_flops_per_s / b)
     };
-    for index in 0..rows.len() {
-        let row = &rows[index];
-        let (vs_best, vs_paper) = (over(best_peer.map(|(_, f)| f), row), over(paper, row));
-        rows[index].speedup_vs_best_peer = vs_best;
-        rows[index].speedup_vs_megatron_paper = vs_paper;
+    for row in &mut rows {
+        row.speedup_vs_best_peer = over(best_peer.map(|(_, flops)| flops), row);
+        row.speedup_vs_megatron_paper = over(paper, row);
     }
     (rows, best_peer.map(|(name, _)| name))
 }
@@ -370,7 +368,9 @@ fn row(run: &StrategyRun, peak_flops: f64) -> Row {
     let steps: Vec<Value> = run
         .steps
         .iter()
-        .map(|s| serde_json::to_value(&s.metrics).expect("metrics serialize"))
+        .map(|s| {
+            serde_json::to_value(&s.metrics).expect("Metrics serializes to JSON (a bug otherwise)")
+        })
         .collect();
     let times: Vec<f64> = run.steps.iter().map(|s| s.metrics.step_time_s).collect();
     let mut figures = over_run(&steps, &times);
