@@ -122,19 +122,19 @@ pub fn compile_step(
 }
 
 /// Compiles and simulates one candidate: its pipeline and each of its variants (the passes they
-/// share run once), keeping the best step — fitting (within `memory_limit`, a fraction of
-/// device memory) before not fitting, then the faster (ties to the earlier pipeline).
+/// share run once), keeping the best step — fitting (within `limit` bytes, see
+/// [`Choices::memory_limit_bytes`]) before not fitting, then the faster (ties to the earlier
+/// pipeline).
 pub fn evaluate(
     strategy: &StrategyInfo,
     spec: &Spec,
     batch: &Batch,
     candidate: &Candidate,
-    memory_limit: f64,
+    limit: u64,
 ) -> Result<(Evaluation, Compiled), TuneError> {
     let spec = candidate_spec(spec, candidate);
     let cx = PassContext::for_spec(&spec);
     let cost = cx.machine();
-    let limit = (cost.memory().capacity_bytes() as f64 * memory_limit) as u64;
     let compile_error = |source| TuneError::Compile {
         strategy: strategy.name,
         candidate: candidate.label.clone(),
@@ -229,11 +229,11 @@ pub fn choose(
             strategy: strategy.name,
         });
     }
-    let outcomes = evaluate_all(strategy, spec, batch, &candidates, choices.memory_limit);
     let capacity = slimpack_machine::machine_model(spec)
         .memory()
         .capacity_bytes();
     let limit = choices.memory_limit_bytes(capacity);
+    let outcomes = evaluate_all(strategy, spec, batch, &candidates, limit);
     let mut evaluations = Vec::with_capacity(outcomes.len());
     let mut best: Option<(usize, Compiled)> = None;
     for outcome in outcomes {
@@ -277,23 +277,23 @@ fn evaluate_all(
     spec: &Spec,
     batch: &Batch,
     candidates: &[Candidate],
-    memory_limit: f64,
+    limit: u64,
 ) -> Vec<Result<(Evaluation, Compiled), TuneError>> {
     parallel_map(candidates, |candidate| {
-        evaluate(strategy, spec, batch, candidate, memory_limit)
+        evaluate(strategy, spec, batch, candidate, limit)
     })
 }
 
 /// Compiles and simulates steps of a run — each step's (admitted) batch with a candidate — in
-/// parallel; evaluations in step order.
+/// parallel, fitting within `limit` bytes; evaluations in step order.
 pub fn evaluate_steps(
     strategy: &StrategyInfo,
     spec: &Spec,
     steps: &[(&Batch, &Candidate)],
-    memory_limit: f64,
+    limit: u64,
 ) -> Result<Vec<Evaluation>, TuneError> {
     parallel_map(steps, |(batch, candidate)| {
-        evaluate(strategy, spec, batch, candidate, memory_limit).map(|(evaluation, _)| evaluation)
+        evaluate(strategy, spec, batch, candidate, limit).map(|(evaluation, _)| evaluation)
     })
     .into_iter()
     .collect()
@@ -359,7 +359,7 @@ mod tests {
         let cost = slimpack_machine::machine_model(&spec);
         for candidate in (info.candidates)(&spec, &batch, &state, &choices) {
             assert_eq!(candidate.variants.len(), 3, "{}", candidate.label);
-            let limit = choices.memory_limit;
+            let limit = choices.memory_limit_bytes(cost.memory().capacity_bytes());
             let (evaluation, compiled) = evaluate(info, &spec, &batch, &candidate, limit).unwrap();
             // Each pipeline compiled on its own: the chosen one is the fastest (all fit).
             let mut steps = Vec::new();

@@ -183,7 +183,7 @@ pub fn run_strategy(
         }
     }
     (progress.grow)((trials_work.len() + steps.len() - tune_steps) as u64);
-    let mut evaluations = evaluate(strategy, spec, &steps, &trials_work, choices)?.into_iter();
+    let mut evaluations = evaluate(strategy, spec, &steps, &trials_work, limit)?.into_iter();
     (progress.advance)(trials_work.len() as u64);
     let tuning: Vec<Trial> = offered
         .into_iter()
@@ -198,7 +198,7 @@ pub fn run_strategy(
     let later_work = (tune_steps..steps.len())
         .map(|index| Ok((index, kept(index, &chosen)?)))
         .collect::<Result<Vec<_>, TuneError>>()?;
-    let later = evaluate(strategy, spec, &steps, &later_work, choices)?;
+    let later = evaluate(strategy, spec, &steps, &later_work, limit)?;
     (progress.advance)(later_work.len() as u64);
 
     let kept_steps = tuning[best]
@@ -268,19 +268,20 @@ fn admit_all(
     (steps, state.backlog())
 }
 
-/// Compiles and simulates `(step index, candidate)` pairs in parallel; evaluations in order.
+/// Compiles and simulates `(step index, candidate)` pairs in parallel, fitting within `limit`
+/// bytes; evaluations in order.
 fn evaluate(
     strategy: &StrategyInfo,
     spec: &Spec,
     steps: &[Admitted],
     work: &[(usize, Candidate)],
-    choices: &Choices,
+    limit: u64,
 ) -> Result<Vec<Evaluation>, TuneError> {
     let pairs: Vec<(&Batch, &Candidate)> = work
         .iter()
         .map(|(index, candidate)| (&steps[*index].batch, candidate))
         .collect();
-    autotune::evaluate_steps(strategy, spec, &pairs, choices.memory_limit)
+    autotune::evaluate_steps(strategy, spec, &pairs, limit)
 }
 
 /// The index of the preferred trial (ties to the earlier candidate).

@@ -167,8 +167,11 @@ pub struct StrategyInfo {
     /// Where the source supports the strategy: `Err(what it needs)` on a layout it refuses
     /// (Megatron-Core asserts hybrid CP runs without pipeline parallelism); `None`: every
     /// layout.
-    pub applies: Option<fn(&Spec) -> Result<(), &'static str>>,
+    pub applies: Option<Applicability>,
 }
+
+/// Whether a layout is one the strategy's source supports: `Err(what it needs)` otherwise.
+pub type Applicability = fn(&Spec) -> Result<(), &'static str>;
 
 impl StrategyInfo {
     /// What the strategy needs that `spec`'s layout lacks (`needs pp=1`), if anything.
