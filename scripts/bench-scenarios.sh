@@ -1,21 +1,52 @@
 #!/usr/bin/env bash
-# The benchmark scenarios S1-S5 of docs/BENCHMARKS.md: every strategy (and slimpack's ablations)
-# over 20 seeded global batches, simulated on H100 SXM. Needs ../shared/data (the shared length
-# files). Writes target/bench/<id>.json and prints each table.
+# The benchmark scenarios S1-S7 of docs/BENCHMARKS.md: every strategy (and slimpack's ablations)
+# over seeded global batches, simulated on H100 SXM, all by the same rules: tuned on the first 3
+# steps, a 92% memory limit (a step over it is re-planned and counted), and drained (wlb trains
+# what it delayed in extra steps, so every strategy trains the same tokens).
+#
+#   scripts/bench-scenarios.sh               # every scenario, 20 steps each
+#   scripts/bench-scenarios.sh S6 S7         # only these
+#   STEPS=5 scripts/bench-scenarios.sh S4    # fewer steps (to time a scenario)
+#
+# Needs ../shared/data (the shared length files). Writes target/bench/<id>.json and prints each
+# table with the scenario's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+STEPS=${STEPS:-20}
+STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-asymmetric,slimpack-no-dp-merge,slimpack-no-slicing,slimpack-no-eqsat
+DATA=../shared/data
+ORDER=(S1 S2 S3 S4 S5 S6 S7)
+declare -A SCENARIOS=(
+    [S1]="--model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 8388608 --dataset $DATA/wikipedia.lengths.txt"
+    [S2]="--model llama-13b --parallel tp=8,pp=2,dp=8 --context 131072 --global-batch-tokens 16777216 --dataset $DATA/prolong_like.lengths.txt"
+    [S3]="--model llama-34b --parallel tp=8,pp=4,dp=8 --context 262144 --global-batch-tokens 16777216 --dataset $DATA/wlbllm_like.lengths.txt"
+    [S4]="--model llama-70b --parallel tp=8,pp=8,dp=4 --context 262144 --global-batch-tokens 16777216 --dataset $DATA/wikipedia.lengths.txt"
+    [S5]="--model llama-150b --parallel tp=8,pp=16,dp=2 --context 262144 --global-batch-tokens 16777216 --dataset $DATA/wikipedia.lengths.txt"
+    [S6]="--model llama-70b --parallel tp=8,pp=8,dp=4 --context 262144 --global-batch-tokens 16777216 --dataset $DATA/wlbllm_like.lengths.txt"
+    [S7]="--model llama-7b --parallel tp=8,pp=1,dp=16 --context 131072 --global-batch-tokens 16777216 --dataset $DATA/prolong_like.lengths.txt"
+)
+
+ids=("$@")
+if [ ${#ids[@]} -eq 0 ]; then
+    ids=("${ORDER[@]}")
+fi
+for id in "${ids[@]}"; do
+    if [ -z "${SCENARIOS[$id]+set}" ]; then
+        echo "error: unknown scenario '$id' (valid: ${ORDER[*]})" >&2
+        exit 2
+    fi
+done
+
 source scripts/setup.sh
 cargo build --release --quiet
+S=${CARGO_TARGET_DIR:-target}/release/slimpack
 mkdir -p target/bench
-S=./target/release/slimpack
-STRATEGIES=padding,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-asymmetric,slimpack-no-dp-merge,slimpack-no-slicing,slimpack-no-eqsat
-scenario() {
-    local id=$1; shift
-    echo "=== $id: $*"
-    "$S" bench "$@" --cluster h100-sxm --steps 20 --strategies "$STRATEGIES" --json "target/bench/$id.json"
-}
-scenario S1 --model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 8388608 --dataset ../shared/data/wikipedia.lengths.txt
-scenario S2 --model llama-13b --parallel tp=8,pp=2,dp=8 --context 131072 --global-batch-tokens 16777216 --dataset ../shared/data/prolong_like.lengths.txt
-scenario S3 --model llama-34b --parallel tp=8,pp=4,dp=8 --context 262144 --global-batch-tokens 16777216 --dataset ../shared/data/wlbllm_like.lengths.txt
-scenario S4 --model llama-70b --parallel tp=8,pp=8,dp=4 --context 262144 --global-batch-tokens 16777216 --dataset ../shared/data/wikipedia.lengths.txt
-scenario S5 --model llama-150b --parallel tp=8,pp=16,dp=2 --context 262144 --global-batch-tokens 16777216 --dataset ../shared/data/wikipedia.lengths.txt
+for id in "${ids[@]}"; do
+    echo "=== $id: ${SCENARIOS[$id]}"
+    start=$SECONDS
+    # shellcheck disable=SC2086 # the scenario's flags split on spaces
+    "$S" bench ${SCENARIOS[$id]} --cluster h100-sxm --steps "$STEPS" --tune-steps 3 \
+        --memory-limit 0.92 --drain --strategies "$STRATEGIES" --json "target/bench/$id.json"
+    echo "($id: $STEPS steps in $((SECONDS - start)) s)"
+done

@@ -1,5 +1,6 @@
 //! `slimpack bench` from the command line: the JSON report's contract, the strategy selection,
-//! and bad input.
+//! the rules every strategy runs by (tuning steps, drain, hybrid-cp where it applies), and bad
+//! input.
 
 use std::process::Output;
 
@@ -29,20 +30,22 @@ fn bench(extra: &[&str]) -> Output {
     slimpack(&args)
 }
 
-const FIELDS: [&str; 13] = [
+/// The row fields every report has, in order (the simulator's other figures follow them).
+const FIELDS: [&str; 14] = [
     "name",
-    "step_time_s",
-    "tokens_per_s",
+    "steps",
+    "drain_steps",
+    "tokens",
+    "time_s",
+    "useful_flops_per_s",
     "mfu",
     "efficiency",
-    "dp_imbalance",
-    "pp_imbalance",
-    "bubble_fraction",
-    "peak_memory_bytes",
-    "oom",
+    "speedup_vs_best_peer",
+    "speedup_vs_megatron_paper",
+    "replans",
     "compile_ms_p50",
     "compile_ms_p95",
-    "speedup_vs_megatron",
+    "bubble_fraction",
 ];
 
 #[test]
@@ -58,16 +61,18 @@ fn json_report_has_every_peer_with_the_contract_fields() {
         object.keys().collect::<Vec<_>>(),
         vec!["config", "strategies"]
     );
-    assert_eq!(report["config"]["steps"], 3);
+    let config = &report["config"];
+    assert_eq!(config["steps"], 3);
+    assert_eq!(config["tune_steps"], 3);
+    assert_eq!(config["memory_limit"], 0.92);
+    // hybrid-cp needs pp=1 (Megatron-Core asserts it): reported, not run.
+    assert_eq!(config["not_applicable"]["hybrid-cp"], "needs pp=1");
     let strategies = report["strategies"].as_array().unwrap();
     let names: Vec<&str> = strategies
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, peers);
-    // serde_json's map sorts keys; the printed order is checked on the text.
-    let mut sorted_fields = FIELDS.to_vec();
-    sorted_fields.sort_unstable();
+    assert_eq!(names, &peers[..6]);
     let text = String::from_utf8_lossy(&output.stdout);
     let first = &text[text.find("\"strategies\"").unwrap()..];
     let positions: Vec<usize> = FIELDS
@@ -75,26 +80,97 @@ fn json_report_has_every_peer_with_the_contract_fields() {
         .map(|f| first.find(&format!("\"{f}\"")).unwrap())
         .collect();
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
-    for strategy in strategies {
-        let keys: Vec<&str> = strategy
-            .as_object()
+    let best = config["best_peer"].as_str().unwrap();
+    let useful = |name: &str| {
+        strategies.iter().find(|s| s["name"] == name).unwrap()["useful_flops_per_s"]
+            .as_f64()
             .unwrap()
-            .keys()
-            .map(String::as_str)
-            .collect();
-        assert_eq!(keys, sorted_fields);
+    };
+    for strategy in strategies {
+        for field in FIELDS {
+            assert!(strategy.get(field).is_some(), "{field}");
+        }
         assert!(strategy["step_time_s"].as_f64().unwrap() > 0.0);
         assert!(strategy["tokens_per_s"].as_f64().unwrap() > 0.0);
         assert!(strategy["dp_imbalance"].as_f64().unwrap() >= 1.0);
-        assert!(strategy["oom"].is_boolean());
+        assert_eq!(strategy["oom"], false);
         assert!(strategy["peak_memory_bytes"].as_u64().unwrap() > 0);
+        assert!(strategy.get("peak_memory_per_device").is_none());
         let p50 = strategy["compile_ms_p50"].as_f64().unwrap();
         assert!(p50 > 0.0 && strategy["compile_ms_p95"].as_f64().unwrap() >= p50);
         let name = strategy["name"].as_str().unwrap();
-        assert!(report["config"]["chosen"][name].is_string(), "{name}");
+        assert!(config["chosen"][name].is_string(), "{name}");
+        // Useful FLOP/s is MFU over the cluster's peak, and the speedup is its ratio.
+        let flops = strategy["useful_flops_per_s"].as_f64().unwrap();
+        assert!(flops > 0.0 && useful(best) >= flops, "{name}");
+        let speedup = strategy["speedup_vs_best_peer"].as_f64().unwrap();
+        assert!((speedup - flops / useful(best)).abs() < 1e-12, "{name}");
+        assert!(strategy["speedup_vs_megatron_paper"].is_null() || name == "megatron-paper");
     }
-    assert_eq!(strategies[1]["speedup_vs_megatron"].as_f64(), Some(1.0));
-    assert!(report["config"]["backlog"]["wlb"]["samples"].is_u64());
+    assert!(config["backlog"]["wlb"]["samples"].is_u64());
+}
+
+/// slimpack is no peer of itself: the best peer is one of the others; hybrid-cp runs (and may
+/// be the best peer) where pp = 1.
+#[test]
+fn best_peer_leaves_slimpack_out_and_hybrid_cp_runs_without_pipelines() {
+    let mut args: Vec<&str> = TINY.to_vec();
+    args[6] = "tp=1,pp=1,dp=4";
+    args.extend_from_slice(&[
+        "2",
+        "--report",
+        "json",
+        "--strategies",
+        "slimpack,hybrid-cp,megatron",
+    ]);
+    let output = slimpack(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let best = report["config"]["best_peer"].as_str().unwrap();
+    assert!(["hybrid-cp", "megatron"].contains(&best), "{best}");
+    assert!(report["config"]["not_applicable"]
+        .as_object()
+        .unwrap()
+        .is_empty());
+    let names: Vec<&str> = report["strategies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["megatron", "hybrid-cp", "slimpack"]);
+}
+
+#[test]
+fn drain_makes_every_strategy_train_the_same_tokens() {
+    let output = bench(&[
+        "4",
+        "--report",
+        "json",
+        "--drain",
+        "--tune-steps",
+        "2",
+        "--strategies",
+        "megatron,wlb",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["config"]["drain"], true);
+    assert_eq!(report["config"]["tune_steps"], 2);
+    assert_eq!(report["config"]["backlog"]["wlb"]["tokens"], 0);
+    let rows = report["strategies"].as_array().unwrap();
+    assert_eq!(rows[0]["tokens"], rows[1]["tokens"]);
+    assert_eq!(rows[0]["drain_steps"], 0);
+    let wlb_steps = rows[1]["steps"].as_u64().unwrap();
+    assert_eq!(wlb_steps, 4 + rows[1]["drain_steps"].as_u64().unwrap());
 }
 
 #[test]
@@ -124,6 +200,12 @@ fn bad_strategy_and_zero_steps_are_one_line_errors() {
             "unknown strategy 'lpt'",
         ),
         (vec!["0"], "--steps"),
+        (vec!["1", "--tune-steps", "0"], "--tune-steps"),
+        (vec!["1", "--memory-limit", "1.2"], "--memory-limit 1.2"),
+        (
+            vec!["1", "--memory-limit", "92%"],
+            "fraction of device memory",
+        ),
     ] {
         let output = bench(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);

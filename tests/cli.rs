@@ -151,6 +151,17 @@ fn unknown_pass_and_option() {
     );
 }
 
+/// Megatron-Core asserts hybrid CP without pipeline parallelism: on pp=2 the strategy is
+/// refused, with what it needs.
+#[test]
+fn hybrid_cp_is_not_applicable_with_pipeline_stages() {
+    let batch = fixture("lengths.txt");
+    run_compile(
+        &["--batch", &batch, "--strategy", "hybrid-cp"],
+        &["strategy 'hybrid-cp' is not applicable (needs pp=1)"],
+    );
+}
+
 #[test]
 fn layout_must_fit_the_model() {
     let batch = fixture("lengths.txt");

@@ -1,18 +1,28 @@
 //! `slimpack bench`: the strategies side by side on N global batches of a dataset, every one
-//! compiled in the same IR and scored by the same simulator.
+//! compiled in the same IR, scored by the same simulator, and run by the same rules
+//! (`slimpack::tune::run`): tuned on the first K steps (`--tune-steps`), that configuration kept,
+//! any step over the memory limit (`--memory-limit`, a fraction of HBM) re-planned and counted,
+//! and with `--drain` extra steps until no drawn document is left waiting. A strategy the
+//! layout does not support (hybrid-cp with pp > 1) is reported as not applicable.
 //!
-//! Each strategy's run follows the tuner's run policy (`slimpack::tune::run`): tuned once on the
-//! first step (every candidate configuration compiled and simulated, the fastest that fits
-//! kept), then that configuration on every later step. Strategies that carry state between
-//! steps (wlb) get one state per run.
-//! Figures describe the whole run: `tokens_per_s` is the tokens of all steps over their summed
-//! step time, and `mfu`, `efficiency` and `bubble_fraction` are weighted by step time the same
-//! way (a slow step weighs what it costs, never less); `step_time_s` and the imbalances are
-//! plain means over the steps, `peak_memory_bytes` the highest step, `oom` any step, compile
-//! time p50/p95 over the steps (the chosen configuration's), and the speedup the ratio of run
-//! throughputs (tokens/s over megatron's: fair to a strategy that trains fewer tokens in a
-//! step, as wlb does when it delays outliers).
+//! Figures describe the whole run. Every figure of the simulator's `Metrics` is carried into the
+//! report, turned into a run figure by its unit (the field name says it): rates and fractions
+//! (`mfu`, `efficiency`, `*_per_s`, imbalances, ...) are weighted by step time, so a run figure
+//! is a total over a total (a slow step weighs what it costs); seconds (`*_s`, and nested
+//! breakdowns of seconds) are means per step; `*_bytes` the highest step; flags (`oom`) any
+//! step; per-device figures are left out.
+//!
+//! Headline: `useful_flops_per_s`, the model FLOPs of the tokens trained (forward and backward,
+//! no recomputation, no padding) over the summed step time, all devices together (MFU is the
+//! same over the cluster's peak); `speedup_vs_best_peer`, its ratio to the best peer's — the
+//! fastest by useful FLOP/s among the strategies that are not slimpack's (`slimpack`,
+//! `slimpack-*`) and fit memory on every step; `speedup_vs_megatron_paper`, to `megatron-paper`'s.
+//! Speedups are given for runs that fit memory only. Without `--drain`, a strategy that delays
+//! documents (wlb) is scored on what it trained, and what it left waiting is reported as its
+//! backlog; with `--drain`, every strategy trains the same tokens and useful FLOP/s compares
+//! equal work.
 
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -20,8 +30,11 @@ use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
+use serde_json::{Map, Value};
 
-use slimpack::tune::run::{run_strategy, Progress, StepFigures, StrategyRun};
+use slimpack::tune::run::{
+    run_strategy, Progress, RunRules, StepFigures, StrategyRun, DEFAULT_TUNE_STEPS,
+};
 use slimpack::tune::strategy::{self, Choices, StrategyInfo, STRATEGIES};
 
 use super::compile::ReportFormat;
@@ -39,6 +52,18 @@ pub struct BenchArgs {
     /// Number of global batches (steps), drawn in a seeded order (--seed).
     #[arg(long, default_value_t = 10, value_name = "N")]
     steps: usize,
+    /// Steps every strategy tunes its configuration on: each candidate is scored on these
+    /// steps together (total step time, fitting the memory limit on each).
+    #[arg(long, default_value_t = DEFAULT_TUNE_STEPS, value_name = "K")]
+    tune_steps: usize,
+    /// The fraction of device memory a step may peak at: tuning keeps configurations within
+    /// it, and a step over it is re-planned.
+    #[arg(long, default_value = "0.92", value_name = "FRACTION")]
+    memory_limit: String,
+    /// Add steps that draw nothing new until no strategy holds a drawn document back (wlb's
+    /// outlier queues), so every strategy trains the same tokens.
+    #[arg(long)]
+    drain: bool,
     /// Strategies to run, comma-separated (default: every peer and slimpack; its ablations
     /// run when named, e.g. slimpack-no-eqsat).
     #[arg(long, value_name = "a,b,..")]
@@ -49,27 +74,38 @@ pub struct BenchArgs {
     /// Also write the JSON report to this file (whatever --report prints).
     #[arg(long, value_name = "FILE.json")]
     json: Option<std::path::PathBuf>,
-    /// Print every candidate configuration tried on step 1, and how it scored (to stderr).
+    /// Print every candidate configuration tried on the tuning steps, and how it scored (to
+    /// stderr).
     #[arg(long, short)]
     verbose: bool,
 }
 
-/// A row of the report (field names and order are the `--report json` contract).
+/// A row of the report (field names and order are the `--report json` contract; `figures`
+/// follow, in name order).
 #[derive(Debug, Serialize)]
 struct Row {
     name: &'static str,
-    step_time_s: f64,
-    tokens_per_s: f64,
+    /// Steps run: the drawn ones and the drain steps.
+    steps: usize,
+    drain_steps: usize,
+    /// Tokens trained over the run.
+    tokens: u64,
+    /// Summed step time.
+    time_s: f64,
+    useful_flops_per_s: f64,
     mfu: f64,
     efficiency: f64,
-    dp_imbalance: f64,
-    pp_imbalance: f64,
-    bubble_fraction: f64,
-    peak_memory_bytes: u64,
-    oom: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    schedule_efficiency: Option<f64>,
+    speedup_vs_best_peer: Option<f64>,
+    speedup_vs_megatron_paper: Option<f64>,
+    /// Steps re-planned because the kept configuration exceeded the memory limit.
+    replans: usize,
     compile_ms_p50: f64,
     compile_ms_p95: f64,
-    speedup_vs_megatron: Option<f64>,
+    /// Every other figure of the simulator, over the run (see the module comment).
+    #[serde(flatten)]
+    figures: Map<String, Value>,
 }
 
 #[derive(Debug, Serialize)]
@@ -89,16 +125,24 @@ struct Config {
     global_batch: Option<usize>,
     global_batch_tokens: Option<u64>,
     seed: u64,
+    /// Drawn steps (drain steps come on top, per strategy).
     steps: usize,
+    /// Steps every strategy was tuned on.
+    tune_steps: usize,
+    /// The fraction of device memory a step may peak at.
+    memory_limit: f64,
+    drain: bool,
     /// "search" (every mode tried) or the mode given with --recompute.
     recompute: String,
-    tuning: &'static str,
+    rules: String,
+    /// The peer the speedups are over (none when no peer ran and fit).
+    best_peer: Option<&'static str>,
     /// The configuration each strategy ran with.
-    chosen: std::collections::BTreeMap<&'static str, String>,
-    /// Samples and tokens still delayed at the end of the run (strategies that delay).
-    backlog: std::collections::BTreeMap<&'static str, Backlog>,
-    /// Steps re-planned to fit memory (strategies that plan every step).
-    replanned: std::collections::BTreeMap<&'static str, usize>,
+    chosen: BTreeMap<&'static str, String>,
+    /// Samples and tokens still waiting at the end of the run (strategies that delay).
+    backlog: BTreeMap<&'static str, Backlog>,
+    /// Strategies the layout does not support, and what they need.
+    not_applicable: BTreeMap<&'static str, &'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -107,12 +151,11 @@ struct Report {
     strategies: Vec<Row>,
 }
 
-const TUNING: &str =
-    "per run: every candidate on step 1, the fastest that fits kept for all steps \
-                      (strategies that plan every step re-plan a step it does not fit)";
-
 /// The most steps one bench runs (each holds its drawn batch until the report).
 const MAX_STEPS: usize = 100_000;
+
+/// The peer `speedup_vs_megatron_paper` is over.
+const MEGATRON_PAPER: &str = "megatron-paper";
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let job = args.spec.job()?;
@@ -136,16 +179,30 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if !(1..=MAX_STEPS).contains(&args.steps) {
         bail!("--steps {}: give 1 to {MAX_STEPS} steps", args.steps);
     }
+    if args.tune_steps == 0 {
+        bail!("--tune-steps 0: give at least 1 step to tune on");
+    }
+    let memory_limit = parse_memory_limit(&args.memory_limit)?;
+    let strategies = select(args.strategies.as_deref())?;
     let (dataset, options) = job.dataset(&batch_args)?;
     let batches = dataset.global_batches(&options, args.steps)?;
-    let strategies = select(args.strategies.as_deref())?;
-    let choices = match args.spec.recompute {
+    let mut choices = match args.spec.recompute {
         Some(_) => Choices::fixed(job.spec.model.recompute),
         None => Choices::all(),
     };
+    choices.memory_limit = memory_limit;
+    let rules = RunRules {
+        tune_steps: args.tune_steps,
+        drain: args.drain,
+    };
     let progress = progress_bar();
     let mut runs = Vec::with_capacity(strategies.len());
+    let mut not_applicable = BTreeMap::new();
     for strategy in strategies {
+        if let Some(needs) = strategy.not_applicable(&job.spec) {
+            not_applicable.insert(strategy.name, needs);
+            continue;
+        }
         progress.set_message(strategy.name);
         let grow = |units| progress.inc_length(units);
         let advance = |units| progress.inc(units);
@@ -154,13 +211,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             advance: &advance,
         };
         runs.push(run_strategy(
-            strategy, &job.spec, &batches, &choices, &report,
+            strategy, &job.spec, &batches, &choices, rules, &report,
         )?);
     }
     progress.finish_and_clear();
     if args.verbose {
         eprint!("{}", tuning_table(&runs));
     }
+    let peak_flops = job.spec.cluster.gpu.peak_flops * job.spec.parallel.world() as f64;
+    let (strategies, best_peer) = rows(&runs, peak_flops);
     let report = Report {
         config: Config {
             model: job.spec.model.name.clone(),
@@ -173,11 +232,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             global_batch_tokens: options.global_batch_tokens,
             seed: options.seed,
             steps: args.steps,
+            tune_steps: args.tune_steps.min(args.steps),
+            memory_limit,
+            drain: args.drain,
             recompute: match args.spec.recompute {
                 Some(_) => job.spec.model.recompute.as_str().to_string(),
                 None => "search".to_string(),
             },
-            tuning: TUNING,
+            rules: rules_text(args.tune_steps.min(args.steps), memory_limit, args.drain),
+            best_peer,
             chosen: runs
                 .iter()
                 .map(|r| (r.strategy.name, r.chosen.clone()))
@@ -190,13 +253,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                     (r.strategy.name, Backlog { samples, tokens })
                 })
                 .collect(),
-            replanned: runs
-                .iter()
-                .filter(|r| r.strategy.replans)
-                .map(|r| (r.strategy.name, r.replanned))
-                .collect(),
+            not_applicable,
         },
-        strategies: rows(&runs),
+        strategies,
     };
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
@@ -209,13 +268,37 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--memory-limit`: a fraction of device memory in (0, 1].
+fn parse_memory_limit(text: &str) -> anyhow::Result<f64> {
+    match text.trim().parse::<f64>() {
+        Ok(fraction) if fraction > 0.0 && fraction <= 1.0 => Ok(fraction),
+        _ => bail!("--memory-limit {text}: give a fraction of device memory in (0, 1], e.g. 0.92"),
+    }
+}
+
+/// The rules every strategy ran by, in words (the report's `config.rules`).
+fn rules_text(tune_steps: usize, memory_limit: f64, drain: bool) -> String {
+    let drain = if drain {
+        "extra steps drain what a strategy held back, so every strategy trains the drawn tokens"
+    } else {
+        "no drain: a strategy that delays documents is scored on what it trained"
+    };
+    format!(
+        "every strategy tuned on the first {tune_steps} step(s) together (the fastest \
+         configuration within {:.0}% of device memory on each), kept for every step; a step \
+         over {:.0}% re-planned on its own batch; {drain}",
+        100.0 * memory_limit,
+        100.0 * memory_limit,
+    )
+}
+
 /// The strategies named by `--strategies`, in the registry's order, or all of them.
 fn select(names: Option<&str>) -> anyhow::Result<Vec<&'static StrategyInfo>> {
     let Some(names) = names else {
         // Every strategy but slimpack's ablations (name them to run them).
         return Ok(STRATEGIES
             .iter()
-            .filter(|s| !s.name.starts_with("slimpack-no-"))
+            .filter(|s| !s.name.starts_with("slimpack-"))
             .collect());
     };
     let mut wanted = Vec::new();
@@ -237,6 +320,11 @@ fn select(names: Option<&str>) -> anyhow::Result<Vec<&'static StrategyInfo>> {
         .collect())
 }
 
+/// A peer: a strategy that is not slimpack's own (`slimpack` and its `slimpack-*` ablations).
+fn is_peer(name: &str) -> bool {
+    name != "slimpack" && !name.starts_with("slimpack-")
+}
+
 /// A progress bar on a terminal; nothing otherwise.
 fn progress_bar() -> ProgressBar {
     if !std::io::stderr().is_terminal() {
@@ -251,53 +339,148 @@ fn progress_bar() -> ProgressBar {
     bar
 }
 
-fn rows(runs: &[StrategyRun]) -> Vec<Row> {
-    let mean = |run: &StrategyRun, f: &dyn Fn(&StepFigures) -> f64| {
-        run.steps.iter().map(f).sum::<f64>() / run.steps.len() as f64
-    };
-    // A per-step rate over the whole run: each step weighted by its time.
-    let over_run = |run: &StrategyRun, f: &dyn Fn(&StepFigures) -> f64| {
-        let time: f64 = run.steps.iter().map(|s| s.metrics.step_time_s).sum();
-        let weighted: f64 = run.steps.iter().map(|s| f(s) * s.metrics.step_time_s).sum();
-        if time > 0.0 {
-            weighted / time
-        } else {
-            0.0
-        }
-    };
-    let megatron = runs
+/// The rows of the runs (`peak_flops`: the cluster's, all devices) and the best peer.
+fn rows(runs: &[StrategyRun], peak_flops: f64) -> (Vec<Row>, Option<&'static str>) {
+    let mut rows: Vec<Row> = runs.iter().map(|run| row(run, peak_flops)).collect();
+    let fits = |row: &Row| row.figures.get("oom") == Some(&Value::Bool(false));
+    let best_peer = rows
         .iter()
-        .find(|r| r.strategy.name == "megatron")
-        .map(|r| over_run(r, &|s| s.metrics.tokens_per_s));
-    runs.iter()
-        .map(|run| {
-            let mean = |f: &dyn Fn(&StepFigures) -> f64| mean(run, f);
-            let over_run = |f: &dyn Fn(&StepFigures) -> f64| over_run(run, f);
-            let mut compile: Vec<f64> = run.steps.iter().map(|s| s.compile_ms).collect();
-            compile.sort_by(f64::total_cmp);
-            let tokens_per_s = over_run(&|s| s.metrics.tokens_per_s);
-            Row {
-                name: run.strategy.name,
-                step_time_s: mean(&|s| s.metrics.step_time_s),
-                tokens_per_s,
-                mfu: over_run(&|s| s.metrics.mfu),
-                efficiency: over_run(&|s| s.metrics.efficiency),
-                dp_imbalance: mean(&|s| s.metrics.dp_imbalance),
-                pp_imbalance: mean(&|s| s.metrics.pp_imbalance),
-                bubble_fraction: over_run(&|s| s.metrics.bubble_fraction),
-                peak_memory_bytes: run
-                    .steps
-                    .iter()
-                    .map(|s| s.metrics.peak_memory_bytes)
-                    .max()
-                    .unwrap_or(0),
-                oom: run.steps.iter().any(|s| s.metrics.oom),
-                compile_ms_p50: percentile(&compile, 0.50),
-                compile_ms_p95: percentile(&compile, 0.95),
-                speedup_vs_megatron: megatron.filter(|&m| m > 0.0).map(|m| tokens_per_s / m),
-            }
+        .filter(|r| is_peer(r.name) && fits(r))
+        .max_by(|a, b| a.useful_flops_per_s.total_cmp(&b.useful_flops_per_s))
+        .map(|r| (r.name, r.useful_flops_per_s));
+    let paper = rows
+        .iter()
+        .find(|r| r.name == MEGATRON_PAPER && fits(r))
+        .map(|r| r.useful_flops_per_s);
+    let over = |base: Option<f64>, row: &Row| {
+        base.filter(|&b| b > 0.0 && fits(row))
+            .map(|b| row.useful_flops_per_s / b)
+    };
+    for row in &mut rows {
+        row.speedup_vs_best_peer = over(best_peer.map(|(_, flops)| flops), row);
+        row.speedup_vs_megatron_paper = over(paper, row);
+    }
+    (rows, best_peer.map(|(name, _)| name))
+}
+
+/// One run's row, speedups left for [`rows`].
+fn row(run: &StrategyRun, peak_flops: f64) -> Row {
+    let steps: Vec<Value> = run
+        .steps
+        .iter()
+        .map(|s| {
+            serde_json::to_value(&s.metrics).expect("Metrics serializes to JSON (a bug otherwise)")
         })
-        .collect()
+        .collect();
+    let times: Vec<f64> = run.steps.iter().map(|s| s.metrics.step_time_s).collect();
+    let mut figures = over_run(&steps, &times);
+    let mut take = |key: &str| figures.remove(key).and_then(|v| v.as_f64());
+    let mfu = take("mfu").unwrap_or(0.0);
+    let efficiency = take("efficiency").unwrap_or(0.0);
+    let schedule_efficiency = take("schedule_efficiency");
+    let mut compile: Vec<f64> = run.steps.iter().map(|s| s.compile_ms).collect();
+    compile.sort_by(f64::total_cmp);
+    Row {
+        name: run.strategy.name,
+        steps: run.steps.len(),
+        drain_steps: run.steps.iter().filter(|s| s.drain).count(),
+        tokens: run.steps.iter().map(|s: &StepFigures| s.tokens).sum(),
+        time_s: times.iter().sum(),
+        useful_flops_per_s: mfu * peak_flops,
+        mfu,
+        efficiency,
+        schedule_efficiency,
+        speedup_vs_best_peer: None,
+        speedup_vs_megatron_paper: None,
+        replans: run.replanned,
+        compile_ms_p50: percentile(&compile, 0.50),
+        compile_ms_p95: percentile(&compile, 0.95),
+        figures,
+    }
+}
+
+/// How a figure of a step becomes a figure of the run, by its unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OverRun {
+    /// A rate or a fraction: weighted by step time (a total over a total).
+    TimeWeighted,
+    /// Seconds: the mean per step.
+    MeanPerStep,
+    /// Bytes: the highest step.
+    Highest,
+    /// A flag: set on any step.
+    AnyStep,
+    /// A breakdown: each part by its own unit.
+    Parts,
+    /// Per-device figures and anything else: not a run figure.
+    Omitted,
+}
+
+fn over_run_rule(key: &str, value: &Value) -> OverRun {
+    if key.contains("device") {
+        return OverRun::Omitted;
+    }
+    match value {
+        Value::Bool(_) => OverRun::AnyStep,
+        Value::Object(_) => OverRun::Parts,
+        Value::Number(_) if key.ends_with("_per_s") => OverRun::TimeWeighted,
+        Value::Number(_) if key.ends_with("_s") => OverRun::MeanPerStep,
+        Value::Number(_) if key.ends_with("_bytes") => OverRun::Highest,
+        Value::Number(_) => OverRun::TimeWeighted,
+        _ => OverRun::Omitted,
+    }
+}
+
+/// The run figures of steps' figures (JSON objects of the same shape), `times` their step
+/// times.
+fn over_run(steps: &[Value], times: &[f64]) -> Map<String, Value> {
+    let mut run = Map::new();
+    let Some(Value::Object(first)) = steps.first() else {
+        return run;
+    };
+    let total_time: f64 = times.iter().sum();
+    for (key, sample) in first {
+        let values: Vec<&Value> = steps.iter().filter_map(|s| s.get(key)).collect();
+        let numbers = || values.iter().filter_map(|v| v.as_f64());
+        let figure = match over_run_rule(key, sample) {
+            OverRun::TimeWeighted => {
+                let weighted: f64 = values
+                    .iter()
+                    .zip(times)
+                    .filter_map(|(v, t)| v.as_f64().map(|v| v * t))
+                    .sum();
+                Some(Value::from(ratio(weighted, total_time)))
+            }
+            OverRun::MeanPerStep => Some(Value::from(
+                numbers().sum::<f64>() / values.len().max(1) as f64,
+            )),
+            OverRun::Highest => values
+                .iter()
+                .filter_map(|v| v.as_u64())
+                .max()
+                .map(Value::from),
+            OverRun::AnyStep => Some(Value::Bool(
+                values.iter().any(|v| v.as_bool() == Some(true)),
+            )),
+            OverRun::Parts => {
+                let parts: Vec<Value> = values.iter().map(|v| (*v).clone()).collect();
+                Some(Value::Object(over_run(&parts, times)))
+            }
+            OverRun::Omitted => None,
+        };
+        if let Some(figure) = figure {
+            run.insert(key.clone(), figure);
+        }
+    }
+    run
+}
+
+fn ratio(numerator: f64, denominator: f64) -> f64 {
+    if denominator > 0.0 {
+        numerator / denominator
+    } else {
+        0.0
+    }
 }
 
 /// The nearest-rank percentile of sorted values.
@@ -309,7 +492,18 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// The text report: a header, the table, and notes.
+/// A figure of a row's `figures` (0 when absent).
+fn figure(row: &Row, key: &str) -> f64 {
+    row.figures.get(key).and_then(Value::as_f64).unwrap_or(0.0)
+}
+
+/// `1.23x`, or `-`.
+fn times(speedup: Option<f64>) -> String {
+    speedup.map_or("-".into(), |s| format!("{s:.2}x"))
+}
+
+/// The text report: a header, the table, the loss breakdown when the simulator gives one, and
+/// notes.
 fn table(report: &Report) -> String {
     use std::fmt::Write;
     let config = &report.config;
@@ -329,77 +523,135 @@ fn table(report: &Report) -> String {
     );
     let _ = writeln!(
         out,
-        "tuning: {}; recompute: {}",
-        config.tuning, config.recompute
+        "rules: {}; recompute: {}",
+        config.rules, config.recompute
     );
     let width = report
         .strategies
         .iter()
         .map(|r| r.name.len())
+        .chain(config.not_applicable.keys().map(|n| n.len()))
         .max()
         .unwrap_or(0)
         .max("strategy".len());
     let _ = writeln!(
         out,
-        "\n{:<width$} {:>9} {:>11} {:>6} {:>6} {:>6} {:>6} {:>6} {:>9} {:>4} {:>17} {:>7}  config",
+        "\n{:<width$} {:>5} {:>8} {:>8} {:>10} {:>9} {:>6} {:>6} {:>6} {:>8} {:>8} {:>8} {:>4} {:>17}  config",
         "strategy",
+        "steps",
+        "re-plans",
         "step s",
         "tokens/s",
+        "useful PF",
         "MFU",
         "eff",
-        "DP imb",
-        "PP imb",
-        "bubble",
+        "sched",
+        "vs best",
+        "vs paper",
         "peak GiB",
         "OOM",
         "compile ms p50/95",
-        "speedup",
     );
     for row in &report.strategies {
         let _ = writeln!(
             out,
-            "{:<width$} {:>9.3} {:>11.0} {:>5.1}% {:>5.1}% {:>6.2} {:>6.2} {:>5.1}% {:>9.1} {:>4} {:>17} {:>7}  {}",
+            "{:<width$} {:>5} {:>8} {:>8.3} {:>10.0} {:>9.2} {:>5.1}% {:>5.1}% {:>6} {:>8} {:>8} {:>8.1} {:>4} {:>17}  {}",
             row.name,
-            row.step_time_s,
-            row.tokens_per_s,
+            row.steps,
+            row.replans,
+            figure(row, "step_time_s"),
+            figure(row, "tokens_per_s"),
+            row.useful_flops_per_s / 1e15,
             100.0 * row.mfu,
             100.0 * row.efficiency,
-            row.dp_imbalance,
-            row.pp_imbalance,
-            100.0 * row.bubble_fraction,
-            row.peak_memory_bytes as f64 / (1u64 << 30) as f64,
-            if row.oom { "yes" } else { "no" },
+            row.schedule_efficiency
+                .map_or("-".into(), |s| format!("{:.1}%", 100.0 * s)),
+            times(row.speedup_vs_best_peer),
+            times(row.speedup_vs_megatron_paper),
+            figure(row, "peak_memory_bytes") / (1u64 << 30) as f64,
+            if row.figures.get("oom") == Some(&Value::Bool(true)) { "yes" } else { "no" },
             format!("{:.1}/{:.1}", row.compile_ms_p50, row.compile_ms_p95),
-            row.speedup_vs_megatron
-                .map_or("-".into(), |s| format!("{s:.2}x")),
             config.chosen.get(row.name).map_or("", String::as_str),
         );
     }
-    for (name, steps) in config.replanned.iter().filter(|(_, &steps)| steps > 0) {
-        let _ = writeln!(
-            out,
-            "\n{name}: {steps} step(s) re-planned because the tuned configuration did not fit"
-        );
+    for (name, needs) in &config.not_applicable {
+        let _ = writeln!(out, "{name:<width$} not applicable ({needs})");
     }
-    for (name, backlog) in &config.backlog {
+    out.push_str(&losses_table(report, width));
+    let _ = writeln!(
+        out,
+        "\nuseful PF: model PFLOP/s of the tokens trained (no recompute, no padding), all devices; \
+         vs best: over {}",
+        config.best_peer.unwrap_or("no fitting peer")
+    );
+    for (name, backlog) in config.backlog.iter().filter(|(_, b)| b.samples > 0) {
         let _ = writeln!(
             out,
-            "\n{name}: {} samples ({} tokens) still delayed at the end of the run (not in its figures)",
+            "{name}: {} samples ({} tokens) still delayed at the end of the run (not in its \
+             figures; --drain trains them)",
             backlog.samples, backlog.tokens
         );
     }
     out
 }
 
-/// `--verbose`: every candidate of every strategy on step 1.
+/// The "where the step goes" table, as percentages of the step time, when the simulator's
+/// figures carry a `losses` breakdown (its parts in name order); empty otherwise.
+fn losses_table(report: &Report, width: usize) -> String {
+    use std::fmt::Write;
+    let Some(Value::Object(first)) = report
+        .strategies
+        .first()
+        .and_then(|r| r.figures.get("losses"))
+    else {
+        return String::new();
+    };
+    let parts: Vec<&String> = first.keys().collect();
+    let heading = |part: &str| part.trim_end_matches("_s").replace('_', " ");
+    let mut out = String::from("\nwhere the step goes (% of step time):\n");
+    let _ = write!(out, "{:<width$}", "strategy");
+    for part in &parts {
+        let _ = write!(
+            out,
+            " {:>w$}",
+            heading(part),
+            w = heading(part).len().max(6)
+        );
+    }
+    out.push('\n');
+    for row in &report.strategies {
+        let step = figure(row, "step_time_s");
+        let _ = write!(out, "{:<width$}", row.name);
+        for part in &parts {
+            let seconds = row
+                .figures
+                .get("losses")
+                .and_then(|l| l.get(part.as_str()))
+                .and_then(Value::as_f64)
+                .unwrap_or(0.0);
+            let cell = format!("{:.1}%", 100.0 * ratio(seconds, step));
+            let _ = write!(out, " {:>w$}", cell, w = heading(part).len().max(6));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `--verbose`: every candidate of every strategy on the tuning steps.
 fn tuning_table(runs: &[StrategyRun]) -> String {
     use std::fmt::Write;
-    let mut out = String::from("candidates on step 1 (* = chosen: the fastest that fits):\n");
+    let mut out = String::new();
     for run in runs {
-        let _ = writeln!(out, "  {}", run.strategy.name);
-        for evaluation in &run.tuning {
-            let metrics = &evaluation.metrics;
-            let mark = if evaluation.candidate.label == run.chosen {
+        let _ = writeln!(
+            out,
+            "{}: candidates over the first {} step(s) (* = chosen: the fastest within {:.1} GiB \
+             on each)",
+            run.strategy.name,
+            run.tune_steps,
+            run.memory_limit_bytes as f64 / (1u64 << 30) as f64
+        );
+        for trial in &run.tuning {
+            let mark = if trial.candidate.label == run.chosen {
                 '*'
             } else {
                 ' '
@@ -407,11 +659,15 @@ fn tuning_table(runs: &[StrategyRun]) -> String {
             let _ = writeln!(
                 out,
                 "   {mark} {:<44} {:>9.3} s {:>7.1} GiB {:>4} {:>8.1} ms",
-                evaluation.candidate.label,
-                metrics.step_time_s,
-                metrics.peak_memory_bytes as f64 / (1u64 << 30) as f64,
-                if metrics.oom { "OOM" } else { "" },
-                evaluation.compile_ms,
+                trial.candidate.label,
+                trial.time_s(),
+                trial.peak_bytes() as f64 / (1u64 << 30) as f64,
+                if trial.fits(run.memory_limit_bytes) {
+                    ""
+                } else {
+                    "over"
+                },
+                trial.compile_ms(),
             );
         }
     }
@@ -423,5 +679,55 @@ fn budget(config: &Config) -> String {
         (Some(samples), _) => format!("{samples} samples"),
         (None, Some(tokens)) => format!("{tokens} tokens"),
         (None, None) => "the whole dataset".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_figures_follow_their_units() {
+        let steps = [
+            serde_json::json!({
+                "step_time_s": 1.0, "tokens_per_s": 100.0, "mfu": 0.5,
+                "peak_memory_bytes": 10, "oom": false, "peak_memory_per_device": [10],
+                "oom_device": null, "losses": {"recompute_s": 0.25}
+            }),
+            serde_json::json!({
+                "step_time_s": 3.0, "tokens_per_s": 300.0, "mfu": 0.1,
+                "peak_memory_bytes": 30, "oom": true, "peak_memory_per_device": [30],
+                "oom_device": 4, "losses": {"recompute_s": 0.75}
+            }),
+        ];
+        let run = over_run(&steps, &[1.0, 3.0]);
+        assert_eq!(run["step_time_s"], 2.0);
+        // 100 tokens + 900 tokens over 4 s.
+        assert_eq!(run["tokens_per_s"], 250.0);
+        assert_eq!(run["mfu"].as_f64().unwrap(), (0.5 + 0.3) / 4.0);
+        assert_eq!(run["peak_memory_bytes"], 30);
+        assert_eq!(run["oom"], true);
+        assert_eq!(run["losses"]["recompute_s"], 0.5);
+        assert!(run.get("peak_memory_per_device").is_none());
+        assert!(run.get("oom_device").is_none());
+    }
+
+    #[test]
+    fn memory_limit_is_a_fraction_of_device_memory() {
+        assert_eq!(parse_memory_limit("0.92").unwrap(), 0.92);
+        assert_eq!(parse_memory_limit("1").unwrap(), 1.0);
+        for bad in ["0", "-0.5", "1.5", "92", "92%", "NaN", "lots"] {
+            let error = parse_memory_limit(bad).unwrap_err().to_string();
+            assert!(error.contains("--memory-limit"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
+    fn slimpack_and_its_ablations_are_no_peers() {
+        assert!(!is_peer("slimpack"));
+        assert!(!is_peer("slimpack-no-eqsat"));
+        assert!(is_peer("megatron"));
+        assert!(is_peer("megatron-paper"));
+        assert!(is_peer("wlb"));
     }
 }

@@ -41,6 +41,11 @@ pub enum TuneError {
         #[source]
         source: Box<MachineError>,
     },
+    #[error("strategy '{strategy}' is not applicable ({needs})")]
+    NotApplicable {
+        strategy: &'static str,
+        needs: &'static str,
+    },
     #[error("strategy '{strategy}' offers no candidate for this spec and batch")]
     NoCandidate { strategy: &'static str },
     #[error("strategy '{strategy}' no longer offers {candidate} at step {step}")]
@@ -117,18 +122,19 @@ pub fn compile_step(
 }
 
 /// Compiles and simulates one candidate: its pipeline and each of its variants (the passes they
-/// share run once), keeping the best step — fitting before not fitting, then the faster (ties
-/// to the earlier pipeline).
+/// share run once), keeping the best step — fitting (within `limit` bytes, see
+/// [`Choices::memory_limit_bytes`]) before not fitting, then the faster (ties to the earlier
+/// pipeline).
 pub fn evaluate(
     strategy: &StrategyInfo,
     spec: &Spec,
     batch: &Batch,
     candidate: &Candidate,
+    limit: u64,
 ) -> Result<(Evaluation, Compiled), TuneError> {
     let spec = candidate_spec(spec, candidate);
     let cx = PassContext::for_spec(&spec);
     let cost = cx.machine();
-    let limit = memory_limit(cost);
     let compile_error = |source| TuneError::Compile {
         strategy: strategy.name,
         candidate: candidate.label.clone(),
@@ -201,13 +207,9 @@ fn shared_prefix(pipelines: &[(String, Vec<PipelineEntry>)]) -> usize {
         .count()
 }
 
-/// The memory a tuned configuration may use (see [`TUNING_HEADROOM`]).
-fn memory_limit(cost: &slimpack_machine::CostModel) -> u64 {
-    (cost.memory().capacity_bytes() as f64 * TUNING_HEADROOM) as u64
-}
-
 /// Compiles and simulates every candidate `strategy` offers for `batch` (already admitted) and
-/// keeps the fastest that fits memory, or the least memory-hungry when none fits.
+/// keeps the fastest that fits memory (`choices.memory_limit`), or the least memory-hungry
+/// when none fits. A strategy not applicable to the layout is an error.
 pub fn choose(
     strategy: &StrategyInfo,
     spec: &Spec,
@@ -215,14 +217,23 @@ pub fn choose(
     state: &StrategyState,
     choices: &Choices,
 ) -> Result<Choice, TuneError> {
+    if let Some(needs) = strategy.not_applicable(spec) {
+        return Err(TuneError::NotApplicable {
+            strategy: strategy.name,
+            needs,
+        });
+    }
     let candidates = (strategy.candidates)(spec, batch, state, choices);
     if candidates.is_empty() {
         return Err(TuneError::NoCandidate {
             strategy: strategy.name,
         });
     }
-    let outcomes = evaluate_all(strategy, spec, batch, &candidates);
-    let limit = memory_limit(&slimpack_machine::machine_model(spec));
+    let capacity = slimpack_machine::machine_model(spec)
+        .memory()
+        .capacity_bytes();
+    let limit = choices.memory_limit_bytes(capacity);
+    let outcomes = evaluate_all(strategy, spec, batch, &candidates, limit);
     let mut evaluations = Vec::with_capacity(outcomes.len());
     let mut best: Option<(usize, Compiled)> = None;
     for outcome in outcomes {
@@ -248,12 +259,6 @@ pub fn choose(
     })
 }
 
-/// The fraction of device memory a configuration may use on the batch it is tuned on. A run
-/// keeps the configuration for every later step, whose batches differ: a candidate tuned to
-/// within a few percent of the capacity runs out of memory on some of them. Every strategy
-/// is tuned with the same headroom.
-pub const TUNING_HEADROOM: f64 = 0.92;
-
 /// Whether `metrics` beats `current`: fitting (within `limit` bytes) beats not fitting; then
 /// the shorter step (when both fit) or the smaller peak (when neither does).
 fn preferred(metrics: &Metrics, other: &Metrics, limit: u64) -> bool {
@@ -272,21 +277,23 @@ fn evaluate_all(
     spec: &Spec,
     batch: &Batch,
     candidates: &[Candidate],
+    limit: u64,
 ) -> Vec<Result<(Evaluation, Compiled), TuneError>> {
     parallel_map(candidates, |candidate| {
-        evaluate(strategy, spec, batch, candidate)
+        evaluate(strategy, spec, batch, candidate, limit)
     })
 }
 
-/// Compiles and simulates the steps of a run whose configuration is chosen — each step's
-/// (admitted) batch with its candidate — in parallel; evaluations in step order.
+/// Compiles and simulates steps of a run — each step's (admitted) batch with a candidate — in
+/// parallel, fitting within `limit` bytes; evaluations in step order.
 pub fn evaluate_steps(
     strategy: &StrategyInfo,
     spec: &Spec,
-    steps: &[(Batch, Candidate)],
+    steps: &[(&Batch, &Candidate)],
+    limit: u64,
 ) -> Result<Vec<Evaluation>, TuneError> {
     parallel_map(steps, |(batch, candidate)| {
-        evaluate(strategy, spec, batch, candidate).map(|(evaluation, _)| evaluation)
+        evaluate(strategy, spec, batch, candidate, limit).map(|(evaluation, _)| evaluation)
     })
     .into_iter()
     .collect()
@@ -352,7 +359,8 @@ mod tests {
         let cost = slimpack_machine::machine_model(&spec);
         for candidate in (info.candidates)(&spec, &batch, &state, &choices) {
             assert_eq!(candidate.variants.len(), 3, "{}", candidate.label);
-            let (evaluation, compiled) = evaluate(info, &spec, &batch, &candidate).unwrap();
+            let limit = choices.memory_limit_bytes(cost.memory().capacity_bytes());
+            let (evaluation, compiled) = evaluate(info, &spec, &batch, &candidate, limit).unwrap();
             // Each pipeline compiled on its own: the chosen one is the fastest (all fit).
             let mut steps = Vec::new();
             for pipeline in std::iter::once(&candidate.pipeline)
@@ -361,7 +369,7 @@ mod tests {
                 let mut single = candidate.clone();
                 single.pipeline = pipeline.clone();
                 single.variants.clear();
-                let (alone, _) = evaluate(info, &spec, &batch, &single).unwrap();
+                let (alone, _) = evaluate(info, &spec, &batch, &single, limit).unwrap();
                 steps.push(alone.metrics.step_time_s);
             }
             let fastest = steps.iter().cloned().fold(f64::INFINITY, f64::min);

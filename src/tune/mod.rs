@@ -5,8 +5,9 @@
 //! - [`method`]: the candidates of the SlimPack method and its ablations;
 //! - [`autotune`]: compiles every candidate of a strategy on a batch, scores each with the
 //!   simulator on the machine model, keeps the fastest that fits memory;
-//! - [`run`]: the multi-step run policy (tune on the first step, keep the configuration,
-//!   re-plan a step that no longer fits) that `slimpack bench` measures.
+//! - [`run`]: the multi-step run policy, the same for every strategy (tune on the first K
+//!   steps, keep the configuration, re-plan a step over the memory limit, optionally drain what
+//!   a strategy held back) that `slimpack bench` measures.
 //!
 //! Passes never tune: they plan with the machine model they are handed; choosing among
 //! pipelines by simulating them happens here only.

@@ -1,24 +1,106 @@
 //! The multi-step run policy: how a strategy runs a sequence of global batches, the way a user
-//! runs a job (`slimpack bench` measures runs with it).
+//! runs a job (`slimpack bench` measures runs with it). One set of rules holds for every
+//! strategy, peers and slimpack alike:
 //!
-//! A run is tuned once: on the first step the autotuner compiles and simulates every candidate
-//! configuration and keeps the fastest that fits memory; the later steps run that
-//! configuration (compiled in parallel; the admissions, which carry state, run in step order
-//! first). A strategy that plans every step (`StrategyInfo::replans`) re-tunes a step its kept
-//! configuration does not fit.
+//! - **Tune on the first K steps** ([`RunRules::tune_steps`]): every candidate configuration is
+//!   compiled and simulated on each of the first K batches and scored on them together — the
+//!   least total step time among the candidates whose peak stays within the memory limit
+//!   ([`Choices::memory_limit`], a fraction of HBM) on all K; if none does, the least peak.
+//! - **Keep it**: the chosen configuration runs every step. Within it a step still takes the
+//!   best of the candidate's variants by simulation (slimpack's mirrored or asymmetric backward
+//!   packs, eqsat or not: part of its plan, see [`super::strategy::Variant`]).
+//! - **Re-plan a step that does not fit**: a step whose predicted peak exceeds the memory limit
+//!   is re-tuned on its own batch (every candidate; the fastest within the limit, else the least
+//!   peak) and counted in [`StrategyRun::replanned`].
+//! - **Drain** ([`RunRules::drain`]): after the drawn steps, a strategy that left documents
+//!   waiting (wlb's outlier queues) runs steps that draw nothing new until nothing waits
+//!   ([`StrategyState::drain_step`]), so every strategy trains exactly the drawn tokens and runs
+//!   compare on totals (tokens and useful FLOPs over the summed step time).
+//!
+//! Admissions carry state (wlb), so they run first, in step order, and each step keeps the
+//! state as of its admission (its candidates, and a re-plan's, are generated from it); the
+//! steps are then compiled in parallel.
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 use slimpack_machine::sim::Metrics;
 
 use super::autotune::{self, Evaluation, TuneError};
-use super::strategy::{Choices, StrategyInfo, StrategyState};
+use super::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
+
+/// The rules of a run besides the memory limit (which is part of [`Choices`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunRules {
+    /// Steps the configuration is tuned on (at least 1; at most the drawn steps are used).
+    pub tune_steps: usize,
+    /// Run extra steps until nothing drawn is left waiting.
+    pub drain: bool,
+}
+
+/// The default number of tuning steps.
+pub const DEFAULT_TUNE_STEPS: usize = 3;
 
 /// One step of a run.
 #[derive(Debug, Clone)]
 pub struct StepFigures {
     pub metrics: Metrics,
     pub compile_ms: f64,
+    /// Tokens the step trained (its admitted batch).
+    pub tokens: u64,
+    /// The step was re-planned because the kept configuration exceeded the memory limit.
+    pub replanned: bool,
+    /// A drain step (nothing new drawn).
+    pub drain: bool,
+}
+
+/// One candidate configuration scored on the tuning steps.
+#[derive(Debug)]
+pub struct Trial {
+    pub candidate: Candidate,
+    /// Its evaluation on each tuning step, in step order.
+    pub steps: Vec<Evaluation>,
+}
+
+impl Trial {
+    /// Summed step time over the tuning steps.
+    pub fn time_s(&self) -> f64 {
+        self.steps.iter().map(|e| e.metrics.step_time_s).sum()
+    }
+
+    /// The highest peak memory of a tuning step.
+    pub fn peak_bytes(&self) -> u64 {
+        self.steps
+            .iter()
+            .map(|e| e.metrics.peak_memory_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Summed compile time over the tuning steps.
+    pub fn compile_ms(&self) -> f64 {
+        self.steps.iter().map(|e| e.compile_ms).sum()
+    }
+
+    /// Every tuning step stays within `limit` bytes.
+    pub fn fits(&self, limit: u64) -> bool {
+        self.steps.iter().all(|e| within(&e.metrics, limit))
+    }
+
+    /// Whether this trial is preferred to `other`: fitting beats not fitting; then the least
+    /// total time (both fit) or the least peak (neither does).
+    fn beats(&self, other: &Trial, limit: u64) -> bool {
+        match (self.fits(limit), other.fits(limit)) {
+            (true, false) => true,
+            (false, true) => false,
+            (true, true) => self.time_s() < other.time_s(),
+            (false, false) => self.peak_bytes() < other.peak_bytes(),
+        }
+    }
+}
+
+/// A step's peak stays within `limit` bytes (and device memory).
+fn within(metrics: &Metrics, limit: u64) -> bool {
+    !metrics.oom && metrics.peak_memory_bytes <= limit
 }
 
 /// One strategy's run.
@@ -26,13 +108,18 @@ pub struct StrategyRun {
     pub strategy: &'static StrategyInfo,
     /// The label of the configuration the run kept.
     pub chosen: String,
-    /// Every candidate tried on step 1.
-    pub tuning: Vec<Evaluation>,
+    /// Steps the configuration was tuned on.
+    pub tune_steps: usize,
+    /// Every candidate, scored on the tuning steps.
+    pub tuning: Vec<Trial>,
+    /// Every step: the drawn ones, then the drain steps.
     pub steps: Vec<StepFigures>,
-    /// Samples and tokens still delayed at the end of the run (strategies that delay).
+    /// Samples and tokens still waiting at the end of the run (strategies that delay).
     pub backlog: (usize, u64),
-    /// Steps on which a re-planning strategy left its kept configuration to fit memory.
+    /// Steps re-planned because the kept configuration exceeded the memory limit.
     pub replanned: usize,
+    /// The memory limit in bytes.
+    pub memory_limit_bytes: u64,
 }
 
 /// Progress of a run, for a progress bar: `grow` adds units of work as they become known,
@@ -42,79 +129,415 @@ pub struct Progress<'a> {
     pub advance: &'a dyn Fn(u64),
 }
 
-/// Tunes `strategy` on the first batch, then runs the chosen configuration on every batch.
+/// A step's batch and the strategy's state as of its admission.
+struct Admitted {
+    batch: Batch,
+    state: StrategyState,
+    drain: bool,
+}
+
+/// Runs `strategy` over `batches` by the rules of this module.
 pub fn run_strategy(
     strategy: &'static StrategyInfo,
     spec: &Spec,
     batches: &[Batch],
     choices: &Choices,
+    rules: RunRules,
     progress: &Progress,
 ) -> Result<StrategyRun, TuneError> {
-    let mut state = StrategyState::default();
-    let first = autotune::admit(strategy, &mut state, spec, &batches[0]);
-    let candidates = (strategy.candidates)(spec, &first, &state, choices).len() as u64;
-    (progress.grow)(candidates + batches.len() as u64 - 1);
-    let choice = autotune::choose(strategy, spec, &first, &state, choices)?;
-    (progress.advance)(candidates);
-    let tuning = choice.evaluations;
-    let chosen = tuning[choice.chosen].candidate.label.clone();
-    let mut later = Vec::with_capacity(batches.len() - 1);
-    for (index, drawn) in batches.iter().enumerate().skip(1) {
-        let batch = autotune::admit(strategy, &mut state, spec, drawn);
-        let candidate = (strategy.candidates)(spec, &batch, &state, choices)
-            .into_iter()
-            .find(|c| c.label == chosen)
-            .ok_or_else(|| TuneError::Withdrawn {
-                strategy: strategy.name,
-                candidate: chosen.clone(),
-                step: index + 1,
-            })?;
-        later.push((batch, candidate));
-    }
-    let best = &tuning[choice.chosen];
-    let mut steps = vec![StepFigures {
-        metrics: best.metrics.clone(),
-        compile_ms: best.compile_ms,
-    }];
-    let mut replanned = 0;
-    for (evaluation, (batch, _)) in autotune::evaluate_steps(strategy, spec, &later)?
-        .into_iter()
-        .zip(&later)
-    {
-        let evaluation = if evaluation.metrics.oom && strategy.replans {
-            replanned += 1;
-            replan(strategy, spec, batch, &state, choices)?.unwrap_or(evaluation)
-        } else {
-            evaluation
-        };
-        steps.push(StepFigures {
-            metrics: evaluation.metrics,
-            compile_ms: evaluation.compile_ms,
+    if let Some(needs) = strategy.not_applicable(spec) {
+        return Err(TuneError::NotApplicable {
+            strategy: strategy.name,
+            needs,
         });
     }
-    (progress.advance)(later.len() as u64);
+    let (steps, backlog) = admit_all(strategy, spec, batches, rules.drain);
+    let capacity = slimpack_machine::machine_model(spec)
+        .memory()
+        .capacity_bytes();
+    let limit = choices.memory_limit_bytes(capacity);
+    let tune_steps = rules.tune_steps.clamp(1, batches.len());
+    let kept = |index: usize, label: &str| -> Result<Candidate, TuneError> {
+        let step = &steps[index];
+        (strategy.candidates)(spec, &step.batch, &step.state, choices)
+            .into_iter()
+            .find(|c| c.label == label)
+            .ok_or_else(|| TuneError::Withdrawn {
+                strategy: strategy.name,
+                candidate: label.to_string(),
+                step: index + 1,
+            })
+    };
+
+    let offered = (strategy.candidates)(spec, &steps[0].batch, &steps[0].state, choices);
+    if offered.is_empty() {
+        return Err(TuneError::NoCandidate {
+            strategy: strategy.name,
+        });
+    }
+    let mut trials_work = Vec::with_capacity(offered.len() * tune_steps);
+    for candidate in &offered {
+        trials_work.push((0, candidate.clone()));
+        for index in 1..tune_steps {
+            trials_work.push((index, kept(index, &candidate.label)?));
+        }
+    }
+    (progress.grow)((trials_work.len() + steps.len() - tune_steps) as u64);
+    let mut evaluations = evaluate(strategy, spec, &steps, &trials_work, limit)?.into_iter();
+    (progress.advance)(trials_work.len() as u64);
+    let tuning: Vec<Trial> = offered
+        .into_iter()
+        .map(|candidate| Trial {
+            candidate,
+            steps: evaluations.by_ref().take(tune_steps).collect(),
+        })
+        .collect();
+    let best = best_trial(&tuning, limit);
+    let chosen = tuning[best].candidate.label.clone();
+
+    let later_work = (tune_steps..steps.len())
+        .map(|index| Ok((index, kept(index, &chosen)?)))
+        .collect::<Result<Vec<_>, TuneError>>()?;
+    let later = evaluate(strategy, spec, &steps, &later_work, limit)?;
+    (progress.advance)(later_work.len() as u64);
+
+    let kept_steps = tuning[best]
+        .steps
+        .iter()
+        .map(|e| (e.metrics.clone(), e.compile_ms));
+    let later_steps = later.into_iter().map(|e| (e.metrics, e.compile_ms));
+    let mut figures = Vec::with_capacity(steps.len());
+    let mut replanned = 0;
+    for ((metrics, compile_ms), step) in kept_steps.chain(later_steps).zip(&steps) {
+        let (metrics, compile_ms, replan) = if within(&metrics, limit) {
+            (metrics, compile_ms, false)
+        } else {
+            replanned += 1;
+            let choice = replan(strategy, spec, step, choices, progress)?;
+            let best = choice.best();
+            (best.metrics.clone(), best.compile_ms, true)
+        };
+        figures.push(StepFigures {
+            metrics,
+            compile_ms,
+            tokens: step.batch.tokens(),
+            replanned: replan,
+            drain: step.drain,
+        });
+    }
     Ok(StrategyRun {
         strategy,
         chosen,
+        tune_steps,
         tuning,
-        steps,
-        backlog: state.backlog(),
+        steps: figures,
+        backlog,
         replanned,
+        memory_limit_bytes: limit,
     })
 }
 
-/// A step of a re-planning strategy whose kept configuration does not fit: re-tuned on this
-/// batch as on the first step — every configuration compiled and simulated, the fastest that
-/// fits kept (a strategy that compiles every step can; taking the first configuration that
-/// fits, in the tuning step's order, kept configurations many times slower than the best).
+/// Admits every drawn batch in order (and, with `drain`, the drain steps), keeping each step's
+/// state; returns the steps and what is still waiting at the end.
+fn admit_all(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batches: &[Batch],
+    drain: bool,
+) -> (Vec<Admitted>, (usize, u64)) {
+    let mut state = StrategyState::default();
+    let mut steps = Vec::with_capacity(batches.len());
+    for drawn in batches {
+        let batch = autotune::admit(strategy, &mut state, spec, drawn);
+        steps.push(Admitted {
+            batch,
+            state: state.clone(),
+            drain: false,
+        });
+    }
+    if drain {
+        let like = &batches[batches.len() - 1];
+        while let Some(batch) = state.drain_step(spec, like) {
+            steps.push(Admitted {
+                batch,
+                state: state.clone(),
+                drain: true,
+            });
+        }
+    }
+    (steps, state.backlog())
+}
+
+/// Compiles and simulates `(step index, candidate)` pairs in parallel, fitting within `limit`
+/// bytes; evaluations in order.
+fn evaluate(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    steps: &[Admitted],
+    work: &[(usize, Candidate)],
+    limit: u64,
+) -> Result<Vec<Evaluation>, TuneError> {
+    let pairs: Vec<(&Batch, &Candidate)> = work
+        .iter()
+        .map(|(index, candidate)| (&steps[*index].batch, candidate))
+        .collect();
+    autotune::evaluate_steps(strategy, spec, &pairs, limit)
+}
+
+/// The index of the preferred trial (ties to the earlier candidate).
+fn best_trial(trials: &[Trial], limit: u64) -> usize {
+    let mut best = 0;
+    for (index, trial) in trials.iter().enumerate().skip(1) {
+        if trial.beats(&trials[best], limit) {
+            best = index;
+        }
+    }
+    best
+}
+
+/// A step whose kept configuration exceeds the memory limit, re-tuned on its own batch as on
+/// the tuning steps: every configuration compiled and simulated, the fastest within the limit
+/// kept (the least peak when none is).
 fn replan(
     strategy: &'static StrategyInfo,
     spec: &Spec,
-    batch: &Batch,
-    state: &StrategyState,
+    step: &Admitted,
     choices: &Choices,
-) -> Result<Option<Evaluation>, TuneError> {
-    let mut choice = autotune::choose(strategy, spec, batch, state, choices)?;
-    let best = choice.evaluations.swap_remove(choice.chosen);
-    Ok((!best.metrics.oom).then_some(best))
+    progress: &Progress,
+) -> Result<autotune::Choice, TuneError> {
+    let candidates = (strategy.candidates)(spec, &step.batch, &step.state, choices).len() as u64;
+    (progress.grow)(candidates);
+    let choice = autotune::choose(strategy, spec, &step.batch, &step.state, choices)?;
+    (progress.advance)(candidates);
+    Ok(choice)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::strategy::lookup;
+    use slimpack_ir::batch::Sample;
+
+    fn quiet() -> Progress<'static> {
+        Progress {
+            grow: &|_| {},
+            advance: &|_| {},
+        }
+    }
+
+    fn spec() -> Spec {
+        Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=4").unwrap()
+    }
+
+    /// Batches of the given lengths, documents numbered across batches, context 256.
+    fn batches(steps: &[&[u32]]) -> Vec<Batch> {
+        let mut doc = 0;
+        steps
+            .iter()
+            .map(|lengths| {
+                let samples: Vec<Sample> = lengths
+                    .iter()
+                    .map(|&len| {
+                        doc += 1;
+                        Sample { len, doc, piece: 0 }
+                    })
+                    .collect();
+                Batch {
+                    documents: samples.len(),
+                    samples,
+                    documents_cut: 0,
+                    documents_empty: 0,
+                    context: Some(256),
+                    source: "test".into(),
+                }
+            })
+            .collect()
+    }
+
+    fn rules(tune_steps: usize, drain: bool) -> RunRules {
+        RunRules { tune_steps, drain }
+    }
+
+    const SHORT: &[u32] = &[20, 31, 17, 40, 25, 12, 33, 28, 19, 22, 35, 16];
+    const LONG: &[u32] = &[250, 240, 230, 220, 210, 200, 190, 180, 170, 160, 150, 140];
+
+    #[test]
+    fn tuning_scores_every_candidate_on_the_first_k_steps_together() {
+        let batches = batches(&[SHORT, LONG, SHORT, LONG]);
+        let strategy = lookup("megatron").unwrap();
+        let choices = Choices::all();
+        let run = run_strategy(
+            strategy,
+            &spec(),
+            &batches,
+            &choices,
+            rules(3, false),
+            &quiet(),
+        )
+        .unwrap();
+        assert_eq!(run.tune_steps, 3);
+        assert_eq!(run.steps.len(), 4);
+        let limit = run.memory_limit_bytes;
+        let chosen = run
+            .tuning
+            .iter()
+            .find(|t| t.candidate.label == run.chosen)
+            .unwrap();
+        assert!(chosen.fits(limit));
+        for trial in &run.tuning {
+            assert_eq!(trial.steps.len(), 3, "{}", trial.candidate.label);
+            if trial.fits(limit) {
+                assert!(
+                    chosen.time_s() <= trial.time_s(),
+                    "{}",
+                    trial.candidate.label
+                );
+            }
+        }
+        // The run's first steps are the chosen trial's (nothing was re-planned).
+        assert_eq!(run.replanned, 0);
+        for (step, tuned) in run.steps.iter().zip(&chosen.steps) {
+            assert_eq!(step.metrics, tuned.metrics);
+        }
+        // One tuning step chooses as the single-step tuner does.
+        let one = run_strategy(
+            strategy,
+            &spec(),
+            &batches,
+            &choices,
+            rules(1, false),
+            &quiet(),
+        )
+        .unwrap();
+        let state = StrategyState::default();
+        let single = autotune::choose(strategy, &spec(), &batches[0], &state, &choices).unwrap();
+        assert_eq!(one.chosen, single.best().candidate.label);
+        // More tuning steps than steps: all of them.
+        let few = run_strategy(
+            strategy,
+            &spec(),
+            &batches[..2],
+            &choices,
+            rules(5, false),
+            &quiet(),
+        )
+        .unwrap();
+        assert_eq!(few.tune_steps, 2);
+    }
+
+    /// A peer tuned on short documents, then handed long ones under a memory limit between the
+    /// two steps' peaks: the long step, and only it, is re-planned and counted.
+    #[test]
+    fn a_step_over_the_memory_limit_is_replanned_and_counted_for_every_strategy() {
+        let spec = spec();
+        let batches = batches(&[SHORT, LONG, SHORT]);
+        let capacity = slimpack_machine::machine_model(&spec)
+            .memory()
+            .capacity_bytes() as f64;
+        for name in ["megatron", "slimpack"] {
+            let strategy = lookup(name).unwrap();
+            let choices = Choices::fixed(slimpack_ir::spec::Recompute::None);
+            let mut roomy = choices.clone();
+            roomy.memory_limit = 1.0;
+            let free =
+                run_strategy(strategy, &spec, &batches, &roomy, rules(1, false), &quiet()).unwrap();
+            assert_eq!(free.replanned, 0, "{name}");
+            let short = free.steps[0].metrics.peak_memory_bytes as f64;
+            let long = free.steps[1].metrics.peak_memory_bytes as f64;
+            assert!(
+                long > short,
+                "{name}: the long step should need more memory"
+            );
+            let mut tight = choices;
+            tight.memory_limit = (short + long) / 2.0 / capacity;
+            let run =
+                run_strategy(strategy, &spec, &batches, &tight, rules(1, false), &quiet()).unwrap();
+            assert_eq!(run.chosen, free.chosen, "{name}");
+            assert_eq!(run.replanned, 1, "{name}");
+            let flags: Vec<bool> = run.steps.iter().map(|s| s.replanned).collect();
+            assert_eq!(flags, vec![false, true, false], "{name}");
+            assert_eq!(run.steps[2].metrics, free.steps[2].metrics, "{name}");
+        }
+    }
+
+    /// wlb holds outliers it never gets enough of to release; draining trains them in extra
+    /// steps, and then wlb trains exactly the drawn tokens and model FLOPs, as megatron does.
+    #[test]
+    fn drain_trains_every_drawn_token() {
+        let spec = spec();
+        let steps: Vec<Vec<u32>> = (0..3)
+            .map(|i| {
+                let mut lengths = SHORT.to_vec();
+                lengths.push(200 + i);
+                lengths
+            })
+            .collect();
+        let steps: Vec<&[u32]> = steps.iter().map(Vec::as_slice).collect();
+        let batches = batches(&steps);
+        let drawn: u64 = batches.iter().map(Batch::tokens).sum();
+        let choices = Choices::fixed(slimpack_ir::spec::Recompute::None);
+        let wlb = lookup("wlb").unwrap();
+        let held = run_strategy(wlb, &spec, &batches, &choices, rules(1, false), &quiet()).unwrap();
+        assert!(held.backlog.0 > 0, "the test should exercise the delay");
+        let trained: u64 = held.steps.iter().map(|s| s.tokens).sum();
+        assert_eq!(trained + held.backlog.1, drawn);
+
+        let drained =
+            run_strategy(wlb, &spec, &batches, &choices, rules(1, true), &quiet()).unwrap();
+        assert_eq!(drained.backlog, (0, 0));
+        assert!(drained.steps.len() > 3 && drained.steps.iter().skip(3).all(|s| s.drain));
+        assert_eq!(drained.steps.iter().map(|s| s.tokens).sum::<u64>(), drawn);
+
+        let megatron = lookup("megatron").unwrap();
+        let all = run_strategy(
+            megatron,
+            &spec,
+            &batches,
+            &choices,
+            rules(1, true),
+            &quiet(),
+        )
+        .unwrap();
+        assert_eq!(all.steps.len(), 3, "nothing to drain");
+        // MFU counts the model FLOPs of the tokens a step trained: over a drained run, the same.
+        let useful = |run: &StrategyRun| -> f64 {
+            run.steps
+                .iter()
+                .map(|s| s.metrics.mfu * s.metrics.step_time_s)
+                .sum()
+        };
+        let (a, b) = (useful(&drained), useful(&all));
+        assert!((a - b).abs() <= 1e-9 * b, "{a} vs {b}");
+        assert!(useful(&held) < b);
+    }
+
+    #[test]
+    fn hybrid_cp_runs_only_without_pipeline_parallelism() {
+        let hybrid = lookup("hybrid-cp").unwrap();
+        let batches = batches(&[SHORT]);
+        let error = run_strategy(
+            hybrid,
+            &spec(),
+            &batches,
+            &Choices::all(),
+            rules(1, false),
+            &quiet(),
+        )
+        .err()
+        .unwrap();
+        assert_eq!(
+            error.to_string(),
+            "strategy 'hybrid-cp' is not applicable (needs pp=1)"
+        );
+        let flat = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=4").unwrap();
+        let run = run_strategy(
+            hybrid,
+            &flat,
+            &batches,
+            &Choices::all(),
+            rules(1, false),
+            &quiet(),
+        );
+        assert!(run.is_ok());
+    }
 }

@@ -15,7 +15,12 @@
 //!
 //! A strategy that carries state from one step to the next (WLB-LLM delays outlier documents to
 //! later steps) has an `admit` hook: it turns the drawn global batch into the samples the step
-//! trains on, updating the run's [`StrategyState`]; callers thread one state through a run.
+//! trains on, updating the run's [`StrategyState`]; callers thread one state through a run, and
+//! [`StrategyState::drain_step`] trains what is left waiting at its end.
+//!
+//! A strategy whose source refuses some layouts says so (`applies`): Megatron-Core's hybrid CP
+//! needs pp = 1, and elsewhere the tuner reports it as not applicable instead of running a
+//! configuration its users cannot.
 //!
 //! Adding a strategy: write its passes, then add a [`StrategyInfo`] with its `candidates` (and
 //! `admit` if it keeps state) to [`STRATEGIES`].
@@ -54,18 +59,28 @@ pub struct Variant {
     pub pipeline: String,
 }
 
-/// What the strategies may choose among: the recompute modes (all of them, unless the user
-/// fixed one).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What the strategies may choose among — the recompute modes (all of them, unless the user
+/// fixed one) — and the memory a chosen configuration may use.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Choices {
     pub recompute: Vec<Recompute>,
+    /// The fraction of device memory (HBM) a configuration may peak at to count as fitting
+    /// (default [`DEFAULT_MEMORY_LIMIT`]).
+    pub memory_limit: f64,
 }
+
+/// The fraction of device memory a configuration may use by default. A run keeps its
+/// configuration for later steps, whose batches differ: one tuned to within a few percent of
+/// the capacity runs out of memory on some of them. Every strategy tunes (and re-plans) with
+/// the same limit.
+pub const DEFAULT_MEMORY_LIMIT: f64 = 0.92;
 
 impl Choices {
     /// Every recompute mode.
     pub fn all() -> Choices {
         Choices {
             recompute: Recompute::ALL.to_vec(),
+            memory_limit: DEFAULT_MEMORY_LIMIT,
         }
     }
 
@@ -73,7 +88,13 @@ impl Choices {
     pub fn fixed(mode: Recompute) -> Choices {
         Choices {
             recompute: vec![mode],
+            memory_limit: DEFAULT_MEMORY_LIMIT,
         }
+    }
+
+    /// The bytes a configuration may peak at on a device of `capacity_bytes`.
+    pub fn memory_limit_bytes(&self, capacity_bytes: u64) -> u64 {
+        (capacity_bytes as f64 * self.memory_limit) as u64
     }
 }
 
@@ -100,6 +121,34 @@ impl StrategyState {
     pub fn backlog(&self) -> (usize, u64) {
         self.wlb.as_ref().map_or((0, 0), |wlb| wlb.delay.backlog())
     }
+
+    /// A step that draws nothing new and trains what earlier steps left waiting (`wlb`: every
+    /// queued outlier released, `N` sized for the waiting tokens), so that a run can end with
+    /// every drawn document trained; `None` when nothing waits. Each such step trains at least
+    /// the longest waiting sample, so repeating it empties the backlog. `like` is a batch of
+    /// the run (for its context and source).
+    pub fn drain_step(&mut self, spec: &Spec, like: &Batch) -> Option<Batch> {
+        let wlb = self.wlb.as_mut()?;
+        let (samples, tokens) = wlb.delay.backlog();
+        if samples == 0 {
+            return None;
+        }
+        wlb.delay.release_all();
+        wlb.micro_batches = default_count(tokens, wlb.cap, spec.parallel.dp as usize);
+        let nothing_new = Batch {
+            samples: Vec::new(),
+            documents: 0,
+            documents_cut: 0,
+            documents_empty: 0,
+            context: like.context,
+            source: like.source.clone(),
+        };
+        let cost = slimpack_machine::machine_model(spec);
+        Some(
+            wlb.delay
+                .admit(&nothing_new, &cost, wlb.micro_batches, wlb.cap),
+        )
+    }
 }
 
 /// A named strategy.
@@ -115,11 +164,20 @@ pub struct StrategyInfo {
     pub candidates: fn(&Spec, &Batch, &StrategyState, &Choices) -> Vec<Candidate>,
     /// Turns a drawn global batch into the step's samples, updating the run's state.
     pub admit: Option<fn(&mut StrategyState, &Spec, &Batch) -> Batch>,
-    /// The strategy plans every step anew (a compiler run per step): when the configuration a
-    /// run was tuned to does not fit a later step's batch, that step takes the next fastest
-    /// configuration that fits (the same recompute mode preferred). The peers' configurations are a
-    /// job's static settings and are kept as they are.
-    pub replans: bool,
+    /// Where the source supports the strategy: `Err(what it needs)` on a layout it refuses
+    /// (Megatron-Core asserts hybrid CP runs without pipeline parallelism); `None`: every
+    /// layout.
+    pub applies: Option<Applicability>,
+}
+
+/// Whether a layout is one the strategy's source supports: `Err(what it needs)` otherwise.
+pub type Applicability = fn(&Spec) -> Result<(), &'static str>;
+
+impl StrategyInfo {
+    /// What the strategy needs that `spec`'s layout lacks (`needs pp=1`), if anything.
+    pub fn not_applicable(&self, spec: &Spec) -> Option<&'static str> {
+        self.applies.and_then(|applies| applies(spec).err())
+    }
 }
 
 /// Every strategy, in the order reports list them.
@@ -136,7 +194,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      for megatron.",
         candidates: padding_candidates,
         admit: None,
-        replans: false,
+        applies: None,
     },
     StrategyInfo {
         name: "megatron",
@@ -149,7 +207,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      pool) and the recompute mode are the fastest combination that fits memory.",
         candidates: megatron_candidates,
         admit: None,
-        replans: false,
+        applies: None,
     },
     StrategyInfo {
         name: "bfd",
@@ -161,7 +219,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      searched as for megatron.",
         candidates: bfd_candidates,
         admit: None,
-        replans: false,
+        applies: None,
     },
     StrategyInfo {
         name: "ff",
@@ -173,7 +231,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      recompute searched as for megatron.",
         candidates: ff_candidates,
         admit: None,
-        replans: false,
+        applies: None,
     },
     StrategyInfo {
         name: "kk",
@@ -187,7 +245,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      CP and recompute searched as for megatron.",
         candidates: kk_candidates,
         admit: None,
-        replans: false,
+        applies: None,
     },
     StrategyInfo {
         name: "wlb",
@@ -200,7 +258,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      between steps (reported as backlog); static CP and recompute searched.",
         candidates: wlb_candidates,
         admit: Some(wlb_admit),
-        replans: false,
+        applies: None,
     },
     StrategyInfo {
         name: "hybrid-cp",
@@ -208,12 +266,13 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         source: "NVIDIA/Megatron-LM megatron/core/pipeline_parallel/hybrid_cp_schedule.py \
                  BalancedCPScheduler; --hybrid-context-parallel, --max-seqlen-per-dp-cp-rank",
         deviations: "one set of disjoint CP groups per step instead of barrier-separated \
-                     scheduling groups (see passes/src/assign_hybrid_cp.rs); pipelined with \
-                     1F1B although Megatron-Core asserts pp=1; max-seqlen-per-dp-cp-rank \
-                     (context / 2^k) and recompute searched.",
+                     scheduling groups (see passes/src/assign_hybrid_cp.rs); not applicable \
+                     where pp > 1 (Megatron-Core's arguments.py asserts hybrid CP without \
+                     pipeline parallelism); max-seqlen-per-dp-cp-rank (context / 2^k) and \
+                     recompute searched.",
         candidates: hybrid_cp_candidates,
         admit: None,
-        replans: false,
+        applies: Some(single_stage),
     },
     StrategyInfo {
         name: "slimpack",
@@ -224,7 +283,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      cap and recompute are searched with the simulator (see src/tune/method.rs).",
         candidates: method::full,
         admit: None,
-        replans: true,
+        applies: None,
     },
     StrategyInfo {
         name: "slimpack-no-asymmetric",
@@ -233,7 +292,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "pack-bwd{mirror=true}",
         candidates: method::no_asymmetric,
         admit: None,
-        replans: true,
+        applies: None,
     },
     StrategyInfo {
         name: "slimpack-no-dp-merge",
@@ -242,7 +301,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "no dp-merge pass",
         candidates: method::no_dp_merge,
         admit: None,
-        replans: true,
+        applies: None,
     },
     StrategyInfo {
         name: "slimpack-no-slicing",
@@ -251,7 +310,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "no slice pass; packs capped at the context",
         candidates: method::no_slicing,
         admit: None,
-        replans: true,
+        applies: None,
     },
     StrategyInfo {
         name: "slimpack-no-eqsat",
@@ -260,7 +319,7 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "no eqsat pass",
         candidates: method::no_eqsat,
         admit: None,
-        replans: true,
+        applies: None,
     },
 ];
 
@@ -388,6 +447,15 @@ fn wlb_admit(state: &mut StrategyState, spec: &Spec, batch: &Batch) -> Batch {
     wlb.cap = cap;
     wlb.delay
         .admit(batch, &slimpack_machine::machine_model(spec), count, cap)
+}
+
+/// Megatron-Core's hybrid CP runs only without pipeline parallelism.
+fn single_stage(spec: &Spec) -> Result<(), &'static str> {
+    if spec.parallel.pp == 1 {
+        Ok(())
+    } else {
+        Err("needs pp=1")
+    }
 }
 
 fn hybrid_cp_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {

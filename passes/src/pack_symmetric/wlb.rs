@@ -163,6 +163,15 @@ impl OutlierDelay {
         admitted_batch(batch, samples)
     }
 
+    /// Moves every queued outlier, whatever its level holds, to the samples the next step tries
+    /// first: how a run ends without leaving documents behind (`slimpack bench --drain`). Then
+    /// [`admit`](Self::admit) on a batch without samples trains what fits and carries the rest.
+    pub fn release_all(&mut self) {
+        for level in &mut self.levels {
+            self.carried.extend(level.drain(..));
+        }
+    }
+
     /// The longest sample waiting for a later step (0 when none is).
     pub fn longest_waiting(&self) -> u32 {
         let waiting = self.levels.iter().flatten().chain(&self.carried);
@@ -252,6 +261,22 @@ mod tests {
         assert_eq!(step.samples, vec![sample(0, 80)]);
         let step = delay.admit(&batch(vec![sample(2, 10)]), &cost, 1, 100);
         assert_eq!(step.samples, vec![sample(1, 30), sample(2, 10)]);
+        assert_eq!(delay.backlog(), (0, 0));
+    }
+
+    #[test]
+    fn release_all_trains_a_queue_that_would_never_fill() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=2").unwrap();
+        let cost = CostModel::new(&spec);
+        let mut delay = OutlierDelay::new(&[50]);
+        // One outlier for two micro-batches waits, and no later outlier comes to release it.
+        delay.admit(&batch(vec![sample(0, 60), sample(1, 10)]), &cost, 2, 100);
+        let step = delay.admit(&batch(Vec::new()), &cost, 2, 100);
+        assert!(step.samples.is_empty());
+        assert_eq!(delay.backlog(), (1, 60));
+        delay.release_all();
+        let step = delay.admit(&batch(Vec::new()), &cost, 2, 100);
+        assert_eq!(step.samples, vec![sample(0, 60)]);
         assert_eq!(delay.backlog(), (0, 0));
     }
 }
