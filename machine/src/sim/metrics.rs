@@ -281,14 +281,20 @@ fn losses(built: &Built, execution: &Execution, layout: &Layout, step_time_s: f6
         while next < on_group.len() && on_group[next].0 as usize == group {
             next += 1;
         }
-        let tasks: Vec<u32> = on_group[first..next].iter().map(|entry| entry.1).collect();
         let stage = layout.stage_of(GroupId(group as u32)) as usize;
         let tail = Tail {
             stage_work_end: stage_work_end[stage],
             sync_end: sync_end[stage],
             step_end: step_time_s,
         };
-        group_losses(graph, spans, &received, &tasks, &tail, &mut total);
+        group_losses(
+            graph,
+            spans,
+            &received,
+            &on_group[first..next],
+            &tail,
+            &mut total,
+        );
     }
     total.scaled(1.0 / layout.groups().max(1) as f64)
 }
@@ -327,18 +333,18 @@ struct Tail {
     step_end: f64,
 }
 
-/// Adds one group's timeline (its pack tasks `tasks` in start order) to `total`.
+/// Adds one group's timeline (its `(group, pack task)` entries in start order) to `total`.
 fn group_losses(
     graph: &TaskGraph,
     spans: &[Span],
     received: &[(u32, f64)],
-    tasks: &[u32],
+    tasks: &[(u32, u32)],
     tail: &Tail,
     total: &mut Losses,
 ) {
     let mut first_backward_start = f64::INFINITY;
     let mut last_forward_end = f64::NEG_INFINITY;
-    for &index in tasks {
+    for &(_, index) in tasks {
         let span = spans[index as usize];
         match graph.tasks[index as usize].kind {
             TaskKind::Forward => last_forward_end = last_forward_end.max(span.end_s),
@@ -350,7 +356,7 @@ fn group_losses(
         drain_start: first_backward_start.max(last_forward_end),
     };
     let mut cursor = 0.0f64;
-    for &index in tasks {
+    for &(_, index) in tasks {
         let span = spans[index as usize];
         if span.start_s > cursor {
             let mut idle = phases.split(cursor, span.start_s);
