@@ -31,9 +31,6 @@ use super::result::PackInfo;
 use super::task::{ComputeParts, PackIndex, Task, TaskGraph, TaskGraphBuilder, TaskId, TaskKind};
 use crate::error::MachineError;
 
-/// Token count at which the efficiency curves are taken as saturated, for the ideal times.
-const SATURATED_TOKENS: f64 = (1u64 << 30) as f64;
-
 /// Marks an empty slot of a node-indexed table.
 const NONE: u32 = u32::MAX;
 
@@ -71,7 +68,8 @@ struct SliceInfo {
     padding: bool,
 }
 
-/// The kernel rates at saturation, which price FLOPs for the ideal times.
+/// The kernel rates at saturation (`Throughput::saturated_rate`), which price FLOPs for the
+/// ideal times.
 struct SaturatedRates {
     gemm_forward: f64,
     gemm_backward: f64,
@@ -82,7 +80,7 @@ struct SaturatedRates {
 impl SaturatedRates {
     fn new(cost: &CostModel) -> SaturatedRates {
         let throughput = cost.throughput();
-        let rate = |op| throughput.rate(op, SATURATED_TOKENS);
+        let rate = |op| throughput.saturated_rate(op);
         SaturatedRates {
             gemm_forward: rate(OpKind::GemmForward),
             gemm_backward: rate(OpKind::GemmBackward),

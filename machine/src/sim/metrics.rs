@@ -1,8 +1,9 @@
 //! The step's figures of merit, computed from the executed task graph.
 //!
 //! Definitions (all times in seconds; "devices" is `tp × cp × pp × dp`; "saturated rates" are
-//! the efficiency curves of `crate::cost::Throughput` at 2^30 tokens, per kernel kind: GEMM or
-//! attention, forward or backward):
+//! the highest rates each kernel kind — GEMM or attention, forward or backward — reaches at
+//! any size, `crate::cost::Throughput::saturated_rate`: the analytic curve's ceiling or a
+//! calibration table's best point):
 //! - `step_time_s`: when the last task (the last stage's parameter all-gather, usually) ends.
 //! - `tokens_per_s`: the step's tokens over the step time.
 //! - `mfu`: model FLOPs (forward + 2x-forward backward, no recomputation, causal attention:

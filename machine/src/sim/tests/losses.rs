@@ -11,9 +11,15 @@ use super::{assert_close, checked_run, plain, run, spec};
 
 use Direction::{Backward, Forward};
 
-/// The saturated rate of `op` (the efficiency curve at 2^30 tokens).
+/// The saturated rate of `op`: the analytic curve's ceiling.
 fn saturated(cost: &CostModel, op: OpKind) -> f64 {
-    cost.throughput().rate(op, (1u64 << 30) as f64)
+    let rate = cost.throughput().saturated_rate(op);
+    let curve = cost.throughput().curve(op).unwrap();
+    assert_eq!(
+        rate,
+        cost.spec().cluster.gpu.peak_flops * curve.max_efficiency
+    );
+    rate
 }
 
 fn assert_sums_to_step(m: &Metrics) {
@@ -243,5 +249,26 @@ fn floor_of_one_pack_on_one_device_by_hand() {
     let l: &Losses = &m.losses;
     assert_close(l.memory_bound_s, elementwise, "memory bound");
     assert_eq!(l.exposed_tp_s, 0.0);
+    assert_sums_to_step(m);
+}
+
+#[test]
+fn calibrated_kernels_never_beat_the_saturated_rates() {
+    // The shipped CPU calibration measures rates that peak below its largest size; the
+    // saturated rate is the best measured point, so no loss turns negative.
+    let ir = one_f_one_b(
+        spec("tiny", "cpu", "tp=1,pp=2,dp=2"),
+        &plain(&[vec![vec![64], vec![3000]], vec![vec![700, 90]]]),
+    );
+    slimpack_ir::verify::verify(&ir).unwrap();
+    let cost = crate::machine_model(&ir.spec);
+    assert!(cost.throughput().is_calibrated(OpKind::GemmForward));
+    let result = super::super::simulate(&ir, &cost).unwrap();
+    let m = &result.metrics;
+    for (what, seconds) in m.losses.entries() {
+        assert!(seconds >= 0.0, "{what}: {seconds}");
+    }
+    assert!(m.losses.below_saturation_s > 0.0);
+    assert!(m.efficiency <= m.schedule_efficiency && m.schedule_efficiency <= 1.0);
     assert_sums_to_step(m);
 }
