@@ -379,4 +379,56 @@ fn lengths_of_a_corpus_and_of_a_global_batch() {
         &["lengths", "--batch", "no/such/file.txt"],
         &["no/such/file.txt"],
     );
+
+#[test]
+fn compile_and_simulate_report_where_the_step_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let step = dir.path().join("step.sir");
+    let strategy = [
+        "--batch",
+        &fixture("lengths.txt"),
+        "--context",
+        "4096",
+        "--strategy",
+        "padding",
+    ];
+    let mut text = strategy.to_vec();
+    text.extend(["--emit", "ir", "-o", step.to_str().unwrap()]);
+    let args = compile_with(&text);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = slimpack(&refs);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("where the step goes"), "{stderr}");
+    for cause in ["useful compute", "padding", "memory bound"] {
+        assert!(
+            stderr.contains(&format!("    {cause} ")),
+            "{cause}: {stderr}"
+        );
+    }
+    assert!(stderr.contains("schedule efficiency"), "{stderr}");
+
+    let mut json = strategy.to_vec();
+    json.extend(["--report", "json"]);
+    let args = compile_with(&json);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let compiled: serde_json::Value = serde_json::from_slice(&slimpack(&refs).stdout).unwrap();
+    let simulated: serde_json::Value = serde_json::from_slice(
+        &slimpack(&["simulate", step.to_str().unwrap(), "--report", "json"]).stdout,
+    )
+    .unwrap();
+    for report in [&compiled, &simulated] {
+        let number = |key: &str| report[key].as_f64().unwrap();
+        let losses = report["losses"].as_object().unwrap();
+        assert_eq!(losses.len(), 14);
+        let total: f64 = losses.values().map(|v| v.as_f64().unwrap()).sum();
+        let step_time = number("step_time_s");
+        assert!((total - step_time).abs() <= 1e-3 * step_time, "{report}");
+        assert!(losses["padding_s"].as_f64().unwrap() > 0.0);
+        // Padded micro-batches: the executed FLOPs flatter, the useful ones do not.
+        assert!(number("efficiency") < number("executed_efficiency"));
+        assert!(number("efficiency") <= number("schedule_efficiency"));
+        assert!(number("floor_step_time_s") < step_time);
+    }
+    assert_eq!(compiled["losses"], simulated["losses"]);
 }

@@ -1,5 +1,6 @@
 //! Every strategy on random batches and layouts: the compiled step verifies, trains every token
-//! it admitted, and the same input compiles to byte-identical printed IR.
+//! it admitted, the same input compiles to byte-identical printed IR, and the simulated step's
+//! losses add up to its time (the useful efficiency never above the executed one).
 //!
 //! A case draws a model (the tiny CPU model or llama-7b on H100), a layout whose `tp` divides
 //! the heads and whose `pp` divides the layers (with a random `dp` and, sometimes, a fixed
@@ -159,6 +160,20 @@ proptest! {
             let (second, _) = compile(&spec, &admitted, &candidate.pipeline)
                 .map_err(|e| TestCaseError::fail(format!("{what}: {e}")))?;
             prop_assert!(first == second, "{what}: two compiles print differently");
+
+            let model = slimpack::machine::machine_model(&spec);
+            let simulated = slimpack::machine::sim::simulate(&ir, &model)
+                .map_err(|e| TestCaseError::fail(format!("{what}: {e}")))?;
+            let m = &simulated.metrics;
+            let total = m.losses.total_s();
+            prop_assert!(
+                (total - m.step_time_s).abs() <= 1e-3 * m.step_time_s,
+                "{what}: losses {total} s vs step {} s: {:?}",
+                m.step_time_s,
+                m.losses
+            );
+            prop_assert!(m.efficiency <= m.executed_efficiency * (1.0 + 1e-9), "{}", what);
+            prop_assert!(m.floor_step_time_s >= m.useful_ideal_step_time_s, "{}", what);
         }
     }
 }

@@ -276,6 +276,19 @@ impl Throughput {
         }
     }
 
+    /// The highest rate `op` reaches at any size: the analytic curve's ceiling, or a measured
+    /// table's best point (its interpolation never exceeds its points). The simulator prices
+    /// its ideal times with it, so that no kernel runs faster than its ideal.
+    pub fn saturated_rate(&self, op: OpKind) -> f64 {
+        if let Some(table) = &self.tables[op.index()] {
+            return table.points().iter().fold(0.0, |best, p| p.rate.max(best));
+        }
+        match self.curve(op) {
+            Some(curve) => self.peak_flops * curve.max_efficiency,
+            None => self.hbm_bandwidth * self.profile.hbm_efficiency,
+        }
+    }
+
     /// Seconds to do `work` (FLOPs, or bytes for element-wise) in a kernel over `tokens` tokens.
     pub fn time(&self, op: OpKind, work: f64, tokens: f64) -> f64 {
         if work <= 0.0 {

@@ -100,7 +100,12 @@ impl PackTime {
     /// Compute plus the exposed TP collectives plus whatever CP exchange the attention kernels
     /// cannot hide.
     pub fn critical_path_s(&self) -> f64 {
-        self.compute_s + self.tp_exposed_s + (self.cp_comm_s - self.attention_s).max(0.0)
+        self.compute_s + self.tp_exposed_s + self.cp_exposed_s()
+    }
+
+    /// The part of the CP exchange the attention kernels cannot hide.
+    pub fn cp_exposed_s(&self) -> f64 {
+        (self.cp_comm_s - self.attention_s).max(0.0)
     }
 }
 
@@ -163,6 +168,18 @@ impl CostModel {
         let mut model = CostModel::new(spec);
         model.throughput = model.throughput.calibrated(&calibration);
         Ok(model)
+    }
+
+    /// This model with activation recomputation switched off (the same rates, measured ones
+    /// included): what a step's work costs when nothing is recomputed. The simulator's useful
+    /// ideal and floor are priced with it.
+    pub fn without_recompute(&self) -> CostModel {
+        let mut spec = self.spec.clone();
+        spec.model.recompute = Recompute::None;
+        CostModel {
+            throughput: self.throughput.clone(),
+            ..CostModel::new(&spec)
+        }
     }
 
     /// The spec this model describes.

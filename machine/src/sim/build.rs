@@ -14,20 +14,22 @@
 //! Durations come from [`CostModel`]: a pack's critical path (compute, exposed TP collectives,
 //! the part of a merged group's CP exchange that the attention kernels cannot hide), sends,
 //! the two halves of the DP sync, the optimizer step. Nothing here computes a cost itself.
+//!
+//! Each pack compute task is tagged with what its time goes to ([`ComputeParts`]): its FLOPs
+//! split into useful (priced with [`CostModel::without_recompute`]), recomputed and padding
+//! work at the saturated kernel rates, and the cost model's other components. [`Built`]
+//! carries what the step's floor needs besides (see `metrics`).
 
 use std::ops::Range;
 
-use crate::cost::{recomputed_forward, CostModel, DirectionFactors, OpKind};
+use crate::cost::{exposed_tp_comm, CostModel, Flops, OpKind, PackTime};
 use slimpack_ir::step::{Direction, SliceId, StepIr};
 
 use super::layout::{GroupId, Layout};
 use super::memory::MemoryEffect;
 use super::result::PackInfo;
-use super::task::{PackIndex, Task, TaskGraph, TaskGraphBuilder, TaskId, TaskKind};
+use super::task::{ComputeParts, PackIndex, Task, TaskGraph, TaskGraphBuilder, TaskId, TaskKind};
 use crate::error::MachineError;
-
-/// Token count at which the efficiency curves are taken as saturated, for the ideal time.
-const SATURATED_TOKENS: f64 = (1u64 << 30) as f64;
 
 /// Marks an empty slot of a node-indexed table.
 const NONE: u32 = u32::MAX;
@@ -44,6 +46,13 @@ pub(super) struct Built {
     pub model_flops: f64,
     /// Tokens of the step.
     pub tokens: u64,
+    /// Device-seconds of the per-token work no schedule avoids beside the useful FLOPs: the
+    /// memory-bound kernels and the TP collectives' first ring step, priced as one pack of
+    /// all the step's real tokens per stage and direction without recomputation.
+    pub floor_overhead_device_s: f64,
+    /// The shortest DP sync tail of any stage: gradient reduce-scatter, optimizer step and
+    /// parameter all-gather, which follow the stage's last backward.
+    pub min_sync_tail_s: f64,
 }
 
 /// One slice as the builder needs it.
@@ -55,46 +64,39 @@ struct SliceInfo {
     earlier: Range<u32>,
     /// The slice's IR node index.
     node: usize,
+    /// The pad tokens of a padded pack, not a slice of the batch.
+    padding: bool,
 }
 
-/// Saturated kernel rates and the share of backward FLOPs that re-runs forward kernels.
-struct IdealRates {
+/// The kernel rates at saturation (`Throughput::saturated_rate`), which price FLOPs for the
+/// ideal times.
+struct SaturatedRates {
     gemm_forward: f64,
     gemm_backward: f64,
     attention_forward: f64,
     attention_backward: f64,
-    linear_replay_share: f64,
-    attention_replay_share: f64,
 }
 
-impl IdealRates {
-    fn new(cost: &CostModel) -> IdealRates {
+impl SaturatedRates {
+    fn new(cost: &CostModel) -> SaturatedRates {
         let throughput = cost.throughput();
-        let rate = |op| throughput.rate(op, SATURATED_TOKENS);
-        let recompute = cost.spec().model.recompute;
-        let factors = DirectionFactors::of(Direction::Backward, recompute);
-        let (linear_replay, attention_replay) = recomputed_forward(recompute);
-        IdealRates {
+        let rate = |op| throughput.saturated_rate(op);
+        SaturatedRates {
             gemm_forward: rate(OpKind::GemmForward),
             gemm_backward: rate(OpKind::GemmBackward),
             attention_forward: rate(OpKind::AttentionForward),
             attention_backward: rate(OpKind::AttentionBackward),
-            linear_replay_share: linear_replay / factors.linear,
-            attention_replay_share: attention_replay / factors.attention,
         }
     }
 
-    /// Seconds of `linear` and `attention` FLOPs at the saturated rates of `direction` (the
-    /// backward's recomputed forward work at the forward rates).
-    fn seconds(&self, linear: f64, attention: f64, direction: Direction) -> f64 {
+    /// Seconds of `flops` run by the kernels of `direction`.
+    fn seconds(&self, flops: Flops, direction: Direction) -> f64 {
         match direction {
-            Direction::Forward => linear / self.gemm_forward + attention / self.attention_forward,
+            Direction::Forward => {
+                flops.linear / self.gemm_forward + flops.attention / self.attention_forward
+            }
             Direction::Backward => {
-                let (lr, ar) = (self.linear_replay_share, self.attention_replay_share);
-                linear * lr / self.gemm_forward
-                    + linear * (1.0 - lr) / self.gemm_backward
-                    + attention * ar / self.attention_forward
-                    + attention * (1.0 - ar) / self.attention_backward
+                flops.linear / self.gemm_backward + flops.attention / self.attention_backward
             }
         }
     }
@@ -121,7 +123,9 @@ struct Builder<'a> {
     ir: &'a StepIr,
     cost: &'a CostModel,
     layout: Layout,
-    rates: IdealRates,
+    rates: SaturatedRates,
+    /// The same machine without recomputation: prices the useful FLOPs and the floor.
+    useful_cost: CostModel,
     replicas: Vec<Vec<u32>>,
     packs: Vec<PackInfo>,
     /// Slices of each pack, as positions in `slices` / `pairs`.
@@ -139,6 +143,7 @@ struct Builder<'a> {
     tasks: TaskGraphBuilder,
     model_flops: f64,
     tokens: u64,
+    min_sync_tail_s: f64,
 }
 
 impl<'a> Builder<'a> {
@@ -172,7 +177,8 @@ impl<'a> Builder<'a> {
             ir,
             cost,
             layout,
-            rates: IdealRates::new(cost),
+            rates: SaturatedRates::new(cost),
+            useful_cost: cost.without_recompute(),
             replicas,
             packs: Vec::new(),
             pack_slices: Vec::new(),
@@ -185,6 +191,7 @@ impl<'a> Builder<'a> {
             tasks: TaskGraphBuilder::default(),
             model_flops: 0.0,
             tokens: 0,
+            min_sync_tail_s: f64::INFINITY,
         })
     }
 
@@ -216,6 +223,7 @@ impl<'a> Builder<'a> {
                             last,
                             earlier,
                             node,
+                            padding: false,
                         });
                         self.pairs.push((len, prefix));
                         if direction == Direction::Forward {
@@ -234,6 +242,7 @@ impl<'a> Builder<'a> {
                             last: true,
                             earlier: 0..0,
                             node,
+                            padding: true,
                         });
                         self.pairs.push((padded - tokens, tokens));
                         tokens = padded;
@@ -326,13 +335,7 @@ impl<'a> Builder<'a> {
         let pairs = &self.pairs[range.start as usize..range.end as usize];
         let ranks = &self.replicas[info.replica as usize];
         let time = self.cost.pack_time_on(stage, pairs, info.direction, ranks);
-        let mut linear = 0.0;
-        let mut attention = 0.0;
-        for &(len, prefix) in pairs {
-            let flops = self.cost.stage_flops(stage, len, prefix, info.direction);
-            linear += flops.linear;
-            attention += flops.attention;
-        }
+        let parts = self.compute_parts(pack, stage, &time);
         let layout = self.layout;
         let groups = self
             .tasks
@@ -349,11 +352,54 @@ impl<'a> Builder<'a> {
             groups,
             duration_s: time.critical_path_s(),
             cp_exchange_s: time.cp_comm_s,
-            ideal_device_s: self.rates.seconds(linear, attention, info.direction),
+            parts,
             memory: self.memory_effect(pack, stage),
         });
         self.compute[pack.0 as usize * layout.pp as usize + stage as usize] = task;
         task
+    }
+
+    /// What `time`, the time of `pack` on `stage`, goes to on each of its devices: the FLOPs
+    /// of its real slices without recomputation (useful), their recomputed forward work (at
+    /// the forward rates), the pad tokens' FLOPs, each at the saturated rates and shared
+    /// evenly by the task's devices; the rest of the GEMM and attention time is below
+    /// saturation; the other components are the cost model's.
+    fn compute_parts(&self, pack: PackIndex, stage: u32, time: &PackTime) -> ComputeParts {
+        let info = &self.packs[pack.0 as usize];
+        let range = self.pack_slices[pack.0 as usize].clone();
+        let (mut useful, mut recompute, mut padding) = (0.0, 0.0, 0.0);
+        for position in range {
+            let (len, prefix) = self.pairs[position as usize];
+            let executed = self.cost.stage_flops(stage, len, prefix, info.direction);
+            let model = self
+                .useful_cost
+                .stage_flops(stage, len, prefix, info.direction);
+            let replayed = Flops {
+                linear: executed.linear - model.linear,
+                attention: executed.attention - model.attention,
+            };
+            let model_s = self.rates.seconds(model, info.direction);
+            let replayed_s = self.rates.seconds(replayed, Direction::Forward);
+            if self.slices[position as usize].padding {
+                padding += model_s + replayed_s;
+            } else {
+                useful += model_s;
+                recompute += replayed_s;
+            }
+        }
+        let devices = (self.split(info.replica) * u64::from(self.layout.tp)) as f64;
+        let (useful_s, recompute_s, padding_s) =
+            (useful / devices, recompute / devices, padding / devices);
+        ComputeParts {
+            useful_s,
+            recompute_s,
+            padding_s,
+            below_saturation_s: time.gemm_s + time.attention_s - useful_s - recompute_s - padding_s,
+            memory_bound_s: time.elementwise_s,
+            launch_overhead_s: time.kernel_overhead_s,
+            exposed_tp_s: time.tp_exposed_s,
+            exposed_cp_s: time.cp_exposed_s(),
+        }
     }
 
     /// Per-device memory of a pack on `stage`: each device of a CP group (merged replicas
@@ -435,7 +481,7 @@ impl<'a> Builder<'a> {
                     groups,
                     duration_s: self.cost.send_time(tokens, from_device, to_device),
                     cp_exchange_s: 0.0,
-                    ideal_device_s: 0.0,
+                    parts: ComputeParts::default(),
                     memory: MemoryEffect::default(),
                 });
                 let base = index * pp as usize;
@@ -474,6 +520,8 @@ impl<'a> Builder<'a> {
         let all_ranks: Vec<u32> = (0..layout.dp).collect();
         for stage in 0..layout.pp {
             let sync = self.cost.dp_sync(stage, &all_ranks);
+            let tail = sync.total_s() + self.cost.optimizer_time(stage);
+            self.min_sync_tail_s = self.min_sync_tail_s.min(tail);
             let stage_task = |kind, duration_s, groups| Task {
                 kind,
                 stage,
@@ -482,7 +530,7 @@ impl<'a> Builder<'a> {
                 groups,
                 duration_s,
                 cp_exchange_s: 0.0,
-                ideal_device_s: 0.0,
+                parts: ComputeParts::default(),
                 memory: MemoryEffect::default(),
             };
             let groups = self.stage_groups(stage);
@@ -520,7 +568,29 @@ impl<'a> Builder<'a> {
             .add_groups((0..layout.dp).map(|rank| layout.group(rank, stage)))
     }
 
+    /// Device-seconds of the memory-bound kernels and the TP collectives' first ring step
+    /// (which no GEMM can hide) of all the step's real tokens: one pack per stage and
+    /// direction, so that no per-pack latency counts, without recomputation.
+    fn floor_overhead_device_s(&self) -> f64 {
+        if self.tokens == 0 {
+            return 0.0;
+        }
+        let devices_per_group = self.layout.devices_per_group() as f64;
+        let mut device_s = 0.0;
+        for stage in 0..self.layout.pp {
+            for direction in [Direction::Forward, Direction::Backward] {
+                let time = self
+                    .useful_cost
+                    .pack_time(stage, &[(self.tokens, 0)], direction, 1);
+                let unhidden_tp = exposed_tp_comm(time.tp_comm_s, f64::INFINITY, self.layout.tp);
+                device_s += (time.elementwise_s + unhidden_tp) * devices_per_group;
+            }
+        }
+        device_s
+    }
+
     fn finish(self) -> Built {
+        let floor_overhead_device_s = self.floor_overhead_device_s();
         let memory = self.cost.memory();
         let baselines = (0..self.layout.groups() as u32)
             .map(|group| {
@@ -535,6 +605,8 @@ impl<'a> Builder<'a> {
             baselines,
             model_flops: self.model_flops,
             tokens: self.tokens,
+            floor_overhead_device_s,
+            min_sync_tail_s: self.min_sync_tail_s,
         }
     }
 }

@@ -30,9 +30,9 @@ mod tests;
 pub use engine::Span;
 pub use layout::{GroupId, Layout};
 pub use memory::{GroupMemory, MemoryEffect, MemoryPoint};
-pub use metrics::Metrics;
+pub use metrics::{Losses, Metrics};
 pub use result::{PackInfo, SimResult};
-pub use task::{PackIndex, Stream, Task, TaskGraph, TaskId, TaskKind};
+pub use task::{ComputeParts, PackIndex, Stream, Task, TaskGraph, TaskId, TaskKind};
 
 use crate::cost::CostModel;
 use crate::error::MachineError;

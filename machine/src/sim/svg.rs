@@ -8,7 +8,9 @@
 //! Every bar carries a `<title>` tooltip (task, pack, tokens, times). Row height shrinks with
 //! the number of rows (capped both ways) so that 256 devices still fit one screen; labels thin
 //! out when rows get too small to hold them. A time axis with millisecond ticks runs along the
-//! top, under a summary line and a legend. The output is deterministic.
+//! top, under a summary line, a legend, and the step's losses ("where the step goes", see
+//! [`super::Losses`]) drawn as one stacked bar as wide as the step, with a legend of the
+//! non-zero causes and their shares. The output is deterministic.
 
 use std::fmt::Write;
 
@@ -19,10 +21,10 @@ use super::task::{Stream, Task, TaskKind};
 const WIDTH: f64 = 1600.0;
 const LABEL_WIDTH: f64 = 200.0;
 const RIGHT_MARGIN: f64 = 24.0;
-const HEADER: f64 = 86.0;
+const HEADER: f64 = 146.0;
 const FOOTER: f64 = 16.0;
 /// Height the rows share before the per-row caps apply.
-const ROWS_HEIGHT: f64 = 820.0;
+const ROWS_HEIGHT: f64 = 770.0;
 const MIN_ROW: f64 = 3.0;
 const MAX_ROW: f64 = 34.0;
 const STAGE_GAP: f64 = 6.0;
@@ -34,6 +36,17 @@ const PIPELINE: &str = "#54a24b";
 const DP_SYNC: &str = "#b279a2";
 const CP_EXCHANGE: &str = "#72b7b2";
 const IDLE: &str = "#e4e4e4";
+
+/// Colours of the losses, in the order of [`super::Losses::entries`]: useful compute,
+/// recompute, below saturation, memory bound, launch overhead, exposed TP, CP, PP, pipeline
+/// idle warm-up, steady, drain, DP imbalance wait, DP sync and optimizer, padding.
+const LOSS_COLOURS: [&str; 14] = [
+    "#2ca02c", "#ff7f0e", "#aec7e8", "#9467bd", "#7f7f7f", "#8c564b", "#17becf", "#54a24b",
+    "#c7c7c7", "#a0a0a0", "#707070", "#d62728", "#e377c2", "#111111",
+];
+/// Top of the losses bar and of its legend's first line.
+const LOSSES_BAR_Y: f64 = 66.0;
+const LOSSES_LEGEND_Y: f64 = 84.0;
 
 /// A row: consecutive groups of one stage with identical timelines.
 struct Row {
@@ -59,6 +72,7 @@ pub fn timeline(result: &SimResult) -> String {
     );
     svg.push_str(r#"<rect width="100%" height="100%" fill="white"/>"#);
     header(result, &mut svg);
+    losses_bar(result, scale, &mut svg);
     axis(step, scale, rows_bottom, &mut svg);
     let mut row_of_group = vec![0usize; result.layout.groups()];
     let mut row_top = Vec::with_capacity(rows.len());
@@ -137,11 +151,18 @@ fn header(result: &SimResult, svg: &mut String) {
         None => String::new(),
     };
     let summary = format!(
-        "step {:.1} ms · {:.0} tokens/s · MFU {:.1}% · efficiency {:.1}% (ideal {:.1} ms) · bubbles {:.1}% · DP imbalance {:.2} · PP imbalance {:.2} · peak memory {:.1} of {:.0} GiB{oom}",
+        "step {:.1} ms · {:.0} tokens/s · MFU {:.1}% · efficiency {:.1}% (useful ideal {:.1} ms) · schedule efficiency {:.1}% (floor {:.1} ms)",
         m.step_time_s * 1e3,
         m.tokens_per_s,
         m.mfu * 100.0,
         m.efficiency * 100.0,
+        m.useful_ideal_step_time_s * 1e3,
+        m.schedule_efficiency * 100.0,
+        m.floor_step_time_s * 1e3,
+    );
+    let details = format!(
+        "executed efficiency {:.1}% (ideal {:.1} ms, recomputation and padding included) · bubbles {:.1}% · DP imbalance {:.2} · PP imbalance {:.2} · peak memory {:.1} of {:.0} GiB{oom}",
+        m.executed_efficiency * 100.0,
         m.ideal_step_time_s * 1e3,
         m.bubble_fraction * 100.0,
         m.dp_imbalance,
@@ -163,6 +184,11 @@ fn header(result: &SimResult, svg: &mut String) {
             summary
         ))
     );
+    let _ = write!(
+        svg,
+        r#"<text x="12" y="36" font-size="12">{}</text>"#,
+        escape(&details)
+    );
     let legend = [
         (FORWARD, "forward"),
         (BACKWARD, "backward"),
@@ -176,16 +202,58 @@ fn header(result: &SimResult, svg: &mut String) {
     for (colour, name) in legend {
         let _ = write!(
             svg,
-            r##"<rect x="{x}" y="32" width="14" height="12" fill="{colour}" stroke="#888" stroke-width="0.5"/><text x="{}" y="42" font-size="12">{name}</text>"##,
+            r##"<rect x="{x}" y="46" width="14" height="12" fill="{colour}" stroke="#888" stroke-width="0.5"/><text x="{}" y="56" font-size="12">{name}</text>"##,
             x + 18.0
         );
         x += 26.0 + 7.0 * name.len() as f64;
     }
     let _ = write!(
         svg,
-        r##"<text x="{}" y="42" font-size="11" fill="#555">upper lane: compute stream · lower lane: communication stream · hover a bar for details</text>"##,
+        r##"<text x="{}" y="56" font-size="11" fill="#555">upper lane: compute stream · lower lane: communication stream · hover a bar for details</text>"##,
         x + 12.0
     );
+}
+
+/// The losses as one stacked bar under the legend, as wide as the step on the time axis, and
+/// a legend of the non-zero causes with their shares (wrapping to a second line).
+fn losses_bar(result: &SimResult, scale: f64, svg: &mut String) {
+    let m = &result.metrics;
+    let step = m.step_time_s.max(1e-12);
+    let _ = write!(
+        svg,
+        r#"<text x="{}" y="{}" font-size="12" font-weight="bold" text-anchor="end">where the step goes</text>"#,
+        LABEL_WIDTH - 6.0,
+        LOSSES_BAR_Y + 10.0
+    );
+    let mut x = LABEL_WIDTH;
+    let mut legend_x = 12.0;
+    let mut legend_y = LOSSES_LEGEND_Y;
+    for ((what, seconds), colour) in m.losses.entries().into_iter().zip(LOSS_COLOURS) {
+        if seconds <= 1e-9 * step {
+            continue;
+        }
+        let share = 100.0 * seconds / step;
+        let w = seconds * scale;
+        let _ = write!(
+            svg,
+            r#"<rect x="{x:.2}" y="{LOSSES_BAR_Y}" width="{w:.2}" height="12" fill="{colour}"><title>{what}: {:.3} ms ({share:.1}% of the step)</title></rect>"#,
+            seconds * 1e3
+        );
+        x += w;
+        let text = format!("{what} {share:.1}%");
+        let entry_width = 26.0 + 6.5 * text.len() as f64;
+        if legend_x + entry_width > WIDTH - RIGHT_MARGIN {
+            legend_x = 12.0;
+            legend_y += 16.0;
+        }
+        let _ = write!(
+            svg,
+            r##"<rect x="{legend_x}" y="{legend_y}" width="12" height="10" fill="{colour}" stroke="#888" stroke-width="0.5"/><text x="{}" y="{}" font-size="11">{text}</text>"##,
+            legend_x + 16.0,
+            legend_y + 9.0
+        );
+        legend_x += entry_width;
+    }
 }
 
 /// Ticks every 1, 2 or 5 × 10^k ms, about ten across the step.

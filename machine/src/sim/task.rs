@@ -95,11 +95,55 @@ pub struct Task {
     /// CP communicator, overlapped with compute; the part the attention cannot hide is
     /// already in `duration_s`).
     pub cp_exchange_s: f64,
-    /// Device-seconds the task's FLOPs take at the saturated kernel rates, summed over all its
-    /// devices (see [`super::Metrics::ideal_step_time_s`]).
-    pub ideal_device_s: f64,
+    /// What a pack compute task's `duration_s` goes to on each of its devices (all zero for
+    /// the other tasks).
+    pub parts: ComputeParts,
     /// Memory the task allocates and frees on each of its devices.
     pub memory: MemoryEffect,
+}
+
+/// A pack compute task's seconds on one of its devices, by cause; the parts add up to the
+/// task's duration. The FLOP parts are priced at the saturated kernel rates (see
+/// [`super::Metrics`]); what the kernels take beyond that is `below_saturation_s`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ComputeParts {
+    /// The real tokens' model FLOPs (no recomputation) at the saturated rates.
+    pub useful_s: f64,
+    /// The real tokens' recomputed forward FLOPs at the saturated forward rates.
+    pub recompute_s: f64,
+    /// The pad tokens' FLOPs (recomputation included) at the saturated rates.
+    pub padding_s: f64,
+    /// GEMM and attention kernel time beyond the three parts above: kernels too small to
+    /// reach their saturated rate.
+    pub below_saturation_s: f64,
+    /// Memory-bound element-wise kernels (norms, RoPE, activations, residuals, embedding,
+    /// loss).
+    pub memory_bound_s: f64,
+    /// Fixed per-kernel launch overheads.
+    pub launch_overhead_s: f64,
+    /// TP collectives the GEMMs do not hide.
+    pub exposed_tp_s: f64,
+    /// CP K/V exchange the attention kernels do not hide.
+    pub exposed_cp_s: f64,
+}
+
+impl ComputeParts {
+    /// The sum of the parts: the task's duration.
+    pub fn total_s(&self) -> f64 {
+        self.useful_s
+            + self.recompute_s
+            + self.padding_s
+            + self.below_saturation_s
+            + self.memory_bound_s
+            + self.launch_overhead_s
+            + self.exposed_tp_s
+            + self.exposed_cp_s
+    }
+
+    /// FLOPs the task executes (useful, recomputed, padding) at the saturated rates.
+    pub fn saturated_s(&self) -> f64 {
+        self.useful_s + self.recompute_s + self.padding_s
+    }
 }
 
 /// The DAG of tasks.

@@ -46,10 +46,17 @@ fn one_slice_on_one_device() {
         m.ideal_step_time_s
     );
     assert_close(
-        m.efficiency,
+        m.executed_efficiency,
         m.ideal_step_time_s / m.step_time_s,
-        "efficiency",
+        "executed efficiency",
     );
+    // Nothing recomputed, nothing padded: the useful ideal is the executed one.
+    assert_close(
+        m.useful_ideal_step_time_s,
+        m.ideal_step_time_s,
+        "useful ideal",
+    );
+    assert_close(m.efficiency, m.executed_efficiency, "efficiency");
     assert!(m.efficiency < 1.0);
 
     // Memory: model states + workspace, then the sample's activations and K/V, plus the larger

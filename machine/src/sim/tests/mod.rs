@@ -1,7 +1,8 @@
-//! Tests of the simulator: hand-computed steps (`hand`), properties over random batches and
+//! Tests of the simulator: hand-computed steps (`hand`) and where their time goes (`losses`), properties over random batches and
 //! layouts (`properties`), and the pictures (`pictures`).
 
 mod hand;
+mod losses;
 mod pictures;
 mod properties;
 

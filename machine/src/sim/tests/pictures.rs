@@ -63,6 +63,9 @@ fn svg_folds_identical_groups_and_has_legend_tooltips_and_ticks() {
     }
     assert!(picture.contains("<title>F %f0 · replica %r0 · 4096 tokens in 1 slice · stage 0"));
     assert!(picture.contains(" ms</text>"));
+    assert!(picture.contains(">where the step goes</text>"));
+    assert!(picture.contains("<title>useful compute: "));
+    assert!(picture.contains(">pipeline idle warmup "));
 }
 
 #[test]

@@ -124,7 +124,46 @@ fn check(result: &SimResult) -> Result<(), TestCaseError> {
         m.step_time_s,
         m.ideal_step_time_s
     );
-    prop_assert!(m.efficiency > 0.0 && m.efficiency <= 1.0 + 1e-9);
+    prop_assert!(m.efficiency > 0.0 && m.efficiency <= m.executed_efficiency * (1.0 + 1e-9));
+    prop_assert!(m.executed_efficiency <= 1.0 + 1e-9);
+    prop_assert!(m.floor_step_time_s >= m.useful_ideal_step_time_s);
+    prop_assert!(
+        m.schedule_efficiency > 0.0 && m.schedule_efficiency <= 1.0 + 1e-9,
+        "floor {} step {}",
+        m.floor_step_time_s,
+        m.step_time_s
+    );
+
+    // The losses cut every device's timeline: they add up to the step, none is negative.
+    let total = m.losses.total_s();
+    prop_assert!(
+        (total - m.step_time_s).abs() <= 1e-9 * m.step_time_s,
+        "losses {total} vs step {}",
+        m.step_time_s
+    );
+    for (what, seconds) in m.losses.entries() {
+        prop_assert!(seconds >= -1e-12 * m.step_time_s, "{what}: {seconds}");
+    }
+    prop_assert_eq!(m.losses.recompute_s, 0.0);
+    prop_assert_eq!(m.losses.padding_s, 0.0);
+    let idle: f64 = m
+        .busy_per_device_s
+        .iter()
+        .map(|busy| m.step_time_s - busy)
+        .sum::<f64>()
+        / m.busy_per_device_s.len() as f64;
+    let losses = &m.losses;
+    let waiting = losses.exposed_pp_s
+        + losses.pipeline_idle_warmup_s
+        + losses.pipeline_idle_steady_s
+        + losses.pipeline_idle_drain_s
+        + losses.dp_imbalance_wait_s
+        + losses.dp_sync_optimizer_s;
+    // Idle time is the waiting causes less the optimizer step, which the DP tail includes.
+    prop_assert!(
+        waiting >= idle * (1.0 - 1e-9) - 1e-12,
+        "waiting {waiting} idle {idle}"
+    );
     prop_assert!((0.0..1.0).contains(&m.bubble_fraction));
     prop_assert!(m.dp_imbalance >= 1.0 - 1e-12 && m.pp_imbalance >= 1.0 - 1e-12);
 
