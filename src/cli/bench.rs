@@ -174,7 +174,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             seed: options.seed,
             steps: args.steps,
             recompute: match args.spec.recompute {
-                Some(_) => job.spec.model.recompute.as_str().to_string(),
+                Some(_) => job.spec.model.recompute.to_string(),
                 None => "search".to_string(),
             },
             tuning: TUNING,

@@ -71,7 +71,7 @@ impl IdealRates {
     fn new(cost: &CostModel) -> IdealRates {
         let throughput = cost.throughput();
         let rate = |op| throughput.rate(op, SATURATED_TOKENS);
-        let recompute = cost.spec().model.recompute;
+        let recompute = cost.recompute_mix();
         let factors = DirectionFactors::of(Direction::Backward, recompute);
         let (linear_replay, attention_replay) = recomputed_forward(recompute);
         IdealRates {
