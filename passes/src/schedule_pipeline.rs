@@ -17,6 +17,11 @@
 //! forwards before a given backward than the stage after it, and every backward a stage waits
 //! for is preceded, downstream, only by forwards it has already sent (the verifier proves it on
 //! every output).
+//!
+//! Interleaved 1F1B (virtual pipeline stages): [`interleaved_order`] gives Megatron's order of
+//! (micro-batch, model chunk) forwards and backwards on one device stage. The pass does not
+//! emit it yet: the step IR holds one order per physical stage with each pack once, and the
+//! simulator, verifier and lowering know no model chunks.
 
 use crate::error::Result;
 use crate::pass::{Pass, PassContext, PassInfo, Statistics};

@@ -169,7 +169,9 @@ pub static STRATEGIES: &[StrategyInfo] = &[
                      the context), the static CP degree (a power of two from the DP pool) and \
                      the recomputation (none, selective, full, block of a quarter and a half \
                      of a stage's layers), keeping the fastest combination that fits memory; \
-                     a user sizes bins once per run, here per tuned batch.",
+                     a user sizes bins once per run, here per tuned batch; no interleaved 1F1B \
+                     (--num-layers-per-virtual-pipeline-stage) yet: the step IR does not model \
+                     virtual pipeline stages.",
         candidates: megatron_candidates,
         admit: None,
         replans: false,
