@@ -273,7 +273,7 @@ pub fn measure(
     if ir.spec.model.recompute != Recompute::None {
         return Err(MeasureError::Unsupported(format!(
             "the CPU backend runs recompute=none only; the step was compiled with recompute={}",
-            ir.spec.model.recompute.as_str()
+            ir.spec.model.recompute
         )));
     }
     let cost = slimpack_machine::machine_model(&ir.spec);

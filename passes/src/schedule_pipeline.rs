@@ -17,6 +17,11 @@
 //! forwards before a given backward than the stage after it, and every backward a stage waits
 //! for is preceded, downstream, only by forwards it has already sent (the verifier proves it on
 //! every output).
+//!
+//! Interleaved 1F1B (virtual pipeline stages): [`interleaved_order`] gives Megatron's order of
+//! (micro-batch, model chunk) forwards and backwards on one device stage. The pass does not
+//! emit it yet: the step IR holds one order per physical stage with each pack once, and the
+//! simulator, verifier and lowering know no model chunks.
 
 use crate::error::Result;
 use crate::pass::{Pass, PassContext, PassInfo, Statistics};
@@ -215,9 +220,84 @@ fn warmups(ir: &StepIr, replica: ReplicaId, cost: &CostModel) -> Vec<usize> {
     result
 }
 
+/// One op of an interleaved 1F1B order: `direction` of micro-batch `micro_batch` through model
+/// chunk `chunk` of the device stage (virtual stage `chunk · pp + stage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkOp {
+    pub direction: Direction,
+    pub micro_batch: usize,
+    pub chunk: u32,
+}
+
+/// Megatron-LM's interleaved 1F1B order (`forward_backward_pipelining_with_interleaving` in
+/// megatron/core/pipeline_parallel/schedules.py) of device stage `stage` of `stages`, each
+/// holding `chunks` model chunks, for `micro_batches` micro-batches.
+///
+/// Forwards run micro-batches in groups of `stages` (Megatron's default
+/// `microbatch_group_size_per_vp_stage`): a group through chunk 0, then the same group through
+/// chunk 1, ...; the last group takes whatever micro-batches remain. Backwards follow the same
+/// table with the chunks reversed. The stage first runs `(stages - stage - 1) · 2 + (chunks -
+/// 1) · stages` forwards (every forward when there are only `stages` micro-batches, as Megatron
+/// does), then alternates one forward and one backward, then drains the backwards.
+///
+/// `None` unless there are two chunks or more and the micro-batches are a positive multiple of
+/// `stages`: Megatron's long-standing requirement ("number of microbatches is not divisible by
+/// pipeline-parallel size when using interleaved schedule"); with a ragged last group the
+/// warm-up above can deadlock (pp = 4, 3 chunks, 5 micro-batches does). One chunk is plain
+/// 1F1B ([`stage_order`]).
+pub fn interleaved_order(
+    stages: u32,
+    chunks: u32,
+    stage: u32,
+    micro_batches: usize,
+) -> Option<Vec<ChunkOp>> {
+    let group = stages as usize;
+    if chunks < 2 || group == 0 || micro_batches == 0 || micro_batches % group != 0 {
+        return None;
+    }
+    let mut table: Vec<(usize, u32)> = Vec::with_capacity(micro_batches * chunks as usize);
+    let mut first = 0;
+    while first < micro_batches {
+        let end = if first + group >= micro_batches {
+            micro_batches
+        } else {
+            first + group
+        };
+        for chunk in 0..chunks {
+            table.extend((first..end).map(|micro_batch| (micro_batch, chunk)));
+        }
+        first = end;
+    }
+    let total = table.len();
+    let warmup = if micro_batches == group {
+        total
+    } else {
+        let rest = ((stages - stage - 1) * 2 + (chunks - 1) * stages) as usize;
+        rest.min(total)
+    };
+    let forward = |k: usize| ChunkOp {
+        direction: Direction::Forward,
+        micro_batch: table[k].0,
+        chunk: table[k].1,
+    };
+    let backward = |k: usize| ChunkOp {
+        direction: Direction::Backward,
+        micro_batch: table[k].0,
+        chunk: chunks - 1 - table[k].1,
+    };
+    let mut order: Vec<ChunkOp> = (0..warmup).map(forward).collect();
+    for k in 0..total - warmup {
+        order.push(forward(warmup + k));
+        order.push(backward(k));
+    }
+    order.extend((total - warmup..total).map(backward));
+    Some(order)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{stage_order, StageOp};
+    use super::{interleaved_order, stage_order, ChunkOp, StageOp};
+    use slimpack_ir::step::Direction;
 
     #[test]
     fn symmetric_packs_run_as_one_f_one_b() {
@@ -253,5 +333,145 @@ mod tests {
             stage_order(&[1, 3], &[1, 1, 1], &[1, 1], 0),
             vec![F(0), B(0), F(1), F(2), B(1)]
         );
+    }
+
+    fn op(text: &str) -> ChunkOp {
+        // "F2c1": forward of micro-batch 2 through chunk 1.
+        let direction = match &text[..1] {
+            "F" => Direction::Forward,
+            _ => Direction::Backward,
+        };
+        let (micro_batch, chunk) = text[1..].split_once('c').unwrap();
+        ChunkOp {
+            direction,
+            micro_batch: micro_batch.parse().unwrap(),
+            chunk: chunk.parse().unwrap(),
+        }
+    }
+
+    fn ops(text: &str) -> Vec<ChunkOp> {
+        text.split_whitespace().map(op).collect()
+    }
+
+    /// pp = 2, two chunks, four micro-batches, worked by hand from Megatron's table: forwards
+    /// (0,c0) (1,c0) (0,c1) (1,c1) (2,c0) (3,c0) (2,c1) (3,c1); stage 0 warms up with
+    /// 1·2 + 1·2 = 4 forwards, stage 1 with 0 + 2.
+    #[test]
+    fn interleaved_order_matches_megatron_by_hand() {
+        let interleaved_order = |stages, chunks, stage, micro_batches| {
+            interleaved_order(stages, chunks, stage, micro_batches).unwrap()
+        };
+        assert_eq!(
+            interleaved_order(2, 2, 0, 4),
+            ops("F0c0 F1c0 F0c1 F1c1 \
+                 F2c0 B0c1 F3c0 B1c1 F2c1 B0c0 F3c1 B1c0 \
+                 B2c1 B3c1 B2c0 B3c0")
+        );
+        assert_eq!(
+            interleaved_order(2, 2, 1, 4),
+            ops("F0c0 F1c0 \
+                 F0c1 B0c1 F1c1 B1c1 F2c0 B0c0 F3c0 B1c0 F2c1 B2c1 F3c1 B3c1 \
+                 B2c0 B3c0")
+        );
+        // As many micro-batches as stages: every forward first (Megatron's all-warm-up case).
+        assert_eq!(
+            interleaved_order(2, 2, 1, 2),
+            ops("F0c0 F1c0 F0c1 F1c1 B0c1 B1c1 B0c0 B1c0")
+        );
+    }
+
+    #[test]
+    fn interleaving_needs_chunks_and_whole_groups_of_micro_batches() {
+        assert!(interleaved_order(2, 1, 0, 4).is_none());
+        assert!(interleaved_order(4, 2, 0, 6).is_none());
+        assert!(interleaved_order(4, 2, 0, 0).is_none());
+        assert!(interleaved_order(4, 2, 3, 8).is_some());
+    }
+
+    /// Runs every device's interleaved order on a unit-time pipeline of `stages · chunks`
+    /// virtual stages (chunk `c` of device `s` is virtual stage `c · stages + s`): a forward
+    /// needs the micro-batch's forward on the previous virtual stage, a backward its backward
+    /// on the next one (the last virtual stage: its own forward). Returns whether every op ran.
+    fn runs_to_completion(orders: &[Vec<ChunkOp>], chunks: u32, micro_batches: usize) -> bool {
+        let stages = orders.len() as u32;
+        let virtual_stages = (stages * chunks) as usize;
+        let mut next = vec![0usize; stages as usize];
+        let mut forward_done = vec![vec![false; micro_batches]; virtual_stages];
+        let mut backward_done = vec![vec![false; micro_batches]; virtual_stages];
+        loop {
+            let mut ran = Vec::new();
+            for (stage, order) in orders.iter().enumerate() {
+                let Some(op) = order.get(next[stage]) else {
+                    continue;
+                };
+                let at = op.chunk as usize * stages as usize + stage;
+                let ready = match op.direction {
+                    Direction::Forward => at == 0 || forward_done[at - 1][op.micro_batch],
+                    Direction::Backward if at + 1 == virtual_stages => {
+                        forward_done[at][op.micro_batch]
+                    }
+                    Direction::Backward => backward_done[at + 1][op.micro_batch],
+                };
+                if ready {
+                    ran.push((stage, at, *op));
+                }
+            }
+            if ran.is_empty() {
+                return next
+                    .iter()
+                    .zip(orders)
+                    .all(|(&done, order)| done == order.len());
+            }
+            for (stage, at, op) in ran {
+                next[stage] += 1;
+                match op.direction {
+                    Direction::Forward => forward_done[at][op.micro_batch] = true,
+                    Direction::Backward => backward_done[at][op.micro_batch] = true,
+                }
+            }
+        }
+    }
+
+    /// Every op of every micro-batch and chunk appears once per direction, and the schedule
+    /// never deadlocks, for the layouts Megatron accepts (whole groups of `pp` micro-batches).
+    #[test]
+    fn interleaved_order_is_complete_and_deadlock_free() {
+        for stages in 2..=4u32 {
+            for chunks in 2..=3u32 {
+                for groups in 1..=3usize {
+                    let micro_batches = groups * stages as usize;
+                    for stage in 0..stages {
+                        let order =
+                            interleaved_order(stages, chunks, stage, micro_batches).unwrap();
+                        assert_eq!(order.len(), 2 * micro_batches * chunks as usize);
+                        let mut seen = order.clone();
+                        seen.sort_by_key(|o| (o.direction, o.micro_batch, o.chunk));
+                        seen.dedup();
+                        assert_eq!(seen.len(), order.len());
+                    }
+                    let orders: Vec<Vec<ChunkOp>> = (0..stages)
+                        .map(|stage| interleaved_order(stages, chunks, stage, micro_batches))
+                        .collect::<Option<_>>()
+                        .unwrap();
+                    assert!(
+                        runs_to_completion(&orders, chunks, micro_batches),
+                        "pp={stages} v={chunks} m={micro_batches}"
+                    );
+                }
+            }
+        }
+        // The model catches a deadlock: stage 0 waiting for a backward before it sends on
+        // the forwards that backward needs.
+        let mut orders: Vec<Vec<ChunkOp>> = (0..2)
+            .map(|stage| interleaved_order(2, 2, stage, 4))
+            .collect::<Option<_>>()
+            .unwrap();
+        let first_backward = orders[0]
+            .iter()
+            .position(|o| o.direction == Direction::Backward)
+            .unwrap();
+        let backward = orders[0].remove(first_backward);
+        orders[0].insert(1, backward);
+        assert!(!runs_to_completion(&orders, 2, 4));
     }
 }

@@ -236,7 +236,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             memory_limit,
             drain: args.drain,
             recompute: match args.spec.recompute {
-                Some(_) => job.spec.model.recompute.as_str().to_string(),
+                Some(_) => job.spec.model.recompute.to_string(),
                 None => "search".to_string(),
             },
             rules: rules_text(args.tune_steps.min(args.steps), memory_limit, args.drain),

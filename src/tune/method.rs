@@ -169,10 +169,7 @@ pub fn candidates_with(
             let primary = pipelines.remove(0);
             for &recompute in &choices.recompute {
                 candidates.push(Candidate {
-                    label: format!(
-                        "{label},slice={size},cap={cap},recompute={}",
-                        recompute.as_str()
-                    ),
+                    label: format!("{label},slice={size},cap={cap},recompute={}", recompute),
                     pipeline: primary.pipeline.clone(),
                     variants: pipelines.clone(),
                     recompute,

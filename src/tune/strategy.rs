@@ -63,7 +63,11 @@ pub struct Variant {
 /// fixed one) — and the memory a chosen configuration may use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Choices {
+    /// The uniform modes (or the one the user fixed).
     pub recompute: Vec<Recompute>,
+    /// Whether a strategy that models Megatron's block recomputation may add `block:K` modes
+    /// ([`block_recompute_layers`]); off when the user fixed the mode.
+    pub block_recompute: bool,
     /// The fraction of device memory (HBM) a configuration may peak at to count as fitting
     /// (default [`DEFAULT_MEMORY_LIMIT`]).
     pub memory_limit: f64,
@@ -80,6 +84,7 @@ impl Choices {
     pub fn all() -> Choices {
         Choices {
             recompute: Recompute::ALL.to_vec(),
+            block_recompute: true,
             memory_limit: DEFAULT_MEMORY_LIMIT,
         }
     }
@@ -88,6 +93,7 @@ impl Choices {
     pub fn fixed(mode: Recompute) -> Choices {
         Choices {
             recompute: vec![mode],
+            block_recompute: false,
             memory_limit: DEFAULT_MEMORY_LIMIT,
         }
     }
@@ -95,6 +101,17 @@ impl Choices {
     /// The bytes a configuration may peak at on a device of `capacity_bytes`.
     pub fn memory_limit_bytes(&self, capacity_bytes: u64) -> u64 {
         (capacity_bytes as f64 * self.memory_limit) as u64
+    }
+
+    /// The modes plus, where allowed, block recomputation of a few layer counts of a model
+    /// chunk of `layers_per_chunk` layers.
+    fn with_block(&self, layers_per_chunk: u32) -> Vec<Recompute> {
+        let mut modes = self.recompute.clone();
+        if self.block_recompute {
+            let blocks = block_recompute_layers(layers_per_chunk);
+            modes.extend(blocks.into_iter().map(Recompute::Block));
+        }
+        modes
     }
 }
 
@@ -198,14 +215,37 @@ pub static STRATEGIES: &[StrategyInfo] = &[
     },
     StrategyInfo {
         name: "megatron",
-        summary: "first-fit-decreasing bins of the context length, static CP, 1F1B",
+        summary: "Megatron-LM as a competent user tunes it: FFD bins, static CP, recompute",
         source: "NVIDIA NeMo nemo/utils/sequence_packing_utils.py first_fit_decreasing (the \
                  packed THD sequences Megatron-Core runs with cu_seqlens); Megatron-LM \
-                 --context-parallel-size, --recompute-granularity, 1F1B schedule",
+                 --context-parallel-size, --recompute-granularity selective|full, \
+                 --recompute-method block --recompute-num-layers K, 1F1B schedule \
+                 (megatron/core/pipeline_parallel/schedules.py)",
         deviations: "bins are packed per global batch and dealt round-robin to the DP ranks \
-                     (no sampler shuffle); the static CP degree (a power of two from the DP \
-                     pool) and the recompute mode are the fastest combination that fits memory.",
+                     (no sampler shuffle); the tuner searches the bin size (the rungs 2^k and \
+                     3·2^(k-1) at or above the batch's longest document, the first two, and \
+                     the context), the static CP degree (a power of two from the DP pool) and \
+                     the recomputation (none, selective, full, block of a quarter and a half \
+                     of a stage's layers), keeping the fastest combination that fits memory; \
+                     a user sizes bins once per run, here per tuned batch; no interleaved 1F1B \
+                     (--num-layers-per-virtual-pipeline-stage) yet: the step IR does not model \
+                     virtual pipeline stages.",
         candidates: megatron_candidates,
+        admit: None,
+        applies: None,
+    },
+    StrategyInfo {
+        name: "megatron-paper",
+        summary: "Megatron-LM as the SlimPack paper ran it: bins of the context, static CP, 1F1B",
+        source: "the Megatron-LM baseline of SlimPack (arXiv 2509.26246, section 6): NeMo \
+                 first_fit_decreasing packing into context-length sequences, \
+                 --context-parallel-size, --recompute-granularity, 1F1B",
+        deviations: "bins are packed per global batch and dealt round-robin to the DP ranks \
+                     (no sampler shuffle); bins are pinned to the context length; the static \
+                     CP degree and the uniform recompute mode (none, selective, full) are the \
+                     fastest combination that fits memory. The baseline SlimPack's 2.8x is \
+                     quoted against.",
+        candidates: megatron_paper_candidates,
         admit: None,
         applies: None,
     },
@@ -363,9 +403,9 @@ fn cp_and_recompute(
     for cp in cp_degrees(spec) {
         for &recompute in &choices.recompute {
             let label = if spec.parallel.cp.is_some() {
-                format!("recompute={}", recompute.as_str())
+                format!("recompute={}", recompute)
             } else {
-                format!("cp={cp},recompute={}", recompute.as_str())
+                format!("cp={cp},recompute={}", recompute)
             };
             candidates.push(Candidate {
                 variants: Vec::new(),
@@ -397,8 +437,64 @@ fn padding_candidates(spec: &Spec, _: &Batch, _: &StrategyState, c: &Choices) ->
     })
 }
 
+fn megatron_paper_candidates(
+    spec: &Spec,
+    b: &Batch,
+    _: &StrategyState,
+    c: &Choices,
+) -> Vec<Candidate> {
+    let uniform = Choices {
+        block_recompute: false,
+        ..c.clone()
+    };
+    global_packing(spec, &uniform, "ffd", capacity(b))
+}
+
+/// Megatron tuned: every bin size of [`megatron_bin_sizes`] times the static CP degrees times
+/// the recompute modes with block recomputation.
 fn megatron_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
-    global_packing(spec, c, "ffd", capacity(b))
+    let modes = Choices {
+        recompute: c.with_block(spec.layers_per_chunk()),
+        block_recompute: false,
+    };
+    let mut candidates = Vec::new();
+    for bin in megatron_bin_sizes(b) {
+        for mut candidate in global_packing(spec, &modes, "ffd", bin) {
+            candidate.label = format!("bin={bin},{}", candidate.label);
+            candidates.push(candidate);
+        }
+    }
+    candidates
+}
+
+/// The bin sizes a Megatron user tries for a batch: the usual sequence-length rungs (powers of
+/// two and the steps halfway between, `2^k` and `3·2^(k-1)`) that hold the batch's longest
+/// sample, the first two of them, and the context — no bin may cut a document, and past
+/// twice the longest document larger bins only mean fewer micro-batches.
+pub fn megatron_bin_sizes(batch: &Batch) -> Vec<u32> {
+    let context = capacity(batch);
+    let longest = batch.samples.iter().map(|s| s.len).max().unwrap_or(1);
+    let mut rungs: Vec<u64> = (0..32u32)
+        .flat_map(|k| [1u64 << k, 3u64 << k])
+        .filter(|&rung| rung >= u64::from(longest) && rung < u64::from(context))
+        .collect();
+    rungs.sort_unstable();
+    rungs.dedup();
+    let mut sizes: Vec<u32> = rungs.into_iter().take(2).map(|rung| rung as u32).collect();
+    sizes.push(context);
+    sizes
+}
+
+/// The `K` of the block recomputations a Megatron user tries on chunks of `layers` layers: a
+/// quarter and a half of them (at least 1, fewer than all: `block:n` is `full`).
+pub fn block_recompute_layers(layers: u32) -> Vec<u32> {
+    let mut ks: Vec<u32> = [layers / 4, layers / 2]
+        .into_iter()
+        .map(|k| k.max(1))
+        .filter(|&k| k < layers)
+        .collect();
+    ks.dedup();
+    ks
 }
 
 fn bfd_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
@@ -472,10 +568,7 @@ fn hybrid_cp_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) 
         for &recompute in &c.recompute {
             candidates.push(Candidate {
                 variants: Vec::new(),
-                label: format!(
-                    "max-tokens-per-rank={per_rank},recompute={}",
-                    recompute.as_str()
-                ),
+                label: format!("max-tokens-per-rank={per_rank},recompute={}", recompute),
                 pipeline: format!(
                     "assign-hybrid-cp{{max-tokens-per-rank={per_rank}}},\
                      pack-symmetric{{policy=per-sample}},schedule-pipeline"
@@ -571,9 +664,57 @@ mod tests {
         let spec = Spec::from_presets("tiny", "cpu", "tp=1,cp=2,pp=1,dp=8").unwrap();
         assert_eq!(cp_degrees(&spec), vec![1]);
         assert_eq!(
-            megatron_candidates(&spec, &batch(), &StrategyState::default(), &Choices::all()).len(),
+            megatron_paper_candidates(&spec, &batch(), &StrategyState::default(), &Choices::all())
+                .len(),
             3
         );
         assert!(lookup("nope").is_err_and(|e| e.contains("megatron")));
+    }
+
+    /// Bins hold the longest document: the first two rungs at or above it, then the context.
+    #[test]
+    fn megatron_bin_sizes_climb_from_the_longest_document() {
+        let sizes = |lengths: &[u32], context| {
+            megatron_bin_sizes(&Batch::from_lengths(lengths, Some(context), "test"))
+        };
+        // Wikipedia-like S4: longest 90,000 of a 262,144 context -> 96K, 128K, 256K.
+        assert_eq!(
+            sizes(&[90_000, 300, 5_000], 262_144),
+            vec![98_304, 131_072, 262_144]
+        );
+        // A rung equal to the longest is taken; rungs at the context are the context.
+        assert_eq!(sizes(&[4096, 10], 65_536), vec![4096, 6144, 65_536]);
+        assert_eq!(sizes(&[40_000], 65_536), vec![49_152, 65_536]);
+        assert_eq!(sizes(&[65_536], 65_536), vec![65_536]);
+    }
+
+    #[test]
+    fn block_recompute_tries_a_quarter_and_a_half_of_a_chunk() {
+        assert_eq!(block_recompute_layers(10), vec![2, 5]);
+        assert_eq!(block_recompute_layers(4), vec![1, 2]);
+        assert_eq!(block_recompute_layers(2), vec![1]);
+        assert_eq!(block_recompute_layers(1), Vec::<u32>::new());
+    }
+
+    /// megatron = bins x CP degrees x (uniform + block) recompute modes; megatron-paper keeps
+    /// the context bins and the uniform modes.
+    #[test]
+    fn megatron_searches_bins_and_block_recompute() {
+        // llama-70b, 10 layers per stage: block:2 and block:5.
+        let spec = Spec::from_presets("llama-70b", "h100-sxm", "tp=8,pp=8,dp=4").unwrap();
+        let batch = Batch::from_lengths(&[90_000, 300, 5_000], Some(262_144), "test");
+        let state = StrategyState::default();
+        let tuned = megatron_candidates(&spec, &batch, &state, &Choices::all());
+        assert_eq!(tuned.len(), 3 * 3 * 5);
+        assert!(tuned
+            .iter()
+            .any(|c| c.label == "bin=98304,cp=2,recompute=block:5"
+                && c.recompute == Recompute::Block(5)
+                && c.pipeline.contains("cap=98304")));
+        let paper = megatron_paper_candidates(&spec, &batch, &state, &Choices::all());
+        assert_eq!(paper.len(), 3 * 3);
+        assert!(paper.iter().all(|c| c.pipeline.contains("cap=262144")));
+        let fixed = megatron_candidates(&spec, &batch, &state, &Choices::fixed(Recompute::Full));
+        assert_eq!(fixed.len(), 3 * 3);
     }
 }

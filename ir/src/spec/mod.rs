@@ -10,7 +10,7 @@ mod model;
 mod parallel;
 
 pub use cluster::{ClusterSpec, GpuSpec, LinkSpec, CLUSTER_PRESETS};
-pub use model::{Dtype, ModelSpec, Recompute, MODEL_PRESETS};
+pub use model::{Dtype, ModelSpec, Recompute, RecomputeMix, MODEL_PRESETS};
 pub use parallel::{Coords, ParallelSpec, MAX_WORLD};
 
 use serde::de::DeserializeOwned;
@@ -86,6 +86,12 @@ impl Spec {
     /// Layers held by each pipeline stage.
     pub fn layers_per_stage(&self) -> u32 {
         self.model.layers / self.parallel.pp
+    }
+
+    /// Layers of one model chunk: the unit Megatron's block recomputation counts its `K` layers
+    /// in (a stage's layers).
+    pub fn layers_per_chunk(&self) -> u32 {
+        self.layers_per_stage()
     }
 }
 

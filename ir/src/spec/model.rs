@@ -48,7 +48,9 @@ impl FromStr for Dtype {
     }
 }
 
-/// Activation recomputation mode (Megatron-LM's `--recompute-granularity`).
+/// Activation recomputation mode (Megatron-LM's `--recompute-granularity` and
+/// `--recompute-method`). Written `none`, `selective`, `full` or `block:K` in specs, TOML and
+/// the text IR.
 #[derive(
     Debug,
     Clone,
@@ -62,7 +64,8 @@ impl FromStr for Dtype {
     Deserialize,
     schemars::JsonSchema,
 )]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String", into = "String")]
+#[schemars(with = "String")]
 pub enum Recompute {
     /// Every activation the backward needs is kept.
     None,
@@ -70,15 +73,45 @@ pub enum Recompute {
     Selective,
     /// Only each layer's input is kept; the whole layer is recomputed in the backward.
     Full,
+    /// Megatron-LM's `--recompute-granularity full --recompute-method block
+    /// --recompute-num-layers K`: the first `K` layers of every model chunk (a pipeline stage,
+    /// or a virtual stage under interleaving) recompute fully, the others keep every
+    /// activation.
+    Block(u32),
+}
+
+/// The share of a model chunk's layers under each recomputation, from [`Recompute::mix`]:
+/// what the cost and memory models weigh their per-layer terms with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecomputeMix {
+    /// Layers that keep every activation.
+    pub none: f64,
+    /// Layers that recompute their attention internals.
+    pub selective: f64,
+    /// Layers that keep only their input and recompute the whole layer.
+    pub full: f64,
 }
 
 impl Recompute {
+    /// The uniform modes (every layer alike); [`Recompute::Block`] takes a layer count.
     pub const ALL: [Recompute; 3] = [Recompute::None, Recompute::Selective, Recompute::Full];
-    pub fn as_str(self) -> &'static str {
+
+    /// How a chunk of `layers_per_chunk` layers splits over the uniform modes.
+    pub fn mix(self, layers_per_chunk: u32) -> RecomputeMix {
+        let only = |none, selective, full| RecomputeMix {
+            none,
+            selective,
+            full,
+        };
         match self {
-            Recompute::None => "none",
-            Recompute::Selective => "selective",
-            Recompute::Full => "full",
+            Recompute::None => only(1.0, 0.0, 0.0),
+            Recompute::Selective => only(0.0, 1.0, 0.0),
+            Recompute::Full => only(0.0, 0.0, 1.0),
+            Recompute::Block(k) => {
+                let layers = layers_per_chunk.max(1);
+                let full = f64::from(k.min(layers)) / f64::from(layers);
+                only(1.0 - full, 0.0, full)
+            }
         }
     }
 }
@@ -90,16 +123,38 @@ impl FromStr for Recompute {
             "none" => Ok(Recompute::None),
             "selective" => Ok(Recompute::Selective),
             "full" => Ok(Recompute::Full),
-            _ => Err(format!(
-                "unknown recompute mode '{s}' (valid: none, selective, full)"
-            )),
+            _ => match s.strip_prefix("block:").map(str::parse::<u32>) {
+                Some(Ok(layers)) if layers > 0 => Ok(Recompute::Block(layers)),
+                _ => Err(format!(
+                    "unknown recompute mode '{s}' (valid: none, selective, full, block:K with K \
+                     >= 1 layers per stage)"
+                )),
+            },
         }
     }
 }
 
 impl fmt::Display for Recompute {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        match self {
+            Recompute::None => f.write_str("none"),
+            Recompute::Selective => f.write_str("selective"),
+            Recompute::Full => f.write_str("full"),
+            Recompute::Block(layers) => write!(f, "block:{layers}"),
+        }
+    }
+}
+
+impl TryFrom<String> for Recompute {
+    type Error = String;
+    fn try_from(s: String) -> std::result::Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Recompute> for String {
+    fn from(mode: Recompute) -> String {
+        mode.to_string()
     }
 }
 
@@ -257,5 +312,27 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("llama-70b"), "{message}");
+    }
+
+    #[test]
+    fn recompute_modes_round_trip_as_text() {
+        for mode in [
+            Recompute::None,
+            Recompute::Selective,
+            Recompute::Full,
+            Recompute::Block(4),
+        ] {
+            assert_eq!(mode.to_string().parse::<Recompute>(), Ok(mode));
+            let json = serde_json::to_string(&mode).unwrap();
+            assert_eq!(serde_json::from_str::<Recompute>(&json).unwrap(), mode);
+        }
+        assert_eq!(Recompute::Block(4).to_string(), "block:4");
+        for bad in ["block:0", "block:", "block:x", "blocks:2", "Full"] {
+            assert!(bad.parse::<Recompute>().is_err(), "{bad}");
+        }
+        // block:K of a chunk of n layers: K/n of them full, the rest keep everything.
+        let mix = Recompute::Block(2).mix(8);
+        assert_eq!((mix.none, mix.selective, mix.full), (0.75, 0.0, 0.25));
+        assert_eq!(Recompute::Block(9).mix(8).full, 1.0);
     }
 }

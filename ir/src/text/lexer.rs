@@ -169,7 +169,8 @@ fn punctuation(c: char) -> Token {
 }
 
 /// Word characters; names (`%d0.1`) may contain single dots, words may contain `.`, `+`, `-`
-/// inside numbers (`5e-6`, `1.5`) but never `..`.
+/// inside numbers (`5e-6`, `1.5`) but never `..`, and a `:` between word characters
+/// (`recompute=block:4`).
 fn is_word_char(c: char, in_name: bool) -> bool {
     c.is_ascii_alphanumeric() || c == '_' || c == '-' || (!in_name && c == '+')
 }
@@ -178,7 +179,12 @@ fn scan_word(chars: &[char], mut i: usize, in_name: bool) -> usize {
     while i < chars.len() {
         let c = chars[i];
         let single_dot = c == '.' && chars.get(i + 1) != Some(&'.');
-        if is_word_char(c, in_name) || single_dot {
+        let inner_colon = c == ':'
+            && !in_name
+            && chars
+                .get(i + 1)
+                .is_some_and(|&next| is_word_char(next, in_name));
+        if is_word_char(c, in_name) || single_dot || inner_colon {
             i += 1;
         } else {
             break;

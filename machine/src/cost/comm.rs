@@ -13,7 +13,7 @@
 //! MPICH"; NCCL's ring algorithm): all-gather and reduce-scatter `(n−1)/n · B/bw + (n−1)·α`;
 //! all-reduce, a reduce-scatter followed by an all-gather, `2(n−1)/n · B/bw + 2(n−1)·α`.
 
-use slimpack_ir::spec::{LinkSpec, ModelSpec, ParallelSpec, Recompute, Spec};
+use slimpack_ir::spec::{LinkSpec, ModelSpec, ParallelSpec, RecomputeMix, Spec};
 use slimpack_ir::step::Direction;
 
 use super::memory::MAIN_GRAD_BYTES;
@@ -143,7 +143,8 @@ pub struct CommModel {
     hidden_row_bytes: f64,
     /// Bytes per token per layer of one device's K and V (`2 · kv_width · dtype / tp`).
     kv_bytes_per_token: f64,
-    recompute: Recompute,
+    /// The recomputation over one model chunk's layers.
+    recompute: RecomputeMix,
 }
 
 impl CommModel {
@@ -159,7 +160,7 @@ impl CommModel {
             tp,
             hidden_row_bytes: f64::from(model.hidden) * dtype,
             kv_bytes_per_token: 2.0 * model.kv_width() as f64 * dtype / f64::from(tp),
-            recompute: model.recompute,
+            recompute: model.recompute.mix(spec.layers_per_chunk()),
         }
     }
 
@@ -172,9 +173,9 @@ impl CommModel {
     /// sequence-parallel split); full recomputation replays the forward's collectives.
     pub fn tp_layer_time(&self, tokens: f64, direction: Direction) -> f64 {
         let one = self.tp_collective_time(tokens);
-        let collectives = match (direction, self.recompute) {
-            (Direction::Backward, Recompute::Full) => 2.0 * TP_COLLECTIVES_PER_LAYER,
-            _ => TP_COLLECTIVES_PER_LAYER,
+        let collectives = match direction {
+            Direction::Backward => (1.0 + self.recompute.full) * TP_COLLECTIVES_PER_LAYER,
+            Direction::Forward => TP_COLLECTIVES_PER_LAYER,
         };
         collectives * one
     }
@@ -219,11 +220,7 @@ impl CommModel {
         let passes = match direction {
             Direction::Forward => 1.0,
             Direction::Backward => {
-                let replay = if self.recompute == Recompute::None {
-                    0.0
-                } else {
-                    1.0
-                };
+                let replay = self.recompute.full + self.recompute.selective;
                 CP_BACKWARD_RING_PASSES + replay
             }
         };

@@ -25,7 +25,7 @@
 
 use std::ops::{Add, AddAssign, Mul};
 
-use slimpack_ir::spec::{ModelSpec, Recompute};
+use slimpack_ir::spec::{ModelSpec, RecomputeMix};
 use slimpack_ir::step::Direction;
 
 /// Backward over forward FLOPs of the GEMMs: input gradient plus weight gradient, each as large
@@ -113,16 +113,17 @@ pub struct DirectionFactors {
 }
 
 impl DirectionFactors {
-    /// Factors of `direction` under `recompute`: forward (1, 1); backward (2, 2.5) plus the
-    /// recomputed forward work — selective (2, 3.5), full (3, 3.5).
-    pub fn of(direction: Direction, recompute: Recompute) -> DirectionFactors {
+    /// Factors of `direction` under the recomputation `mix`: forward (1, 1); backward (2, 2.5)
+    /// plus the recomputed forward work — selective (2, 3.5), full (3, 3.5), `block:K` on a
+    /// chunk of `n` layers the layer average (2 + K/n, 2.5 + K/n).
+    pub fn of(direction: Direction, mix: RecomputeMix) -> DirectionFactors {
         match direction {
             Direction::Forward => DirectionFactors {
                 linear: 1.0,
                 attention: 1.0,
             },
             Direction::Backward => {
-                let (linear_extra, attention_extra) = recomputed_forward(recompute);
+                let (linear_extra, attention_extra) = recomputed_forward(mix);
                 DirectionFactors {
                     linear: BACKWARD_LINEAR_FACTOR + linear_extra,
                     attention: BACKWARD_ATTENTION_FACTOR + attention_extra,
@@ -132,13 +133,11 @@ impl DirectionFactors {
     }
 }
 
-/// Forward work re-executed in the backward, as (linear, attention) multiples of the forward.
-pub fn recomputed_forward(recompute: Recompute) -> (f64, f64) {
-    match recompute {
-        Recompute::None => (0.0, 0.0),
-        Recompute::Selective => (0.0, 1.0),
-        Recompute::Full => (1.0, 1.0),
-    }
+/// Forward work re-executed in the backward, as (linear, attention) multiples of the forward,
+/// averaged over a chunk's layers: fully recomputed layers replay both, selective ones their
+/// attention.
+pub fn recomputed_forward(mix: RecomputeMix) -> (f64, f64) {
+    (mix.full, mix.full + mix.selective)
 }
 
 /// Per-model FLOP coefficients, computed once per spec.
@@ -150,17 +149,19 @@ pub struct FlopModel {
     attention_per_pair: f64,
     /// Forward FLOPs per token of the output projection: `2 · hidden · vocab`.
     head_per_token: f64,
-    recompute: Recompute,
+    /// The model's recomputation over the layers of one model chunk.
+    recompute: RecomputeMix,
 }
 
 impl FlopModel {
-    /// Coefficients of `model`.
-    pub fn new(model: &ModelSpec) -> FlopModel {
+    /// Coefficients of `model` split into model chunks (pipeline stages, or virtual stages) of
+    /// `layers_per_chunk` layers (what `block:K` recomputation is counted against).
+    pub fn new(model: &ModelSpec, layers_per_chunk: u32) -> FlopModel {
         FlopModel {
             linear_per_token: 2.0 * gemm_params_per_layer(model) as f64,
             attention_per_pair: 4.0 * model.q_width() as f64,
             head_per_token: 2.0 * f64::from(model.hidden) * f64::from(model.vocab),
-            recompute: model.recompute,
+            recompute: model.recompute.mix(layers_per_chunk),
         }
     }
 
@@ -225,9 +226,10 @@ pub fn gemm_params_per_layer(model: &ModelSpec) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slimpack_ir::spec::Recompute;
 
     fn llama7b() -> FlopModel {
-        FlopModel::new(&ModelSpec::preset("llama-7b").unwrap())
+        FlopModel::new(&ModelSpec::preset("llama-7b").unwrap(), 8)
     }
 
     /// Forward FLOPs of the single token at position `tau`, by hand from the per-token costs.
@@ -257,7 +259,7 @@ mod tests {
         );
         // Attention FLOPs follow the 64 query heads, not the 8 K/V heads.
         assert_eq!(
-            FlopModel::new(&model).attention_per_pair(),
+            FlopModel::new(&model, 10).attention_per_pair(),
             4.0 * 64.0 * 128.0
         );
     }
@@ -327,10 +329,15 @@ mod tests {
             (Recompute::None, 2.0, 2.5),
             (Recompute::Selective, 2.0, 3.5),
             (Recompute::Full, 3.0, 3.5),
+            // Chunks of 8 layers, the first 2 recomputed fully: 2 + 2/8 and 2.5 + 2/8.
+            (Recompute::Block(2), 2.25, 2.75),
+            (Recompute::Block(8), 3.0, 3.5),
+            // More recomputed layers than the chunk holds: all of them.
+            (Recompute::Block(12), 3.0, 3.5),
         ];
         for (recompute, linear, attention) in expected {
             spec.recompute = recompute;
-            let model = FlopModel::new(&spec);
+            let model = FlopModel::new(&spec, 8);
             let forward = model.layer(512, 512, Direction::Forward);
             let backward = model.layer(512, 512, Direction::Backward);
             assert_eq!(backward.linear / forward.linear, linear, "{recompute}");

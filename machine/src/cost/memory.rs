@@ -24,7 +24,9 @@
 //!   the K/V store ([`MemoryModel::kv_bytes`]) because later slices attend to them. For
 //!   llama-7b that is 115,328 B (+16,384 B of K/V) against Korthikanti's `34h` = 139,264 B.
 //!   Selective recomputation drops the attention output and log-sum-exp (recomputed from Q, K, V
-//!   in the backward); full recomputation keeps only the layer input, `h·b`. The last stage also
+//!   in the backward); full recomputation keeps only the layer input, `h·b`; block
+//!   recomputation (`block:K`, Megatron's `--recompute-method block`) keeps `h·b` for the first
+//!   `K` layers of each model chunk and everything for the rest. The last stage also
 //!   keeps the final norm's input and output (`2h·b`) and the fp32 softmax of the loss
 //!   (`4·vocab`, all `÷ tp`).
 //! - K/V retention: `2 · kv_heads · head_dim · b / tp` per token per layer while any slice of the
@@ -69,7 +71,7 @@
 //!   slice (one buffer in the forward, probabilities and their gradients in the backward);
 //! - no workspace: every buffer the runtime allocates is one of the above.
 
-use slimpack_ir::spec::{Dtype, ModelSpec, Recompute, Spec};
+use slimpack_ir::spec::{Dtype, ModelSpec, Spec};
 use slimpack_ir::step::Direction;
 
 use super::efficiency::DeviceKind;
@@ -286,15 +288,20 @@ impl MemoryModel {
         let heads = u64::from(model.heads);
         let none = b * (4 * h + 2 * q + 3 * ffn) + LSE_BYTES * heads;
         let attention_output = b * q + LSE_BYTES * heads;
-        let activation_per_token = match model.recompute {
-            Recompute::None => none,
-            Recompute::Selective => none - attention_output,
-            Recompute::Full => b * h,
-        };
-        let rematerialised_per_token = match model.recompute {
-            Recompute::None => 0,
-            Recompute::Selective => attention_output,
-            Recompute::Full => none,
+        // Per layer, averaged over a chunk's layers (`block:K` mixes full and none); the
+        // rematerialised temporaries are those of one layer at a time, so the largest of the
+        // modes present.
+        let mix = model.recompute.mix(spec.layers_per_chunk());
+        let activation_per_token = (mix.none * none as f64
+            + mix.selective * (none - attention_output) as f64
+            + mix.full * (b * h) as f64)
+            .round() as u64;
+        let rematerialised_per_token = if mix.full > 0.0 {
+            none
+        } else if mix.selective > 0.0 {
+            attention_output
+        } else {
+            0
         };
         let cpu = DeviceKind::of(&spec.cluster.gpu) == DeviceKind::Cpu;
         let workspace = match cpu {
@@ -460,6 +467,7 @@ fn stage_params(spec: &Spec, stage: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slimpack_ir::spec::Recompute;
 
     const GIB: f64 = (1u64 << 30) as f64;
 
@@ -496,6 +504,10 @@ mod tests {
             (Recompute::None, 115_328),
             (Recompute::Selective, 115_328 - 8192 - 128),
             (Recompute::Full, 8192),
+            // block:8 of the stage's 32 layers: (8 · 8192 + 24 · 115,328) / 32 per layer.
+            (Recompute::Block(8), 88_544),
+            (Recompute::Block(32), 8192),
+            (Recompute::Block(40), 8192),
         ];
         for (recompute, per_token_layer) in expected {
             spec.model.recompute = recompute;

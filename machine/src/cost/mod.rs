@@ -54,7 +54,7 @@ pub use traffic::{Traffic, BACKWARD_ELEMENTWISE_FACTOR};
 use serde::Serialize;
 
 use crate::error::{MachineError, Result};
-use slimpack_ir::spec::{Dtype, LinkSpec, Recompute, Spec};
+use slimpack_ir::spec::{Dtype, LinkSpec, RecomputeMix, Spec};
 use slimpack_ir::step::Direction;
 
 /// Compute kernels of one layer's forward in a Megatron-Core + Transformer Engine layer: two
@@ -143,9 +143,9 @@ impl CostModel {
         let throughput = Throughput::analytic(&spec.cluster, spec.model.dtype);
         CostModel {
             spec: spec.clone(),
-            flops: FlopModel::new(&spec.model),
+            flops: FlopModel::new(&spec.model, spec.layers_per_chunk()),
             throughput,
-            traffic: Traffic::new(&spec.model, spec.parallel.tp),
+            traffic: Traffic::new(&spec.model, spec.parallel.tp, spec.layers_per_chunk()),
             comm: CommModel::new(spec),
             memory: MemoryModel::new(spec),
             layers_per_stage: spec.layers_per_stage(),
@@ -391,7 +391,7 @@ impl CostModel {
         match direction {
             Direction::Forward => forward,
             Direction::Backward => {
-                let (_, replayed) = recomputed_forward(self.spec.model.recompute);
+                let (_, replayed) = recomputed_forward(self.recompute_mix());
                 let backward = BACKWARD_ATTENTION_FACTOR * work;
                 self.throughput
                     .time(OpKind::AttentionBackward, backward, query_len)
@@ -412,13 +412,14 @@ impl CostModel {
             Direction::Forward => forward_s,
             Direction::Backward => {
                 let backward = BACKWARD_LINEAR_FACTOR * forward;
-                let replay = match self.spec.model.recompute {
-                    Recompute::Full => {
-                        let layer_work = self.flops.linear_per_token() * layers * tokens / self.tp;
-                        self.throughput
-                            .time(OpKind::GemmForward, layer_work, tokens)
-                    }
-                    Recompute::None | Recompute::Selective => 0.0,
+                let (replayed, _) = recomputed_forward(self.recompute_mix());
+                let replay = if replayed > 0.0 {
+                    let layer_work =
+                        replayed * self.flops.linear_per_token() * layers * tokens / self.tp;
+                    self.throughput
+                        .time(OpKind::GemmForward, layer_work, tokens)
+                } else {
+                    0.0
                 };
                 self.throughput.time(OpKind::GemmBackward, backward, tokens) + replay
             }
@@ -438,12 +439,11 @@ impl CostModel {
     }
 
     fn kernel_overhead(&self, first: bool, last: bool, direction: Direction) -> f64 {
-        let per_layer = match (direction, self.spec.model.recompute) {
-            (Direction::Forward, _) => KERNELS_PER_LAYER_FORWARD,
-            (Direction::Backward, Recompute::None) => KERNELS_PER_LAYER_BACKWARD,
-            (Direction::Backward, Recompute::Selective) => KERNELS_PER_LAYER_BACKWARD + 1.0,
-            (Direction::Backward, Recompute::Full) => {
-                KERNELS_PER_LAYER_BACKWARD + KERNELS_PER_LAYER_FORWARD
+        let per_layer = match direction {
+            Direction::Forward => KERNELS_PER_LAYER_FORWARD,
+            Direction::Backward => {
+                let mix = self.recompute_mix();
+                KERNELS_PER_LAYER_BACKWARD + mix.selective + mix.full * KERNELS_PER_LAYER_FORWARD
             }
         };
         let mut kernels = per_layer * f64::from(self.layers_per_stage);
@@ -454,6 +454,11 @@ impl CostModel {
             kernels += HEAD_KERNELS;
         }
         kernels * self.throughput.profile().kernel_overhead_s
+    }
+
+    /// The model's recomputation over the layers of one model chunk.
+    pub fn recompute_mix(&self) -> RecomputeMix {
+        self.spec.model.recompute.mix(self.spec.layers_per_chunk())
     }
 
     fn is_last(&self, stage: u32) -> bool {

@@ -2,7 +2,7 @@
 //! shape of pack times (small packs and short queries run below peak, CP over the right link).
 
 use super::*;
-use slimpack_ir::spec::Coords;
+use slimpack_ir::spec::{Coords, Recompute};
 
 fn spec(model: &str, cluster: &str, parallel: &str) -> Spec {
     Spec::from_presets(model, cluster, parallel).unwrap()
@@ -121,6 +121,14 @@ fn backward_over_forward_time_follows_the_flop_ratios() {
     spec.model.recompute = Recompute::Full;
     let full = ratio(&spec);
     assert!((3.0..3.5).contains(&full), "{full}");
+    // block:8 of 32 layers sits a quarter of the way from none to full.
+    spec.model.recompute = Recompute::Block(8);
+    let block = ratio(&spec);
+    let quarter = none + (full - none) / 4.0;
+    assert!(
+        (block - quarter).abs() < 0.02 * quarter,
+        "{block} vs {quarter}"
+    );
 }
 
 #[test]

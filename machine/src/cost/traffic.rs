@@ -8,7 +8,7 @@
 //! Megatron-Core + Transformer Engine layer with its usual fusions (norm kernels separate from
 //! the GEMMs, fused RoPE, fused SwiGLU, fused bias-dropout-add).
 
-use slimpack_ir::spec::{ModelSpec, Recompute};
+use slimpack_ir::spec::{ModelSpec, RecomputeMix};
 use slimpack_ir::step::Direction;
 
 /// Element-wise backward over forward traffic: each backward kernel reads the saved input and
@@ -35,12 +35,13 @@ pub struct Traffic {
     embedding_backward: f64,
     head_forward: f64,
     head_backward: f64,
-    recompute: Recompute,
+    recompute: RecomputeMix,
 }
 
 impl Traffic {
-    /// Traffic of `model` with tensor-parallel degree `tp`.
-    pub fn new(model: &ModelSpec, tp: u32) -> Traffic {
+    /// Traffic of `model` with tensor-parallel degree `tp`, in model chunks of
+    /// `layers_per_chunk` layers (what `block:K` recomputation counts against).
+    pub fn new(model: &ModelSpec, tp: u32, layers_per_chunk: u32) -> Traffic {
         let tp = f64::from(tp);
         let b = model.dtype.bytes() as f64;
         let h = f64::from(model.hidden);
@@ -70,7 +71,7 @@ impl Traffic {
             embedding_backward: h * b + 2.0 * h * super::memory::MAIN_GRAD_BYTES as f64,
             head_forward: (final_norm + loss_forward) / tp,
             head_backward: (BACKWARD_ELEMENTWISE_FACTOR * final_norm + loss_backward) / tp,
-            recompute: model.recompute,
+            recompute: model.recompute.mix(layers_per_chunk),
         }
     }
 
@@ -80,10 +81,7 @@ impl Traffic {
         match direction {
             Direction::Forward => self.layer_forward,
             Direction::Backward => {
-                let recomputed = match self.recompute {
-                    Recompute::Full => self.layer_forward,
-                    Recompute::None | Recompute::Selective => 0.0,
-                };
+                let recomputed = self.recompute.full * self.layer_forward;
                 BACKWARD_ELEMENTWISE_FACTOR * self.layer_forward + recomputed
             }
         }
@@ -109,16 +107,17 @@ impl Traffic {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slimpack_ir::spec::Recompute;
 
     #[test]
     fn llama7b_layer_traffic_by_hand() {
         let model = ModelSpec::preset("llama-7b").unwrap();
         // 4·4096 + 2·8192 + 3·11008 + 6·4096 = 90,368 elements of 2 bytes.
-        let traffic = Traffic::new(&model, 1);
+        let traffic = Traffic::new(&model, 1, 4);
         assert_eq!(traffic.layer(Direction::Forward), 180_736.0);
         assert_eq!(traffic.layer(Direction::Backward), 361_472.0);
         assert_eq!(
-            Traffic::new(&model, 8).layer(Direction::Forward),
+            Traffic::new(&model, 8, 4).layer(Direction::Forward),
             180_736.0 / 8.0
         );
         // Loss: 32000 logits · (2 + 4 cast + 8 · 4) bytes, plus the final norm.
@@ -132,8 +131,12 @@ mod tests {
     fn full_recomputation_replays_the_forward_traffic() {
         let mut model = ModelSpec::preset("llama-7b").unwrap();
         model.recompute = Recompute::Full;
-        let traffic = Traffic::new(&model, 2);
+        let traffic = Traffic::new(&model, 2, 4);
         let forward = traffic.layer(Direction::Forward);
         assert_eq!(traffic.layer(Direction::Backward), 3.0 * forward);
+        // block:1 on chunks of 4 layers replays a quarter of the forward traffic.
+        model.recompute = Recompute::Block(1);
+        let traffic = Traffic::new(&model, 2, 4);
+        assert_eq!(traffic.layer(Direction::Backward), 2.25 * forward);
     }
 }

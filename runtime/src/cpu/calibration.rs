@@ -84,7 +84,7 @@ pub fn measure(spec: &Spec, options: &CalibrationOptions) -> Result<Calibration>
     super::exec::keep_freed_memory();
     let cost = CostModel::new(spec);
     let flops = cost.flop_model();
-    let traffic = Traffic::new(&spec.model, 1);
+    let traffic = Traffic::new(&spec.model, 1, spec.layers_per_chunk());
     let overhead = cost.throughput().profile().kernel_overhead_s;
     let layers = config.layers as f64;
     let kernels_forward = KERNELS_PER_LAYER_FORWARD * layers + EMBEDDING_KERNELS + HEAD_KERNELS;
