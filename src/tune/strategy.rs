@@ -456,6 +456,7 @@ fn megatron_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -
     let modes = Choices {
         recompute: c.with_block(spec.layers_per_chunk()),
         block_recompute: false,
+        memory_limit: c.memory_limit,
     };
     let mut candidates = Vec::new();
     for bin in megatron_bin_sizes(b) {

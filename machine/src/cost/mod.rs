@@ -54,7 +54,7 @@ pub use traffic::{Traffic, BACKWARD_ELEMENTWISE_FACTOR};
 use serde::Serialize;
 
 use crate::error::{MachineError, Result};
-use slimpack_ir::spec::{Dtype, LinkSpec, RecomputeMix, Spec};
+use slimpack_ir::spec::{Dtype, LinkSpec, Recompute, RecomputeMix, Spec};
 use slimpack_ir::step::Direction;
 
 /// Compute kernels of one layer's forward in a Megatron-Core + Transformer Engine layer: two
