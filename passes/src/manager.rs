@@ -52,6 +52,8 @@ pub struct PassRecord {
     /// The entry as written in the pipeline (`slice{size=8192}`).
     pub pipeline_entry: String,
     pub ms: f64,
+    /// Wall time of the verifier after the pass (0 with verification off).
+    pub verify_ms: f64,
     pub statistics: Statistics,
 }
 
@@ -118,12 +120,14 @@ pub fn run_pipeline_in(
         if let Some(phase) = info.produces {
             ir.advance(phase.max(ir.phase()));
         }
+        let verify_start = Instant::now();
         if options.verify {
             verify::verify(ir).map_err(|source| PassError::Invalid {
                 after: Some(name),
                 source,
             })?;
         }
+        let verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
         if options.print.after_all || options.print.after.iter().any(|p| p == name) {
             emit(print_sink, &format!("IR after {}", entry.render()), ir);
         }
@@ -134,6 +138,7 @@ pub fn run_pipeline_in(
             name,
             pipeline_entry: entry.render(),
             ms,
+            verify_ms,
             statistics,
         });
     }

@@ -5,7 +5,9 @@
 //! and replicas are kept in creation order, slices in offset order, a pack's slices and a
 //! replica's packs by the `position` on their edges.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use rustc_hash::FxHashMap;
 
 use petgraph::stable_graph::StableDiGraph;
 use petgraph::visit::EdgeRef;
@@ -33,6 +35,12 @@ pub struct StepIr {
     pack_counts: HashMap<(ReplicaId, Direction), u32>,
     /// The lowered program, stored by [`crate::program::lower_into`] (phase `lowered`).
     program: Option<Program>,
+    /// Position of each sample in `samples` (batch order).
+    sample_position: FxHashMap<SampleId, u32>,
+    /// The replica each placed sample is on.
+    sample_replica: FxHashMap<SampleId, ReplicaId>,
+    /// Per replica, the batch positions of the samples placed on it.
+    replica_samples: FxHashMap<ReplicaId, BTreeSet<u32>>,
 }
 
 impl StepIr {
@@ -63,6 +71,9 @@ impl StepIr {
             padding: BTreeMap::new(),
             pack_counts: HashMap::new(),
             program: None,
+            sample_position: FxHashMap::default(),
+            sample_replica: FxHashMap::default(),
+            replica_samples: FxHashMap::default(),
         };
         for stage in stages {
             ir.add_stage(*stage);
@@ -108,8 +119,7 @@ impl StepIr {
 
     /// Adds a sample with one slice covering it.
     pub fn add_sample(&mut self, sample: Sample) -> SampleId {
-        let id = SampleId(self.graph.add_node(Node::Sample(sample)));
-        self.samples.push(id);
+        let id = self.add_bare_sample(sample);
         self.set_slices(id, &[sample.len]);
         id
     }
@@ -117,6 +127,7 @@ impl StepIr {
     /// Adds a sample without slices (the parser adds them one by one).
     pub fn add_bare_sample(&mut self, sample: Sample) -> SampleId {
         let id = SampleId(self.graph.add_node(Node::Sample(sample)));
+        self.sample_position.insert(id, self.samples.len() as u32);
         self.samples.push(id);
         id
     }
@@ -250,42 +261,42 @@ impl StepIr {
 
     /// Places a sample on a replica (replacing an earlier placement).
     pub fn place_sample(&mut self, sample: SampleId, replica: ReplicaId) {
-        if let Some(edge) = self
-            .graph
-            .edges_directed(sample.0, Outgoing)
-            .find(|e| matches!(e.weight(), Edge::Placed { .. }))
-            .map(|e| e.id())
-        {
-            self.graph.remove_edge(edge);
+        let position = self.sample_position[&sample];
+        if let Some(previous) = self.sample_replica.insert(sample, replica) {
+            if let Some(placed) = self.replica_samples.get_mut(&previous) {
+                placed.remove(&position);
+            }
         }
-        self.graph
-            .add_edge(sample.0, replica.0, Edge::Placed { position: 0 });
+        self.replica_samples
+            .entry(replica)
+            .or_default()
+            .insert(position);
     }
 
     /// The replica a sample is placed on.
     pub fn replica_of_sample(&self, sample: SampleId) -> Option<ReplicaId> {
-        self.placement(sample.0)
+        self.sample_replica.get(&sample).copied()
     }
 
     /// The replica a pack runs on.
     pub fn replica_of_pack(&self, pack: PackId) -> Option<ReplicaId> {
-        self.placement(pack.0)
-    }
-
-    fn placement(&self, node: petgraph::graph::NodeIndex) -> Option<ReplicaId> {
         self.graph
-            .edges_directed(node, Outgoing)
+            .edges_directed(pack.0, Outgoing)
             .find(|e| matches!(e.weight(), Edge::Placed { .. }))
             .map(|e| ReplicaId(e.target()))
     }
 
     /// Samples placed on a replica, in batch order.
     pub fn samples_on(&self, replica: ReplicaId) -> Vec<SampleId> {
-        self.samples
-            .iter()
-            .copied()
-            .filter(|&s| self.replica_of_sample(s) == Some(replica))
-            .collect()
+        self.replica_samples
+            .get(&replica)
+            .map(|placed| {
+                placed
+                    .iter()
+                    .map(|&position| self.samples[position as usize])
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     // ---- packs ----
