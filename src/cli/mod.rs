@@ -7,6 +7,7 @@ pub mod exit;
 mod input;
 mod opt;
 mod passes;
+mod plan;
 mod report;
 mod run;
 mod schema;
@@ -36,6 +37,8 @@ enum Command {
     Simulate(simulate::SimulateArgs),
     /// Print the JSON Schema of the schedule JSON (`compile --emit json`).
     Schema(schema::SchemaArgs),
+    /// Plan every step of a dataset's epoch (tuned once) and stream the schedules out.
+    Plan(plan::PlanArgs),
     /// Run the strategies side by side on global batches of a dataset, through the simulator.
     Bench(bench::BenchArgs),
     /// Execute a compiled step for real (CPU backend), measured against the simulator.
@@ -78,6 +81,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Simulate(args) => simulate::run(args),
         Command::Schema(args) => schema::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Plan(args) => plan::run(args),
         Command::Run(args) => run::run(args),
         Command::Calibrate(args) => calibrate::run(args),
         Command::Validate(args) => validate::run(args),

@@ -8,9 +8,15 @@
 //! peak memory, marked OOM. Candidates run on parallel threads; the choice is deterministic
 //! (ties go to the earlier candidate). [`admit`] applies a strategy's admission hook (the steps
 //! a run carries over, e.g. WLB-LLM's delayed outliers) before a batch is compiled.
+//!
+//! [`TuneOptions`] carry what the command line asks of the tuning: whether the candidates'
+//! passes are verified (`--no-verify` reaches here) and an optional wall-clock budget
+//! (`--tune-budget-ms`): once it is spent, candidates not yet started are skipped (the first
+//! candidate always runs). A budget makes the choice depend on the machine's speed; without
+//! one the choice is deterministic.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
 use slimpack_ir::batch::Batch;
@@ -51,6 +57,24 @@ pub enum TuneError {
     },
 }
 
+/// What the caller asks of a tuning (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct TuneOptions {
+    /// Verify every candidate's IR after each pass (the pass manager's default).
+    pub verify: bool,
+    /// Stop starting candidates once this much wall time has passed.
+    pub budget: Option<Duration>,
+}
+
+impl Default for TuneOptions {
+    fn default() -> Self {
+        TuneOptions {
+            verify: true,
+            budget: None,
+        }
+    }
+}
+
 /// One candidate compiled and simulated.
 #[derive(Debug)]
 pub struct Evaluation {
@@ -60,13 +84,17 @@ pub struct Evaluation {
     pub metrics: Metrics,
     /// Wall time of building the IR and running the candidate's pipeline.
     pub compile_ms: f64,
+    /// The passes of the pipeline the step runs, with their wall and verifier times.
+    pub passes: Vec<PassRecord>,
 }
 
 /// The outcome of [`choose`].
 #[derive(Debug)]
 pub struct Choice {
-    /// Every candidate, in the strategy's order.
+    /// Every candidate evaluated, in the strategy's order.
     pub evaluations: Vec<Evaluation>,
+    /// Candidates skipped because the tuning budget was spent.
+    pub skipped: usize,
     /// Index of the chosen candidate in `evaluations`.
     pub chosen: usize,
     /// The chosen candidate's compiled step.
@@ -125,6 +153,17 @@ pub fn evaluate(
     batch: &Batch,
     candidate: &Candidate,
 ) -> Result<(Evaluation, Compiled), TuneError> {
+    evaluate_with(strategy, spec, batch, candidate, &TuneOptions::default())
+}
+
+/// [`evaluate`] with the caller's options (verification).
+pub fn evaluate_with(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    candidate: &Candidate,
+    tune: &TuneOptions,
+) -> Result<(Evaluation, Compiled), TuneError> {
     let spec = candidate_spec(spec, candidate);
     let cx = PassContext::for_spec(&spec);
     let cost = cx.machine();
@@ -143,7 +182,10 @@ pub fn evaluate(
         pipelines.push((variant.label.clone(), entries));
     }
     let shared = shared_prefix(&pipelines);
-    let options = ManagerOptions::default();
+    let options = ManagerOptions {
+        verify: tune.verify,
+        ..ManagerOptions::default()
+    };
     let sink = &mut std::io::sink();
     let start = Instant::now();
     let base = compile_entries(&spec, batch, &pipelines[0].1[..shared], &cx, &options, sink)
@@ -178,6 +220,7 @@ pub fn evaluate(
         variant,
         metrics,
         compile_ms,
+        passes: passes.clone(),
     };
     let compiled = Compiled {
         ir,
@@ -215,17 +258,46 @@ pub fn choose(
     state: &StrategyState,
     choices: &Choices,
 ) -> Result<Choice, TuneError> {
+    choose_with(
+        strategy,
+        spec,
+        batch,
+        state,
+        choices,
+        &TuneOptions::default(),
+    )
+}
+
+/// [`choose`] with the caller's options (verification, budget).
+pub fn choose_with(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+    tune: &TuneOptions,
+) -> Result<Choice, TuneError> {
     let candidates = (strategy.candidates)(spec, batch, state, choices);
     if candidates.is_empty() {
         return Err(TuneError::NoCandidate {
             strategy: strategy.name,
         });
     }
-    let outcomes = evaluate_all(strategy, spec, batch, &candidates);
+    let start = Instant::now();
+    let within_budget =
+        |index: usize| index == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget);
+    let outcomes = parallel_map(&candidates, |index, candidate| {
+        within_budget(index).then(|| evaluate_with(strategy, spec, batch, candidate, tune))
+    });
     let limit = memory_limit(&slimpack_machine::machine_model(spec));
     let mut evaluations = Vec::with_capacity(outcomes.len());
     let mut best: Option<(usize, Compiled)> = None;
+    let mut skipped = 0;
     for outcome in outcomes {
+        let Some(outcome) = outcome else {
+            skipped += 1;
+            continue;
+        };
         let (evaluation, compiled) = outcome?;
         let index = evaluations.len();
         let better = match &best {
@@ -243,6 +315,7 @@ pub fn choose(
     let (chosen, compiled) = best.expect("at least one candidate was evaluated");
     Ok(Choice {
         evaluations,
+        skipped,
         chosen,
         compiled,
     })
@@ -266,18 +339,6 @@ fn preferred(metrics: &Metrics, other: &Metrics, limit: u64) -> bool {
     }
 }
 
-/// Evaluates the candidates in parallel, results in candidate order.
-fn evaluate_all(
-    strategy: &StrategyInfo,
-    spec: &Spec,
-    batch: &Batch,
-    candidates: &[Candidate],
-) -> Vec<Result<(Evaluation, Compiled), TuneError>> {
-    parallel_map(candidates, |candidate| {
-        evaluate(strategy, spec, batch, candidate)
-    })
-}
-
 /// Compiles and simulates the steps of a run whose configuration is chosen — each step's
 /// (admitted) batch with its candidate — in parallel; evaluations in step order.
 pub fn evaluate_steps(
@@ -285,22 +346,26 @@ pub fn evaluate_steps(
     spec: &Spec,
     steps: &[(Batch, Candidate)],
 ) -> Result<Vec<Evaluation>, TuneError> {
-    parallel_map(steps, |(batch, candidate)| {
+    parallel_map(steps, |_, (batch, candidate)| {
         evaluate(strategy, spec, batch, candidate).map(|(evaluation, _)| evaluation)
     })
     .into_iter()
     .collect()
 }
 
-/// `f` over `items` on up to `available_parallelism` threads; results in item order. A panic
-/// in `f` is re-raised here.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+/// `f(index, item)` over `items` on up to `available_parallelism` threads, items started in
+/// order; results in item order. A panic in `f` is re-raised here.
+pub fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> Vec<R> {
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(items.len())
         .max(1);
     if threads == 1 {
-        return items.iter().map(&f).collect();
+        return items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| f(index, item))
+            .collect();
     }
     let next = AtomicUsize::new(0);
     let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
@@ -314,7 +379,7 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
                         let Some(item) = items.get(index) else {
                             return done;
                         };
-                        done.push((index, f(item)));
+                        done.push((index, f(index, item)));
                     }
                 })
             })
