@@ -8,9 +8,9 @@
 //! caller's sink with its predicted metrics, in step order, then dropped: memory holds the
 //! dataset and at most one step per worker thread, whatever the number of steps.
 //!
-//! Steps after the first are compiled in rounds of one step per available core (their
-//! admissions, which carry state, run in step order first), so the output is the same on any
-//! number of cores.
+//! Steps after the first are compiled in rounds of one step per thread (their admissions,
+//! which carry state, run in step order first), so the output is the same on any number of
+//! cores. The first step's tuning runs its candidates on every core.
 
 use std::time::Instant;
 
@@ -68,6 +68,8 @@ pub struct PlanOptions<'a> {
     pub tune: TuneOptions,
     /// Plan at most this many steps (default: the whole epoch).
     pub max_steps: Option<usize>,
+    /// Steps compiled at once after the first (default: one per available core).
+    pub threads: Option<usize>,
 }
 
 /// Errors of an epoch plan.
@@ -124,7 +126,10 @@ pub fn plan_epoch(
     let mut compiled = choice.compiled;
     lower(&mut compiled, &manager, &mut std::io::sink())?;
     hand_on(&mut summary, sink, 1, first, compiled, metrics, false)?;
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = options
+        .threads
+        .unwrap_or_else(autotune::available_threads)
+        .max(1);
     while !stream.epoch_done() && summary.steps < max_steps {
         // One round: the admissions in step order, then the compilations in parallel.
         let mut round = Vec::with_capacity(threads);
@@ -144,7 +149,7 @@ pub fn plan_epoch(
                 })?;
             round.push((step, batch, candidate));
         }
-        let planned = autotune::parallel_map(&round, |_, (_, batch, candidate)| {
+        let planned = autotune::parallel_map_on(threads, &round, |_, (_, batch, candidate)| {
             plan_step(strategy, spec, batch, candidate, &state, options, &manager)
         });
         for ((step, batch, _), outcome) in round.into_iter().zip(planned) {

@@ -201,6 +201,10 @@ pub struct CompileArgs {
     /// Write the plan and exit 0 even when it does not fit device memory (otherwise: exit 3).
     #[arg(long)]
     allow_oom: bool,
+    /// Compile the N-th global batch of the seeded stream (1: the first, as `plan` numbers its
+    /// steps) instead of the first.
+    #[arg(long, value_name = "N")]
+    step: Option<usize>,
     /// Wall-clock budget of a strategy's tuning: candidates not started when it is spent are
     /// skipped (the first always runs; the choice then depends on the machine's speed).
     #[arg(long, value_name = "MS")]
@@ -270,7 +274,19 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let job = args.spec.job()?;
     let strategy = args.strategy_name()?;
     let manager = args.manager.options()?;
-    let batch = job.batch(&args.batch)?;
+    let batch = match args.step {
+        None => job.batch(&args.batch)?,
+        Some(0) => bail!("--step 0: steps are numbered from 1"),
+        Some(step) => {
+            let (dataset, options) = job.dataset(&args.batch)?;
+            let mut stream = dataset.batch_stream(&options)?;
+            let mut batch = stream.next_batch()?;
+            for _ in 1..step {
+                batch = stream.next_batch()?;
+            }
+            batch
+        }
+    };
     let emit = args.emit.or(args.output.as_ref().map(|_| Emit::Ir));
     if emit.is_some() && args.output.is_none() && args.report == ReportFormat::Json {
         bail!("--emit to standard output and --report json would mix on stdout; give -o FILE");

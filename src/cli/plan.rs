@@ -59,6 +59,9 @@ pub struct PlanArgs {
     /// Wall-clock budget of the tuning on the first step (see `compile --tune-budget-ms`).
     #[arg(long, value_name = "MS")]
     tune_budget_ms: Option<u64>,
+    /// Steps compiled at once (default: one per core).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
 }
 
 /// Where the steps go.
@@ -138,6 +141,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     if args.steps == Some(0) {
         bail!("--steps 0: plan at least one step");
     }
+    if args.threads == Some(0) {
+        bail!("--threads 0: give at least one thread");
+    }
     let (dataset, batch_options) = job.dataset(&args.batch)?;
     let choices = match args.spec.recompute {
         Some(_) => Choices::fixed(job.spec.model.recompute),
@@ -151,6 +157,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
         },
         max_steps: args.steps,
+        threads: args.threads,
     };
     let mut output = Output::open(&args)?;
     let bar = progress_bar();

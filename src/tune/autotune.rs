@@ -356,10 +356,21 @@ pub fn evaluate_steps(
 /// `f(index, item)` over `items` on up to `available_parallelism` threads, items started in
 /// order; results in item order. A panic in `f` is re-raised here.
 pub fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(items.len())
-        .max(1);
+    parallel_map_on(available_threads(), items, f)
+}
+
+/// The threads [`parallel_map`] uses: one per available core.
+pub fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// [`parallel_map`] on at most `threads` threads (1: on the calling thread).
+pub fn parallel_map_on<T: Sync, R: Send>(
+    threads: usize,
+    items: &[T],
+    f: impl Fn(usize, &T) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.min(items.len()).max(1);
     if threads == 1 {
         return items
             .iter()
