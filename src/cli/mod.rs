@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch.
 
 pub mod bench;
+mod bench_planning;
 mod calibrate;
 mod compile;
 pub mod exit;
