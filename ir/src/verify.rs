@@ -102,8 +102,8 @@ pub fn check(ir: &StepIr) -> Vec<VerifyError> {
         ir,
         names: OnceCell::new(),
         errors: Vec::new(),
-        pack_position: FxHashMap::default(),
-        member_position: FxHashMap::default(),
+        pack_position: vec![0; petgraph::visit::NodeIndexable::node_bound(ir.graph())],
+        member_position: Memberships::new(petgraph::visit::NodeIndexable::node_bound(ir.graph())),
     };
     verifier.stages();
     verifier.samples_and_slices();
@@ -139,9 +139,52 @@ struct Verifier<'a> {
     names: OnceCell<Names>,
     errors: Vec<VerifyError>,
     /// Position of each placed pack among its replica's packs of its direction.
-    pack_position: FxHashMap<PackId, usize>,
+    /// (Indexed by node index: 0 for a node that is no placed pack.)
+    pack_position: Vec<usize>,
     /// Position of each slice inside each pack that holds it.
-    member_position: FxHashMap<(PackId, SliceId), usize>,
+    member_position: Memberships,
+}
+
+/// The position of each slice inside each pack that holds it: a sound step has each slice in
+/// at most two packs (one per direction), kept in two slots per slice indexed by node index;
+/// the memberships of a malformed step beyond those go to a map.
+struct Memberships {
+    slots: Vec<[(u32, u32); 2]>,
+    more: FxHashMap<(PackId, SliceId), usize>,
+}
+
+impl Memberships {
+    const FREE: (u32, u32) = (u32::MAX, 0);
+
+    fn new(node_bound: usize) -> Memberships {
+        Memberships {
+            slots: vec![[Memberships::FREE; 2]; node_bound],
+            more: FxHashMap::default(),
+        }
+    }
+
+    fn insert(&mut self, pack: PackId, slice: SliceId, position: usize) {
+        let pack_index = pack.node().index() as u32;
+        let slots = &mut self.slots[slice.node().index()];
+        match slots
+            .iter_mut()
+            .find(|slot| slot.0 == pack_index || slot.0 == u32::MAX)
+        {
+            Some(slot) => *slot = (pack_index, position as u32),
+            None => {
+                self.more.insert((pack, slice), position);
+            }
+        }
+    }
+
+    fn get(&self, pack: PackId, slice: SliceId) -> Option<usize> {
+        let pack_index = pack.node().index() as u32;
+        self.slots[slice.node().index()]
+            .iter()
+            .find(|slot| slot.0 == pack_index)
+            .map(|slot| slot.1 as usize)
+            .or_else(|| self.more.get(&(pack, slice)).copied())
+    }
 }
 
 impl Verifier<'_> {
@@ -367,9 +410,9 @@ impl Verifier<'_> {
         for &replica in ir.replicas() {
             for direction in [Direction::Forward, Direction::Backward] {
                 for (position, pack) in ir.packs_on(replica, direction).into_iter().enumerate() {
-                    self.pack_position.insert(pack, position);
+                    self.pack_position[pack.node().index()] = position;
                     for (member, slice) in ir.pack_slices(pack).into_iter().enumerate() {
-                        self.member_position.insert((pack, slice), member);
+                        self.member_position.insert(pack, slice, member);
                     }
                     self.pack(pack, replica);
                 }
@@ -506,11 +549,8 @@ impl Verifier<'_> {
     /// (position of the pack among its replica's packs of that direction, position inside it).
     fn order_key(&self, pack: PackId, slice: crate::step::SliceId) -> (usize, usize) {
         (
-            self.pack_position.get(&pack).copied().unwrap_or(0),
-            self.member_position
-                .get(&(pack, slice))
-                .copied()
-                .unwrap_or(0),
+            self.pack_position[pack.node().index()],
+            self.member_position.get(pack, slice).unwrap_or(0),
         )
     }
 

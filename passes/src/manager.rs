@@ -30,6 +30,10 @@ pub struct PrintOptions {
 pub struct ManagerOptions {
     /// Run the verifier on the input and after every pass (default on).
     pub verify: bool,
+    /// With `verify`: verify only the pipeline's result, not its input nor each pass (the
+    /// tuner's candidates: the step handed on is checked whole, and a caller that finds it
+    /// broken re-runs the pipeline verifying each pass to name the pass that broke it).
+    pub verify_result_only: bool,
     pub print: PrintOptions,
     /// Write numbered before/after dumps into this directory.
     pub dump_dir: Option<PathBuf>,
@@ -39,6 +43,7 @@ impl Default for ManagerOptions {
     fn default() -> Self {
         ManagerOptions {
             verify: true,
+            verify_result_only: false,
             print: PrintOptions::default(),
             dump_dir: None,
         }
@@ -82,7 +87,7 @@ pub fn run_pipeline_in(
         cx.machine().spec() == &ir.spec,
         "a pass context runs over steps of its own spec (bug)"
     );
-    if options.verify {
+    if options.verify && !options.verify_result_only {
         verify::verify(ir).map_err(|source| PassError::Invalid {
             after: None,
             source,
@@ -121,7 +126,8 @@ pub fn run_pipeline_in(
             ir.advance(phase.max(ir.phase()));
         }
         let verify_start = Instant::now();
-        if options.verify {
+        let last = position == pipeline.len();
+        if options.verify && (last || !options.verify_result_only) {
             verify::verify(ir).map_err(|source| PassError::Invalid {
                 after: Some(name),
                 source,

@@ -75,6 +75,7 @@ impl PassManagerArgs {
         }
         Ok(ManagerOptions {
             verify: !self.no_verify,
+            verify_result_only: false,
             print: PrintOptions {
                 after_all: self.print_ir_after_all,
                 after: self.print_ir_after.clone(),

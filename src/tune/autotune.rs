@@ -156,13 +156,32 @@ pub fn evaluate(
     evaluate_with(strategy, spec, batch, candidate, &TuneOptions::default())
 }
 
-/// [`evaluate`] with the caller's options (verification).
+/// [`evaluate`] with the caller's options (verification). The verifier checks each pipeline's
+/// result; when one is broken, the candidate is compiled again verifying every pass, so that
+/// the error names the pass that broke it.
 pub fn evaluate_with(
     strategy: &StrategyInfo,
     spec: &Spec,
     batch: &Batch,
     candidate: &Candidate,
     tune: &TuneOptions,
+) -> Result<(Evaluation, Compiled), TuneError> {
+    match evaluate_verifying(strategy, spec, batch, candidate, tune.verify, true) {
+        Err(TuneError::Compile { source, .. }) if matches!(*source, PassError::Invalid { .. }) => {
+            evaluate_verifying(strategy, spec, batch, candidate, true, false)
+        }
+        outcome => outcome,
+    }
+}
+
+/// One candidate compiled and simulated, verifying its pipelines' results or every pass.
+fn evaluate_verifying(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    candidate: &Candidate,
+    verify: bool,
+    verify_result_only: bool,
 ) -> Result<(Evaluation, Compiled), TuneError> {
     let spec = candidate_spec(spec, candidate);
     let cx = PassContext::for_spec(&spec);
@@ -183,7 +202,8 @@ pub fn evaluate_with(
     }
     let shared = shared_prefix(&pipelines);
     let options = ManagerOptions {
-        verify: tune.verify,
+        verify,
+        verify_result_only,
         ..ManagerOptions::default()
     };
     let sink = &mut std::io::sink();

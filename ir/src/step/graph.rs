@@ -35,10 +35,10 @@ pub struct StepIr {
     pack_counts: HashMap<(ReplicaId, Direction), u32>,
     /// The lowered program, stored by [`crate::program::lower_into`] (phase `lowered`).
     program: Option<Program>,
-    /// Position of each sample in `samples` (batch order).
-    sample_position: FxHashMap<SampleId, u32>,
-    /// The replica each placed sample is on.
-    sample_replica: FxHashMap<SampleId, ReplicaId>,
+    /// Position of each sample in `samples` (batch order), indexed by node index.
+    sample_position: Vec<u32>,
+    /// The replica of each sample, indexed by batch position (`None`: not placed).
+    sample_replica: Vec<Option<ReplicaId>>,
     /// Per replica, the batch positions of the samples placed on it.
     replica_samples: FxHashMap<ReplicaId, BTreeSet<u32>>,
 }
@@ -71,8 +71,8 @@ impl StepIr {
             padding: BTreeMap::new(),
             pack_counts: HashMap::new(),
             program: None,
-            sample_position: FxHashMap::default(),
-            sample_replica: FxHashMap::default(),
+            sample_position: Vec::new(),
+            sample_replica: Vec::new(),
             replica_samples: FxHashMap::default(),
         };
         for stage in stages {
@@ -127,9 +127,22 @@ impl StepIr {
     /// Adds a sample without slices (the parser adds them one by one).
     pub fn add_bare_sample(&mut self, sample: Sample) -> SampleId {
         let id = SampleId(self.graph.add_node(Node::Sample(sample)));
-        self.sample_position.insert(id, self.samples.len() as u32);
+        let index = id.0.index();
+        if self.sample_position.len() <= index {
+            self.sample_position.resize(index + 1, u32::MAX);
+        }
+        self.sample_position[index] = self.samples.len() as u32;
+        self.sample_replica.push(None);
         self.samples.push(id);
         id
+    }
+
+    /// A sample's position in batch order (a node that is no sample is a bug in the caller).
+    fn position_of(&self, sample: SampleId) -> u32 {
+        match self.sample_position.get(sample.0.index()) {
+            Some(&position) if position != u32::MAX => position,
+            _ => panic!("{sample:?} is not a sample; this is a bug"),
+        }
     }
 
     /// Samples in batch order.
@@ -261,8 +274,8 @@ impl StepIr {
 
     /// Places a sample on a replica (replacing an earlier placement).
     pub fn place_sample(&mut self, sample: SampleId, replica: ReplicaId) {
-        let position = self.sample_position[&sample];
-        if let Some(previous) = self.sample_replica.insert(sample, replica) {
+        let position = self.position_of(sample);
+        if let Some(previous) = self.sample_replica[position as usize].replace(replica) {
             if let Some(placed) = self.replica_samples.get_mut(&previous) {
                 placed.remove(&position);
             }
@@ -275,7 +288,7 @@ impl StepIr {
 
     /// The replica a sample is placed on.
     pub fn replica_of_sample(&self, sample: SampleId) -> Option<ReplicaId> {
-        self.sample_replica.get(&sample).copied()
+        self.sample_replica[self.position_of(sample) as usize]
     }
 
     /// The replica a pack runs on.
@@ -392,8 +405,10 @@ impl StepIr {
 
     /// The pack of one direction that holds a slice (the first if the IR is malformed).
     pub fn pack_of(&self, slice: SliceId, direction: Direction) -> Option<PackId> {
-        self.packs_of(slice)
-            .into_iter()
+        self.graph
+            .edges_directed(slice.0, Outgoing)
+            .filter(|e| matches!(e.weight(), Edge::Member { .. }))
+            .map(|e| PackId(e.target()))
             .filter(|&p| self.pack(p).direction == direction)
             .min()
     }
