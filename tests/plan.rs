@@ -149,3 +149,45 @@ fn text_summary_goes_to_stderr_and_bad_flags_are_one_line_errors() {
         );
     }
 }
+
+#[test]
+fn bench_planning_prints_one_row_per_size_and_strategy() {
+    let output = slimpack(&[
+        "bench",
+        "--model",
+        "llama-7b",
+        "--cluster",
+        "h100-sxm",
+        "--parallel",
+        "tp=8,pp=2,dp=4",
+        "--context",
+        "32768",
+        "--dataset",
+        "tests/fixtures/wikipedia-100k.lengths.txt",
+        "--planning",
+        "--planning-sizes",
+        "100,1000",
+        "--strategies",
+        "megatron,bfd",
+        "--report",
+        "json",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(rows.len(), 4);
+    for (row, (samples, strategy)) in rows.iter().zip([
+        (100, "megatron"),
+        (100, "bfd"),
+        (1000, "megatron"),
+        (1000, "bfd"),
+    ]) {
+        assert!(row["samples"].as_u64().unwrap() >= samples, "{row}");
+        assert_eq!(row["strategy"], strategy);
+        assert!(row["wall_ms"].as_f64().unwrap() > 0.0);
+        assert_eq!(row["growth"].is_null(), samples == 100, "{row}");
+    }
+}
