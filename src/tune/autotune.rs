@@ -16,6 +16,7 @@
 //! one the choice is deterministic.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
@@ -306,33 +307,44 @@ pub fn choose_with(
     let start = Instant::now();
     let within_budget =
         |index: usize| index == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget);
-    let outcomes = parallel_map(&candidates, |index, candidate| {
-        within_budget(index).then(|| evaluate_with(strategy, spec, batch, candidate, tune))
-    });
     let limit = memory_limit(&slimpack_machine::machine_model(spec));
+    // Only the best step so far is kept (a step of a large batch is large, and the candidates
+    // are many): the first candidate, in the strategy's order, of those no other is preferred
+    // to — what keeping the preferred one over the candidates in order would choose.
+    let best: Mutex<Option<(usize, Metrics, Compiled)>> = Mutex::new(None);
+    let outcomes = parallel_map(&candidates, |index, candidate| {
+        if !within_budget(index) {
+            return None;
+        }
+        Some(
+            evaluate_with(strategy, spec, batch, candidate, tune).map(|(evaluation, compiled)| {
+                let mut best = best.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let better = match &*best {
+                    None => true,
+                    Some((current, metrics, _)) => {
+                        preferred(&evaluation.metrics, metrics, limit)
+                            || (index < *current && !preferred(metrics, &evaluation.metrics, limit))
+                    }
+                };
+                if better {
+                    *best = Some((index, evaluation.metrics.clone(), compiled));
+                }
+                evaluation
+            }),
+        )
+    });
     let mut evaluations = Vec::with_capacity(outcomes.len());
-    let mut best: Option<(usize, Compiled)> = None;
     let mut skipped = 0;
     for outcome in outcomes {
-        let Some(outcome) = outcome else {
-            skipped += 1;
-            continue;
-        };
-        let (evaluation, compiled) = outcome?;
-        let index = evaluations.len();
-        let better = match &best {
-            None => true,
-            Some((current, _)) => {
-                let current: &Evaluation = &evaluations[*current];
-                preferred(&evaluation.metrics, &current.metrics, limit)
-            }
-        };
-        evaluations.push(evaluation);
-        if better {
-            best = Some((index, compiled));
+        match outcome {
+            None => skipped += 1,
+            Some(outcome) => evaluations.push(outcome?),
         }
     }
-    let (chosen, compiled) = best.expect("at least one candidate was evaluated");
+    let (chosen, _, compiled) = best
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .expect("at least one candidate was evaluated");
     Ok(Choice {
         evaluations,
         skipped,
