@@ -9,6 +9,7 @@ pub mod compile;
 pub mod fuzz;
 pub mod limits;
 pub mod measure;
+pub mod plan;
 pub mod tune;
 
 pub use compile::{compile, CompileOptions, Compiled};

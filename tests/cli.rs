@@ -379,6 +379,7 @@ fn lengths_of_a_corpus_and_of_a_global_batch() {
         &["lengths", "--batch", "no/such/file.txt"],
         &["no/such/file.txt"],
     );
+}
 
 #[test]
 fn compile_and_simulate_report_where_the_step_goes() {

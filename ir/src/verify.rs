@@ -50,13 +50,16 @@
 //! Memory (`peak <= cap`) is checked by the compile driver with the simulator's memory timeline
 //! (the verifier has no machine model), and reported as an `oom` error there.
 
+use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+
+use rustc_hash::FxHashMap;
 
 use petgraph::graph::DiGraph;
 
 use crate::error::{IrError, Result};
-use crate::step::{Direction, PackId, Phase, ReplicaId, StepIr};
+use crate::step::{Direction, PackId, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr};
 use crate::text::Names;
 
 /// The invariant a lowered step breaks while its program is not stored yet (what the text
@@ -97,10 +100,10 @@ pub fn verify(ir: &StepIr) -> Result<()> {
 pub fn check(ir: &StepIr) -> Vec<VerifyError> {
     let mut verifier = Verifier {
         ir,
-        names: Names::new(ir),
+        names: OnceCell::new(),
         errors: Vec::new(),
-        pack_position: HashMap::new(),
-        member_position: HashMap::new(),
+        pack_position: vec![0; petgraph::visit::NodeIndexable::node_bound(ir.graph())],
+        member_position: Memberships::new(petgraph::visit::NodeIndexable::node_bound(ir.graph())),
     };
     verifier.stages();
     verifier.samples_and_slices();
@@ -116,22 +119,100 @@ pub fn check(ir: &StepIr) -> Vec<VerifyError> {
     verifier.errors
 }
 
+/// Where an error is: a node (named as the printed IR names it only when an error is
+/// reported, so that a sound step costs no names) or a section.
+#[derive(Debug, Clone, Copy)]
+enum At {
+    Section(&'static str),
+    Stage(StageId),
+    Replica(ReplicaId),
+    Sample(SampleId),
+    Slice(SliceId),
+    Pack(PackId),
+    Schedule(ReplicaId, StageId),
+    ReplicaSchedule(ReplicaId),
+}
+
 struct Verifier<'a> {
     ir: &'a StepIr,
-    names: Names,
+    /// The printed IR's names, built on the first error.
+    names: OnceCell<Names>,
     errors: Vec<VerifyError>,
     /// Position of each placed pack among its replica's packs of its direction.
-    pack_position: HashMap<PackId, usize>,
+    /// (Indexed by node index: 0 for a node that is no placed pack.)
+    pack_position: Vec<usize>,
     /// Position of each slice inside each pack that holds it.
-    member_position: HashMap<(PackId, crate::step::SliceId), usize>,
+    member_position: Memberships,
+}
+
+/// The position of each slice inside each pack that holds it: a sound step has each slice in
+/// at most two packs (one per direction), kept in two slots per slice indexed by node index;
+/// the memberships of a malformed step beyond those go to a map.
+struct Memberships {
+    slots: Vec<[(u32, u32); 2]>,
+    more: FxHashMap<(PackId, SliceId), usize>,
+}
+
+impl Memberships {
+    const FREE: (u32, u32) = (u32::MAX, 0);
+
+    fn new(node_bound: usize) -> Memberships {
+        Memberships {
+            slots: vec![[Memberships::FREE; 2]; node_bound],
+            more: FxHashMap::default(),
+        }
+    }
+
+    fn insert(&mut self, pack: PackId, slice: SliceId, position: usize) {
+        let pack_index = pack.node().index() as u32;
+        let slots = &mut self.slots[slice.node().index()];
+        match slots
+            .iter_mut()
+            .find(|slot| slot.0 == pack_index || slot.0 == u32::MAX)
+        {
+            Some(slot) => *slot = (pack_index, position as u32),
+            None => {
+                self.more.insert((pack, slice), position);
+            }
+        }
+    }
+
+    fn get(&self, pack: PackId, slice: SliceId) -> Option<usize> {
+        let pack_index = pack.node().index() as u32;
+        self.slots[slice.node().index()]
+            .iter()
+            .find(|slot| slot.0 == pack_index)
+            .map(|slot| slot.1 as usize)
+            .or_else(|| self.more.get(&(pack, slice)).copied())
+    }
 }
 
 impl Verifier<'_> {
+    fn names(&self) -> &Names {
+        self.names.get_or_init(|| Names::new(self.ir))
+    }
+
+    fn location(&self, at: At) -> String {
+        let names = self.names();
+        match at {
+            At::Section(section) => section.to_string(),
+            At::Stage(id) => names.stage(id).to_string(),
+            At::Replica(id) => names.replica(id).to_string(),
+            At::Sample(id) => names.sample(id).to_string(),
+            At::Slice(id) => names.slice(id).to_string(),
+            At::Pack(id) => names.pack(id).to_string(),
+            At::Schedule(replica, stage) => {
+                format!("schedule {} {}", names.replica(replica), names.stage(stage))
+            }
+            At::ReplicaSchedule(replica) => format!("schedule {}", names.replica(replica)),
+        }
+    }
+
     /// The stored program is the schedule's lowering, and executable.
     fn program(&mut self) {
         let Some(stored) = self.ir.program() else {
             self.report(
-                "program",
+                At::Section("program"),
                 PROGRAM_STORED,
                 "a lowered step carries its program (made by the lower pass)".into(),
             );
@@ -139,18 +220,23 @@ impl Verifier<'_> {
         };
         if *stored != crate::program::lower(self.ir) {
             self.report(
-                "program",
+                At::Section("program"),
                 "program-derived",
                 "the stored op lists are not what the schedule lowers to".into(),
             );
         } else if let Err(e) = crate::program::check(stored) {
-            self.report("program", "program-executable", e.message);
+            self.report(At::Section("program"), "program-executable", e.message);
         }
     }
 
-    fn report(&mut self, location: impl Into<String>, invariant: &'static str, message: String) {
+    fn report(&mut self, at: At, invariant: &'static str, message: String) {
+        let location = self.location(at);
+        self.report_located(location, invariant, message);
+    }
+
+    fn report_located(&mut self, location: String, invariant: &'static str, message: String) {
         self.errors.push(VerifyError {
-            location: location.into(),
+            location,
             invariant,
             message,
         });
@@ -161,7 +247,7 @@ impl Verifier<'_> {
         let pp = ir.spec.parallel.pp as usize;
         if ir.stages().len() != pp {
             self.report(
-                "stages",
+                At::Section("stages"),
                 "stages",
                 format!("{} stages for pp={pp}", ir.stages().len()),
             );
@@ -171,7 +257,7 @@ impl Verifier<'_> {
             let stage = *ir.stage(id);
             if stage.layers == 0 || stage.first_layer != next_layer {
                 self.report(
-                    self.names.stage(id).to_string(),
+                    At::Stage(id),
                     "stages",
                     format!(
                         "layers {}..{} do not continue from layer {next_layer} with at least one layer",
@@ -184,7 +270,7 @@ impl Verifier<'_> {
         }
         if next_layer != ir.spec.model.layers {
             self.report(
-                "stages",
+                At::Section("stages"),
                 "stages",
                 format!(
                     "stages cover {next_layer} layers, the model has {}",
@@ -198,14 +284,14 @@ impl Verifier<'_> {
         let ir = self.ir;
         for &sample_id in ir.samples() {
             let sample = *ir.sample(sample_id);
-            let name = self.names.sample(sample_id).to_string();
+            let name = At::Sample(sample_id);
             if sample.len == 0 {
-                self.report(&name, "sample-len", "sample has no tokens".into());
+                self.report(name, "sample-len", "sample has no tokens".into());
             }
             if let Some(context) = ir.batch.context {
                 if sample.len > context {
                     self.report(
-                        &name,
+                        name,
                         "sample-len",
                         format!("{} tokens exceed the context length {context}", sample.len),
                     );
@@ -215,9 +301,9 @@ impl Verifier<'_> {
             let mut covered = 0u32;
             for (j, &slice_id) in slices.iter().enumerate() {
                 let slice = *ir.slice(slice_id);
-                let slice_name = self.names.slice(slice_id).to_string();
+                let slice_name = At::Slice(slice_id);
                 if slice.len == 0 {
-                    self.report(&slice_name, "slice-cover", "slice has no tokens".into());
+                    self.report(slice_name, "slice-cover", "slice has no tokens".into());
                 }
                 if slice.start != covered {
                     let what = if slice.start < covered {
@@ -226,7 +312,7 @@ impl Verifier<'_> {
                         "leaves a gap after the previous slice"
                     };
                     self.report(
-                        &slice_name,
+                        slice_name,
                         "slice-cover",
                         format!(
                             "slice {}..{} {what} (expected to start at {covered})",
@@ -239,7 +325,7 @@ impl Verifier<'_> {
                 let expected_next = slices.get(j + 1).copied();
                 if ir.next_slice(slice_id) != expected_next {
                     self.report(
-                        &slice_name,
+                        slice_name,
                         "slice-chain",
                         "dependency edge does not lead to the next slice in offset order".into(),
                     );
@@ -247,7 +333,7 @@ impl Verifier<'_> {
             }
             if covered != sample.len {
                 self.report(
-                    &name,
+                    name,
                     "slice-cover",
                     format!(
                         "slices cover {covered} of the sample's {} tokens",
@@ -257,7 +343,7 @@ impl Verifier<'_> {
             }
             if ir.phase() >= Phase::Assigned && ir.replica_of_sample(sample_id).is_none() {
                 self.report(
-                    &name,
+                    name,
                     "assigned",
                     format!("sample is not placed on a replica at phase {}", ir.phase()),
                 );
@@ -271,24 +357,24 @@ impl Verifier<'_> {
         let mut seen_sets: HashSet<&[u32]> = HashSet::new();
         let mut merged_owner: HashMap<u32, ReplicaId> = HashMap::new();
         for &replica_id in ir.replicas() {
-            let name = self.names.replica(replica_id).to_string();
+            let name = At::Replica(replica_id);
             let ranks = &ir.replica(replica_id).ranks;
             if ranks.is_empty() {
-                self.report(&name, "replica-ranks", "replica has no DP ranks".into());
+                self.report(name, "replica-ranks", "replica has no DP ranks".into());
             }
             if let Some(&rank) = ranks.iter().find(|&&r| r >= dp) {
                 self.report(
-                    &name,
+                    name,
                     "replica-ranks",
                     format!("DP rank {rank} is out of range (dp={dp})"),
                 );
             }
             if ranks.windows(2).any(|w| w[0] == w[1]) {
-                self.report(&name, "replica-ranks", "a DP rank is repeated".into());
+                self.report(name, "replica-ranks", "a DP rank is repeated".into());
             }
             if !seen_sets.insert(ranks.as_slice()) {
                 self.report(
-                    &name,
+                    name,
                     "replica-ranks",
                     "another replica has the same DP ranks".into(),
                 );
@@ -297,11 +383,11 @@ impl Verifier<'_> {
                 for &rank in ranks {
                     if let Some(&other) = merged_owner.get(&rank) {
                         self.report(
-                            &name,
+                            name,
                             "replica-ranks",
                             format!(
                                 "DP-Merge group shares DP rank {rank} with {}",
-                                self.names.replica(other)
+                                self.names().replica(other)
                             ),
                         );
                     }
@@ -315,7 +401,7 @@ impl Verifier<'_> {
         let ir = self.ir;
         for pack in ir.unplaced_packs() {
             let slices = ir.pack_slices(pack).len();
-            self.report(
+            self.report_located(
                 format!("pack with {slices} slices"),
                 "pack-placement",
                 "pack is not placed on a replica".into(),
@@ -324,9 +410,9 @@ impl Verifier<'_> {
         for &replica in ir.replicas() {
             for direction in [Direction::Forward, Direction::Backward] {
                 for (position, pack) in ir.packs_on(replica, direction).into_iter().enumerate() {
-                    self.pack_position.insert(pack, position);
+                    self.pack_position[pack.node().index()] = position;
                     for (member, slice) in ir.pack_slices(pack).into_iter().enumerate() {
-                        self.member_position.insert((pack, slice), member);
+                        self.member_position.insert(pack, slice, member);
                     }
                     self.pack(pack, replica);
                 }
@@ -342,22 +428,22 @@ impl Verifier<'_> {
 
     fn pack(&mut self, pack: PackId, replica: ReplicaId) {
         let ir = self.ir;
-        let name = self.names.pack(pack).to_string();
+        let name = At::Pack(pack);
         let slices = ir.pack_slices(pack);
         if slices.is_empty() {
-            self.report(&name, "pack-placement", "pack has no slices".into());
+            self.report(name, "pack-placement", "pack has no slices".into());
         }
         for &slice in &slices {
             let sample = ir.sample_of(slice);
             if ir.replica_of_sample(sample) != Some(replica) {
                 self.report(
-                    &name,
+                    name,
                     "pack-placement",
                     format!(
                         "holds {} whose sample {} is not placed on {}",
-                        self.names.slice(slice),
-                        self.names.sample(sample),
-                        self.names.replica(replica)
+                        self.names().slice(slice),
+                        self.names().sample(sample),
+                        self.names().replica(replica)
                     ),
                 );
             }
@@ -366,7 +452,7 @@ impl Verifier<'_> {
         let tokens = ir.pack_tokens(pack);
         if tokens > u64::from(u32::MAX) || keys > u64::from(u32::MAX) {
             self.report(
-                &name,
+                name,
                 "pack-size",
                 format!(
                     "{tokens} tokens attending to {keys} keys: a pack holds at most {} of each",
@@ -377,7 +463,7 @@ impl Verifier<'_> {
         if let Some(cap) = ir.pack(pack).cap {
             if tokens > u64::from(cap) {
                 self.report(
-                    &name,
+                    name,
                     "pack-cap",
                     format!("{tokens} tokens exceed the pack's cap of {cap}"),
                 );
@@ -387,7 +473,7 @@ impl Verifier<'_> {
             let tokens = ir.pack_tokens(pack);
             if tokens > u64::from(padded) {
                 self.report(
-                    &name,
+                    name,
                     "pack-padding",
                     format!("padded to {padded} tokens but holds {tokens}"),
                 );
@@ -405,10 +491,10 @@ impl Verifier<'_> {
                 .into_iter()
                 .filter(|&p| ir.pack(p).direction == direction)
                 .collect();
-            let name = self.names.slice(slice).to_string();
+            let name = At::Slice(slice);
             if packs.len() > 1 {
                 self.report(
-                    &name,
+                    name,
                     "pack-unique",
                     format!("slice is in {} {} packs", packs.len(), direction.keyword()),
                 );
@@ -416,7 +502,7 @@ impl Verifier<'_> {
             let Some(&pack) = packs.first() else {
                 if ir.phase() >= Phase::Packed {
                     self.report(
-                        &name,
+                        name,
                         "packed",
                         format!("slice is in no {} pack", direction.keyword()),
                     );
@@ -445,13 +531,13 @@ impl Verifier<'_> {
                         Direction::Backward => "from its last slice to its first",
                     };
                     self.report(
-                        &name,
+                        name,
                         invariant,
                         format!(
                             "runs {verb} in {}, {rule} {} of the earlier slice {}; a sample runs {verb} {order}",
-                            self.names.pack(pack),
-                            self.names.pack(earlier_pack),
-                            self.names.slice(earlier)
+                            self.names().pack(pack),
+                            self.names().pack(earlier_pack),
+                            self.names().slice(earlier)
                         ),
                     );
                 }
@@ -463,11 +549,8 @@ impl Verifier<'_> {
     /// (position of the pack among its replica's packs of that direction, position inside it).
     fn order_key(&self, pack: PackId, slice: crate::step::SliceId) -> (usize, usize) {
         (
-            self.pack_position.get(&pack).copied().unwrap_or(0),
-            self.member_position
-                .get(&(pack, slice))
-                .copied()
-                .unwrap_or(0),
+            self.pack_position[pack.node().index()],
+            self.member_position.get(pack, slice).unwrap_or(0),
         )
     }
 
@@ -483,11 +566,7 @@ impl Verifier<'_> {
             for &stage_id in ir.stages() {
                 let stage = ir.stage(stage_id).index;
                 let order = ir.schedule(replica, stage);
-                let location = format!(
-                    "schedule {} {}",
-                    self.names.replica(replica),
-                    self.names.stage(stage_id)
-                );
+                let location = At::Schedule(replica, stage_id);
                 let listed_forward: Vec<PackId> = order
                     .iter()
                     .copied()
@@ -527,7 +606,7 @@ impl Verifier<'_> {
             return; // `stages` reports it
         }
         let mut graph: DiGraph<(PackId, usize), ()> = DiGraph::new();
-        let mut task = HashMap::new();
+        let mut task = FxHashMap::default();
         let mut packs = ir.packs_on(replica, Direction::Forward);
         packs.extend(ir.packs_on(replica, Direction::Backward));
         for &pack in &packs {
@@ -570,11 +649,11 @@ impl Verifier<'_> {
         if let Err(cycle) = petgraph::algo::toposort(&graph, None) {
             let (pack, stage) = graph[cycle.node_id()];
             self.report(
-                format!("schedule {}", self.names.replica(replica)),
+                At::ReplicaSchedule(replica),
                 "deadlock-free",
                 format!(
                     "the schedule deadlocks: {} on stage {stage} waits on itself through the pipeline dependencies",
-                    self.names.pack(pack)
+                    self.names().pack(pack)
                 ),
             );
         }

@@ -30,6 +30,10 @@ pub struct PrintOptions {
 pub struct ManagerOptions {
     /// Run the verifier on the input and after every pass (default on).
     pub verify: bool,
+    /// With `verify`: verify only the pipeline's result, not its input nor each pass (the
+    /// tuner's candidates: the step handed on is checked whole, and a caller that finds it
+    /// broken re-runs the pipeline verifying each pass to name the pass that broke it).
+    pub verify_result_only: bool,
     pub print: PrintOptions,
     /// Write numbered before/after dumps into this directory.
     pub dump_dir: Option<PathBuf>,
@@ -39,6 +43,7 @@ impl Default for ManagerOptions {
     fn default() -> Self {
         ManagerOptions {
             verify: true,
+            verify_result_only: false,
             print: PrintOptions::default(),
             dump_dir: None,
         }
@@ -52,6 +57,8 @@ pub struct PassRecord {
     /// The entry as written in the pipeline (`slice{size=8192}`).
     pub pipeline_entry: String,
     pub ms: f64,
+    /// Wall time of the verifier after the pass (0 with verification off).
+    pub verify_ms: f64,
     pub statistics: Statistics,
 }
 
@@ -80,7 +87,7 @@ pub fn run_pipeline_in(
         cx.machine().spec() == &ir.spec,
         "a pass context runs over steps of its own spec (bug)"
     );
-    if options.verify {
+    if options.verify && !options.verify_result_only {
         verify::verify(ir).map_err(|source| PassError::Invalid {
             after: None,
             source,
@@ -118,12 +125,15 @@ pub fn run_pipeline_in(
         if let Some(phase) = info.produces {
             ir.advance(phase.max(ir.phase()));
         }
-        if options.verify {
+        let verify_start = Instant::now();
+        let last = position == pipeline.len();
+        if options.verify && (last || !options.verify_result_only) {
             verify::verify(ir).map_err(|source| PassError::Invalid {
                 after: Some(name),
                 source,
             })?;
         }
+        let verify_ms = verify_start.elapsed().as_secs_f64() * 1e3;
         if options.print.after_all || options.print.after.iter().any(|p| p == name) {
             emit(print_sink, &format!("IR after {}", entry.render()), ir);
         }
@@ -134,6 +144,7 @@ pub fn run_pipeline_in(
             name,
             pipeline_entry: entry.render(),
             ms,
+            verify_ms,
             statistics,
         });
     }

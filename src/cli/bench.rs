@@ -78,6 +78,13 @@ pub struct BenchArgs {
     /// stderr).
     #[arg(long, short)]
     verbose: bool,
+    /// Instead of the side-by-side run: how planning one step grows with the batch, at
+    /// --planning-sizes samples (strategies: --strategies, default megatron,slimpack).
+    #[arg(long)]
+    planning: bool,
+    /// Batch sizes in samples of --planning, comma-separated.
+    #[arg(long, value_name = "N,N,..", value_delimiter = ',', default_values_t = super::bench_planning::DEFAULT_SIZES)]
+    planning_sizes: Vec<usize>,
 }
 
 /// A row of the report (field names and order are the `--report json` contract; `figures`
@@ -185,6 +192,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let memory_limit = parse_memory_limit(&args.memory_limit)?;
     let strategies = select(args.strategies.as_deref())?;
     let (dataset, options) = job.dataset(&batch_args)?;
+    if args.planning {
+        let strategies = select(Some(
+            args.strategies.as_deref().unwrap_or("megatron,slimpack"),
+        ))?;
+        let choices = match args.spec.recompute {
+            Some(_) => Choices::fixed(job.spec.model.recompute),
+            None => Choices::all(),
+        };
+        return super::bench_planning::run(
+            &job.spec,
+            &dataset,
+            &options,
+            &args.planning_sizes,
+            &strategies,
+            &choices,
+            args.report,
+        );
+    }
     let batches = dataset.global_batches(&options, args.steps)?;
     let mut choices = match args.spec.recompute {
         Some(_) => Choices::fixed(job.spec.model.recompute),

@@ -75,6 +75,7 @@ impl PassManagerArgs {
         }
         Ok(ManagerOptions {
             verify: !self.no_verify,
+            verify_result_only: false,
             print: PrintOptions {
                 after_all: self.print_ir_after_all,
                 after: self.print_ir_after.clone(),
@@ -84,18 +85,57 @@ impl PassManagerArgs {
         })
     }
 
-    /// `--time-passes`: a table on stderr.
+    /// `--time-passes`: a table on stderr, each pass's wall time and the verifier's after it.
     pub fn report_times(&self, records: &[PassRecord]) {
         if !self.time_passes {
             return;
         }
-        let total: f64 = records.iter().map(|r| r.ms).sum();
         eprintln!("pass timing (wall):");
-        for record in records {
-            eprintln!("  {:>10.3} ms  {}", record.ms, record.pipeline_entry);
-        }
-        eprintln!("  {total:>10.3} ms  total");
+        print_pass_times(records);
     }
+
+    /// `--time-passes` of a strategy compile: every candidate's passes (the chosen one is
+    /// marked), then the chosen step's passes as [`PassManagerArgs::report_times`] prints them.
+    pub fn report_candidate_times(&self, choice: &autotune::Choice) {
+        if !self.time_passes {
+            return;
+        }
+        for (index, evaluation) in choice.evaluations.iter().enumerate() {
+            let chosen = if index == choice.chosen {
+                " (chosen)"
+            } else {
+                ""
+            };
+            eprintln!(
+                "candidate {}{}{chosen}: {:.3} ms compiled",
+                evaluation.candidate.label,
+                match evaluation.variant.as_str() {
+                    "" => String::new(),
+                    variant => format!(",{variant}"),
+                },
+                evaluation.compile_ms
+            );
+            print_pass_times(&evaluation.passes);
+        }
+        if choice.skipped > 0 {
+            eprintln!(
+                "{} candidates skipped: the tuning budget was spent",
+                choice.skipped
+            );
+        }
+    }
+}
+
+fn print_pass_times(records: &[PassRecord]) {
+    let total: f64 = records.iter().map(|r| r.ms).sum();
+    let verify: f64 = records.iter().map(|r| r.verify_ms).sum();
+    for record in records {
+        eprintln!(
+            "  {:>10.3} ms  {:>10.3} ms verify  {}",
+            record.ms, record.verify_ms, record.pipeline_entry
+        );
+    }
+    eprintln!("  {total:>10.3} ms  {verify:>10.3} ms verify  total");
 }
 
 /// Simulation outputs shared by `compile` and `simulate`.
@@ -162,6 +202,14 @@ pub struct CompileArgs {
     /// Write the plan and exit 0 even when it does not fit device memory (otherwise: exit 3).
     #[arg(long)]
     allow_oom: bool,
+    /// Compile the N-th global batch of the seeded stream (1: the first, as `plan` numbers its
+    /// steps) instead of the first.
+    #[arg(long, value_name = "N")]
+    step: Option<usize>,
+    /// Wall-clock budget of a strategy's tuning: candidates not started when it is spent are
+    /// skipped (the first always runs; the choice then depends on the machine's speed).
+    #[arg(long, value_name = "MS")]
+    tune_budget_ms: Option<u64>,
     /// What to emit: ir, json; mlir, llvm (feature `mlir`); ptx (feature `llvm`).
     #[arg(long, value_enum)]
     emit: Option<Emit>,
@@ -227,13 +275,28 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let job = args.spec.job()?;
     let strategy = args.strategy_name()?;
     let manager = args.manager.options()?;
-    let batch = job.batch(&args.batch)?;
+    let batch = match args.step {
+        None => job.batch(&args.batch)?,
+        Some(0) => bail!("--step 0: steps are numbered from 1"),
+        Some(step) => {
+            let (dataset, options) = job.dataset(&args.batch)?;
+            let mut stream = dataset.batch_stream(&options)?;
+            let mut batch = stream.next_batch()?;
+            for _ in 1..step {
+                batch = stream.next_batch()?;
+            }
+            batch
+        }
+    };
     let emit = args.emit.or(args.output.as_ref().map(|_| Emit::Ir));
     if emit.is_some() && args.output.is_none() && args.report == ReportFormat::Json {
         bail!("--emit to standard output and --report json would mix on stdout; give -o FILE");
     }
     // Samples and tokens a strategy delayed to a later step (wlb's outlier queues).
     let mut delayed: Option<(usize, u64)> = None;
+    if strategy.is_none() && args.tune_budget_ms.is_some() {
+        bail!("--tune-budget-ms applies to a strategy's tuning, not to --passes");
+    }
     let (compiled, chosen) = match &strategy {
         Some(name) => {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
@@ -244,14 +307,19 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             let mut state = StrategyState::default();
             let batch = autotune::admit(info, &mut state, &job.spec, &batch);
             delayed = state.wlb.as_ref().map(|wlb| wlb.delay.backlog());
-            let choice = autotune::choose(info, &job.spec, &batch, &state, &choices)?;
+            let tune = autotune::TuneOptions {
+                verify: manager.verify,
+                budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
+            };
+            let choice = autotune::choose_with(info, &job.spec, &batch, &state, &choices, &tune)?;
+            args.manager.report_candidate_times(&choice);
             let chosen = Chosen {
                 strategy: info.name,
                 label: match choice.best().variant.as_str() {
                     "" => choice.best().candidate.label.clone(),
                     variant => format!("{},{variant}", choice.best().candidate.label),
                 },
-                candidates: choice.evaluations.len(),
+                candidates: choice.evaluations.len() + choice.skipped,
             };
             let mut compiled = choice.compiled;
             slimpack::compile::lower(&mut compiled, &manager, &mut std::io::stderr())?;

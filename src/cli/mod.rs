@@ -1,6 +1,7 @@
 //! Argument parsing and dispatch.
 
 pub mod bench;
+mod bench_planning;
 mod calibrate;
 mod compile;
 pub mod exit;
@@ -8,6 +9,7 @@ mod input;
 mod lengths;
 mod opt;
 mod passes;
+mod plan;
 mod report;
 mod run;
 mod schema;
@@ -39,6 +41,8 @@ enum Command {
     Schema(schema::SchemaArgs),
     /// Print a dataset's token counts, one per line (tokenize a JSONL corpus once).
     Lengths(lengths::LengthsArgs),
+    /// Plan every step of a dataset's epoch (tuned once) and stream the schedules out.
+    Plan(plan::PlanArgs),
     /// Run the strategies side by side on global batches of a dataset, through the simulator.
     Bench(bench::BenchArgs),
     /// Execute a compiled step for real (CPU backend), measured against the simulator.
@@ -82,6 +86,7 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Schema(args) => schema::run(args),
         Command::Lengths(args) => lengths::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Plan(args) => plan::run(args),
         Command::Run(args) => run::run(args),
         Command::Calibrate(args) => calibrate::run(args),
         Command::Validate(args) => validate::run(args),

@@ -8,9 +8,16 @@
 //! peak memory, marked OOM. Candidates run on parallel threads; the choice is deterministic
 //! (ties go to the earlier candidate). [`admit`] applies a strategy's admission hook (the steps
 //! a run carries over, e.g. WLB-LLM's delayed outliers) before a batch is compiled.
+//!
+//! [`TuneOptions`] carry what the command line asks of the tuning: whether the candidates'
+//! passes are verified (`--no-verify` reaches here) and an optional wall-clock budget
+//! (`--tune-budget-ms`): once it is spent, candidates not yet started are skipped (the first
+//! candidate always runs). A budget makes the choice depend on the machine's speed; without
+//! one the choice is deterministic.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
 use slimpack_ir::batch::Batch;
@@ -56,6 +63,24 @@ pub enum TuneError {
     },
 }
 
+/// What the caller asks of a tuning (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct TuneOptions {
+    /// Verify every candidate's IR after each pass (the pass manager's default).
+    pub verify: bool,
+    /// Stop starting candidates once this much wall time has passed.
+    pub budget: Option<Duration>,
+}
+
+impl Default for TuneOptions {
+    fn default() -> Self {
+        TuneOptions {
+            verify: true,
+            budget: None,
+        }
+    }
+}
+
 /// One candidate compiled and simulated.
 #[derive(Debug)]
 pub struct Evaluation {
@@ -65,13 +90,17 @@ pub struct Evaluation {
     pub metrics: Metrics,
     /// Wall time of building the IR and running the candidate's pipeline.
     pub compile_ms: f64,
+    /// The passes of the pipeline the step runs, with their wall and verifier times.
+    pub passes: Vec<PassRecord>,
 }
 
 /// The outcome of [`choose`].
 #[derive(Debug)]
 pub struct Choice {
-    /// Every candidate, in the strategy's order.
+    /// Every candidate evaluated, in the strategy's order.
     pub evaluations: Vec<Evaluation>,
+    /// Candidates skipped because the tuning budget was spent.
+    pub skipped: usize,
     /// Index of the chosen candidate in `evaluations`.
     pub chosen: usize,
     /// The chosen candidate's compiled step.
@@ -132,6 +161,45 @@ pub fn evaluate(
     candidate: &Candidate,
     limit: u64,
 ) -> Result<(Evaluation, Compiled), TuneError> {
+    evaluate_with(
+        strategy,
+        spec,
+        batch,
+        candidate,
+        limit,
+        &TuneOptions::default(),
+    )
+}
+
+/// [`evaluate`] with the caller's options (verification). The verifier checks each pipeline's
+/// result; when one is broken, the candidate is compiled again verifying every pass, so that
+/// the error names the pass that broke it.
+pub fn evaluate_with(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    candidate: &Candidate,
+    limit: u64,
+    tune: &TuneOptions,
+) -> Result<(Evaluation, Compiled), TuneError> {
+    match evaluate_verifying(strategy, spec, batch, candidate, limit, tune.verify, true) {
+        Err(TuneError::Compile { source, .. }) if matches!(*source, PassError::Invalid { .. }) => {
+            evaluate_verifying(strategy, spec, batch, candidate, limit, true, false)
+        }
+        outcome => outcome,
+    }
+}
+
+/// One candidate compiled and simulated, verifying its pipelines' results or every pass.
+fn evaluate_verifying(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    candidate: &Candidate,
+    limit: u64,
+    verify: bool,
+    verify_result_only: bool,
+) -> Result<(Evaluation, Compiled), TuneError> {
     let spec = candidate_spec(spec, candidate);
     let cx = PassContext::for_spec(&spec);
     let cost = cx.machine();
@@ -149,7 +217,11 @@ pub fn evaluate(
         pipelines.push((variant.label.clone(), entries));
     }
     let shared = shared_prefix(&pipelines);
-    let options = ManagerOptions::default();
+    let options = ManagerOptions {
+        verify,
+        verify_result_only,
+        ..ManagerOptions::default()
+    };
     let sink = &mut std::io::sink();
     let start = Instant::now();
     let base = compile_entries(&spec, batch, &pipelines[0].1[..shared], &cx, &options, sink)
@@ -184,6 +256,7 @@ pub fn evaluate(
         variant,
         metrics,
         compile_ms,
+        passes: passes.clone(),
     };
     let compiled = Compiled {
         ir,
@@ -217,6 +290,25 @@ pub fn choose(
     state: &StrategyState,
     choices: &Choices,
 ) -> Result<Choice, TuneError> {
+    choose_with(
+        strategy,
+        spec,
+        batch,
+        state,
+        choices,
+        &TuneOptions::default(),
+    )
+}
+
+/// [`choose`] with the caller's options (verification, budget).
+pub fn choose_with(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+    tune: &TuneOptions,
+) -> Result<Choice, TuneError> {
     if let Some(needs) = strategy.not_applicable(spec) {
         return Err(TuneError::NotApplicable {
             strategy: strategy.name,
@@ -229,31 +321,56 @@ pub fn choose(
             strategy: strategy.name,
         });
     }
+    let start = Instant::now();
+    let within_budget =
+        |index: usize| index == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget);
     let capacity = slimpack_machine::machine_model(spec)
         .memory()
         .capacity_bytes();
     let limit = choices.memory_limit_bytes(capacity);
-    let outcomes = evaluate_all(strategy, spec, batch, &candidates, limit);
+    // Only the best step so far is kept (a step of a large batch is large, and the candidates
+    // are many): the first candidate, in the strategy's order, of those no other is preferred
+    // to — what keeping the preferred one over the candidates in order would choose.
+    let best: Mutex<Option<(usize, Metrics, Compiled)>> = Mutex::new(None);
+    let outcomes = parallel_map(&candidates, |index, candidate| {
+        if !within_budget(index) {
+            return None;
+        }
+        Some(
+            evaluate_with(strategy, spec, batch, candidate, limit, tune).map(
+                |(evaluation, compiled)| {
+                    let mut best = best.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let better = match &*best {
+                        None => true,
+                        Some((current, metrics, _)) => {
+                            preferred(&evaluation.metrics, metrics, limit)
+                                || (index < *current
+                                    && !preferred(metrics, &evaluation.metrics, limit))
+                        }
+                    };
+                    if better {
+                        *best = Some((index, evaluation.metrics.clone(), compiled));
+                    }
+                    evaluation
+                },
+            ),
+        )
+    });
     let mut evaluations = Vec::with_capacity(outcomes.len());
-    let mut best: Option<(usize, Compiled)> = None;
+    let mut skipped = 0;
     for outcome in outcomes {
-        let (evaluation, compiled) = outcome?;
-        let index = evaluations.len();
-        let better = match &best {
-            None => true,
-            Some((current, _)) => {
-                let current: &Evaluation = &evaluations[*current];
-                preferred(&evaluation.metrics, &current.metrics, limit)
-            }
-        };
-        evaluations.push(evaluation);
-        if better {
-            best = Some((index, compiled));
+        match outcome {
+            None => skipped += 1,
+            Some(outcome) => evaluations.push(outcome?),
         }
     }
-    let (chosen, compiled) = best.expect("at least one candidate was evaluated");
+    let (chosen, _, compiled) = best
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .expect("at least one candidate was evaluated");
     Ok(Choice {
         evaluations,
+        skipped,
         chosen,
         compiled,
     })
@@ -271,43 +388,46 @@ fn preferred(metrics: &Metrics, other: &Metrics, limit: u64) -> bool {
     }
 }
 
-/// Evaluates the candidates in parallel, results in candidate order.
-fn evaluate_all(
-    strategy: &StrategyInfo,
-    spec: &Spec,
-    batch: &Batch,
-    candidates: &[Candidate],
-    limit: u64,
-) -> Vec<Result<(Evaluation, Compiled), TuneError>> {
-    parallel_map(candidates, |candidate| {
-        evaluate(strategy, spec, batch, candidate, limit)
-    })
-}
-
-/// Compiles and simulates steps of a run — each step's (admitted) batch with a candidate — in
-/// parallel, fitting within `limit` bytes; evaluations in step order.
+/// Compiles and simulates the steps of a run whose configuration is chosen — each step's
+/// (admitted) batch with its candidate — in parallel, fitting within `limit` bytes;
+/// evaluations in step order.
 pub fn evaluate_steps(
     strategy: &StrategyInfo,
     spec: &Spec,
     steps: &[(&Batch, &Candidate)],
     limit: u64,
 ) -> Result<Vec<Evaluation>, TuneError> {
-    parallel_map(steps, |(batch, candidate)| {
+    parallel_map(steps, |_, (batch, candidate)| {
         evaluate(strategy, spec, batch, candidate, limit).map(|(evaluation, _)| evaluation)
     })
     .into_iter()
     .collect()
 }
 
-/// `f` over `items` on up to `available_parallelism` threads; results in item order. A panic
-/// in `f` is re-raised here.
-fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(items.len())
-        .max(1);
+/// `f(index, item)` over `items` on up to `available_parallelism` threads, items started in
+/// order; results in item order. A panic in `f` is re-raised here.
+pub fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(usize, &T) -> R + Sync) -> Vec<R> {
+    parallel_map_on(available_threads(), items, f)
+}
+
+/// The threads [`parallel_map`] uses: one per available core.
+pub fn available_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// [`parallel_map`] on at most `threads` threads (1: on the calling thread).
+pub fn parallel_map_on<T: Sync, R: Send>(
+    threads: usize,
+    items: &[T],
+    f: impl Fn(usize, &T) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.min(items.len()).max(1);
     if threads == 1 {
-        return items.iter().map(&f).collect();
+        return items
+            .iter()
+            .enumerate()
+            .map(|(index, item)| f(index, item))
+            .collect();
     }
     let next = AtomicUsize::new(0);
     let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
@@ -321,7 +441,7 @@ fn parallel_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Ve
                         let Some(item) = items.get(index) else {
                             return done;
                         };
-                        done.push((index, f(item)));
+                        done.push((index, f(index, item)));
                     }
                 })
             })

@@ -89,6 +89,17 @@ impl Dataset {
         (0..count).map(|_| draw.next_batch()).collect()
     }
 
+    /// The global batches under `options`, drawn one at a time: the same batches as
+    /// [`Dataset::global_batches`], for a caller that holds only the current one (an epoch
+    /// plan over a large dataset).
+    pub fn batch_stream(&self, options: &BatchOptions) -> Result<BatchStream<'_>> {
+        options.validate()?;
+        self.check_drawable()?;
+        Ok(BatchStream {
+            draw: Draw::new(self, options),
+        })
+    }
+
     /// Rejects what the readers never produce but a hand-built dataset could hold.
     fn check_drawable(&self) -> Result<()> {
         if self.lengths.is_empty() {
@@ -104,6 +115,31 @@ impl Dataset {
             ));
         }
         Ok(())
+    }
+}
+
+/// Consecutive global batches of a dataset (see [`Dataset::batch_stream`]).
+pub struct BatchStream<'a> {
+    draw: Draw<'a>,
+}
+
+impl BatchStream<'_> {
+    /// The next global batch.
+    pub fn next_batch(&mut self) -> Result<Batch> {
+        self.draw.next_batch()
+    }
+
+    /// Whether the batches drawn so far hold every document of the first epoch (the last may
+    /// already hold some of the next epoch's). Without a budget, one batch is the epoch.
+    pub fn epoch_done(&self) -> bool {
+        match self.draw.budget {
+            Budget::Everything => self.draw.batch_number > 0,
+            _ => {
+                let stream = &self.draw.stream;
+                stream.epoch > 0
+                    || (stream.position == stream.order.len() && stream.deferred.is_empty())
+            }
+        }
     }
 }
 

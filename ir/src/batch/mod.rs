@@ -28,7 +28,7 @@ mod tokenizer;
 pub use config::{BatchConfig, DistributionKind, SyntheticConfig};
 pub use dataset::{Dataset, LoadOptions, DEFAULT_LENGTH_FIELDS, DEFAULT_TEXT_FIELD};
 pub use format::DatasetFormat;
-pub use global::Batch;
+pub use global::{Batch, BatchStream};
 pub use options::BatchOptions;
 pub use synthetic::{Distribution, Synthetic};
 pub use tokenizer::Tokenizer;

@@ -5,7 +5,9 @@
 //! and replicas are kept in creation order, slices in offset order, a pack's slices and a
 //! replica's packs by the `position` on their edges.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use rustc_hash::FxHashMap;
 
 use petgraph::stable_graph::StableDiGraph;
 use petgraph::visit::EdgeRef;
@@ -33,6 +35,12 @@ pub struct StepIr {
     pack_counts: HashMap<(ReplicaId, Direction), u32>,
     /// The lowered program, stored by [`crate::program::lower_into`] (phase `lowered`).
     program: Option<Program>,
+    /// Position of each sample in `samples` (batch order), indexed by node index.
+    sample_position: Vec<u32>,
+    /// The replica of each sample, indexed by batch position (`None`: not placed).
+    sample_replica: Vec<Option<ReplicaId>>,
+    /// Per replica, the batch positions of the samples placed on it.
+    replica_samples: FxHashMap<ReplicaId, BTreeSet<u32>>,
 }
 
 impl StepIr {
@@ -63,6 +71,9 @@ impl StepIr {
             padding: BTreeMap::new(),
             pack_counts: HashMap::new(),
             program: None,
+            sample_position: Vec::new(),
+            sample_replica: Vec::new(),
+            replica_samples: FxHashMap::default(),
         };
         for stage in stages {
             ir.add_stage(*stage);
@@ -108,8 +119,7 @@ impl StepIr {
 
     /// Adds a sample with one slice covering it.
     pub fn add_sample(&mut self, sample: Sample) -> SampleId {
-        let id = SampleId(self.graph.add_node(Node::Sample(sample)));
-        self.samples.push(id);
+        let id = self.add_bare_sample(sample);
         self.set_slices(id, &[sample.len]);
         id
     }
@@ -117,8 +127,22 @@ impl StepIr {
     /// Adds a sample without slices (the parser adds them one by one).
     pub fn add_bare_sample(&mut self, sample: Sample) -> SampleId {
         let id = SampleId(self.graph.add_node(Node::Sample(sample)));
+        let index = id.0.index();
+        if self.sample_position.len() <= index {
+            self.sample_position.resize(index + 1, u32::MAX);
+        }
+        self.sample_position[index] = self.samples.len() as u32;
+        self.sample_replica.push(None);
         self.samples.push(id);
         id
+    }
+
+    /// A sample's position in batch order (a node that is no sample is a bug in the caller).
+    fn position_of(&self, sample: SampleId) -> u32 {
+        match self.sample_position.get(sample.0.index()) {
+            Some(&position) if position != u32::MAX => position,
+            _ => panic!("{sample:?} is not a sample; this is a bug"),
+        }
     }
 
     /// Samples in batch order.
@@ -250,42 +274,42 @@ impl StepIr {
 
     /// Places a sample on a replica (replacing an earlier placement).
     pub fn place_sample(&mut self, sample: SampleId, replica: ReplicaId) {
-        if let Some(edge) = self
-            .graph
-            .edges_directed(sample.0, Outgoing)
-            .find(|e| matches!(e.weight(), Edge::Placed { .. }))
-            .map(|e| e.id())
-        {
-            self.graph.remove_edge(edge);
+        let position = self.position_of(sample);
+        if let Some(previous) = self.sample_replica[position as usize].replace(replica) {
+            if let Some(placed) = self.replica_samples.get_mut(&previous) {
+                placed.remove(&position);
+            }
         }
-        self.graph
-            .add_edge(sample.0, replica.0, Edge::Placed { position: 0 });
+        self.replica_samples
+            .entry(replica)
+            .or_default()
+            .insert(position);
     }
 
     /// The replica a sample is placed on.
     pub fn replica_of_sample(&self, sample: SampleId) -> Option<ReplicaId> {
-        self.placement(sample.0)
+        self.sample_replica[self.position_of(sample) as usize]
     }
 
     /// The replica a pack runs on.
     pub fn replica_of_pack(&self, pack: PackId) -> Option<ReplicaId> {
-        self.placement(pack.0)
-    }
-
-    fn placement(&self, node: petgraph::graph::NodeIndex) -> Option<ReplicaId> {
         self.graph
-            .edges_directed(node, Outgoing)
+            .edges_directed(pack.0, Outgoing)
             .find(|e| matches!(e.weight(), Edge::Placed { .. }))
             .map(|e| ReplicaId(e.target()))
     }
 
     /// Samples placed on a replica, in batch order.
     pub fn samples_on(&self, replica: ReplicaId) -> Vec<SampleId> {
-        self.samples
-            .iter()
-            .copied()
-            .filter(|&s| self.replica_of_sample(s) == Some(replica))
-            .collect()
+        self.replica_samples
+            .get(&replica)
+            .map(|placed| {
+                placed
+                    .iter()
+                    .map(|&position| self.samples[position as usize])
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     // ---- packs ----
@@ -381,8 +405,10 @@ impl StepIr {
 
     /// The pack of one direction that holds a slice (the first if the IR is malformed).
     pub fn pack_of(&self, slice: SliceId, direction: Direction) -> Option<PackId> {
-        self.packs_of(slice)
-            .into_iter()
+        self.graph
+            .edges_directed(slice.0, Outgoing)
+            .filter(|e| matches!(e.weight(), Edge::Member { .. }))
+            .map(|e| PackId(e.target()))
             .filter(|&p| self.pack(p).direction == direction)
             .min()
     }

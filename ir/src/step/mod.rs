@@ -3,8 +3,8 @@
 //! Nodes are samples, slices, packs (forward or backward MicroPacks), pipeline stages and
 //! replicas (a DP replica, or a DP-Merge group of k replicas acting as one CP group). Edges say
 //! containment (sample -> slice), dependency (slice j -> slice j+1 of the same sample), membership
-//! (slice -> pack, with its position in the pack), placement (sample -> replica, pack ->
-//! replica) and schedule order (pack -> next pack on one stage of one replica).
+//! (slice -> pack, with its position in the pack), placement (pack -> replica; a sample's replica
+//! is kept beside the graph) and schedule order (pack -> next pack on one stage of one replica).
 //!
 //! Every sample always has at least one slice: a freshly built IR has one whole-sample slice per
 //! sample, and `slice` refines them. The [`Phase`] records how far compilation went; it only

@@ -155,7 +155,8 @@ pub enum Edge {
     Next,
     /// slice -> pack; `position` orders the slices inside the pack.
     Member { position: u32 },
-    /// sample -> replica, or pack -> replica; `position` orders a replica's packs of one direction.
+    /// pack -> replica; `position` orders a replica's packs of one direction. (A sample's
+    /// placement is kept beside the graph, see [`crate::StepIr::place_sample`].)
     Placed { position: u32 },
     /// pack -> the pack that runs next on `stage` of their replica.
     Order { stage: u32 },

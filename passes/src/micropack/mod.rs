@@ -118,14 +118,23 @@ fn attempt(
     fixed: Option<f64>,
 ) -> (Partition, bool) {
     let mut next = vec![0usize; chains.len()];
-    // Chains not yet released, latest release first (popped from the back).
+    // Chains not yet released, latest release first (popped from the back). A chain released
+    // early because it became urgent stays in the vector, marked in `released`, and is skipped.
     let mut waiting: Vec<usize> = (0..chains.len())
         .filter(|&c| !chains[c].is_empty())
         .collect();
     waiting.sort_by(|a, b| release[*b].cmp(&release[*a]).then(b.cmp(a)));
+    let mut unreleased = waiting.len();
+    let mut released = vec![false; chains.len()];
     let mut heads = Heads::default();
-    // Only chains of several slices can become urgent before the last pack.
-    let multi_slice: Vec<usize> = (0..chains.len()).filter(|&c| chains[c].len() > 1).collect();
+    // Chains by length, longest first: the chains that can be urgent at a pack (at least as
+    // many slices as packs left) are a prefix that grows as packs are filled, so each pack
+    // looks only at them (linear over the partition, not chains x packs).
+    let mut by_length: Vec<usize> = (0..chains.len())
+        .filter(|&c| !chains[c].is_empty())
+        .collect();
+    by_length.sort_by(|a, b| chains[*b].len().cmp(&chains[*a].len()).then(a.cmp(b)));
+    let mut long_enough = 0;
     let mut remaining_cost: f64 = chains.iter().flatten().map(|i| i.cost).sum();
     let mut result: Partition = Vec::with_capacity(count);
     let mut fits = true;
@@ -136,10 +145,16 @@ fn attempt(
         // Release the chains due by this pack (all of them in the last pack); an empty set of
         // heads releases the next chain early so that every pack makes progress.
         while let Some(&chain) = waiting.last() {
+            if released[chain] {
+                waiting.pop();
+                continue;
+            }
             if release[chain] > k && !last && !heads.is_empty() {
                 break;
             }
             waiting.pop();
+            released[chain] = true;
+            unreleased -= 1;
             heads.start(Head {
                 cost: chains[chain][0].cost,
                 chain,
@@ -149,23 +164,30 @@ fn attempt(
         let (mut cost, mut tokens) = (0.0, 0u64);
         let mut members = Vec::new();
         // Urgent chains first: more slices left than packs left (released now if waiting).
-        waiting.retain(|&chain| {
-            let urgent = chains[chain].len() > packs_left - 1;
-            if urgent {
+        while long_enough < by_length.len() && chains[by_length[long_enough]].len() >= packs_left {
+            long_enough += 1;
+        }
+        for &chain in &by_length[..long_enough] {
+            if !released[chain] {
+                released[chain] = true;
+                unreleased -= 1;
                 heads.start(Head {
                     cost: chains[chain][0].cost,
                     chain,
                 });
             }
-            !urgent
-        });
-        let urgent: Vec<usize> = multi_slice
+        }
+        // Only chains of several slices can become urgent before the last pack.
+        let mut urgent: Vec<usize> = by_length[..long_enough]
             .iter()
             .copied()
             .filter(|&c| {
-                chains[c].len() - next[c] > packs_left - 1 && heads.contains(c, chains, &next)
+                chains[c].len() > 1
+                    && chains[c].len() - next[c] > packs_left - 1
+                    && heads.contains(c, chains, &next)
             })
             .collect();
+        urgent.sort_unstable();
         for chain in urgent {
             let item = chains[chain][next[chain]];
             take(chain, item, &mut next, &mut heads, chains);
@@ -219,11 +241,11 @@ fn attempt(
         if !members.is_empty() {
             result.push(members);
         }
-        if heads.is_empty() && waiting.is_empty() {
+        if heads.is_empty() && unreleased == 0 {
             break;
         }
     }
-    (result, fits && heads.is_empty() && waiting.is_empty())
+    (result, fits && heads.is_empty() && unreleased == 0)
 }
 
 fn take(chain: usize, item: Item, next: &mut [usize], heads: &mut Heads, chains: &[Vec<Item>]) {

@@ -10,6 +10,11 @@
 //!
 //! The binary registers it with `#[global_allocator]`; elsewhere (a library embedding the
 //! runtime, most tests) it is not installed and [`CountingAllocator::installed`] says so.
+//! Counting costs every allocation a header and a few atomic operations, which commands that
+//! execute nothing (compile, plan, bench) should not pay: before its first allocation the
+//! process may [`CountingAllocator::pass_through`], after which the allocator is the system
+//! allocator unchanged and [`CountingAllocator::installed`] is false. The choice is made once:
+//! a block's layout (header or none) must not change between its allocation and its free.
 //! Meters are recycled; a generation number in each header keeps the frees of a finished
 //! meter's allocations off the meter that reuses its slot.
 //!
@@ -29,6 +34,10 @@ pub const MAX_METERS: usize = 256;
 const HEADER: usize = 16;
 
 static INSTALLED: AtomicBool = AtomicBool::new(false);
+/// Set by [`CountingAllocator::pass_through`] before the first allocation: count nothing.
+static PASS_THROUGH: AtomicBool = AtomicBool::new(false);
+/// Set by the first allocation: from then on the mode is fixed.
+static ALLOCATED: AtomicBool = AtomicBool::new(false);
 static CURRENT: [AtomicI64; MAX_METERS] = [const { AtomicI64::new(0) }; MAX_METERS];
 static PEAK: [AtomicI64; MAX_METERS] = [const { AtomicI64::new(0) }; MAX_METERS];
 static GENERATION: [AtomicU32; MAX_METERS] = [const { AtomicU32::new(0) }; MAX_METERS];
@@ -58,6 +67,17 @@ impl CountingAllocator {
     /// Whether the process allocates through it (meters count nothing otherwise).
     pub fn installed() -> bool {
         INSTALLED.load(Ordering::Relaxed)
+    }
+
+    /// Makes the allocator the plain system allocator for the life of the process, counting
+    /// nothing. Only possible before the process's first allocation (a process decides this
+    /// from its arguments, before `main`); returns whether it took effect.
+    pub fn pass_through() -> bool {
+        if ALLOCATED.load(Ordering::Relaxed) {
+            return false;
+        }
+        PASS_THROUGH.store(true, Ordering::Relaxed);
+        true
     }
 }
 
@@ -114,12 +134,18 @@ unsafe impl GlobalAlloc for CountingAllocator {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if PASS_THROUGH.load(Ordering::Relaxed) {
+            return System.dealloc(ptr, layout);
+        }
         let (meter, base) = read_stamp(ptr, layout);
         refund(meter, layout.size());
         System.dealloc(base, outer(layout).expect("a live block's layout fits"));
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if PASS_THROUGH.load(Ordering::Relaxed) {
+            return System.realloc(ptr, layout, new_size);
+        }
         let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
         let Some(new_outer) = outer(new_layout) else {
             return std::ptr::null_mut();
@@ -139,7 +165,19 @@ unsafe impl GlobalAlloc for CountingAllocator {
 
 impl CountingAllocator {
     unsafe fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8 {
-        INSTALLED.store(true, Ordering::Relaxed);
+        if !ALLOCATED.load(Ordering::Relaxed) {
+            ALLOCATED.store(true, Ordering::Relaxed);
+        }
+        if PASS_THROUGH.load(Ordering::Relaxed) {
+            return if zeroed {
+                System.alloc_zeroed(layout)
+            } else {
+                System.alloc(layout)
+            };
+        }
+        if !INSTALLED.load(Ordering::Relaxed) {
+            INSTALLED.store(true, Ordering::Relaxed);
+        }
         let Some(outer) = outer(layout) else {
             return std::ptr::null_mut();
         };

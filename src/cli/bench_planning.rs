@@ -1,0 +1,121 @@
+//! `slimpack bench --planning`: how planning time grows with the batch. For each batch size
+//! (1K, 10K, 100K and 1M samples by default; sizes past the dataset stop at the whole
+//! dataset) and each strategy, one step is planned as `compile --strategy` plans it — every
+//! candidate compiled, verified and simulated, the chosen one lowered — and its wall time is
+//! printed with its growth over the previous size, so the scaling is visible in one run.
+
+use serde::Serialize;
+use std::time::Instant;
+
+use slimpack::compile::lower;
+use slimpack::tune::autotune::{self, TuneOptions};
+use slimpack::tune::strategy::{Choices, StrategyInfo, StrategyState};
+use slimpack_ir::batch::{BatchOptions, Dataset};
+use slimpack_ir::Spec;
+use slimpack_passes::ManagerOptions;
+
+use super::compile::ReportFormat;
+
+/// Sample counts of the default table.
+pub const DEFAULT_SIZES: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
+
+/// One strategy planning one batch size.
+#[derive(Debug, Serialize)]
+struct Measurement {
+    samples: usize,
+    tokens: u64,
+    strategy: &'static str,
+    candidates: usize,
+    wall_ms: f64,
+    /// Wall time over the previous size's (None for the first size).
+    growth: Option<f64>,
+    step_time_s: f64,
+}
+
+/// Plans one step per size and strategy and prints the table (or JSON rows).
+pub fn run(
+    spec: &Spec,
+    dataset: &Dataset,
+    options: &BatchOptions,
+    sizes: &[usize],
+    strategies: &[&'static StrategyInfo],
+    choices: &Choices,
+    report: ReportFormat,
+) -> anyhow::Result<()> {
+    let mut rows: Vec<Measurement> = Vec::new();
+    for &size in sizes {
+        let options = BatchOptions {
+            global_batch: Some(size),
+            global_batch_tokens: None,
+            ..*options
+        };
+        let batch = dataset.global_batch(&options)?;
+        for &strategy in strategies {
+            let start = Instant::now();
+            let mut state = StrategyState::default();
+            let admitted = autotune::admit(strategy, &mut state, spec, &batch);
+            let choice = autotune::choose_with(
+                strategy,
+                spec,
+                &admitted,
+                &state,
+                choices,
+                &TuneOptions::default(),
+            )?;
+            let candidates = choice.evaluations.len() + choice.skipped;
+            let step_time_s = choice.best().metrics.step_time_s;
+            let mut compiled = choice.compiled;
+            lower(
+                &mut compiled,
+                &ManagerOptions::default(),
+                &mut std::io::sink(),
+            )?;
+            let wall_ms = start.elapsed().as_secs_f64() * 1e3;
+            let growth = rows
+                .iter()
+                .rev()
+                .find(|row| row.strategy == strategy.name)
+                .map(|previous| wall_ms / previous.wall_ms);
+            rows.push(Measurement {
+                samples: batch.samples.len(),
+                tokens: batch.tokens(),
+                strategy: strategy.name,
+                candidates,
+                wall_ms,
+                growth,
+                step_time_s,
+            });
+        }
+    }
+    match report {
+        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        ReportFormat::Text => print!("{}", table(spec, &rows)),
+    }
+    Ok(())
+}
+
+fn table(spec: &Spec, rows: &[Measurement]) -> String {
+    let mut text = format!(
+        "planning one step (tune, compile, verify, simulate, lower): {} on {} ({}, {} devices)\n",
+        spec.model.name,
+        spec.cluster.name,
+        spec.parallel,
+        spec.parallel.world()
+    );
+    text.push_str(&format!(
+        "{:>10} {:>14} {:>12} {:>10} {:>12} {:>8}\n",
+        "samples", "tokens", "strategy", "candidates", "wall ms", "growth"
+    ));
+    for row in rows {
+        text.push_str(&format!(
+            "{:>10} {:>14} {:>12} {:>10} {:>12.1} {:>8}\n",
+            row.samples,
+            row.tokens,
+            row.strategy,
+            row.candidates,
+            row.wall_ms,
+            row.growth.map_or("-".to_string(), |g| format!("{g:.1}x"))
+        ));
+    }
+    text
+}

@@ -1,0 +1,222 @@
+//! `slimpack plan`: one epoch of a dataset planned step by step (see [`slimpack::plan`]),
+//! each step's schedule streamed out as soon as it is planned.
+//!
+//! Output: `--out-dir DIR` writes one file per step (`step-000001.json`, or `.sir` with
+//! `--emit ir`); `--jsonl FILE` writes one schedule JSON document per line. The summary
+//! (steps, tokens, predicted time per step and for the epoch) goes to stderr, or as one JSON
+//! object to stdout with `--report json`. A progress bar shows on a terminal only.
+
+use anyhow::{bail, Context};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use slimpack::plan::{plan_epoch, PlanOptions, PlannedStep};
+use slimpack::tune::autotune::TuneOptions;
+use slimpack::tune::strategy::{self, Choices};
+use slimpack_codegen::schedule_json;
+use slimpack_ir::text;
+
+use super::compile::ReportFormat;
+use super::input::{BatchArgs, SpecArgs};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlanEmit {
+    /// The schedule JSON of each step (as `compile --emit json`).
+    Json,
+    /// The step IR text of each step (as `compile --emit ir`; --out-dir only).
+    Ir,
+}
+
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    spec: SpecArgs,
+    #[command(flatten)]
+    batch: BatchArgs,
+    /// Strategy (default: slimpack), tuned on the first step and kept for the epoch.
+    #[arg(long, value_name = "NAME")]
+    strategy: Option<String>,
+    /// Write one file per step into DIR.
+    #[arg(long, value_name = "DIR")]
+    out_dir: Option<PathBuf>,
+    /// Write one schedule JSON document per line into FILE.
+    #[arg(long, value_name = "FILE")]
+    jsonl: Option<PathBuf>,
+    /// What each step's file holds: json or ir.
+    #[arg(long, value_enum, default_value = "json")]
+    emit: PlanEmit,
+    /// Plan at most N steps (default: the whole epoch).
+    #[arg(long, value_name = "N")]
+    steps: Option<usize>,
+    /// Summary format: text (stderr) or json (one object on stdout).
+    #[arg(long, value_enum, default_value = "text")]
+    report: ReportFormat,
+    /// Do not run the verifier after each pass.
+    #[arg(long)]
+    no_verify: bool,
+    /// Wall-clock budget of the tuning on the first step (see `compile --tune-budget-ms`).
+    #[arg(long, value_name = "MS")]
+    tune_budget_ms: Option<u64>,
+    /// Steps compiled at once (default: one per core).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
+}
+
+/// Where the steps go.
+enum Output {
+    Directory(PathBuf),
+    Lines(PathBuf, std::io::BufWriter<std::fs::File>),
+    Nowhere,
+}
+
+impl Output {
+    fn open(args: &PlanArgs) -> anyhow::Result<Output> {
+        match (&args.out_dir, &args.jsonl) {
+            (Some(dir), Some(file)) => bail!(
+                "--out-dir {} and --jsonl {} both say where the steps go; give one",
+                dir.display(),
+                file.display()
+            ),
+            (Some(dir), None) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("--out-dir: cannot create {}", dir.display()))?;
+                Ok(Output::Directory(dir.clone()))
+            }
+            (None, Some(file)) => {
+                if args.emit == PlanEmit::Ir {
+                    bail!("--jsonl holds schedule JSON; --emit ir needs --out-dir");
+                }
+                let handle = std::fs::File::create(file)
+                    .with_context(|| format!("--jsonl: cannot create {}", file.display()))?;
+                Ok(Output::Lines(file.clone(), std::io::BufWriter::new(handle)))
+            }
+            (None, None) => Ok(Output::Nowhere),
+        }
+    }
+
+    fn write(&mut self, emit: PlanEmit, planned: &PlannedStep) -> Result<(), String> {
+        let predicted = || serde_json::to_value(&planned.metrics).ok();
+        match self {
+            Output::Directory(dir) => {
+                let (text, extension) = match emit {
+                    PlanEmit::Json => {
+                        let document = schedule_json::document(&planned.compiled.ir, predicted());
+                        let mut json =
+                            serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
+                        json.push('\n');
+                        (json, "json")
+                    }
+                    PlanEmit::Ir => (text::print(&planned.compiled.ir), "sir"),
+                };
+                let path = dir.join(format!("step-{:06}.{extension}", planned.step));
+                std::fs::write(&path, text)
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))
+            }
+            Output::Lines(path, writer) => {
+                let document = schedule_json::document(&planned.compiled.ir, predicted());
+                serde_json::to_writer(&mut *writer, &document)
+                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+                writeln!(writer).map_err(|e| format!("cannot write {}: {e}", path.display()))
+            }
+            Output::Nowhere => Ok(()),
+        }
+    }
+
+    fn finish(&mut self) -> anyhow::Result<()> {
+        if let Output::Lines(path, writer) = self {
+            writer
+                .flush()
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        Ok(())
+    }
+}
+
+pub fn run(args: PlanArgs) -> anyhow::Result<()> {
+    let job = args.spec.job()?;
+    let name = args.strategy.as_deref().unwrap_or("slimpack");
+    let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
+    if args.steps == Some(0) {
+        bail!("--steps 0: plan at least one step");
+    }
+    if args.threads == Some(0) {
+        bail!("--threads 0: give at least one thread");
+    }
+    let (dataset, batch_options) = job.dataset(&args.batch)?;
+    let choices = match args.spec.recompute {
+        Some(_) => Choices::fixed(job.spec.model.recompute),
+        None => Choices::all(),
+    };
+    let options = PlanOptions {
+        strategy: info,
+        choices: &choices,
+        tune: TuneOptions {
+            verify: !args.no_verify,
+            budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
+        },
+        max_steps: args.steps,
+        threads: args.threads,
+    };
+    let mut output = Output::open(&args)?;
+    let bar = progress_bar();
+    let summary = plan_epoch(
+        &job.spec,
+        &dataset,
+        &batch_options,
+        &options,
+        &mut |planned| {
+            output.write(args.emit, &planned)?;
+            bar.inc(1);
+            bar.set_message(format!("step {}", planned.step));
+            Ok(())
+        },
+    )?;
+    bar.finish_and_clear();
+    output.finish()?;
+    match args.report {
+        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
+        ReportFormat::Text => {
+            eprintln!(
+                "planned {} steps of {} ({} samples, {} tokens) with {} ({} of {} candidates, tuned in {:.0} ms)",
+                summary.steps,
+                dataset.name,
+                summary.samples,
+                summary.tokens,
+                summary.strategy,
+                summary.candidate,
+                summary.candidates_tried,
+                summary.tune_ms
+            );
+            eprintln!(
+                "  predicted step time {:.3} s mean ({:.3} .. {:.3}), epoch {:.1} s; {} steps over memory, {} re-planned",
+                summary.step_time_mean_s,
+                summary.step_time_min_s,
+                summary.step_time_max_s,
+                summary.epoch_time_s,
+                summary.oom_steps,
+                summary.replanned
+            );
+            eprintln!(
+                "  planning took {:.0} ms ({:.1} ms per step)",
+                summary.plan_ms,
+                summary.plan_ms / summary.steps as f64
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A progress bar of steps on a terminal; nothing otherwise (the step count is not known in
+/// advance: the bar counts up).
+fn progress_bar() -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} planned {elapsed}") {
+        bar.set_style(style);
+    }
+    bar
+}

@@ -1,0 +1,233 @@
+//! Epoch planning: every step of a dataset's epoch, planned and handed on one at a time.
+//!
+//! [`plan_epoch`] walks the dataset in seeded global batches ([`Dataset::batch_stream`], the
+//! same batches `compile` and `bench` draw), tunes the strategy once on the first step (every
+//! candidate compiled and simulated, as `compile --strategy` does), then plans every later step
+//! with the chosen configuration — a step that configuration takes over the memory limit
+//! is re-tuned on its own batch, for every strategy, as a run does ([`crate::tune::run`]). Each step is lowered and given to the
+//! caller's sink with its predicted metrics, in step order, then dropped: memory holds the
+//! dataset and at most one step per worker thread, whatever the number of steps.
+//!
+//! Steps after the first are compiled in rounds of one step per thread (their admissions,
+//! which carry state, run in step order first), so the output is the same on any number of
+//! cores. The first step's tuning runs its candidates on every core.
+
+use std::time::Instant;
+
+use slimpack_ir::batch::{Batch, BatchOptions, Dataset};
+use slimpack_ir::Spec;
+use slimpack_machine::sim::Metrics;
+use slimpack_passes::ManagerOptions;
+
+use crate::compile::{lower, Compiled};
+use crate::tune::autotune::{self, TuneOptions};
+use crate::tune::strategy::{Choices, StrategyInfo, StrategyState};
+
+/// One planned step, handed to the sink.
+pub struct PlannedStep {
+    /// 1-based step number.
+    pub step: usize,
+    /// The batch the step trains on (after the strategy's admission).
+    pub batch: Batch,
+    /// The lowered step.
+    pub compiled: Compiled,
+    /// The simulator's prediction of the step.
+    pub metrics: Metrics,
+}
+
+/// What an epoch plan did.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PlanSummary {
+    pub strategy: String,
+    /// The configuration chosen on the first step.
+    pub candidate: String,
+    /// Candidates evaluated (and skipped by the budget) when tuning.
+    pub candidates_tried: usize,
+    pub steps: usize,
+    pub samples: u64,
+    pub tokens: u64,
+    /// Predicted step time: mean, smallest and largest over the steps, seconds.
+    pub step_time_mean_s: f64,
+    pub step_time_min_s: f64,
+    pub step_time_max_s: f64,
+    /// Predicted time of the whole epoch (the sum of the steps), seconds.
+    pub epoch_time_s: f64,
+    /// Steps whose plan does not fit device memory.
+    pub oom_steps: usize,
+    /// Steps re-tuned because the kept configuration went over the memory limit.
+    pub replanned: usize,
+    /// Wall time of the tuning on the first step, and of the whole plan, milliseconds.
+    pub tune_ms: f64,
+    pub plan_ms: f64,
+}
+
+/// How to plan an epoch.
+pub struct PlanOptions<'a> {
+    pub strategy: &'static StrategyInfo,
+    pub choices: &'a Choices,
+    pub tune: TuneOptions,
+    /// Plan at most this many steps (default: the whole epoch).
+    pub max_steps: Option<usize>,
+    /// Steps compiled at once after the first (default: one per available core).
+    pub threads: Option<usize>,
+}
+
+/// Errors of an epoch plan.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(transparent)]
+    Batch(#[from] slimpack_ir::IrError),
+    #[error(transparent)]
+    Tune(#[from] autotune::TuneError),
+    #[error(transparent)]
+    Pass(#[from] slimpack_passes::PassError),
+    /// The sink failed (writing a schedule).
+    #[error("{0}")]
+    Sink(String),
+}
+
+/// Plans every step of one epoch of `dataset` (see the module documentation), calling `sink`
+/// with each step in order. `sink` may fail (a write error); the plan stops there.
+pub fn plan_epoch(
+    spec: &Spec,
+    dataset: &Dataset,
+    batch_options: &BatchOptions,
+    options: &PlanOptions,
+    sink: &mut dyn FnMut(PlannedStep) -> Result<(), String>,
+) -> Result<PlanSummary, PlanError> {
+    let start = Instant::now();
+    let strategy = options.strategy;
+    let manager = ManagerOptions {
+        verify: options.tune.verify,
+        ..ManagerOptions::default()
+    };
+    let mut stream = dataset.batch_stream(batch_options)?;
+    let mut state = StrategyState::default();
+    let mut summary = PlanSummary {
+        strategy: strategy.name.to_string(),
+        step_time_min_s: f64::INFINITY,
+        ..PlanSummary::default()
+    };
+    let max_steps = options.max_steps.unwrap_or(usize::MAX);
+    let first = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
+    let choice = autotune::choose_with(
+        strategy,
+        spec,
+        &first,
+        &state,
+        options.choices,
+        &options.tune,
+    )?;
+    summary.tune_ms = start.elapsed().as_secs_f64() * 1e3;
+    summary.candidates_tried = choice.evaluations.len() + choice.skipped;
+    let chosen = choice.evaluations[choice.chosen].candidate.clone();
+    summary.candidate = chosen.label.clone();
+    let metrics = choice.evaluations[choice.chosen].metrics.clone();
+    let mut compiled = choice.compiled;
+    lower(&mut compiled, &manager, &mut std::io::sink())?;
+    hand_on(&mut summary, sink, 1, first, compiled, metrics, false)?;
+    let threads = options
+        .threads
+        .unwrap_or_else(autotune::available_threads)
+        .max(1);
+    while !stream.epoch_done() && summary.steps < max_steps {
+        // One round: the admissions in step order, then the compilations in parallel.
+        let mut round = Vec::with_capacity(threads);
+        while round.len() < threads
+            && !stream.epoch_done()
+            && summary.steps + round.len() < max_steps
+        {
+            let step = summary.steps + round.len() + 1;
+            let batch = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
+            let candidate = (strategy.candidates)(spec, &batch, &state, options.choices)
+                .into_iter()
+                .find(|c| c.label == chosen.label)
+                .ok_or_else(|| autotune::TuneError::Withdrawn {
+                    strategy: strategy.name,
+                    candidate: chosen.label.clone(),
+                    step,
+                })?;
+            round.push((step, batch, candidate));
+        }
+        let planned = autotune::parallel_map_on(threads, &round, |_, (_, batch, candidate)| {
+            plan_step(strategy, spec, batch, candidate, &state, options, &manager)
+        });
+        for ((step, batch, _), outcome) in round.into_iter().zip(planned) {
+            let (compiled, metrics, replanned) = outcome?;
+            hand_on(
+                &mut summary,
+                sink,
+                step,
+                batch,
+                compiled,
+                metrics,
+                replanned,
+            )?;
+        }
+    }
+    summary.step_time_mean_s = summary.epoch_time_s / summary.steps as f64;
+    summary.plan_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(summary)
+}
+
+/// One later step with the kept candidate (re-tuned when its peak is over the memory limit),
+/// lowered. Returns the step, its metrics and whether it was re-tuned.
+fn plan_step(
+    strategy: &'static StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    candidate: &crate::tune::strategy::Candidate,
+    state: &StrategyState,
+    options: &PlanOptions,
+    manager: &ManagerOptions,
+) -> Result<(Compiled, Metrics, bool), PlanError> {
+    let capacity = slimpack_machine::machine_model(spec)
+        .memory()
+        .capacity_bytes();
+    let limit = options.choices.memory_limit_bytes(capacity);
+    let (evaluation, mut compiled) =
+        autotune::evaluate_with(strategy, spec, batch, candidate, limit, &options.tune)?;
+    let mut metrics = evaluation.metrics;
+    let mut replanned = false;
+    // The bench's rule, for every strategy: a step over the memory limit is re-tuned on its
+    // own batch (and kept re-tuned only where that fits).
+    if metrics.oom || metrics.peak_memory_bytes > limit {
+        let choice =
+            autotune::choose_with(strategy, spec, batch, state, options.choices, &options.tune)?;
+        let best = &choice.evaluations[choice.chosen];
+        if !best.metrics.oom && best.metrics.peak_memory_bytes <= limit {
+            metrics = best.metrics.clone();
+            compiled = choice.compiled;
+            replanned = true;
+        }
+    }
+    lower(&mut compiled, manager, &mut std::io::sink())?;
+    Ok((compiled, metrics, replanned))
+}
+
+/// Counts a step into the summary and gives it to the sink.
+fn hand_on(
+    summary: &mut PlanSummary,
+    sink: &mut dyn FnMut(PlannedStep) -> Result<(), String>,
+    step: usize,
+    batch: Batch,
+    compiled: Compiled,
+    metrics: Metrics,
+    replanned: bool,
+) -> Result<(), PlanError> {
+    summary.steps += 1;
+    summary.samples += batch.samples.len() as u64;
+    summary.tokens += batch.tokens();
+    summary.epoch_time_s += metrics.step_time_s;
+    summary.step_time_min_s = summary.step_time_min_s.min(metrics.step_time_s);
+    summary.step_time_max_s = summary.step_time_max_s.max(metrics.step_time_s);
+    summary.oom_steps += usize::from(metrics.oom);
+    summary.replanned += usize::from(replanned);
+    sink(PlannedStep {
+        step,
+        batch,
+        compiled,
+        metrics,
+    })
+    .map_err(PlanError::Sink)
+}

@@ -1,0 +1,193 @@
+//! `slimpack plan`: an epoch planned step by step is the same as compiling each step's batch
+//! on its own (`compile --step N`), its summary counts the whole epoch, and nothing but the
+//! summary reaches stderr when it is not a terminal (no progress bar).
+
+use std::path::PathBuf;
+
+mod common;
+use common::slimpack;
+
+/// A job with one candidate (recompute and CP fixed), so tuning once on the first step and
+/// tuning every step choose the same configuration.
+const JOB: [&str; 14] = [
+    "--model",
+    "llama-7b",
+    "--cluster",
+    "h100-sxm",
+    "--parallel",
+    "tp=8,cp=1,pp=2,dp=4",
+    "--recompute",
+    "selective",
+    "--batch",
+    "tests/fixtures/wikipedia-100k.lengths.txt",
+    "--context",
+    "32768",
+    "--strategy",
+    "megatron",
+];
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("slimpack-plan-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn every_planned_step_is_the_compile_of_its_batch() {
+    let dir = scratch("steps");
+    let out = dir.join("steps");
+    let out_arg = out.to_str().unwrap().to_string();
+    let mut args: Vec<&str> = vec!["plan"];
+    args.extend(JOB);
+    args.extend(["--global-batch-tokens", "2000000"]);
+    args.extend(["--steps", "3", "--out-dir", &out_arg, "--report", "json"]);
+    let output = slimpack(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["steps"], 3);
+    for step in 1..=3 {
+        let planned = std::fs::read_to_string(out.join(format!("step-{step:06}.json"))).unwrap();
+        let single = dir.join(format!("compiled-{step}.json"));
+        let step_arg = step.to_string();
+        let single_arg = single.to_str().unwrap().to_string();
+        let mut args: Vec<&str> = vec!["compile"];
+        args.extend(JOB);
+        args.extend(["--global-batch-tokens", "2000000"]);
+        args.extend(["--step", &step_arg, "--emit", "json", "-o", &single_arg]);
+        let output = slimpack(&args);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let compiled = std::fs::read_to_string(&single).unwrap();
+        assert!(planned == compiled, "step {step}: plan and compile differ");
+    }
+    // Consecutive steps are different batches.
+    let first = std::fs::read_to_string(out.join("step-000001.json")).unwrap();
+    let second = std::fs::read_to_string(out.join("step-000002.json")).unwrap();
+    assert_ne!(first, second);
+}
+
+#[test]
+fn an_epoch_covers_every_document_and_only_the_summary_reaches_a_pipe() {
+    let dir = scratch("epoch");
+    let lines = dir.join("plan.jsonl");
+    let lines_arg = lines.to_str().unwrap().to_string();
+    let mut args: Vec<&str> = vec!["plan"];
+    args.extend(JOB);
+    args.extend([
+        "--global-batch-tokens",
+        "20000000",
+        "--jsonl",
+        &lines_arg,
+        "--report",
+        "json",
+    ]);
+    let output = slimpack(&args);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // stderr is a pipe here: no progress bar, and the summary went to stdout.
+    assert!(
+        output.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let steps = summary["steps"].as_u64().unwrap();
+    let text = std::fs::read_to_string(&lines).unwrap();
+    assert_eq!(text.lines().count() as u64, steps);
+    for line in text.lines() {
+        serde_json::from_str::<serde_json::Value>(line).expect("one JSON document per line");
+    }
+    // The epoch holds every token of the file (cut to the context), the last step possibly a
+    // few documents of the next epoch.
+    let file_tokens: u64 = std::fs::read_to_string("tests/fixtures/wikipedia-100k.lengths.txt")
+        .unwrap()
+        .lines()
+        .map(|l| l.trim().parse::<u64>().unwrap())
+        .sum();
+    let tokens = summary["tokens"].as_u64().unwrap();
+    assert!(tokens >= file_tokens, "{tokens} < {file_tokens}");
+    assert!(tokens < file_tokens + 20_000_000 + 32768, "{tokens}");
+    // Every step meets its budget, and the epoch ends with the step that completes it.
+    assert!(
+        steps * 20_000_000 <= tokens,
+        "{steps} steps, {tokens} tokens"
+    );
+    assert!((steps - 1) * 20_000_000 < file_tokens, "{steps} steps");
+}
+
+#[test]
+fn text_summary_goes_to_stderr_and_bad_flags_are_one_line_errors() {
+    let mut args: Vec<&str> = vec!["plan"];
+    args.extend(JOB);
+    args.extend(["--global-batch-tokens", "2000000", "--steps", "2"]);
+    let output = slimpack(&args);
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("planned 2 steps"), "{stderr}");
+    assert!(output.stdout.is_empty());
+    for (flag, value) in [("--steps", "0"), ("--threads", "0")] {
+        let mut args: Vec<&str> = vec!["plan"];
+        args.extend(JOB);
+        args.extend(["--global-batch-tokens", "2000000", flag, value]);
+        let output = slimpack(&args);
+        assert_eq!(output.status.code(), Some(2));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains(flag),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn bench_planning_prints_one_row_per_size_and_strategy() {
+    let output = slimpack(&[
+        "bench",
+        "--model",
+        "llama-7b",
+        "--cluster",
+        "h100-sxm",
+        "--parallel",
+        "tp=8,pp=2,dp=4",
+        "--context",
+        "32768",
+        "--dataset",
+        "tests/fixtures/wikipedia-100k.lengths.txt",
+        "--planning",
+        "--planning-sizes",
+        "100,1000",
+        "--strategies",
+        "megatron,bfd",
+        "--report",
+        "json",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(rows.len(), 4);
+    for (row, (samples, strategy)) in rows.iter().zip([
+        (100, "megatron"),
+        (100, "bfd"),
+        (1000, "megatron"),
+        (1000, "bfd"),
+    ]) {
+        assert!(row["samples"].as_u64().unwrap() >= samples, "{row}");
+        assert_eq!(row["strategy"], strategy);
+        assert!(row["wall_ms"].as_f64().unwrap() > 0.0);
+        assert_eq!(row["growth"].is_null(), samples == 100, "{row}");
+    }
+}
