@@ -139,14 +139,12 @@ pub fn plan_epoch(
         {
             let step = summary.steps + round.len() + 1;
             let batch = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
+            // The kept configuration, offered again for this step's state (wlb), or as tuned
+            // where this batch would not offer it (a bin below its longest document).
             let candidate = (strategy.candidates)(spec, &batch, &state, options.choices)
                 .into_iter()
                 .find(|c| c.label == chosen.label)
-                .ok_or_else(|| autotune::TuneError::Withdrawn {
-                    strategy: strategy.name,
-                    candidate: chosen.label.clone(),
-                    step,
-                })?;
+                .unwrap_or_else(|| chosen.clone());
             round.push((step, batch, candidate));
         }
         let planned = autotune::parallel_map_on(threads, &round, |_, (_, batch, candidate)| {
@@ -185,13 +183,27 @@ fn plan_step(
         .memory()
         .capacity_bytes();
     let limit = options.choices.memory_limit_bytes(capacity);
-    let (evaluation, mut compiled) =
-        autotune::evaluate_with(strategy, spec, batch, candidate, limit, &options.tune)?;
-    let mut metrics = evaluation.metrics;
-    let mut replanned = false;
-    // The bench's rule, for every strategy: a step over the memory limit is re-tuned on its
-    // own batch (and kept re-tuned only where that fits).
-    if metrics.oom || metrics.peak_memory_bytes > limit {
+    // The bench's rule, for every strategy: a step the kept configuration cannot compile (a
+    // document longer than its bins) or takes over the memory limit is re-tuned on its own
+    // batch (and kept re-tuned only where that fits).
+    let kept = autotune::evaluate_with(strategy, spec, batch, candidate, limit, &options.tune);
+    let (mut compiled, mut metrics, mut replanned) = match kept {
+        Ok((evaluation, compiled)) => (compiled, evaluation.metrics, false),
+        Err(autotune::TuneError::Compile { .. }) => {
+            let choice = autotune::choose_with(
+                strategy,
+                spec,
+                batch,
+                state,
+                options.choices,
+                &options.tune,
+            )?;
+            let metrics = choice.evaluations[choice.chosen].metrics.clone();
+            (choice.compiled, metrics, true)
+        }
+        Err(error) => return Err(error.into()),
+    };
+    if !replanned && (metrics.oom || metrics.peak_memory_bytes > limit) {
         let choice =
             autotune::choose_with(strategy, spec, batch, state, options.choices, &options.tune)?;
         let best = &choice.evaluations[choice.chosen];

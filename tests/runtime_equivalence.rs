@@ -133,6 +133,9 @@ fn every_strategy_runs_equal_to_the_reference() {
         let spec = spec(parallel);
         let batch = dominant();
         for strategy in STRATEGIES {
+            if strategy.not_applicable(&spec).is_some() {
+                continue; // hybrid-cp needs pp=1, as in Megatron-Core
+            }
             let choices = Choices::fixed(spec.model.recompute);
             let mut state = StrategyState::default();
             let (_, choice) =

@@ -69,6 +69,9 @@ fn steps() -> Vec<(String, StepIr)> {
     );
     let mut steps = vec![(pipeline.to_string(), ir)];
     for strategy in STRATEGIES {
+        if strategy.not_applicable(&spec).is_some() {
+            continue; // hybrid-cp needs pp=1, as in Megatron-Core
+        }
         let choices = Choices::fixed(spec.model.recompute);
         let mut state = StrategyState::default();
         let (_, choice) =

@@ -55,12 +55,6 @@ pub enum TuneError {
     },
     #[error("strategy '{strategy}' offers no candidate for this spec and batch")]
     NoCandidate { strategy: &'static str },
-    #[error("strategy '{strategy}' no longer offers {candidate} at step {step}")]
-    Withdrawn {
-        strategy: &'static str,
-        candidate: String,
-        step: usize,
-    },
 }
 
 /// What the caller asks of a tuning (see the module documentation).

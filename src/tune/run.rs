@@ -157,19 +157,27 @@ pub fn run_strategy(
         .capacity_bytes();
     let limit = choices.memory_limit_bytes(capacity);
     let tune_steps = rules.tune_steps.clamp(1, batches.len());
-    let kept = |index: usize, label: &str| -> Result<Candidate, TuneError> {
+    // A configuration is kept by its label: a strategy whose pipeline depends on the step's
+    // state (wlb's micro-batch count) offers it again for each step; a configuration a later
+    // batch does not offer (a bin size below its longest document) runs as tuned, and a step
+    // it cannot compile (a document longer than the bin) is re-planned like one over the limit.
+    let kept = |index: usize, tuned: &Candidate| -> Candidate {
         let step = &steps[index];
         (strategy.candidates)(spec, &step.batch, &step.state, choices)
             .into_iter()
-            .find(|c| c.label == label)
-            .ok_or_else(|| TuneError::Withdrawn {
-                strategy: strategy.name,
-                candidate: label.to_string(),
-                step: index + 1,
-            })
+            .find(|c| c.label == tuned.label)
+            .unwrap_or_else(|| tuned.clone())
     };
 
-    let offered = (strategy.candidates)(spec, &steps[0].batch, &steps[0].state, choices);
+    // The candidates come from the tuning step with the longest sample, so that batch-sized
+    // choices (megatron's bins) hold every tuning step's documents.
+    let source = (0..tune_steps)
+        .max_by_key(|&index| {
+            let longest = steps[index].batch.samples.iter().map(|s| s.len).max();
+            (longest, std::cmp::Reverse(index))
+        })
+        .unwrap_or(0);
+    let offered = (strategy.candidates)(spec, &steps[source].batch, &steps[source].state, choices);
     if offered.is_empty() {
         return Err(TuneError::NoCandidate {
             strategy: strategy.name,
@@ -177,45 +185,56 @@ pub fn run_strategy(
     }
     let mut trials_work = Vec::with_capacity(offered.len() * tune_steps);
     for candidate in &offered {
-        trials_work.push((0, candidate.clone()));
-        for index in 1..tune_steps {
-            trials_work.push((index, kept(index, &candidate.label)?));
+        for index in 0..tune_steps {
+            trials_work.push((index, kept(index, candidate)));
         }
     }
     (progress.grow)((trials_work.len() + steps.len() - tune_steps) as u64);
-    let mut evaluations = evaluate(strategy, spec, &steps, &trials_work, limit)?.into_iter();
+    let mut outcomes = evaluate(strategy, spec, &steps, &trials_work, limit).into_iter();
     (progress.advance)(trials_work.len() as u64);
-    let tuning: Vec<Trial> = offered
-        .into_iter()
-        .map(|candidate| Trial {
-            candidate,
-            steps: evaluations.by_ref().take(tune_steps).collect(),
-        })
-        .collect();
+    // A candidate that does not compile on every tuning step is out of the running; when none
+    // compiles, the first error is the run's.
+    let mut tuning = Vec::with_capacity(offered.len());
+    let mut first_error = None;
+    for candidate in offered {
+        let results: Vec<_> = outcomes.by_ref().take(tune_steps).collect();
+        match results.into_iter().collect::<Result<Vec<_>, _>>() {
+            Ok(steps) => tuning.push(Trial { candidate, steps }),
+            Err(error) => {
+                first_error.get_or_insert(error);
+            }
+        }
+    }
+    if tuning.is_empty() {
+        return Err(first_error.expect("a candidate was offered"));
+    }
     let best = best_trial(&tuning, limit);
     let chosen = tuning[best].candidate.label.clone();
 
-    let later_work = (tune_steps..steps.len())
-        .map(|index| Ok((index, kept(index, &chosen)?)))
-        .collect::<Result<Vec<_>, TuneError>>()?;
-    let later = evaluate(strategy, spec, &steps, &later_work, limit)?;
+    let later_work: Vec<(usize, Candidate)> = (tune_steps..steps.len())
+        .map(|index| (index, kept(index, &tuning[best].candidate)))
+        .collect();
+    let later = evaluate(strategy, spec, &steps, &later_work, limit);
     (progress.advance)(later_work.len() as u64);
 
     let kept_steps = tuning[best]
         .steps
         .iter()
-        .map(|e| (e.metrics.clone(), e.compile_ms));
-    let later_steps = later.into_iter().map(|e| (e.metrics, e.compile_ms));
+        .map(|e| Some((e.metrics.clone(), e.compile_ms)));
+    let later_steps = later
+        .into_iter()
+        .map(|outcome| outcome.ok().map(|e| (e.metrics, e.compile_ms)));
     let mut figures = Vec::with_capacity(steps.len());
     let mut replanned = 0;
-    for ((metrics, compile_ms), step) in kept_steps.chain(later_steps).zip(&steps) {
-        let (metrics, compile_ms, replan) = if within(&metrics, limit) {
-            (metrics, compile_ms, false)
-        } else {
-            replanned += 1;
-            let choice = replan(strategy, spec, step, choices, progress)?;
-            let best = choice.best();
-            (best.metrics.clone(), best.compile_ms, true)
+    for (outcome, step) in kept_steps.chain(later_steps).zip(&steps) {
+        let (metrics, compile_ms, replan) = match outcome {
+            Some((metrics, compile_ms)) if within(&metrics, limit) => (metrics, compile_ms, false),
+            _ => {
+                replanned += 1;
+                let choice = replan(strategy, spec, step, choices, progress)?;
+                let best = choice.best();
+                (best.metrics.clone(), best.compile_ms, true)
+            }
         };
         figures.push(StepFigures {
             metrics,
@@ -276,12 +295,11 @@ fn evaluate(
     steps: &[Admitted],
     work: &[(usize, Candidate)],
     limit: u64,
-) -> Result<Vec<Evaluation>, TuneError> {
-    let pairs: Vec<(&Batch, &Candidate)> = work
-        .iter()
-        .map(|(index, candidate)| (&steps[*index].batch, candidate))
-        .collect();
-    autotune::evaluate_steps(strategy, spec, &pairs, limit)
+) -> Vec<Result<Evaluation, TuneError>> {
+    autotune::parallel_map(work, |_, (index, candidate)| {
+        autotune::evaluate(strategy, spec, &steps[*index].batch, candidate, limit)
+            .map(|(evaluation, _)| evaluation)
+    })
 }
 
 /// The index of the preferred trial (ties to the earlier candidate).
@@ -425,6 +443,39 @@ mod tests {
         assert_eq!(few.tune_steps, 2);
     }
 
+    /// megatron's bins are sized on the tuning steps' documents: tuned on short ones, a step
+    /// with a document longer than its bins cannot run the kept configuration and is re-planned
+    /// (counted), with room to spare in memory.
+    #[test]
+    fn a_step_whose_documents_outgrow_the_tuned_bins_is_replanned() {
+        let batches = batches(&[SHORT, LONG, SHORT]);
+        let mut roomy = Choices::fixed(slimpack_ir::spec::Recompute::None);
+        roomy.memory_limit = 1.0;
+        let megatron = lookup("megatron").unwrap();
+        let run = run_strategy(
+            megatron,
+            &spec(),
+            &batches,
+            &roomy,
+            rules(1, false),
+            &quiet(),
+        )
+        .unwrap();
+        let flags: Vec<bool> = run.steps.iter().map(|s| s.replanned).collect();
+        assert_eq!(flags, [false, true, false]);
+        // Tuned on all three steps, the bins hold every document: nothing is re-planned.
+        let run = run_strategy(
+            megatron,
+            &spec(),
+            &batches,
+            &roomy,
+            rules(3, false),
+            &quiet(),
+        )
+        .unwrap();
+        assert_eq!(run.replanned, 0);
+    }
+
     /// A peer tuned on short documents, then handed long ones under a memory limit between the
     /// two steps' peaks: the long step, and only it, is re-planned and counted.
     #[test]
@@ -434,7 +485,7 @@ mod tests {
         let capacity = slimpack_machine::machine_model(&spec)
             .memory()
             .capacity_bytes() as f64;
-        for name in ["megatron", "slimpack"] {
+        for name in ["megatron-paper", "slimpack"] {
             let strategy = lookup(name).unwrap();
             let choices = Choices::fixed(slimpack_ir::spec::Recompute::None);
             let mut roomy = choices.clone();
