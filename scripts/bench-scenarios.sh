@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The benchmark scenarios S1-S7 of docs/BENCHMARKS.md: every strategy (and slimpack's ablations)
+# The benchmark scenarios of docs/BENCHMARKS.md — S1-S7 on the shared data, H1-H5 on held-out
+# corpora built from text on this machine (scripts/heldout-corpora.py, tokenized by slimpack's
+# own cl100k tokenizer; built on first use): every strategy (and slimpack's ablations)
 # over seeded global batches, simulated on H100 SXM, all by the same rules: tuned on the first 3
 # steps, a 92% memory limit (a step over it is re-planned and counted), and drained (wlb trains
 # what it delayed in extra steps, so every strategy trains the same tokens).
@@ -15,8 +17,11 @@ cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-20}
 STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-asymmetric,slimpack-no-dp-merge,slimpack-no-slicing,slimpack-no-eqsat
+# The held-out scenarios run the strategies without slimpack's ablations.
+HELDOUT_STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack
 DATA=../shared/data
-ORDER=(S1 S2 S3 S4 S5 S6 S7)
+HELDOUT=target/heldout
+ORDER=(S1 S2 S3 S4 S5 S6 S7 H1 H2 H3 H4 H5)
 declare -A SCENARIOS=(
     [S1]="--model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 8388608 --dataset $DATA/wikipedia.lengths.txt"
     [S2]="--model llama-13b --parallel tp=8,pp=2,dp=8 --context 131072 --global-batch-tokens 16777216 --dataset $DATA/prolong_like.lengths.txt"
@@ -25,6 +30,13 @@ declare -A SCENARIOS=(
     [S5]="--model llama-150b --parallel tp=8,pp=16,dp=2 --context 262144 --global-batch-tokens 16777216 --dataset $DATA/wikipedia.lengths.txt"
     [S6]="--model llama-70b --parallel tp=8,pp=8,dp=4 --context 262144 --global-batch-tokens 16777216 --dataset $DATA/wlbllm_like.lengths.txt"
     [S7]="--model llama-7b --parallel tp=8,pp=1,dp=16 --context 131072 --global-batch-tokens 16777216 --dataset $DATA/prolong_like.lengths.txt"
+    # Held-out: source files (Python packages, the JDK), repository-level code (one document
+    # per crate, cut at the context), manual pages, Debian changelogs and copyright files.
+    [H1]="--model llama-13b --parallel tp=8,pp=2,dp=8 --context 131072 --global-batch-tokens 16777216 --dataset $HELDOUT/python-files.lengths.txt"
+    [H2]="--model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 16777216 --dataset $HELDOUT/java-files.lengths.txt"
+    [H3]="--model llama-70b --parallel tp=8,pp=8,dp=4 --context 262144 --global-batch-tokens 16777216 --dataset $HELDOUT/rust-repos.lengths.txt"
+    [H4]="--model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 8388608 --dataset $HELDOUT/man-pages.lengths.txt"
+    [H5]="--model llama-34b --parallel tp=8,pp=4,dp=8 --context 262144 --global-batch-tokens 16777216 --dataset $HELDOUT/debian-docs.lengths.txt"
 )
 
 ids=("$@")
@@ -43,10 +55,20 @@ cargo build --release --quiet
 S=${CARGO_TARGET_DIR:-target}/release/slimpack
 mkdir -p target/bench
 for id in "${ids[@]}"; do
+    case "$id" in H*)
+        if [ ! -f "$HELDOUT/python-files.lengths.txt" ]; then
+            python3 scripts/heldout-corpora.py --slimpack "$S" --out "$HELDOUT"
+        fi
+        break
+    esac
+done
+for id in "${ids[@]}"; do
     echo "=== $id: ${SCENARIOS[$id]}"
     start=$SECONDS
     # shellcheck disable=SC2086 # the scenario's flags split on spaces
+    strategies=$STRATEGIES
+    case "$id" in H*) strategies=$HELDOUT_STRATEGIES ;; esac
     "$S" bench ${SCENARIOS[$id]} --cluster h100-sxm --steps "$STEPS" --tune-steps 3 \
-        --memory-limit 0.92 --drain --strategies "$STRATEGIES" --json "target/bench/$id.json"
+        --memory-limit 0.92 --drain --strategies "$strategies" --json "target/bench/$id.json"
     echo "($id: $STEPS steps in $((SECONDS - start)) s)"
 done

@@ -621,17 +621,22 @@ fn table(report: &Report) -> String {
 }
 
 /// The "where the step goes" table, as percentages of the step time, when the simulator's
-/// figures carry a `losses` breakdown (its parts in name order); empty otherwise.
+/// figures carry a `losses` breakdown (its parts in the simulator's order, useful compute
+/// first); empty otherwise.
 fn losses_table(report: &Report, width: usize) -> String {
     use std::fmt::Write;
-    let Some(Value::Object(first)) = report
+    if !report
         .strategies
-        .first()
-        .and_then(|r| r.figures.get("losses"))
-    else {
+        .iter()
+        .any(|r| r.figures.get("losses").is_some())
+    {
         return String::new();
-    };
-    let parts: Vec<&String> = first.keys().collect();
+    }
+    let parts: Vec<String> = slimpack_machine::sim::Losses::default()
+        .entries()
+        .iter()
+        .map(|(what, _)| format!("{}_s", what.replace(' ', "_")))
+        .collect();
     let heading = |part: &str| part.trim_end_matches("_s").replace('_', " ");
     let mut out = String::from("\nwhere the step goes (% of step time):\n");
     let _ = write!(out, "{:<width$}", "strategy");
