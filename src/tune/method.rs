@@ -14,6 +14,10 @@
 //! eqsat (the candidate's variants).
 //! Then `lower` (run by the compile driver on the chosen candidate only) emits the op lists.
 //!
+//! The full method's search also holds the plans the peers would make (megatron's bins, kk:
+//! `plan=<peer>` candidates), so it never settles for less than theirs on the steps it is
+//! tuned on; the ablations search only the method's own candidates.
+//!
 //! Ablations (`--no-<idea>` on the command line, `slimpack-no-<idea>` as strategy names):
 //! `asymmetric` (backward packs mirror the forward ones), `dp-merge`, `slicing` (whole
 //! samples), `eqsat`.
@@ -193,7 +197,18 @@ macro_rules! variant {
     };
 }
 
-variant!(full, Ideas::ALL);
+/// The full method: its own candidates, and the peers' plans ([`super::strategy::peer_plans`])
+/// so that the simulator can pick one on a batch where it is best.
+pub(crate) fn full(
+    spec: &Spec,
+    batch: &Batch,
+    _: &StrategyState,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let mut candidates = candidates_with(Ideas::ALL, spec, batch, choices);
+    candidates.extend(super::strategy::peer_plans(spec, batch, choices));
+    candidates
+}
 variant!(
     no_asymmetric,
     Ideas {

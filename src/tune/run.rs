@@ -485,7 +485,9 @@ mod tests {
         let capacity = slimpack_machine::machine_model(&spec)
             .memory()
             .capacity_bytes() as f64;
-        for name in ["megatron-paper", "slimpack"] {
+        // slimpack-no-eqsat: the method's own pipelines (the full strategy may keep a megatron
+        // plan whose bins the long step outgrows: re-planned for that reason, tested above).
+        for name in ["megatron-paper", "kk", "slimpack-no-eqsat"] {
             let strategy = lookup(name).unwrap();
             let choices = Choices::fixed(slimpack_ir::spec::Recompute::None);
             let mut roomy = choices.clone();

@@ -320,7 +320,9 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         source: "Fine-Grained Asymmetric Packing (SlimPack), arXiv 2509.26246, sections 3-5",
         deviations: "phase 2 is a chain-constrained balanced-partition heuristic with local \
                      search and e-graph refinement instead of the paper's MILP; slice size, pack \
-                     cap and recompute are searched with the simulator (see src/tune/method.rs).",
+                     cap and recompute are searched with the simulator (see src/tune/method.rs); \
+                     the plans megatron and kk would make are candidates too (labelled \
+                     plan=<peer>), so the search contains theirs.",
         candidates: method::full,
         admit: None,
         applies: None,
@@ -523,6 +525,31 @@ fn wlb_candidates(spec: &Spec, b: &Batch, state: &StrategyState, c: &Choices) ->
         }
     };
     global_packing(spec, c, &format!("wlb,micro-batches={count}"), cap)
+}
+
+/// The plans the peers would make, as candidates of slimpack's own search (labelled
+/// `plan=<peer>,...`): megatron's tuned bins with its recompute modes, and Karmarkar-Karp
+/// micro-batches. The simulator picks one where it beats the SlimPack pipelines, so
+/// slimpack's search contains those peers'. (WLB-LLM's packing is not among them: without its
+/// outlier delay, a batch can hold a document none of its micro-batches fits.)
+pub(crate) fn peer_plans(spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
+    let state = StrategyState::default();
+    let plans = [
+        (
+            "megatron",
+            megatron_candidates(spec, batch, &state, choices),
+        ),
+        ("kk", kk_candidates(spec, batch, &state, choices)),
+    ];
+    plans
+        .into_iter()
+        .flat_map(|(peer, candidates)| {
+            candidates.into_iter().map(move |mut candidate| {
+                candidate.label = format!("plan={peer},{}", candidate.label);
+                candidate
+            })
+        })
+        .collect()
 }
 
 /// WLB-LLM's admission: outlier queues and delays, with `N` micro-batches for the drawn batch's
