@@ -433,3 +433,37 @@ fn compile_and_simulate_report_where_the_step_goes() {
     }
     assert_eq!(compiled["losses"], simulated["losses"]);
 }
+
+/// `--memory-limit` bounds a strategy's tuning (compile, plan and bench share its parsing);
+/// out of (0, 1], or beside `--passes`, it is a one-line error.
+#[test]
+fn memory_limit_is_a_fraction_for_a_strategy() {
+    let lengths = fixture("lengths.txt");
+    run_compile(
+        &["--batch", &lengths, "--memory-limit", "1.5"],
+        &["--memory-limit 1.5", "(0, 1]"],
+    );
+    run_compile(
+        &["--batch", &lengths, "--memory-limit", "x"],
+        &["--memory-limit x"],
+    );
+    run_compile(
+        &["--batch", &lengths, "--passes", "", "--memory-limit", "0.5"],
+        &["--memory-limit", "--passes"],
+    );
+    let args = compile_with(&[
+        "--batch",
+        &lengths,
+        "--memory-limit",
+        "0.9",
+        "--report",
+        "json",
+    ]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = slimpack(&refs);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -35,7 +35,7 @@ use serde_json::{Map, Value};
 use slimpack::tune::run::{
     run_strategy, Progress, RunRules, StepFigures, StrategyRun, DEFAULT_TUNE_STEPS,
 };
-use slimpack::tune::strategy::{self, Choices, StrategyInfo, STRATEGIES};
+use slimpack::tune::strategy::{self, StrategyInfo, STRATEGIES};
 
 use super::compile::ReportFormat;
 use super::input::{BatchArgs, SpecArgs};
@@ -189,17 +189,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.tune_steps == 0 {
         bail!("--tune-steps 0: give at least 1 step to tune on");
     }
-    let memory_limit = parse_memory_limit(&args.memory_limit)?;
+    let choices = super::input::tuning_choices(&args.spec, &job, Some(&args.memory_limit))?;
+    let memory_limit = choices.memory_limit;
     let strategies = select(args.strategies.as_deref())?;
     let (dataset, options) = job.dataset(&batch_args)?;
     if args.planning {
         let strategies = select(Some(
             args.strategies.as_deref().unwrap_or("megatron,slimpack"),
         ))?;
-        let choices = match args.spec.recompute {
-            Some(_) => Choices::fixed(job.spec.model.recompute),
-            None => Choices::all(),
-        };
         return super::bench_planning::run(
             &job.spec,
             &dataset,
@@ -211,11 +208,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     let batches = dataset.global_batches(&options, args.steps)?;
-    let mut choices = match args.spec.recompute {
-        Some(_) => Choices::fixed(job.spec.model.recompute),
-        None => Choices::all(),
-    };
-    choices.memory_limit = memory_limit;
     let rules = RunRules {
         tune_steps: args.tune_steps,
         drain: args.drain,
@@ -291,14 +283,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ReportFormat::Text => print!("{}", table(&report)),
     }
     Ok(())
-}
-
-/// `--memory-limit`: a fraction of device memory in (0, 1].
-fn parse_memory_limit(text: &str) -> anyhow::Result<f64> {
-    match text.trim().parse::<f64>() {
-        Ok(fraction) if fraction > 0.0 && fraction <= 1.0 => Ok(fraction),
-        _ => bail!("--memory-limit {text}: give a fraction of device memory in (0, 1], e.g. 0.92"),
-    }
 }
 
 /// The rules every strategy ran by, in words (the report's `config.rules`).

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use slimpack::tune::autotune;
-use slimpack::tune::strategy::{self, Choices, StrategyState};
+use slimpack::tune::strategy::{self, StrategyState};
 use slimpack::{compile, CompileOptions};
 use slimpack_codegen::schedule_json;
 use slimpack_ir::step::Phase;
@@ -210,6 +210,10 @@ pub struct CompileArgs {
     /// skipped (the first always runs; the choice then depends on the machine's speed).
     #[arg(long, value_name = "MS")]
     tune_budget_ms: Option<u64>,
+    /// The fraction of device memory a strategy's chosen configuration may peak at (default
+    /// 0.92): tuning keeps the fastest candidate within it.
+    #[arg(long, value_name = "FRACTION")]
+    memory_limit: Option<String>,
     /// What to emit: ir, json; mlir, llvm (feature `mlir`); ptx (feature `llvm`).
     #[arg(long, value_enum)]
     emit: Option<Emit>,
@@ -297,13 +301,14 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     if strategy.is_none() && args.tune_budget_ms.is_some() {
         bail!("--tune-budget-ms applies to a strategy's tuning, not to --passes");
     }
+    if strategy.is_none() && args.memory_limit.is_some() {
+        bail!("--memory-limit applies to a strategy's tuning, not to --passes");
+    }
     let (compiled, chosen) = match &strategy {
         Some(name) => {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
-            let choices = match args.spec.recompute {
-                Some(_) => Choices::fixed(job.spec.model.recompute),
-                None => Choices::all(),
-            };
+            let choices =
+                super::input::tuning_choices(&args.spec, &job, args.memory_limit.as_deref())?;
             let mut state = StrategyState::default();
             let batch = autotune::admit(info, &mut state, &job.spec, &batch);
             delayed = state.wlb.as_ref().map(|wlb| wlb.delay.backlog());

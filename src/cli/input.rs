@@ -13,6 +13,8 @@ use slimpack_ir::batch::{
 use slimpack_ir::spec::{ClusterSpec, ConfigFile, ModelSpec, ParallelSpec, Recompute};
 use slimpack_ir::Spec;
 
+use slimpack::tune::strategy::Choices;
+
 /// Model, cluster and layout.
 #[derive(Debug, Default, Args)]
 pub struct SpecArgs {
@@ -313,4 +315,29 @@ fn parse_synthetic(text: &str) -> anyhow::Result<SyntheticConfig> {
         }
     }
     Ok(config)
+}
+
+/// What a strategy's tuning may choose among: every recompute mode unless `--recompute` fixed
+/// one, within `--memory-limit` (a fraction of device memory in (0, 1]; default 0.92).
+pub fn tuning_choices(
+    spec: &SpecArgs,
+    job: &Job,
+    memory_limit: Option<&str>,
+) -> anyhow::Result<Choices> {
+    let mut choices = match spec.recompute {
+        Some(_) => Choices::fixed(job.spec.model.recompute),
+        None => Choices::all(),
+    };
+    if let Some(text) = memory_limit {
+        choices.memory_limit = parse_memory_limit(text)?;
+    }
+    Ok(choices)
+}
+
+/// `--memory-limit`: a fraction of device memory in (0, 1].
+pub fn parse_memory_limit(text: &str) -> anyhow::Result<f64> {
+    match text.trim().parse::<f64>() {
+        Ok(fraction) if fraction > 0.0 && fraction <= 1.0 => Ok(fraction),
+        _ => bail!("--memory-limit {text}: give a fraction of device memory in (0, 1], e.g. 0.92"),
+    }
 }

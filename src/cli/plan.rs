@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use slimpack::plan::{plan_epoch, PlanOptions, PlannedStep};
 use slimpack::tune::autotune::TuneOptions;
-use slimpack::tune::strategy::{self, Choices};
+use slimpack::tune::strategy;
 use slimpack_codegen::schedule_json;
 use slimpack_ir::text;
 
@@ -59,6 +59,10 @@ pub struct PlanArgs {
     /// Wall-clock budget of the tuning on the first step (see `compile --tune-budget-ms`).
     #[arg(long, value_name = "MS")]
     tune_budget_ms: Option<u64>,
+    /// The fraction of device memory a step may peak at (default 0.92): tuning keeps the
+    /// fastest candidate within it, and a later step over it is re-tuned.
+    #[arg(long, value_name = "FRACTION")]
+    memory_limit: Option<String>,
     /// Steps compiled at once (default: one per core).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
@@ -145,10 +149,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         bail!("--threads 0: give at least one thread");
     }
     let (dataset, batch_options) = job.dataset(&args.batch)?;
-    let choices = match args.spec.recompute {
-        Some(_) => Choices::fixed(job.spec.model.recompute),
-        None => Choices::all(),
-    };
+    let choices = super::input::tuning_choices(&args.spec, &job, args.memory_limit.as_deref())?;
     let options = PlanOptions {
         strategy: info,
         choices: &choices,
