@@ -728,10 +728,15 @@ mod tests {
 
     #[test]
     fn memory_limit_is_a_fraction_of_device_memory() {
-        assert_eq!(parse_memory_limit("0.92").unwrap(), 0.92);
-        assert_eq!(parse_memory_limit("1").unwrap(), 1.0);
+        assert_eq!(
+            super::super::input::parse_memory_limit("0.92").unwrap(),
+            0.92
+        );
+        assert_eq!(super::super::input::parse_memory_limit("1").unwrap(), 1.0);
         for bad in ["0", "-0.5", "1.5", "92", "92%", "NaN", "lots"] {
-            let error = parse_memory_limit(bad).unwrap_err().to_string();
+            let error = super::super::input::parse_memory_limit(bad)
+                .unwrap_err()
+                .to_string();
             assert!(error.contains("--memory-limit"), "{bad}: {error}");
         }
     }
