@@ -21,7 +21,7 @@ use slimpack_passes::ManagerOptions;
 
 use crate::compile::{lower, Compiled};
 use crate::tune::autotune::{self, TuneOptions};
-use crate::tune::strategy::{Choices, StrategyInfo, StrategyState};
+use crate::tune::strategy::{self, Choices, StrategyInfo, StrategyState};
 
 /// One planned step, handed to the sink.
 pub struct PlannedStep {
@@ -109,6 +109,7 @@ pub fn plan_epoch(
         ..PlanSummary::default()
     };
     let max_steps = options.max_steps.unwrap_or(usize::MAX);
+    let limit = options.choices.memory_limit_for(spec);
     let first = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
     let choice = autotune::choose_with(
         strategy,
@@ -139,16 +140,13 @@ pub fn plan_epoch(
         {
             let step = summary.steps + round.len() + 1;
             let batch = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
-            // The kept configuration, offered again for this step's state (wlb), or as tuned
-            // where this batch would not offer it (a bin below its longest document).
-            let candidate = (strategy.candidates)(spec, &batch, &state, options.choices)
-                .into_iter()
-                .find(|c| c.label == chosen.label)
-                .unwrap_or_else(|| chosen.clone());
+            let offered = (strategy.candidates)(spec, &batch, &state, options.choices);
+            let candidate = strategy::kept_for_step(&offered, &chosen);
             round.push((step, batch, candidate));
         }
         let planned = autotune::parallel_map_on(threads, &round, |_, (_, batch, candidate)| {
-            plan_step(strategy, spec, batch, candidate, &state, options, &manager)
+            let kept = (batch, candidate);
+            plan_step(strategy, spec, kept, &state, options, &manager, limit)
         });
         for ((step, batch, _), outcome) in round.into_iter().zip(planned) {
             let (compiled, metrics, replanned) = outcome?;
@@ -173,16 +171,12 @@ pub fn plan_epoch(
 fn plan_step(
     strategy: &'static StrategyInfo,
     spec: &Spec,
-    batch: &Batch,
-    candidate: &crate::tune::strategy::Candidate,
+    (batch, candidate): (&Batch, &strategy::Candidate),
     state: &StrategyState,
     options: &PlanOptions,
     manager: &ManagerOptions,
+    limit: u64,
 ) -> Result<(Compiled, Metrics, bool), PlanError> {
-    let capacity = slimpack_machine::machine_model(spec)
-        .memory()
-        .capacity_bytes();
-    let limit = options.choices.memory_limit_bytes(capacity);
     // The bench's rule, for every strategy: a step the kept configuration cannot compile (a
     // document longer than its bins) or takes over the memory limit is re-tuned on its own
     // batch (and kept re-tuned only where that fits).

@@ -236,9 +236,9 @@ pub struct ChunkOp {
 /// Forwards run micro-batches in groups of `stages` (Megatron's default
 /// `microbatch_group_size_per_vp_stage`): a group through chunk 0, then the same group through
 /// chunk 1, ...; the last group takes whatever micro-batches remain. Backwards follow the same
-/// table with the chunks reversed. The stage first runs `(stages - stage - 1) · 2 + (chunks -
-/// 1) · stages` forwards (every forward when there are only `stages` micro-batches, as Megatron
-/// does), then alternates one forward and one backward, then drains the backwards.
+/// table with the chunks reversed. The stage first runs `(stages - stage - 1) · 2 +
+/// (chunks - 1) · stages` forwards (every forward when there are only `stages` micro-batches,
+/// as Megatron does), then alternates one forward and one backward, then drains the backwards.
 ///
 /// `None` unless there are two chunks or more and the micro-batches are a positive multiple of
 /// `stages`: Megatron's long-standing requirement ("number of microbatches is not divisible by

@@ -318,10 +318,7 @@ pub fn choose_with(
     let start = Instant::now();
     let within_budget =
         |index: usize| index == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget);
-    let capacity = slimpack_machine::machine_model(spec)
-        .memory()
-        .capacity_bytes();
-    let limit = choices.memory_limit_bytes(capacity);
+    let limit = choices.memory_limit_for(spec);
     // Only the best step so far is kept (a step of a large batch is large, and the candidates
     // are many): the first candidate, in the strategy's order, of those no other is preferred
     // to — what keeping the preferred one over the candidates in order would choose.

@@ -26,7 +26,7 @@ use slimpack_ir::Spec;
 use slimpack_machine::sim::Metrics;
 
 use super::autotune::{self, Evaluation, TuneError};
-use super::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
+use super::strategy::{kept_for_step, Candidate, Choices, StrategyInfo, StrategyState};
 
 /// The rules of a run besides the memory limit (which is part of [`Choices`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,21 +152,13 @@ pub fn run_strategy(
         });
     }
     let (steps, backlog) = admit_all(strategy, spec, batches, rules.drain);
-    let capacity = slimpack_machine::machine_model(spec)
-        .memory()
-        .capacity_bytes();
-    let limit = choices.memory_limit_bytes(capacity);
+    let limit = choices.memory_limit_for(spec);
     let tune_steps = rules.tune_steps.clamp(1, batches.len());
-    // A configuration is kept by its label: a strategy whose pipeline depends on the step's
-    // state (wlb's micro-batch count) offers it again for each step; a configuration a later
-    // batch does not offer (a bin size below its longest document) runs as tuned, and a step
-    // it cannot compile (a document longer than the bin) is re-planned like one over the limit.
-    let kept = |index: usize, tuned: &Candidate| -> Candidate {
+    // A configuration is kept across steps by `kept_for_step`; a step it cannot compile (a
+    // document longer than megatron's bin) is re-planned like one over the limit.
+    let offered_at = |index: usize| {
         let step = &steps[index];
         (strategy.candidates)(spec, &step.batch, &step.state, choices)
-            .into_iter()
-            .find(|c| c.label == tuned.label)
-            .unwrap_or_else(|| tuned.clone())
     };
 
     // The candidates come from the tuning step with the longest sample, so that batch-sized
@@ -177,16 +169,18 @@ pub fn run_strategy(
             (longest, std::cmp::Reverse(index))
         })
         .unwrap_or(0);
-    let offered = (strategy.candidates)(spec, &steps[source].batch, &steps[source].state, choices);
+    let offered = offered_at(source);
     if offered.is_empty() {
         return Err(TuneError::NoCandidate {
             strategy: strategy.name,
         });
     }
+    // Each tuning step's own offer, generated once (not once per candidate).
+    let tuning_offers: Vec<Vec<Candidate>> = (0..tune_steps).map(offered_at).collect();
     let mut trials_work = Vec::with_capacity(offered.len() * tune_steps);
     for candidate in &offered {
-        for index in 0..tune_steps {
-            trials_work.push((index, kept(index, candidate)));
+        for (index, offer) in tuning_offers.iter().enumerate() {
+            trials_work.push((index, kept_for_step(offer, candidate)));
         }
     }
     (progress.grow)((trials_work.len() + steps.len() - tune_steps) as u64);
@@ -212,7 +206,12 @@ pub fn run_strategy(
     let chosen = tuning[best].candidate.label.clone();
 
     let later_work: Vec<(usize, Candidate)> = (tune_steps..steps.len())
-        .map(|index| (index, kept(index, &tuning[best].candidate)))
+        .map(|index| {
+            (
+                index,
+                kept_for_step(&offered_at(index), &tuning[best].candidate),
+            )
+        })
         .collect();
     let later = evaluate(strategy, spec, &steps, &later_work, limit);
     (progress.advance)(later_work.len() as u64);

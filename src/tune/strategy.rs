@@ -103,6 +103,12 @@ impl Choices {
         (capacity_bytes as f64 * self.memory_limit) as u64
     }
 
+    /// The bytes a configuration may peak at on a device of `spec`'s cluster.
+    pub fn memory_limit_for(&self, spec: &Spec) -> u64 {
+        let model = slimpack_machine::machine_model(spec);
+        self.memory_limit_bytes(model.memory().capacity_bytes())
+    }
+
     /// The modes plus, where allowed, block recomputation of a few layer counts of a model
     /// chunk of `layers_per_chunk` layers.
     fn with_block(&self, layers_per_chunk: u32) -> Vec<Recompute> {
@@ -364,6 +370,19 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         applies: None,
     },
 ];
+
+/// A run's kept configuration for a later step, given what the strategy offers that step: the
+/// candidate of the same label (a strategy whose pipeline depends on the step's state, like
+/// wlb's micro-batch count, re-derives it), or the tuned one as it is where the step does not
+/// offer it (a megatron bin below the step's longest document: compiling it then fails, and
+/// the step is re-planned).
+pub fn kept_for_step(offered: &[Candidate], tuned: &Candidate) -> Candidate {
+    offered
+        .iter()
+        .find(|candidate| candidate.label == tuned.label)
+        .unwrap_or(tuned)
+        .clone()
+}
 
 /// Looks a strategy up by name; the error lists the valid names.
 pub fn lookup(name: &str) -> Result<&'static StrategyInfo, String> {

@@ -216,12 +216,8 @@ fn attempt(
             };
             // New chains in the order they became available (the oldest released backward
             // first: it frees its sample's memory), each the largest of its release.
-            let mut pick = largest_fitting(&heads.open).or_else(|| {
-                heads
-                    .fresh
-                    .values()
-                    .find_map(|release| largest_fitting(release))
-            });
+            let mut pick = largest_fitting(&heads.open)
+                .or_else(|| heads.fresh.values().find_map(largest_fitting));
             if pick.is_none() && (members.is_empty() || last) {
                 // An empty pack must make progress, and the last pack takes everything: the
                 // smallest head (a cap overflow in the last pack grows the pack count).

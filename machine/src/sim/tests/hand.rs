@@ -7,7 +7,7 @@ use slimpack_ir::step::{BatchInfo, Direction, Pack, Phase, StepIr};
 
 use super::super::fixture::{schedule_gpipe, ReplicaPlan};
 use super::super::{simulate, TaskKind};
-use super::{assert_close, checked_run, plain, run, spec};
+use super::{assert_close, checked_run, plain, run, spec, unequal_replicas};
 use crate::MachineError;
 
 use Direction::{Backward, Forward};
@@ -106,18 +106,7 @@ fn two_stage_pipeline_bubble_is_pp_minus_one_over_m_plus_pp_minus_one() {
 
 #[test]
 fn dp_imbalance_is_max_over_mean_replica_compute() {
-    let (_, cost, result) = run(
-        spec("llama-7b", "h100-sxm", "tp=1,pp=1,dp=2"),
-        &plain(&[vec![vec![8192]], vec![vec![2048]]]),
-    );
-    let compute = |len: u64, rank: u32| {
-        cost.pack_time_on(0, &[(len, 0)], Forward, &[rank])
-            .critical_path_s()
-            + cost
-                .pack_time_on(0, &[(len, 0)], Backward, &[rank])
-                .critical_path_s()
-    };
-    let (long, short) = (compute(8192, 0), compute(2048, 1));
+    let (cost, result, long, short) = unequal_replicas();
     let m = &result.metrics;
     assert_close(m.dp_imbalance, 2.0 * long / (long + short), "dp imbalance");
     // The gradient reduce-scatter waits for the slower replica. Both replicas of the stage sit

@@ -7,7 +7,7 @@ use slimpack_ir::step::Direction;
 
 use super::super::fixture::one_f_one_b;
 use super::super::{Losses, Metrics};
-use super::{assert_close, checked_run, plain, run, spec};
+use super::{assert_close, checked_run, plain, run, spec, unequal_replicas};
 
 use Direction::{Backward, Forward};
 
@@ -106,18 +106,7 @@ fn two_stage_one_f_one_b_has_steady_idle_only_when_a_stage_is_slower() {
 
 #[test]
 fn dp_imbalance_wait_is_the_light_replica_waiting() {
-    let (_, cost, result) = run(
-        spec("llama-7b", "h100-sxm", "tp=1,pp=1,dp=2"),
-        &plain(&[vec![vec![8192]], vec![vec![2048]]]),
-    );
-    let compute = |len: u64, rank: u32| {
-        cost.pack_time_on(0, &[(len, 0)], Forward, &[rank])
-            .critical_path_s()
-            + cost
-                .pack_time_on(0, &[(len, 0)], Backward, &[rank])
-                .critical_path_s()
-    };
-    let (long, short) = (compute(8192, 0), compute(2048, 1));
+    let (cost, result, long, short) = unequal_replicas();
     let l = &result.metrics.losses;
     assert_close(
         l.dp_imbalance_wait_s,

@@ -8,7 +8,7 @@ mod properties;
 
 use crate::cost::CostModel;
 use slimpack_ir::spec::Spec;
-use slimpack_ir::step::StepIr;
+use slimpack_ir::step::{Direction, StepIr};
 
 use super::fixture::{one_f_one_b, ReplicaPlan};
 use super::{simulate, SimResult};
@@ -42,6 +42,24 @@ fn checked_run(ir: StepIr) -> (StepIr, CostModel, SimResult) {
     let cost = CostModel::new(&ir.spec);
     let result = simulate(&ir, &cost).unwrap();
     (ir, cost, result)
+}
+
+/// Two DP replicas of llama-7b on one stage, one pack each (8,192 and 2,048 tokens): the
+/// simulated step and each replica's pack compute (forward + backward), long then short.
+fn unequal_replicas() -> (CostModel, SimResult, f64, f64) {
+    let (_, cost, result) = run(
+        spec("llama-7b", "h100-sxm", "tp=1,pp=1,dp=2"),
+        &plain(&[vec![vec![8192]], vec![vec![2048]]]),
+    );
+    let compute = |len: u64, rank: u32| {
+        cost.pack_time_on(0, &[(len, 0)], Direction::Forward, &[rank])
+            .critical_path_s()
+            + cost
+                .pack_time_on(0, &[(len, 0)], Direction::Backward, &[rank])
+                .critical_path_s()
+    };
+    let (long, short) = (compute(8192, 0), compute(2048, 1));
+    (cost, result, long, short)
 }
 
 /// `a == b` up to floating-point rounding of sums.
