@@ -11,6 +11,12 @@ pub enum CodegenError {
         stage: &'static str,
         message: String,
     },
+    /// The program uses what this backend cannot express.
+    #[error("{backend}: {message}")]
+    Unsupported {
+        backend: &'static str,
+        message: String,
+    },
     /// MLIR rejected something (parsing, verifying, running passes, translating).
     #[error("MLIR {stage}: {message}")]
     Mlir {

@@ -51,6 +51,9 @@ pub struct ScheduleDocument {
     pub replicas: Vec<ReplicaDocument>,
     pub packs: Vec<PackDocument>,
     pub schedules: Vec<ScheduleEntry>,
+    /// Per replica and pipeline device, how it interleaves its model chunks (`vpp > 1` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub interleave: Vec<InterleaveEntry>,
     pub devices: Vec<Device>,
     /// The simulator's metrics for this schedule (step time, memory, ...), when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,27 +114,44 @@ pub struct Device {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum DeviceOp {
-    /// The forward of `pack` on this device's layers (its share of the tokens in a CP group).
-    Forward { pack: u32 },
-    /// The backward of `pack` on this device's layers.
-    Backward { pack: u32 },
+    /// The forward of `pack` on this device's layers (its share of the tokens in a CP group);
+    /// with model chunks (`vpp > 1`), on those of chunk `chunk`.
+    Forward {
+        pack: u32,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
+    },
+    /// The backward of `pack` on this device's layers (of chunk `chunk`).
+    Backward {
+        pack: u32,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
+    },
     /// The context-parallel K/V exchange of `pack` among `ranks` (a DP-Merge group).
     CpExchange {
         pack: u32,
         direction: Direction,
         ranks: Vec<u64>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
     },
-    /// Send `pack`'s activations (forward) or input gradients (backward) to `to`.
+    /// Send `pack`'s activations (forward) or input gradients (backward) of chunk `chunk` to
+    /// `to`.
     Send {
         pack: u32,
         direction: Direction,
         to: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
     },
-    /// Receive `pack`'s activations (forward) or output gradients (backward) from `from`.
+    /// Receive `pack`'s activations (forward) or output gradients (backward) for chunk
+    /// `chunk` from `from`.
     Recv {
         pack: u32,
         direction: Direction,
         from: u64,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
     },
     /// Reduce-scatter the stage's gradients among `ranks` (every DP rank of the stage).
     ReduceScatter { ranks: Vec<u64> },
@@ -139,6 +159,20 @@ pub enum DeviceOp {
     Optimizer,
     /// All-gather the stage's updated parameters among `ranks`.
     AllGather { ranks: Vec<u64> },
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+/// With model chunks (`vpp > 1`): the chunk of each pack pipeline device `pp` runs for
+/// `replica`, in order (the device merges its stages' schedules by it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InterleaveEntry {
+    pub replica: u32,
+    pub pp: u32,
+    pub chunks: Vec<u32>,
 }
 
 /// Errors reading a document.
@@ -191,6 +225,18 @@ pub fn document(ir: &StepIr, predicted: Option<serde_json::Value>) -> ScheduleDo
             }
         }
     }
+    let mut interleave = Vec::new();
+    for (r, &replica) in ir.replicas().iter().enumerate() {
+        for device in 0..ir.spec.parallel.pp {
+            if let Some(chunks) = ir.interleave(replica, device) {
+                interleave.push(InterleaveEntry {
+                    replica: r as u32,
+                    pp: device,
+                    chunks: chunks.to_vec(),
+                });
+            }
+        }
+    }
     ScheduleDocument {
         format: FORMAT.to_string(),
         version: VERSION,
@@ -222,6 +268,7 @@ pub fn document(ir: &StepIr, predicted: Option<serde_json::Value>) -> ScheduleDo
             .collect(),
         packs,
         schedules,
+        interleave,
         devices: devices(&ir.spec.parallel, &program),
         predicted,
     }
@@ -252,12 +299,13 @@ fn devices(parallel: &ParallelSpec, program: &Program) -> Vec<Device> {
                 .ops
                 .iter()
                 .map(|op| match op {
-                    Op::Forward { pack } => DeviceOp::Forward { pack: *pack },
-                    Op::Backward { pack } => DeviceOp::Backward { pack: *pack },
+                    &Op::Forward { pack, chunk } => DeviceOp::Forward { pack, chunk },
+                    &Op::Backward { pack, chunk } => DeviceOp::Backward { pack, chunk },
                     Op::CpExchange {
                         pack,
                         direction,
                         group,
+                        chunk,
                     } => DeviceOp::CpExchange {
                         pack: *pack,
                         direction: *direction,
@@ -265,24 +313,29 @@ fn devices(parallel: &ParallelSpec, program: &Program) -> Vec<Device> {
                             .iter()
                             .map(|&dp| at(Worker { dp, pp: coords.pp }))
                             .collect(),
+                        chunk: *chunk,
                     },
                     Op::Send {
                         pack,
                         direction,
                         to,
+                        chunk,
                     } => DeviceOp::Send {
                         pack: *pack,
                         direction: *direction,
                         to: at(*to),
+                        chunk: *chunk,
                     },
                     Op::Recv {
                         pack,
                         direction,
                         from,
+                        chunk,
                     } => DeviceOp::Recv {
                         pack: *pack,
                         direction: *direction,
                         from: at(*from),
+                        chunk: *chunk,
                     },
                     Op::ReduceScatter => DeviceOp::ReduceScatter {
                         ranks: stage_ranks(),
@@ -442,10 +495,22 @@ pub fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
                     .ok_or_else(|| invalid(format!("schedule names pack {p}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        if entry.stage >= doc.spec.parallel.pp {
+        if entry.stage >= doc.spec.parallel.stages() {
             return Err(invalid(format!("schedule names stage {}", entry.stage)));
         }
         ir.set_schedule(replica, entry.stage, &order);
+    }
+    for entry in &doc.interleave {
+        let replica = *replicas
+            .get(entry.replica as usize)
+            .ok_or_else(|| invalid(format!("interleave names replica {}", entry.replica)))?;
+        if doc.spec.parallel.vpp == 1 || entry.pp >= doc.spec.parallel.pp {
+            return Err(invalid(format!(
+                "interleave names pipeline device {} of {} (interleaves need vpp > 1)",
+                entry.pp, doc.spec.parallel
+            )));
+        }
+        ir.set_interleave(replica, entry.pp, &entry.chunks);
     }
     ir.advance(Phase::Scheduled);
     slimpack_ir::verify::verify(&ir)?;

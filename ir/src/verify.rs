@@ -244,12 +244,17 @@ impl Verifier<'_> {
 
     fn stages(&mut self) {
         let ir = self.ir;
-        let pp = ir.spec.parallel.pp as usize;
-        if ir.stages().len() != pp {
+        let parallel = ir.spec.parallel;
+        if ir.stages().len() != parallel.stages() as usize {
             self.report(
                 At::Section("stages"),
                 "stages",
-                format!("{} stages for pp={pp}", ir.stages().len()),
+                format!(
+                    "{} stages for pp={} x vpp={}",
+                    ir.stages().len(),
+                    parallel.pp,
+                    parallel.vpp
+                ),
             );
         }
         let mut next_layer = 0;
@@ -592,10 +597,43 @@ impl Verifier<'_> {
                     );
                 }
             }
-            if complete {
+            if complete && self.interleaves_complete(replica) {
                 self.deadlock_free(replica);
             }
         }
+    }
+
+    /// With model chunks, every pipeline device of the replica has an interleave that runs
+    /// each of its stages' packs once (see `StepIr::device_schedule`).
+    fn interleaves_complete(&mut self, replica: ReplicaId) -> bool {
+        let ir = self.ir;
+        let parallel = ir.spec.parallel;
+        if parallel.vpp == 1 {
+            return true;
+        }
+        let packs = ir.packs_on(replica, Direction::Forward).len()
+            + ir.packs_on(replica, Direction::Backward).len();
+        let mut complete = true;
+        for device in 0..parallel.pp {
+            let chunks = ir.interleave(replica, device).unwrap_or(&[]);
+            let counts: Vec<usize> = (0..parallel.vpp)
+                .map(|chunk| chunks.iter().filter(|&&c| c == chunk).count())
+                .collect();
+            let stray = chunks.iter().any(|&c| c >= parallel.vpp);
+            if stray || counts.iter().any(|&count| count != packs) {
+                complete = false;
+                self.report(
+                    At::ReplicaSchedule(replica),
+                    "schedule-complete",
+                    format!(
+                        "the interleave of pipeline device {device} runs its chunks {counts:?} times{}; each of its {} chunks must run the replica's {packs} packs",
+                        if stray { " and names a chunk past vpp" } else { "" },
+                        parallel.vpp
+                    ),
+                );
+            }
+        }
+        complete
     }
 
     /// Builds the replica's task graph and looks for a cycle.
@@ -621,10 +659,11 @@ impl Verifier<'_> {
                 graph.add_edge(from, to, ());
             }
         };
-        for stage in 0..stages {
-            let order = ir.schedule(replica, stage as u32);
+        for device in 0..ir.spec.parallel.pp {
+            let order = ir.device_schedule(replica, device);
             for pair in order.windows(2) {
-                edge(&mut graph, (pair[0], stage), (pair[1], stage));
+                let ((a, a_stage), (b, b_stage)) = (pair[0], pair[1]);
+                edge(&mut graph, (a, a_stage as usize), (b, b_stage as usize));
             }
         }
         for &pack in &packs {

@@ -15,6 +15,7 @@
 use crate::balance::{refine, sample_weights, Balance};
 use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
+use slimpack_ir::spec::ParallelSpec;
 use slimpack_ir::step::{Phase, SampleId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
@@ -89,18 +90,22 @@ fn merge_degree(need: f64, limit: u32) -> u32 {
     k
 }
 
-/// Per-device bytes one sample needs when it runs alone, on its most loaded stage: the model
-/// states and workspace, its saved activations and K/V, and the dK/dV accumulators its
-/// backward fills.
-fn sample_memory(cost: &CostModel, stages: u32, tokens: u64) -> u64 {
+/// Per-device bytes one sample needs when it runs alone, on its most loaded pipeline device:
+/// the model states and workspace, and on each of the device's stages (model chunks) its saved
+/// activations and K/V and the dK/dV accumulators its backward fills.
+fn sample_memory(cost: &CostModel, parallel: ParallelSpec, tokens: u64) -> u64 {
     let memory = cost.memory();
-    (0..stages)
-        .map(|stage| {
-            memory.model_state_bytes(stage)
-                + memory.workspace_bytes()
-                + memory.activation_bytes(tokens, stage)
-                + memory.kv_bytes(tokens, stage)
-                + memory.kv_grad_bytes(tokens, stage)
+    (0..parallel.pp)
+        .map(|device| {
+            let per_chunk: u64 = (device..parallel.stages())
+                .step_by(parallel.pp as usize)
+                .map(|stage| {
+                    memory.activation_bytes(tokens, stage)
+                        + memory.kv_bytes(tokens, stage)
+                        + memory.kv_grad_bytes(tokens, stage)
+                })
+                .sum();
+            memory.model_state_bytes(device) + memory.workspace_bytes() + per_chunk
         })
         .max()
         .unwrap_or(0)
@@ -122,7 +127,7 @@ impl Pass for DpMerge {
             });
         }
         let cost_model = cx.machine();
-        let stages = ir.spec.parallel.pp;
+        let parallel = ir.spec.parallel;
         let weights = sample_weights(ir, cx.machine(), Balance::Cost);
         let samples: Vec<SampleId> = ir.samples().to_vec();
         let mean = weights.iter().sum::<f64>() / f64::from(dp);
@@ -136,8 +141,8 @@ impl Pass for DpMerge {
             } else {
                 1.0
             };
-            let fixed = sample_memory(cost_model, stages, 0) as f64;
-            let needed = sample_memory(cost_model, stages, tokens) as f64 - fixed;
+            let fixed = sample_memory(cost_model, parallel, 0) as f64;
+            let needed = sample_memory(cost_model, parallel, tokens) as f64 - fixed;
             let allowed = self.memory * (capacity - fixed).max(1.0);
             let by_memory = if needed > allowed {
                 needed / allowed

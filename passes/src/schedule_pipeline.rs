@@ -18,10 +18,17 @@
 //! for is preceded, downstream, only by forwards it has already sent (the verifier proves it on
 //! every output).
 //!
-//! Interleaved 1F1B (virtual pipeline stages): [`interleaved_order`] gives Megatron's order of
-//! (micro-batch, model chunk) forwards and backwards on one device stage. The pass does not
-//! emit it yet: the step IR holds one order per physical stage with each pack once, and the
-//! simulator, verifier and lowering know no model chunks.
+//! Interleaved 1F1B (model chunks, `vpp > 1` in the layout): pipeline device `d` holds stages
+//! `d, d + pp, ...` and runs every pack once per chunk. Where a replica's forward and backward
+//! packs coincide and their count is a multiple of `pp`, every device runs Megatron's
+//! interleaved order ([`interleaved_order`]). Elsewhere (asymmetric packs, a ragged count,
+//! which Megatron refuses) the order comes from [`list_schedule`]: the devices run in lockstep on
+//! unit-time ops, each taking a ready backward once its forwards in flight hold the 1F1B window
+//! (Megatron's interleaved warm-up, counted in tokens) and waiting for one there, the ready
+//! forward of its deepest chunk below the window; when every device waits, the ready forwards
+//! run past their windows. Both are executions of the pipeline's dependencies, so neither deadlocks (the
+//! verifier proves it on every output). With model chunks the warm-up is not reduced for
+//! memory: the tuner's memory check rejects a layout that does not fit.
 
 use crate::error::Result;
 use crate::pass::{Pass, PassContext, PassInfo, Statistics};
@@ -154,6 +161,9 @@ impl Pass for SchedulePipeline {
 /// Sets every replica's per-stage 1F1B orders (memory-aware warm-up); the pass's algorithm,
 /// also run by `eqsat` on a scheduled step whose packs it changed.
 pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel) -> Statistics {
+    if ir.spec.parallel.vpp > 1 {
+        return schedule_interleaved(ir);
+    }
     let stages = ir.spec.parallel.pp;
     let mut scheduled = 0;
     let mut max_in_flight = 0usize;
@@ -186,6 +196,180 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel) -> Statistics {
         .with("replicas_scheduled", scheduled)
         .with("max_forwards_in_flight", max_in_flight)
         .with("memory_limited_stages", memory_limited)
+}
+
+/// Sets every replica's per-device interleaved orders (model chunks, `vpp > 1`).
+fn schedule_interleaved(ir: &mut StepIr) -> Statistics {
+    let parallel = ir.spec.parallel;
+    let (pp, vpp) = (parallel.pp, parallel.vpp);
+    let (mut scheduled, mut megatron, mut max_in_flight) = (0, 0, 0usize);
+    for replica in ir.replicas().to_vec() {
+        let forward = ir.packs_on(replica, Direction::Forward);
+        let backward = ir.packs_on(replica, Direction::Backward);
+        if forward.is_empty() {
+            continue;
+        }
+        let symmetric = forward.len() == backward.len()
+            && forward
+                .iter()
+                .zip(&backward)
+                .all(|(&f, &b)| same_slices(ir, f, b));
+        let exact: Option<Vec<Vec<ChunkOp>>> = if symmetric {
+            (0..pp)
+                .map(|device| interleaved_order(pp, vpp, device, forward.len()))
+                .collect()
+        } else {
+            None
+        };
+        let orders = match exact {
+            Some(orders) => {
+                megatron += 1;
+                orders
+            }
+            None => list_schedule(ir, &forward, &backward),
+        };
+        for (device, order) in orders.iter().enumerate() {
+            let device = device as u32;
+            let mut in_flight = 0usize;
+            for op in order {
+                match op.direction {
+                    Direction::Forward => in_flight += 1,
+                    Direction::Backward => in_flight = in_flight.saturating_sub(1),
+                }
+                max_in_flight = max_in_flight.max(in_flight);
+            }
+            for chunk in 0..vpp {
+                let stage_order: Vec<PackId> = order
+                    .iter()
+                    .filter(|op| op.chunk == chunk)
+                    .map(|op| match op.direction {
+                        Direction::Forward => forward[op.micro_batch],
+                        Direction::Backward => backward[op.micro_batch],
+                    })
+                    .collect();
+                ir.set_schedule(replica, chunk * pp + device, &stage_order);
+            }
+            let chunks: Vec<u32> = order.iter().map(|op| op.chunk).collect();
+            ir.set_interleave(replica, device, &chunks);
+        }
+        scheduled += 1;
+    }
+    Statistics::new()
+        .with("replicas_scheduled", scheduled)
+        .with("replicas_megatron_interleaved", megatron)
+        .with("max_forwards_in_flight", max_in_flight)
+        .with("memory_limited_stages", 0)
+}
+
+/// The interleaved orders of one replica's devices for any packs (see the module docs): a
+/// lockstep execution of unit-time ops. `ChunkOp::micro_batch` indexes `forward` or
+/// `backward` by direction.
+fn list_schedule(ir: &StepIr, forward: &[PackId], backward: &[PackId]) -> Vec<Vec<ChunkOp>> {
+    let parallel = ir.spec.parallel;
+    let (pp, vpp) = (parallel.pp as usize, parallel.vpp);
+    let stages = pp * vpp as usize;
+    let position: std::collections::HashMap<PackId, usize> =
+        forward.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+    // The forwards each backward pack needs on the last stage.
+    let needs: Vec<Vec<usize>> = backward
+        .iter()
+        .map(|&b| {
+            let mut needed: Vec<usize> = ir
+                .pack_slices(b)
+                .iter()
+                .filter_map(|&s| ir.pack_of(s, Direction::Forward))
+                .map(|f| position[&f])
+                .collect();
+            needed.sort_unstable();
+            needed.dedup();
+            needed
+        })
+        .collect();
+    let forward_tokens: Vec<u64> = forward.iter().map(|&p| ir.pack_tokens(p)).collect();
+    let backward_tokens: Vec<u64> = backward.iter().map(|&p| ir.pack_tokens(p)).collect();
+    let mean_forward = forward_tokens.iter().sum::<u64>() as f64 / forward.len().max(1) as f64;
+    // Per stage: how many forwards and backwards have run (they run in pack order).
+    let mut forwards_done = vec![0usize; stages];
+    let mut backwards_done = vec![0usize; stages];
+    let mut in_flight = vec![0i64; pp];
+    let mut orders: Vec<Vec<ChunkOp>> = vec![Vec::new(); pp];
+    let total = (forward.len() + backward.len()) * stages;
+    let mut waiting: Vec<(usize, ChunkOp)> = Vec::new();
+    while orders.iter().map(Vec::len).sum::<usize>() < total {
+        let mut ran: Vec<(usize, ChunkOp)> = Vec::new();
+        for (device, &held) in in_flight.iter().enumerate() {
+            let warmup = (pp - device - 1) * 2 + (vpp as usize - 1) * pp;
+            let window = ((warmup + 1) as f64 * mean_forward).round() as i64;
+            // Depth first: the deepest chunk's forward, to reach the backwards soonest.
+            let ready_forward = (0..vpp as usize).rev().find_map(|chunk| {
+                let stage = chunk * pp + device;
+                let next = forwards_done[stage];
+                let ready = next < forward.len() && (stage == 0 || forwards_done[stage - 1] > next);
+                ready.then_some((chunk, next))
+            });
+            let ready_backward = (0..vpp as usize).rev().find_map(|chunk| {
+                let stage = chunk * pp + device;
+                let next = backwards_done[stage];
+                let ready = next < backward.len()
+                    && if stage + 1 == stages {
+                        needs[next].last().is_none_or(|&f| forwards_done[stage] > f)
+                    } else {
+                        backwards_done[stage + 1] > next
+                    };
+                ready.then_some((chunk, next))
+            });
+            let forward_op = ready_forward.map(|(chunk, next)| ChunkOp {
+                direction: Direction::Forward,
+                micro_batch: next,
+                chunk: chunk as u32,
+            });
+            let backward_op = ready_backward.map(|(chunk, next)| ChunkOp {
+                direction: Direction::Backward,
+                micro_batch: next,
+                chunk: chunk as u32,
+            });
+            // A device at its window waits for a backward, as a 1F1B stage does.
+            let full = held >= window;
+            let op = match (forward_op, backward_op) {
+                (_, Some(backward)) if full || forward_op.is_none() => Some(backward),
+                (Some(forward), _) if !full => Some(forward),
+                _ => None,
+            };
+            match op {
+                Some(op) => ran.push((device, op)),
+                None => {
+                    if let Some(forward) = forward_op {
+                        waiting.push((device, forward));
+                    }
+                }
+            }
+        }
+        // When every device waits, those with a ready forward run it past their window (a
+        // backward pack may need forwards beyond it), so the schedule always completes.
+        if ran.is_empty() {
+            ran = std::mem::take(&mut waiting);
+        }
+        waiting.clear();
+        assert!(
+            !ran.is_empty(),
+            "the pipeline's dependencies are acyclic, so some op is always ready (bug)"
+        );
+        for (device, op) in ran {
+            let stage = op.chunk as usize * pp + device;
+            match op.direction {
+                Direction::Forward => {
+                    forwards_done[stage] += 1;
+                    in_flight[device] += forward_tokens[op.micro_batch] as i64;
+                }
+                Direction::Backward => {
+                    backwards_done[stage] += 1;
+                    in_flight[device] -= backward_tokens[op.micro_batch] as i64;
+                }
+            }
+            orders[device].push(op);
+        }
+    }
+    orders
 }
 
 /// Warm-up forwards of each stage of one replica: `pp - 1 - s`, reduced to what fits in

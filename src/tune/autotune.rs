@@ -108,10 +108,14 @@ impl Choice {
     }
 }
 
-/// The spec a candidate runs with: `spec` with the candidate's recompute mode.
+/// The spec a candidate runs with: `spec` with the candidate's recompute mode and model
+/// chunks.
 pub fn candidate_spec(spec: &Spec, candidate: &Candidate) -> Spec {
     let mut spec = spec.clone();
     spec.model.recompute = candidate.recompute;
+    if let Some(vpp) = candidate.vpp {
+        spec.parallel.vpp = vpp;
+    }
     spec
 }
 

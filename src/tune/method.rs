@@ -177,6 +177,7 @@ pub fn candidates_with(
                     pipeline: primary.pipeline.clone(),
                     variants: pipelines.clone(),
                     recompute,
+                    vpp: None,
                 });
             }
         }

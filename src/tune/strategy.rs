@@ -45,6 +45,9 @@ pub struct Candidate {
     pub variants: Vec<Variant>,
     /// The activation recomputation the step runs with (it replaces the model's).
     pub recompute: Recompute,
+    /// Model chunks per pipeline device the step runs with (interleaved 1F1B; it replaces the
+    /// layout's `vpp`); `None`: the layout's own.
+    pub vpp: Option<u32>,
 }
 
 /// An alternative pipeline of a [`Candidate`]: the same configuration compiled another way
@@ -221,21 +224,25 @@ pub static STRATEGIES: &[StrategyInfo] = &[
     },
     StrategyInfo {
         name: "megatron",
-        summary: "Megatron-LM as a competent user tunes it: FFD bins, static CP, recompute",
+        summary: "Megatron-LM as a competent user tunes it: FFD bins, static CP, recompute, interleaved 1F1B",
         source: "NVIDIA NeMo nemo/utils/sequence_packing_utils.py first_fit_decreasing (the \
                  packed THD sequences Megatron-Core runs with cu_seqlens); Megatron-LM \
                  --context-parallel-size, --recompute-granularity selective|full, \
-                 --recompute-method block --recompute-num-layers K, 1F1B schedule \
+                 --recompute-method block --recompute-num-layers K, \
+                 --num-layers-per-virtual-pipeline-stage; 1F1B and interleaved 1F1B \
                  (megatron/core/pipeline_parallel/schedules.py)",
         deviations: "bins are packed per global batch and dealt round-robin to the DP ranks \
                      (no sampler shuffle); the tuner searches the bin size (the rungs 2^k and \
                      3·2^(k-1) at or above the batch's longest document, the first two, and \
-                     the context), the static CP degree (a power of two from the DP pool) and \
+                     the context), the static CP degree (a power of two from the DP pool), \
                      the recomputation (none, selective, full, block of a quarter and a half \
-                     of a stage's layers), keeping the fastest combination that fits memory; \
-                     a user sizes bins once per run, here per tuned batch; no interleaved 1F1B \
-                     (--num-layers-per-virtual-pipeline-stage) yet: the step IR does not model \
-                     virtual pipeline stages.",
+                     of a chunk's layers) and two model chunks per pipeline device where the \
+                     layers split into 2·pp, keeping the fastest combination that fits \
+                     memory; a user sizes bins once per run, here per tuned batch. \
+                     Interleaved steps follow Megatron's order (micro-batch groups of pp) \
+                     where a replica's micro-batch count is a multiple of pp; Megatron \
+                     refuses other counts, where slimpack's list schedule runs them instead \
+                     (in the peer's favour).",
         candidates: megatron_candidates,
         admit: None,
         applies: None,
@@ -433,6 +440,7 @@ fn cp_and_recompute(
                 label,
                 pipeline: pipeline(cp),
                 recompute,
+                vpp: None,
             });
         }
     }
@@ -472,21 +480,44 @@ fn megatron_paper_candidates(
 }
 
 /// Megatron tuned: every bin size of [`megatron_bin_sizes`] times the static CP degrees times
-/// the recompute modes with block recomputation.
+/// the recompute modes with block recomputation, with and without interleaving (see
+/// [`megatron_vpp_choices`]).
 fn megatron_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
-    let modes = Choices {
-        recompute: c.with_block(spec.layers_per_chunk()),
-        block_recompute: false,
-        memory_limit: c.memory_limit,
-    };
     let mut candidates = Vec::new();
-    for bin in megatron_bin_sizes(b) {
-        for mut candidate in global_packing(spec, &modes, "ffd", bin) {
-            candidate.label = format!("bin={bin},{}", candidate.label);
-            candidates.push(candidate);
+    for vpp in megatron_vpp_choices(spec) {
+        let mut layout = spec.clone();
+        if let Some(vpp) = vpp {
+            layout.parallel.vpp = vpp;
+        }
+        let modes = Choices {
+            recompute: c.with_block(layout.layers_per_chunk()),
+            block_recompute: false,
+            memory_limit: c.memory_limit,
+        };
+        for bin in megatron_bin_sizes(b) {
+            for mut candidate in global_packing(&layout, &modes, "ffd", bin) {
+                candidate.label = match vpp {
+                    Some(vpp) => format!("vpp={vpp},bin={bin},{}", candidate.label),
+                    None => format!("bin={bin},{}", candidate.label),
+                };
+                candidate.vpp = vpp;
+                candidates.push(candidate);
+            }
         }
     }
     candidates
+}
+
+/// The interleavings a Megatron user tries (`--num-layers-per-virtual-pipeline-stage`): the
+/// layout's own, and two model chunks per device where the layout has none, a pipeline, and
+/// layers that split evenly into `2 · pp` chunks. `None` is the layout's own.
+pub fn megatron_vpp_choices(spec: &Spec) -> Vec<Option<u32>> {
+    let parallel = &spec.parallel;
+    let mut choices = vec![None];
+    if parallel.vpp == 1 && parallel.pp >= 2 && spec.model.layers % (2 * parallel.pp) == 0 {
+        choices.push(Some(2));
+    }
+    choices
 }
 
 /// The bin sizes a Megatron user tries for a batch: the usual sequence-length rungs (powers of
@@ -621,6 +652,7 @@ fn hybrid_cp_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) 
                      pack-symmetric{{policy=per-sample}},schedule-pipeline"
                 ),
                 recompute,
+                vpp: None,
             });
         }
     }
@@ -743,25 +775,51 @@ mod tests {
         assert_eq!(block_recompute_layers(1), Vec::<u32>::new());
     }
 
-    /// megatron = bins x CP degrees x (uniform + block) recompute modes; megatron-paper keeps
-    /// the context bins and the uniform modes.
+    /// megatron = interleavings x bins x CP degrees x (uniform + block) recompute modes;
+    /// megatron-paper keeps the context bins, the uniform modes and plain 1F1B.
     #[test]
-    fn megatron_searches_bins_and_block_recompute() {
-        // llama-70b, 10 layers per stage: block:2 and block:5.
+    fn megatron_searches_bins_block_recompute_and_interleaving() {
+        // llama-70b, 10 layers per stage: block:2 and block:5; with two chunks per device, 5
+        // layers per chunk: block:1 and block:2.
         let spec = Spec::from_presets("llama-70b", "h100-sxm", "tp=8,pp=8,dp=4").unwrap();
         let batch = Batch::from_lengths(&[90_000, 300, 5_000], Some(262_144), "test");
         let state = StrategyState::default();
         let tuned = megatron_candidates(&spec, &batch, &state, &Choices::all());
-        assert_eq!(tuned.len(), 3 * 3 * 5);
+        assert_eq!(tuned.len(), 2 * 3 * 3 * 5);
         assert!(tuned
             .iter()
             .any(|c| c.label == "bin=98304,cp=2,recompute=block:5"
                 && c.recompute == Recompute::Block(5)
+                && c.vpp.is_none()
                 && c.pipeline.contains("cap=98304")));
+        assert!(tuned
+            .iter()
+            .any(|c| c.label == "vpp=2,bin=98304,cp=2,recompute=block:1"
+                && c.recompute == Recompute::Block(1)
+                && c.vpp == Some(2)));
+        assert!(!tuned
+            .iter()
+            .any(|c| c.vpp == Some(2) && c.recompute == Recompute::Block(5)));
         let paper = megatron_paper_candidates(&spec, &batch, &state, &Choices::all());
         assert_eq!(paper.len(), 3 * 3);
-        assert!(paper.iter().all(|c| c.pipeline.contains("cap=262144")));
+        assert!(paper
+            .iter()
+            .all(|c| c.pipeline.contains("cap=262144") && c.vpp.is_none()));
         let fixed = megatron_candidates(&spec, &batch, &state, &Choices::fixed(Recompute::Full));
-        assert_eq!(fixed.len(), 3 * 3);
+        assert_eq!(fixed.len(), 2 * 3 * 3);
+    }
+
+    /// Interleaving is tried where the layers split into `2 · pp` chunks, with a pipeline, and
+    /// the layout does not fix `vpp` itself.
+    #[test]
+    fn megatron_interleaves_where_the_layers_allow() {
+        let choices = |layout: &str| {
+            megatron_vpp_choices(&Spec::from_presets("llama-7b", "h100-sxm", layout).unwrap())
+        };
+        assert_eq!(choices("tp=8,pp=4,dp=4"), vec![None, Some(2)]);
+        assert_eq!(choices("tp=8,pp=1,dp=4"), vec![None]);
+        assert_eq!(choices("tp=8,pp=4,vpp=2,dp=4"), vec![None]);
+        // 32 layers do not split into 2 x 32 chunks.
+        assert_eq!(choices("tp=8,pp=32,dp=1"), vec![None]);
     }
 }

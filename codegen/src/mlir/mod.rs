@@ -22,8 +22,24 @@ use slimpack_ir::program::Program;
 
 use crate::CodegenError;
 
+/// The dialect and the C ABI it lowers to carry one model chunk per device: an interleaved
+/// program (`vpp > 1`) is refused rather than emitted without its chunks.
+fn one_chunk(program: &Program) -> Result<(), CodegenError> {
+    if program.vpp > 1 {
+        return Err(CodegenError::Unsupported {
+            backend: "MLIR",
+            message: format!(
+                "the slimpack dialect and the runtime's C ABI run one model chunk per device; this program interleaves vpp={} (emit ir or json instead)",
+                program.vpp
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// `--emit mlir`: the program in the `slimpack` dialect, verified.
 pub fn emit_mlir(program: &Program) -> Result<String, CodegenError> {
+    one_chunk(program)?;
     let text = print_dialect(program);
     let context = MlirContext::new()?;
     context.parse(&text, "slimpack dialect")?;
@@ -33,6 +49,7 @@ pub fn emit_mlir(program: &Program) -> Result<String, CodegenError> {
 /// The program lowered to `func`/`scf`/`llvm` (verified), before conversion to the `llvm`
 /// dialect.
 pub fn emit_lowered(program: &Program) -> Result<String, CodegenError> {
+    one_chunk(program)?;
     let context = MlirContext::new()?;
     let schedule = context.parse(&print_dialect(program), "slimpack dialect")?;
     let lowered = lower_to_runtime_calls(&schedule)?;
@@ -42,6 +59,7 @@ pub fn emit_lowered(program: &Program) -> Result<String, CodegenError> {
 
 /// `--emit llvm`: the program's driver as LLVM IR.
 pub fn emit_llvm_ir(program: &Program) -> Result<String, CodegenError> {
+    one_chunk(program)?;
     let context = MlirContext::new()?;
     let schedule = context.parse(&print_dialect(program), "slimpack dialect")?;
     let lowered = lower_to_runtime_calls(&schedule)?;

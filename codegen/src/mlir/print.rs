@@ -105,12 +105,13 @@ fn print_pack(id: usize, pack: &PackLayout, out: &mut String) {
 fn print_op(worker: Worker, op: &Op, out: &mut String) {
     let device = format!("dp = {} : i64, pp = {} : i64", worker.dp, worker.pp);
     let (name, attributes) = match op {
-        Op::Forward { pack } => ("forward", format!("{device}, pack = {pack} : i64")),
-        Op::Backward { pack } => ("backward", format!("{device}, pack = {pack} : i64")),
+        Op::Forward { pack, .. } => ("forward", format!("{device}, pack = {pack} : i64")),
+        Op::Backward { pack, .. } => ("backward", format!("{device}, pack = {pack} : i64")),
         Op::CpExchange {
             pack,
             direction: d,
             group,
+            ..
         } => (
             "cp_exchange",
             format!(
@@ -123,6 +124,7 @@ fn print_op(worker: Worker, op: &Op, out: &mut String) {
             pack,
             direction: d,
             to,
+            ..
         } => (
             "send",
             format!(
@@ -137,6 +139,7 @@ fn print_op(worker: Worker, op: &Op, out: &mut String) {
             pack,
             direction: d,
             from,
+            ..
         } => (
             "recv",
             format!(

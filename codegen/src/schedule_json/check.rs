@@ -13,10 +13,10 @@ use super::{ScheduleDocument, ScheduleError};
 pub(super) fn check(doc: &ScheduleDocument) -> Result<(), ScheduleError> {
     let invalid = |message: String| Err(ScheduleError::Invalid(message));
     let parallel = &doc.spec.parallel;
-    let pp = parallel.pp as usize;
-    if doc.stages.len() != pp {
+    let stages = parallel.stages() as usize;
+    if doc.stages.len() != stages {
         return invalid(format!(
-            "stages: {} given, but the layout {parallel} has pp={pp}",
+            "stages: {} given, but the layout {parallel} has {stages} pipeline stages (pp x vpp)",
             doc.stages.len()
         ));
     }

@@ -163,12 +163,13 @@ pub fn direction_code(direction: Direction) -> i64 {
 pub fn abi_call(dp: i64, pp: i64, op: &Op) -> Call {
     let peer = |worker: &Worker| [i64::from(worker.dp), i64::from(worker.pp)];
     let (function, rest, group): (&'static Function, Vec<i64>, Vec<i64>) = match op {
-        Op::Forward { pack } => (&FORWARD, vec![i64::from(*pack)], Vec::new()),
-        Op::Backward { pack } => (&BACKWARD, vec![i64::from(*pack)], Vec::new()),
+        Op::Forward { pack, .. } => (&FORWARD, vec![i64::from(*pack)], Vec::new()),
+        Op::Backward { pack, .. } => (&BACKWARD, vec![i64::from(*pack)], Vec::new()),
         Op::CpExchange {
             pack,
             direction,
             group,
+            ..
         } => (
             &CP_EXCHANGE,
             vec![i64::from(*pack), direction_code(*direction)],
@@ -178,6 +179,7 @@ pub fn abi_call(dp: i64, pp: i64, op: &Op) -> Call {
             pack,
             direction,
             to,
+            ..
         } => (
             &SEND,
             [[i64::from(*pack), direction_code(*direction)], peer(to)].concat(),
@@ -187,6 +189,7 @@ pub fn abi_call(dp: i64, pp: i64, op: &Op) -> Call {
             pack,
             direction,
             from,
+            ..
         } => (
             &RECV,
             [[i64::from(*pack), direction_code(*direction)], peer(from)].concat(),
@@ -210,22 +213,25 @@ mod tests {
     #[test]
     fn every_call_has_one_argument_per_integer_parameter() {
         let ops = [
-            Op::Forward { pack: 1 },
-            Op::Backward { pack: 1 },
+            Op::Forward { pack: 1, chunk: 0 },
+            Op::Backward { pack: 1, chunk: 0 },
             Op::CpExchange {
                 pack: 1,
                 direction: Direction::Backward,
                 group: vec![0, 1],
+                chunk: 0,
             },
             Op::Send {
                 pack: 1,
                 direction: Direction::Forward,
                 to: Worker { dp: 0, pp: 1 },
+                chunk: 0,
             },
             Op::Recv {
                 pack: 1,
                 direction: Direction::Backward,
                 from: Worker { dp: 0, pp: 1 },
+                chunk: 0,
             },
             Op::ReduceScatter,
             Op::Optimizer,

@@ -85,6 +85,15 @@ pub fn check(program: &Program) -> Result<(), ProgramError> {
                     )));
                 }
             }
+            if op.chunk() >= program.vpp.max(1) {
+                return Err(error(format!(
+                    "{}: {} names model chunk {}, but a device holds {}",
+                    worker_name(wp.worker),
+                    op.keyword(),
+                    op.chunk(),
+                    program.vpp.max(1)
+                )));
+            }
             match op {
                 Op::Send { to: peer, .. } | Op::Recv { from: peer, .. } if !in_range(*peer) => {
                     return Err(error(format!(
@@ -193,6 +202,7 @@ impl<'a> Game<'a> {
                 pack,
                 direction,
                 to,
+                ..
             } => {
                 *self
                     .mailbox
@@ -203,6 +213,7 @@ impl<'a> Game<'a> {
                 pack,
                 direction,
                 from,
+                ..
             } => {
                 let key = (*from, me, *pack, *direction);
                 match self.mailbox.get_mut(&key) {

@@ -58,7 +58,9 @@ pub fn lower(ir: &StepIr) -> Program {
         ));
     }
 
-    let (pp, dp) = (ir.spec.parallel.pp, ir.spec.parallel.dp);
+    let parallel = ir.spec.parallel;
+    let (pp, vpp, dp) = (parallel.pp, parallel.vpp, parallel.dp);
+    let stages = parallel.stages();
     let mut workers: Vec<WorkerProgram> = (0..pp)
         .flat_map(|stage| {
             (0..dp).map(move |rank| WorkerProgram {
@@ -73,27 +75,35 @@ pub fn lower(ir: &StepIr) -> Program {
     for &replica in ir.replicas() {
         let ranks = &ir.replica(replica).ranks;
         let merged = ranks.len() > 1;
-        for stage in 0..pp {
-            let order = ir.schedule(replica, stage);
+        for device in 0..pp {
+            let order = ir.device_schedule(replica, device);
             for &rank in ranks {
-                let ops = &mut workers[(stage * dp + rank) as usize].ops;
-                for &pack_id in &order {
+                let ops = &mut workers[(device * dp + rank) as usize].ops;
+                for &(pack_id, stage) in &order {
                     let pack = pack_index[&pack_id];
+                    let chunk = stage / pp;
                     let direction = ir.pack(pack_id).direction;
-                    // Where the pack's input comes from and where its output goes.
+                    // The pipeline stages the pack's input comes from and its output goes to.
                     let (from, to) = match direction {
-                        Direction::Forward => {
-                            (stage.checked_sub(1), Some(stage + 1).filter(|&s| s < pp))
-                        }
-                        Direction::Backward => {
-                            (Some(stage + 1).filter(|&s| s < pp), stage.checked_sub(1))
-                        }
+                        Direction::Forward => (
+                            stage.checked_sub(1),
+                            Some(stage + 1).filter(|&s| s < stages),
+                        ),
+                        Direction::Backward => (
+                            Some(stage + 1).filter(|&s| s < stages),
+                            stage.checked_sub(1),
+                        ),
+                    };
+                    let worker = |stage: u32| Worker {
+                        dp: rank,
+                        pp: parallel.device_of_stage(stage),
                     };
                     if let Some(from) = from {
                         ops.push(Op::Recv {
                             pack,
                             direction,
-                            from: Worker { dp: rank, pp: from },
+                            from: worker(from),
+                            chunk,
                         });
                     }
                     if merged {
@@ -101,17 +111,19 @@ pub fn lower(ir: &StepIr) -> Program {
                             pack,
                             direction,
                             group: ranks.clone(),
+                            chunk,
                         });
                     }
                     ops.push(match direction {
-                        Direction::Forward => Op::Forward { pack },
-                        Direction::Backward => Op::Backward { pack },
+                        Direction::Forward => Op::Forward { pack, chunk },
+                        Direction::Backward => Op::Backward { pack, chunk },
                     });
                     if let Some(to) = to {
                         ops.push(Op::Send {
                             pack,
                             direction,
-                            to: Worker { dp: rank, pp: to },
+                            to: worker(to),
+                            chunk,
                         });
                     }
                 }
@@ -125,6 +137,7 @@ pub fn lower(ir: &StepIr) -> Program {
     }
     Program {
         pp,
+        vpp,
         dp,
         packs,
         workers,

@@ -76,32 +76,50 @@ pub struct Worker {
     pub pp: u32,
 }
 
-/// One op of a worker's program. Packs are indices into [`Program::packs`].
+/// One op of a worker's program. Packs are indices into [`Program::packs`]. With model
+/// chunks (`vpp > 1`) a worker runs each pack once per chunk it holds: `chunk` says which
+/// (pipeline stage `chunk · pp + worker.pp`); it is 0, and left out of the JSON, otherwise.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
-    /// Run the forward of `pack` on this worker's layers.
-    Forward { pack: u32 },
-    /// Run the backward of `pack` on this worker's layers.
-    Backward { pack: u32 },
+    /// Run the forward of `pack` on this worker's layers (of model chunk `chunk`).
+    Forward {
+        pack: u32,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
+    },
+    /// Run the backward of `pack` on this worker's layers (of model chunk `chunk`).
+    Backward {
+        pack: u32,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
+    },
     /// Exchange K/V (forward) or K/V and their gradients (backward) of `pack` among the DP ranks
     /// of its DP-Merge group (context parallelism across merged replicas).
     CpExchange {
         pack: u32,
         direction: Direction,
         group: Vec<u32>,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
     },
-    /// Send `pack`'s activations (forward) or input gradients (backward) to `to`.
+    /// Send `pack`'s activations (forward) or input gradients (backward) of model chunk
+    /// `chunk` to `to`.
     Send {
         pack: u32,
         direction: Direction,
         to: Worker,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
     },
-    /// Receive `pack`'s activations (forward) or output gradients (backward) from `from`.
+    /// Receive `pack`'s activations (forward) or output gradients (backward) for model chunk
+    /// `chunk` from `from`.
     Recv {
         pack: u32,
         direction: Direction,
         from: Worker,
+        #[serde(default, skip_serializing_if = "is_zero")]
+        chunk: u32,
     },
     /// Reduce-scatter this stage's gradients over every DP rank (ZeRO-1 style).
     ReduceScatter,
@@ -109,6 +127,18 @@ pub enum Op {
     Optimizer,
     /// All-gather the updated parameters of the stage over every DP rank.
     AllGather,
+}
+
+fn is_zero(value: &u32) -> bool {
+    *value == 0
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(value: &u32) -> bool {
+    *value == 1
 }
 
 impl Op {
@@ -129,12 +159,24 @@ impl Op {
     /// The pack the op works on, if any.
     pub fn pack(&self) -> Option<u32> {
         match *self {
-            Op::Forward { pack }
-            | Op::Backward { pack }
+            Op::Forward { pack, .. }
+            | Op::Backward { pack, .. }
             | Op::CpExchange { pack, .. }
             | Op::Send { pack, .. }
             | Op::Recv { pack, .. } => Some(pack),
             Op::ReduceScatter | Op::Optimizer | Op::AllGather => None,
+        }
+    }
+
+    /// The model chunk the op works on (0 for the stage-wide collectives).
+    pub fn chunk(&self) -> u32 {
+        match *self {
+            Op::Forward { chunk, .. }
+            | Op::Backward { chunk, .. }
+            | Op::CpExchange { chunk, .. }
+            | Op::Send { chunk, .. }
+            | Op::Recv { chunk, .. } => chunk,
+            Op::ReduceScatter | Op::Optimizer | Op::AllGather => 0,
         }
     }
 }
@@ -196,8 +238,11 @@ impl PackLayout {
 /// The lowered step.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Program {
-    /// Pipeline stages.
+    /// Pipeline devices (the `pp` coordinate of workers).
     pub pp: u32,
+    /// Model chunks per pipeline device (`vpp`; 1 when the model is not interleaved).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub vpp: u32,
     /// DP ranks.
     pub dp: u32,
     /// Every pack, in the IR's canonical order (per replica, forward packs then backward).

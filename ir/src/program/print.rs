@@ -1,5 +1,5 @@
 //! The text form of a program's op lists: one block per worker, one op per line, packs by their
-//! IR names. The IR printer appends it to a lowered step; the parser checks that the blocks it
+//! IR names (and, with model chunks, `chunk=c` on every pack op). The IR printer appends it to a lowered step; the parser checks that the blocks it
 //! reads are exactly what the schedule lowers to (they are derived, never edited by hand).
 
 use std::fmt::Write;
@@ -15,11 +15,14 @@ pub fn print_workers(program: &Program, out: &mut String) {
             out.push_str("    ");
             out.push_str(op.keyword());
             let _ = match op {
-                Op::Forward { pack } | Op::Backward { pack } => write!(out, " {}", name(*pack)),
+                Op::Forward { pack, .. } | Op::Backward { pack, .. } => {
+                    write!(out, " {}", name(*pack))
+                }
                 Op::CpExchange {
                     pack,
                     direction,
                     group,
+                    ..
                 } => {
                     let group: Vec<String> = group.iter().map(u32::to_string).collect();
                     write!(
@@ -34,6 +37,7 @@ pub fn print_workers(program: &Program, out: &mut String) {
                     pack,
                     direction,
                     to,
+                    ..
                 } => write!(
                     out,
                     " {} {} to dp={} pp={}",
@@ -46,6 +50,7 @@ pub fn print_workers(program: &Program, out: &mut String) {
                     pack,
                     direction,
                     from,
+                    ..
                 } => write!(
                     out,
                     " {} {} from dp={} pp={}",
@@ -56,6 +61,9 @@ pub fn print_workers(program: &Program, out: &mut String) {
                 ),
                 Op::ReduceScatter | Op::Optimizer | Op::AllGather => Ok(()),
             };
+            if program.vpp > 1 && op.pack().is_some() {
+                let _ = write!(out, " chunk={}", op.chunk());
+            }
             out.push('\n');
         }
         out.push_str("  }\n");

@@ -61,18 +61,20 @@ fn stages_exchange_activations_and_gradients() {
     assert_eq!(
         first[..4],
         [
-            Op::Forward { pack: 0 },
+            Op::Forward { pack: 0, chunk: 0 },
             Op::Send {
                 pack: 0,
                 direction: Direction::Forward,
-                to: to_last
+                to: to_last,
+                chunk: 0,
             },
             Op::Recv {
                 pack: 1,
                 direction: Direction::Backward,
-                from: to_last
+                from: to_last,
+                chunk: 0,
             },
-            Op::Backward { pack: 1 },
+            Op::Backward { pack: 1, chunk: 0 },
         ]
     );
     assert_eq!(
@@ -81,14 +83,16 @@ fn stages_exchange_activations_and_gradients() {
             Op::Recv {
                 pack: 0,
                 direction: Direction::Forward,
-                from: to_first
+                from: to_first,
+                chunk: 0,
             },
-            Op::Forward { pack: 0 },
-            Op::Backward { pack: 1 },
+            Op::Forward { pack: 0, chunk: 0 },
+            Op::Backward { pack: 1, chunk: 0 },
             Op::Send {
                 pack: 1,
                 direction: Direction::Backward,
-                to: to_first
+                to: to_first,
+                chunk: 0,
             },
         ]
     );
@@ -104,10 +108,11 @@ fn merged_groups_exchange_before_each_pack() {
         Op::CpExchange {
             pack: 2,
             direction: Direction::Forward,
-            group: vec![1, 2]
+            group: vec![1, 2],
+            chunk: 0,
         }
     );
-    assert_eq!(ops[1], Op::Forward { pack: 2 });
+    assert_eq!(ops[1], Op::Forward { pack: 2, chunk: 0 });
     assert_eq!(check(&program), Ok(()));
 }
 
@@ -152,6 +157,7 @@ fn an_unreceived_send_is_reported() {
         pack: 0,
         direction: Direction::Forward,
         to: Worker { dp: 0, pp: 1 },
+        chunk: 0,
     };
     program.workers[0].ops.insert(2, extra);
     assert!(check(&program)

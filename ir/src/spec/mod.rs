@@ -64,6 +64,15 @@ impl Spec {
                 ),
             ));
         }
+        if model.layers % parallel.stages() != 0 {
+            return Err(IrError::spec(
+                layout,
+                format!(
+                    "pp={} x vpp={} must divide the layers ({}) of model '{}'",
+                    parallel.pp, parallel.vpp, model.layers, model.name
+                ),
+            ));
+        }
         if parallel.tp > self.cluster.gpus_per_node {
             return Err(IrError::spec(
                 layout,
@@ -83,13 +92,13 @@ impl Spec {
             .div_ceil(u64::from(self.cluster.gpus_per_node))
     }
 
-    /// Layers held by each pipeline stage.
+    /// Layers of each pipeline stage (a model chunk: with `vpp > 1` a device holds `vpp`).
     pub fn layers_per_stage(&self) -> u32 {
-        self.model.layers / self.parallel.pp
+        self.model.layers / self.parallel.stages()
     }
 
     /// Layers of one model chunk: the unit Megatron's block recomputation counts its `K` layers
-    /// in (a stage's layers).
+    /// in (a pipeline stage's layers).
     pub fn layers_per_chunk(&self) -> u32 {
         self.layers_per_stage()
     }

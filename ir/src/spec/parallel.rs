@@ -1,4 +1,10 @@
-//! The parallel layout `tp=..,cp=..,pp=..,dp=..`.
+//! The parallel layout `tp=..,cp=..,pp=..,vpp=..,dp=..`.
+//!
+//! `vpp` is the number of model chunks per pipeline device (Megatron's virtual pipeline stages,
+//! `--num-layers-per-virtual-pipeline-stage`): with `vpp = v` the model is cut into `pp · v`
+//! pipeline stages of `layers / (pp · v)` layers, and stage `k` runs on pipeline device `k mod
+//! pp`, so every device holds `v` chunks spread over the model (interleaved 1F1B). `vpp` does
+//! not change the device count.
 //!
 //! `dp` is the pool of data-parallel ranks. When `cp` is not given, a strategy that uses context
 //! parallelism statically (Megatron-style) takes its CP degree out of that pool and reports the
@@ -20,7 +26,18 @@ pub struct ParallelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cp: Option<u32>,
     pub pp: u32,
+    /// Model chunks per pipeline device (virtual pipeline stages); 1: plain pipeline stages.
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub vpp: u32,
     pub dp: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_one(value: &u32) -> bool {
+    *value == 1
 }
 
 /// The largest world (tp x cp x pp x dp) slimpack plans: the simulator and the schedule hold
@@ -55,6 +72,16 @@ impl ParallelSpec {
         self.cp.unwrap_or(1)
     }
 
+    /// Pipeline stages of the model: `pp · vpp` (a device holds `vpp` of them).
+    pub fn stages(&self) -> u32 {
+        self.pp * self.vpp
+    }
+
+    /// The pipeline device (`pp` coordinate) that runs pipeline stage `stage`.
+    pub fn device_of_stage(&self, stage: u32) -> u32 {
+        stage % self.pp
+    }
+
     /// Number of devices: tp x cp x pp x dp.
     pub fn world(&self) -> u64 {
         u64::from(self.tp) * u64::from(self.cp_degree()) * u64::from(self.pp) * u64::from(self.dp)
@@ -66,6 +93,7 @@ impl ParallelSpec {
             ("tp", self.tp),
             ("cp", self.cp_degree()),
             ("pp", self.pp),
+            ("vpp", self.vpp),
             ("dp", self.dp),
         ] {
             if value == 0 {
@@ -74,6 +102,15 @@ impl ParallelSpec {
                     format!("{name} must be a positive integer, got 0"),
                 ));
             }
+        }
+        if self.vpp > 1 && self.pp < 2 {
+            return Err(IrError::spec(
+                "--parallel",
+                format!(
+                    "vpp={} needs pp >= 2 (model chunks interleave across pipeline devices)",
+                    self.vpp
+                ),
+            ));
         }
         if self.world() > MAX_WORLD {
             return Err(IrError::spec(
@@ -123,6 +160,7 @@ impl FromStr for ParallelSpec {
             tp: 1,
             cp: None,
             pp: 1,
+            vpp: 1,
             dp: 1,
         };
         let bad = |message: String| IrError::spec("--parallel", message);
@@ -158,10 +196,11 @@ impl FromStr for ParallelSpec {
                 "tp" => spec.tp = value,
                 "cp" => spec.cp = Some(value),
                 "pp" => spec.pp = value,
+                "vpp" => spec.vpp = value,
                 "dp" => spec.dp = value,
                 other => {
                     return Err(bad(format!(
-                        "unknown degree '{other}' (valid: tp, cp, pp, dp)"
+                        "unknown degree '{other}' (valid: tp, cp, pp, vpp, dp)"
                     )))
                 }
             }
@@ -177,7 +216,11 @@ impl fmt::Display for ParallelSpec {
         if let Some(cp) = self.cp {
             write!(f, ",cp={cp}")?;
         }
-        write!(f, ",pp={},dp={}", self.pp, self.dp)
+        write!(f, ",pp={}", self.pp)?;
+        if self.vpp != 1 {
+            write!(f, ",vpp={}", self.vpp)?;
+        }
+        write!(f, ",dp={}", self.dp)
     }
 }
 
@@ -193,6 +236,10 @@ mod tests {
         assert_eq!(spec.to_string(), "tp=8,pp=4,dp=4");
         let spec: ParallelSpec = "tp=2,cp=2,pp=1,dp=3".parse().unwrap();
         assert_eq!(spec.to_string(), "tp=2,cp=2,pp=1,dp=3");
+        let spec: ParallelSpec = "tp=8,pp=4,vpp=2,dp=2".parse().unwrap();
+        assert_eq!((spec.stages(), spec.world()), (8, 64));
+        assert_eq!(spec.device_of_stage(5), 1);
+        assert_eq!(spec.to_string(), "tp=8,pp=4,vpp=2,dp=2");
     }
 
     #[test]
@@ -206,6 +253,8 @@ mod tests {
             ("", "empty layout"),
             (" , ", "empty layout"),
             ("dp=1000000", "at most 16384 devices"),
+            ("pp=1,vpp=2", "vpp=2 needs pp >= 2"),
+            ("pp=2,vpp=0", "vpp must be a positive integer"),
         ] {
             let message = text.parse::<ParallelSpec>().unwrap_err().to_string();
             assert!(message.contains(needle), "{text}: {message}");

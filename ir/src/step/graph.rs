@@ -35,6 +35,9 @@ pub struct StepIr {
     pack_counts: HashMap<(ReplicaId, Direction), u32>,
     /// The lowered program, stored by [`crate::program::lower_into`] (phase `lowered`).
     program: Option<Program>,
+    /// With model chunks (`vpp > 1`): per (replica, pipeline device), the chunk of each pack
+    /// the device runs, in order (see [`StepIr::device_schedule`]).
+    interleave: BTreeMap<(ReplicaId, u32), Vec<u32>>,
     /// Position of each sample in `samples` (batch order), indexed by node index.
     sample_position: Vec<u32>,
     /// The replica of each sample, indexed by batch position (`None`: not placed).
@@ -44,11 +47,11 @@ pub struct StepIr {
 }
 
 impl StepIr {
-    /// An empty step for `spec`: one stage node per pipeline stage (layers split evenly), no
-    /// samples.
+    /// An empty step for `spec`: one stage node per pipeline stage (`pp · vpp` of them, layers
+    /// split evenly; stage `k` runs on pipeline device `k mod pp`), no samples.
     pub fn new(spec: Spec, batch: BatchInfo) -> StepIr {
         let per_stage = spec.layers_per_stage();
-        let stages: Vec<Stage> = (0..spec.parallel.pp)
+        let stages: Vec<Stage> = (0..spec.parallel.stages())
             .map(|index| Stage {
                 index,
                 first_layer: index * per_stage,
@@ -71,6 +74,7 @@ impl StepIr {
             padding: BTreeMap::new(),
             pack_counts: HashMap::new(),
             program: None,
+            interleave: BTreeMap::new(),
             sample_position: Vec::new(),
             sample_replica: Vec::new(),
             replica_samples: FxHashMap::default(),
@@ -495,6 +499,54 @@ impl StepIr {
             current = next;
         }
         order
+    }
+
+    /// With model chunks (`vpp > 1`), sets the order in which pipeline device `device` runs
+    /// `replica`'s packs across its chunks: `chunks[i]` is the chunk (stage `chunk · pp +
+    /// device`) of the device's `i`-th pack; each chunk's packs follow that stage's own
+    /// [`StepIr::schedule`].
+    pub fn set_interleave(&mut self, replica: ReplicaId, device: u32, chunks: &[u32]) {
+        self.interleave.insert((replica, device), chunks.to_vec());
+    }
+
+    /// The chunk sequence set by [`StepIr::set_interleave`], if any.
+    pub fn interleave(&self, replica: ReplicaId, device: u32) -> Option<&[u32]> {
+        self.interleave.get(&(replica, device)).map(Vec::as_slice)
+    }
+
+    /// The order in which pipeline device `device` runs the packs of `replica`, as (pack,
+    /// pipeline stage) pairs: with one chunk per device, that stage's schedule; with `vpp > 1`,
+    /// the stages' schedules merged by the device's interleave. Stops early where the
+    /// interleave and the schedules disagree (the verifier reports it).
+    pub fn device_schedule(&self, replica: ReplicaId, device: u32) -> Vec<(PackId, u32)> {
+        let parallel = &self.spec.parallel;
+        if parallel.vpp == 1 {
+            return self
+                .schedule(replica, device)
+                .into_iter()
+                .map(|pack| (pack, device))
+                .collect();
+        }
+        let Some(chunks) = self.interleave(replica, device) else {
+            return Vec::new();
+        };
+        let stage = |chunk: u32| chunk * parallel.pp + device;
+        let orders: Vec<Vec<PackId>> = (0..parallel.vpp)
+            .map(|chunk| self.schedule(replica, stage(chunk)))
+            .collect();
+        let mut next = vec![0usize; orders.len()];
+        let mut merged = Vec::with_capacity(chunks.len());
+        for &chunk in chunks {
+            let Some(&pack) = orders
+                .get(chunk as usize)
+                .and_then(|order| order.get(next[chunk as usize]))
+            else {
+                break;
+            };
+            next[chunk as usize] += 1;
+            merged.push((pack, stage(chunk)));
+        }
+        merged
     }
 
     /// Number of nodes of each kind: (samples, slices, packs, replicas).

@@ -347,11 +347,12 @@ impl Parser<'_> {
                 }
                 Token::Name(_) => self.definition(&mut body)?,
                 Token::Word(word) if word == "schedule" => self.schedule(&mut body)?,
+                Token::Word(word) if word == "interleave" => self.interleave(&mut body)?,
                 Token::Word(word) if word == "worker" => self.worker_block()?,
                 _ => {
-                    return Err(
-                        self.unexpected("a '%name = ...' definition, 'schedule', 'worker' or '}'")
-                    )
+                    return Err(self.unexpected(
+                        "a '%name = ...' definition, 'schedule', 'interleave', 'worker' or '}'",
+                    ))
                 }
             }
         }
@@ -564,9 +565,14 @@ impl Parser<'_> {
                 .map(|v| self.number(v, "degree"))
                 .transpose()?,
             pp: self.number(self.take(&mut a, "pp")?, "degree")?,
+            vpp: self
+                .take_optional(&mut a, "vpp")?
+                .map(|v| self.number(v, "degree"))
+                .transpose()?
+                .unwrap_or(1),
             dp: self.number(self.take(&mut a, "dp")?, "degree")?,
         };
-        self.finish(a, &["tp", "cp", "pp", "dp"])?;
+        self.finish(a, &["tp", "cp", "pp", "vpp", "dp"])?;
         Ok(parallel)
     }
 
@@ -774,6 +780,38 @@ impl Parser<'_> {
         }
         self.end_of_statement()?;
         body.ir_mut().set_schedule(replica, stage, &packs);
+        Ok(())
+    }
+
+    /// `interleave %r0 pp=1 [0, 0, 1, ...]`: the chunk of each pack pipeline device `pp` runs.
+    fn interleave(&mut self, body: &mut Body) -> Result<()> {
+        self.next();
+        let (replica_name, replica_at) = self.expect_name("a replica '%name'")?;
+        let replica = self.replica_ref(body, (Value::Name(replica_name), replica_at))?;
+        self.expect_keyword("pp")?;
+        self.expect(Token::Equals, "'=' after 'pp'")?;
+        let value = self.value()?;
+        let device: u32 = self.number(value, "pipeline device")?;
+        let (order, order_at) = self.value()?;
+        let Value::List(items) = order else {
+            return Err(self.error_at(order_at, "expected the device's chunks [0, 1, ...]"));
+        };
+        let mut chunks = Vec::with_capacity(items.len());
+        for item in items {
+            chunks.push(self.number(item, "model chunk")?);
+        }
+        self.end_of_statement()?;
+        let ir = body.ir_mut();
+        if ir.spec.parallel.vpp == 1 || device >= ir.spec.parallel.pp {
+            return Err(self.error_at(
+                order_at,
+                format!(
+                    "an interleave needs model chunks (vpp > 1) and a device below pp; the layout is {}",
+                    ir.spec.parallel
+                ),
+            ));
+        }
+        ir.set_interleave(replica, device, &chunks);
         Ok(())
     }
 

@@ -102,6 +102,19 @@ pub fn print(ir: &StepIr) -> String {
             );
         }
     }
+    for &replica in ir.replicas() {
+        for device in 0..ir.spec.parallel.pp {
+            if let Some(chunks) = ir.interleave(replica, device) {
+                let chunks: Vec<String> = chunks.iter().map(u32::to_string).collect();
+                let _ = writeln!(
+                    out,
+                    "  interleave {} pp={device} [{}]",
+                    names.replica(replica),
+                    chunks.join(", ")
+                );
+            }
+        }
+    }
     if let Some(program) = ir.program() {
         program::print_workers(program, &mut out);
     }
@@ -152,7 +165,11 @@ fn header(ir: &StepIr, out: &mut String) {
     if let Some(cp) = parallel.cp {
         let _ = write!(out, " cp={cp}");
     }
-    let _ = writeln!(out, " pp={} dp={}", parallel.pp, parallel.dp);
+    let _ = write!(out, " pp={}", parallel.pp);
+    if parallel.vpp != 1 {
+        let _ = write!(out, " vpp={}", parallel.vpp);
+    }
+    let _ = writeln!(out, " dp={}", parallel.dp);
     let batch = &ir.batch;
     let _ = write!(out, "  batch source={}", quote(&batch.source));
     if let Some(context) = batch.context {

@@ -104,14 +104,16 @@ impl Topology {
     /// The link of the TP group of replica `dp` (static CP index `cp`) on `stage`.
     pub fn tp_link(&self, stage: u32, dp: u32, cp: u32) -> LinkSpec {
         let tp = self.parallel.tp;
+        let stage = self.parallel.device_of_stage(stage);
         let rank = |t: u32| self.parallel.rank(coords(t, cp, dp, stage));
         self.group_link([rank(0), rank(tp - 1)])
     }
 
-    /// The link shared by the devices of the replicas `dp_members` on `stage` (all TP and
-    /// static CP ranks): the CP group of a DP-Merge group, or the DP group of gradient sync.
+    /// The link shared by the devices of the replicas `dp_members` on pipeline stage `stage`
+    /// (its device: `stage mod pp`; all TP and static CP ranks): the CP group of a DP-Merge group, or the DP group of gradient sync.
     pub fn replicas_link(&self, stage: u32, dp_members: impl IntoIterator<Item = u32>) -> LinkSpec {
         let (tp, cp) = (self.parallel.tp, self.parallel.cp_degree());
+        let stage = self.parallel.device_of_stage(stage);
         let ranks = dp_members.into_iter().flat_map(|dp| {
             let first = self.parallel.rank(coords(0, 0, dp, stage));
             let last = self.parallel.rank(coords(tp - 1, cp - 1, dp, stage));

@@ -106,9 +106,12 @@ pub struct MemoryModel {
     tp: u64,
     /// Devices sharing one copy of a stage's weights: `dp × static cp`.
     optimizer_shards: u64,
+    /// Pipeline devices (`pp`); stage `k` runs on device `k mod pp`.
+    devices: u32,
+    /// Pipeline stages (`pp · vpp`).
     stages: u32,
     layers_per_stage: u64,
-    /// Local parameters of each stage.
+    /// Local parameters of each pipeline stage.
     stage_params: Vec<u64>,
     weight_bytes: u64,
     master_bytes: u64,
@@ -318,9 +321,12 @@ impl MemoryModel {
         MemoryModel {
             tp: u64::from(parallel.tp),
             optimizer_shards: u64::from(parallel.dp) * u64::from(parallel.cp_degree()),
-            stages: parallel.pp,
+            devices: parallel.pp,
+            stages: parallel.stages(),
             layers_per_stage: layers,
-            stage_params: (0..parallel.pp).map(|s| stage_params(spec, s)).collect(),
+            stage_params: (0..parallel.stages())
+                .map(|s| stage_params(spec, s))
+                .collect(),
             weight_bytes: b,
             master_bytes: if model.dtype == Dtype::Fp32 {
                 0
@@ -348,9 +354,19 @@ impl MemoryModel {
         self.stage_params[stage as usize]
     }
 
-    /// Weights, main gradients and this device's shard of master weights and Adam state.
-    pub fn model_state_bytes(&self, stage: u32) -> u64 {
-        let params = self.stage_params(stage);
+    /// Parameters held by one device of pipeline device `device`: those of every stage (model
+    /// chunk) it runs.
+    pub fn device_params(&self, device: u32) -> u64 {
+        (device..self.stages)
+            .step_by(self.devices.max(1) as usize)
+            .map(|stage| self.stage_params(stage))
+            .sum()
+    }
+
+    /// Weights, main gradients and this device's shard of master weights and Adam state, on a
+    /// device of pipeline device `device` (all its model chunks).
+    pub fn model_state_bytes(&self, device: u32) -> u64 {
+        let params = self.device_params(device);
         let replicated = params * (self.weight_bytes + MAIN_GRAD_BYTES);
         let sharded = params * (self.master_bytes + ADAM_STATE_BYTES);
         replicated + sharded.div_ceil(self.optimizer_shards)
@@ -453,7 +469,7 @@ fn stage_params(spec: &Spec, stage: u32) -> u64 {
     let layer = gemm_params_per_layer(model) / tp + 2 * h;
     let mut params = layer * u64::from(spec.layers_per_stage());
     let embedding = u64::from(model.vocab) * h / tp;
-    let (first, last) = (stage == 0, stage + 1 == spec.parallel.pp);
+    let (first, last) = (stage == 0, stage + 1 == spec.parallel.stages());
     if first {
         params += embedding;
     }

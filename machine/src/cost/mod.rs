@@ -270,30 +270,31 @@ impl CostModel {
         self.comm.send_time(tokens as f64, from_rank, to_rank)
     }
 
-    /// DP gradient sync of `stage` over the replicas `dp_members` (normally all `dp`): gradient
-    /// reduce-scatter plus parameter all-gather; see [`CostModel::dp_sync`] for the halves.
-    pub fn dp_sync_time(&self, stage: u32, dp_members: &[u32]) -> f64 {
-        self.dp_sync(stage, dp_members).total_s()
+    /// DP gradient sync of pipeline device `device` (every model chunk it holds) over the
+    /// replicas `dp_members` (normally all `dp`): gradient reduce-scatter plus parameter
+    /// all-gather; see [`CostModel::dp_sync`] for the halves.
+    pub fn dp_sync_time(&self, device: u32, dp_members: &[u32]) -> f64 {
+        self.dp_sync(device, dp_members).total_s()
     }
 
-    /// The two halves of the DP gradient sync of `stage` over `dp_members`.
-    pub fn dp_sync(&self, stage: u32, dp_members: &[u32]) -> DpSyncTime {
+    /// The two halves of the DP gradient sync of pipeline device `device` over `dp_members`.
+    pub fn dp_sync(&self, device: u32, dp_members: &[u32]) -> DpSyncTime {
         let group = dp_members.len() as u32 * self.spec.parallel.cp_degree();
         let link = self
             .comm
             .topology()
-            .replicas_link(stage, dp_members.iter().copied());
-        let params = self.memory.stage_params(stage) as f64;
+            .replicas_link(device, dp_members.iter().copied());
+        let params = self.memory.device_params(device) as f64;
         let dtype = self.spec.model.dtype.bytes() as f64;
         self.comm.dp_sync(params, dtype, group, &link)
     }
 
-    /// Optimizer step of one device of `stage`: Adam over its distributed-optimizer shard and
-    /// zeroing its gradient buffer, at achieved HBM bandwidth.
-    pub fn optimizer_time(&self, stage: u32) -> f64 {
+    /// Optimizer step of one device of pipeline device `device`: Adam over its
+    /// distributed-optimizer shard and zeroing its gradient buffer, at achieved HBM bandwidth.
+    pub fn optimizer_time(&self, device: u32) -> f64 {
         let parallel = &self.spec.parallel;
         let shards = u64::from(parallel.dp) * u64::from(parallel.cp_degree());
-        let local = self.memory.stage_params(stage);
+        let local = self.memory.device_params(device);
         let copy = match self.spec.model.dtype {
             Dtype::Fp32 => 0,
             dtype => dtype.bytes(),
@@ -462,7 +463,7 @@ impl CostModel {
     }
 
     fn is_last(&self, stage: u32) -> bool {
-        stage + 1 == self.spec.parallel.pp
+        stage + 1 == self.spec.parallel.stages()
     }
 }
 

@@ -1,15 +1,17 @@
 //! From a scheduled step IR to the task graph, every task timed and sized by the cost model.
 //!
-//! Tasks, per replica `r`, stage `s` and pack `p` (a replica's tasks at `s` run on the device
-//! groups of its DP ranks at `s`):
-//! - `F p` / `B p` on the compute stream, chained in the order of `StepIr::schedule(r, s)`;
+//! Tasks, per replica `r`, pipeline stage `s` and pack `p` (a replica's tasks at `s` run on the
+//! device groups of its DP ranks on pipeline device `s mod pp`; with model chunks, `vpp > 1`, a
+//! device runs several stages):
+//! - `F p` / `B p` on the compute stream, chained per device in the order of
+//!   `StepIr::device_schedule(r, device)`;
 //! - forward `p` on `s` → send → forward `p` on `s + 1`; backward `p` on `s + 1` → send →
 //!   backward `p` on `s`; a send holds the communication streams of both ends;
 //! - backward `p` on the last stage after the last-stage forward of every slice it holds (so,
 //!   through the chain of sends, after that forward on every stage);
-//! - per stage: every backward of the stage, on every replica → gradient reduce-scatter →
-//!   optimizer step → parameter all-gather. A stage's sync overlaps the backwards still running
-//!   on earlier stages.
+//! - per pipeline device: every backward of its stages, on every replica → gradient
+//!   reduce-scatter → optimizer step → parameter all-gather. A device's sync overlaps the
+//!   backwards still running on other devices.
 //!
 //! Durations come from [`CostModel`]: a pack's critical path (compute, exposed TP collectives,
 //! the part of a merged group's CP exchange that the attention kernels cannot hide), sends,
@@ -104,10 +106,11 @@ impl SaturatedRates {
 
 /// Builds the task graph of `ir` (which must be scheduled) under `cost`.
 pub(super) fn build(ir: &StepIr, cost: &CostModel, layout: Layout) -> Result<Built, MachineError> {
-    if ir.stages().len() != layout.pp as usize {
+    let stages = ir.spec.parallel.stages();
+    if ir.stages().len() != stages as usize || ir.spec.parallel.pp != layout.pp {
         return Err(MachineError::Stages {
             stages: ir.stages().len(),
-            pp: layout.pp,
+            pp: stages,
         });
     }
     let mut builder = Builder::new(ir, cost, layout)?;
@@ -138,7 +141,8 @@ struct Builder<'a> {
     pack_of_node: Vec<u32>,
     /// Forward pack index by slice node index.
     forward_of_node: Vec<u32>,
-    /// Compute task of (pack, stage): `compute[pack · pp + stage]`.
+    /// Compute task of (pack, pipeline stage): `compute[pack · stages + stage]`.
+    stages: u32,
     compute: Vec<TaskId>,
     tasks: TaskGraphBuilder,
     model_flops: f64,
@@ -187,6 +191,7 @@ impl<'a> Builder<'a> {
             earlier_lens: Vec::new(),
             pack_of_node: vec![NONE; node_bound],
             forward_of_node: vec![NONE; node_bound],
+            stages: ir.spec.parallel.stages(),
             compute: Vec::new(),
             tasks: TaskGraphBuilder::default(),
             model_flops: 0.0,
@@ -276,38 +281,43 @@ impl<'a> Builder<'a> {
         start..self.earlier_lens.len() as u32
     }
 
-    /// One compute task per (pack, stage), chained in each per-stage schedule.
+    /// One compute task per (pack, pipeline stage), chained in each device's schedule.
     fn compute_tasks(&mut self) -> Result<(), MachineError> {
-        let pp = self.layout.pp as usize;
-        self.tasks = TaskGraphBuilder::with_capacity(self.packs.len() * pp * 2 + 3 * pp);
-        self.compute = vec![TaskId(u32::MAX); self.packs.len() * pp];
-        let mut seen = vec![NONE; self.packs.len()];
+        let stages = self.stages as usize;
+        let pp = self.layout.pp;
+        self.tasks = TaskGraphBuilder::with_capacity(self.packs.len() * stages * 2 + 3 * stages);
+        self.compute = vec![TaskId(u32::MAX); self.packs.len() * stages];
+        let mut seen = vec![NONE; self.packs.len() * stages];
         let mut pack_count = vec![0usize; self.replicas.len()];
         for pack in &self.packs {
             pack_count[pack.replica as usize] += 1;
         }
+        let chunks = stages / pp as usize;
         let ir = self.ir;
         for (replica, &replica_id) in ir.replicas().iter().enumerate() {
-            let expected = pack_count[replica];
+            let expected = pack_count[replica] * chunks;
             if expected == 0 {
                 continue;
             }
-            for stage in 0..self.layout.pp {
-                let order = ir.schedule(replica_id, stage);
-                let stamp = (replica * pp + stage as usize) as u32;
+            for device in 0..pp {
+                let order = ir.device_schedule(replica_id, device);
+                let stamp = (replica * pp as usize + device as usize) as u32;
                 let mut previous: Option<TaskId> = None;
-                for pack_id in &order {
+                for &(pack_id, stage) in &order {
                     let pack = self.pack_of_node[pack_id.node().index()];
-                    let foreign =
-                        pack == NONE || self.packs[pack as usize].replica != replica as u32;
-                    if foreign || seen[pack as usize] == stamp {
+                    let foreign = pack == NONE
+                        || self.packs[pack as usize].replica != replica as u32
+                        || stage % pp != device
+                        || stage >= self.stages;
+                    let slot = pack as usize * stages + stage as usize;
+                    if foreign || seen[slot] == stamp {
                         return Err(MachineError::Schedule {
                             replica,
-                            stage,
+                            stage: device,
                             message: "lists a pack twice or a pack of another replica".into(),
                         });
                     }
-                    seen[pack as usize] = stamp;
+                    seen[slot] = stamp;
                     let task = self.compute_task(PackIndex(pack), stage);
                     if let Some(previous) = previous {
                         self.tasks.add_edge(previous, task);
@@ -317,9 +327,9 @@ impl<'a> Builder<'a> {
                 if order.len() != expected {
                     return Err(MachineError::Schedule {
                         replica,
-                        stage,
+                        stage: device,
                         message: format!(
-                            "lists {} packs, the replica has {expected} (each exactly once)",
+                            "lists {} packs, the replica has {expected} (each exactly once per model chunk)",
                             order.len()
                         ),
                     });
@@ -355,7 +365,7 @@ impl<'a> Builder<'a> {
             parts,
             memory: self.memory_effect(pack, stage),
         });
-        self.compute[pack.0 as usize * layout.pp as usize + stage as usize] = task;
+        self.compute[pack.0 as usize * self.stages as usize + stage as usize] = task;
         task
     }
 
@@ -454,11 +464,11 @@ impl<'a> Builder<'a> {
 
     /// Activations forward to the next stage, gradients back to the previous one.
     fn pipeline_sends(&mut self) {
-        let pp = self.layout.pp;
+        let stages = self.stages;
         for index in 0..self.packs.len() {
             let info = self.packs[index];
             let tokens = info.tokens.div_ceil(self.split(info.replica));
-            for boundary in 0..pp.saturating_sub(1) {
+            for boundary in 0..stages.saturating_sub(1) {
                 let (from, to) = match info.direction {
                     Direction::Forward => (boundary, boundary + 1),
                     Direction::Backward => (boundary + 1, boundary),
@@ -484,7 +494,7 @@ impl<'a> Builder<'a> {
                     parts: ComputeParts::default(),
                     memory: MemoryEffect::default(),
                 });
-                let base = index * pp as usize;
+                let base = index * stages as usize;
                 self.tasks
                     .add_edge(self.compute[base + from as usize], send);
                 self.tasks.add_edge(send, self.compute[base + to as usize]);
@@ -494,14 +504,14 @@ impl<'a> Builder<'a> {
 
     /// A backward pack on the last stage waits for the forward of each of its slices there.
     fn last_stage_edges(&mut self) {
-        let pp = self.layout.pp as usize;
-        let last = pp - 1;
+        let stages = self.stages as usize;
+        let last = stages - 1;
         let mut linked = vec![NONE; self.packs.len()];
         for index in 0..self.packs.len() {
             if self.packs[index].direction != Direction::Backward {
                 continue;
             }
-            let backward = self.compute[index * pp + last];
+            let backward = self.compute[index * stages + last];
             for position in self.pack_slices[index].clone() {
                 let forward = self.forward_of_node[self.slices[position as usize].node];
                 if forward == NONE || linked[forward as usize] == index as u32 {
@@ -509,12 +519,13 @@ impl<'a> Builder<'a> {
                 }
                 linked[forward as usize] = index as u32;
                 self.tasks
-                    .add_edge(self.compute[forward as usize * pp + last], backward);
+                    .add_edge(self.compute[forward as usize * stages + last], backward);
             }
         }
     }
 
-    /// Per stage: reduce-scatter after every backward of the stage, optimizer, all-gather.
+    /// Per pipeline device: reduce-scatter after every backward of its stages, optimizer,
+    /// all-gather.
     fn dp_sync(&mut self) {
         let layout = self.layout;
         let all_ranks: Vec<u32> = (0..layout.dp).collect();
@@ -553,8 +564,10 @@ impl<'a> Builder<'a> {
             ));
             for (index, pack) in self.packs.iter().enumerate() {
                 if pack.direction == Direction::Backward {
-                    let backward = self.compute[index * layout.pp as usize + stage as usize];
-                    self.tasks.add_edge(backward, reduce);
+                    for chunk_stage in (stage..self.stages).step_by(layout.pp as usize) {
+                        let slot = index * self.stages as usize + chunk_stage as usize;
+                        self.tasks.add_edge(self.compute[slot], reduce);
+                    }
                 }
             }
             self.tasks.add_edge(reduce, optimizer);
@@ -577,7 +590,7 @@ impl<'a> Builder<'a> {
         }
         let devices_per_group = self.layout.devices_per_group() as f64;
         let mut device_s = 0.0;
-        for stage in 0..self.layout.pp {
+        for stage in 0..self.stages {
             for direction in [Direction::Forward, Direction::Backward] {
                 let time = self
                     .useful_cost

@@ -65,9 +65,10 @@ impl Layout {
         u64::from(self.tp) * u64::from(self.cp)
     }
 
-    /// The group of DP rank `rank` on `stage`.
+    /// The group of DP rank `rank` on pipeline stage `stage` (with model chunks, `vpp > 1`,
+    /// stage `k` runs on pipeline device `k mod pp`).
     pub fn group(&self, rank: u32, stage: u32) -> GroupId {
-        GroupId(stage * self.dp + rank)
+        GroupId(stage % self.pp * self.dp + rank)
     }
 
     /// The DP rank of a group.
@@ -75,7 +76,7 @@ impl Layout {
         group.0 % self.dp
     }
 
-    /// The stage of a group.
+    /// The pipeline device (`pp` coordinate) of a group.
     pub fn stage_of(&self, group: GroupId) -> u32 {
         group.0 / self.dp
     }
@@ -99,6 +100,7 @@ impl Layout {
             tp: self.tp,
             cp: Some(self.cp),
             pp: self.pp,
+            vpp: 1,
             dp: self.dp,
         };
         parallel.rank(Coords {

@@ -259,7 +259,7 @@ fn losses(built: &Built, execution: &Execution, layout: &Layout, step_time_s: f6
     let mut sync_end = vec![step_time_s; stages];
     let mut on_group: Vec<(u32, u32)> = Vec::with_capacity(graph.tasks.len() * 2);
     for (index, task) in graph.tasks.iter().enumerate() {
-        let stage = task.stage as usize;
+        let stage = (task.stage % layout.pp) as usize;
         if task.kind.is_pack_compute() {
             stage_work_end[stage] = stage_work_end[stage].max(spans[index].end_s);
             for group in graph.groups(task) {

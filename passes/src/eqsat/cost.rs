@@ -94,7 +94,7 @@ impl PackTimer {
         let parallel = &model.spec().parallel;
         let context_parallel = ranks.len() > 1 || parallel.cp_degree() > 1;
         PackTimer {
-            stages: parallel.pp,
+            stages: parallel.stages(),
             model,
             ranks,
             context_parallel,

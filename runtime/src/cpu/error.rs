@@ -91,8 +91,9 @@ pub enum CpuError {
     /// The executor was given a step IR that is not scheduled yet.
     #[error("the CPU executor runs scheduled step IR, got phase '{phase}' (run a pipeline that ends in schedule-pipeline)")]
     NotScheduled { phase: String },
-    /// The executor runs data and pipeline parallelism with DP-Merge, without TP or static CP.
-    #[error("the CPU executor runs layouts with tp=1 and no static cp, got {layout}")]
+    /// The executor runs data and pipeline parallelism with DP-Merge, without TP, static CP or
+    /// model chunks (interleaved pipelines are simulated and emitted, not executed).
+    #[error("the CPU executor runs layouts with tp=1, no static cp and vpp=1, got {layout}")]
     UnsupportedLayout { layout: String },
     /// The step's schedule cannot be executed as given.
     #[error("schedule: {message}")]

@@ -202,18 +202,21 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
                 pack,
                 direction,
                 from,
+                ..
             } => self.recv(pack as usize, direction, from),
             Op::CpExchange {
                 pack,
                 direction,
                 ref group,
+                ..
             } => self.cp_exchange(pack as usize, direction, group),
-            Op::Forward { pack } => self.compute(pack as usize, Direction::Forward),
-            Op::Backward { pack } => self.compute(pack as usize, Direction::Backward),
+            Op::Forward { pack, .. } => self.compute(pack as usize, Direction::Forward),
+            Op::Backward { pack, .. } => self.compute(pack as usize, Direction::Backward),
             Op::Send {
                 pack,
                 direction,
                 to,
+                ..
             } => self.send(pack as usize, direction, to),
             Op::ReduceScatter => self.reduce_scatter(),
             Op::Optimizer => self.optimizer(),

@@ -59,7 +59,8 @@ impl Plan {
                 phase: ir.phase().to_string(),
             });
         }
-        if ir.spec.parallel.tp != 1 || ir.spec.parallel.cp_degree() != 1 {
+        let parallel = ir.spec.parallel;
+        if parallel.tp != 1 || parallel.cp_degree() != 1 || parallel.vpp != 1 {
             return Err(CpuError::UnsupportedLayout {
                 layout: ir.spec.parallel.to_string(),
             });
