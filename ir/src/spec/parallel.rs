@@ -45,6 +45,9 @@ fn is_one(value: &u32) -> bool {
 /// without a plan at the end (a world of millions ran for minutes before this bound).
 pub const MAX_WORLD: u64 = 16_384;
 
+/// The most pipeline stages (`pp · vpp`) a layout may have: more than any model has layers.
+pub const MAX_STAGES: u64 = 65_536;
+
 /// Coordinates of one device in the layout.
 #[derive(
     Debug,
@@ -109,6 +112,16 @@ impl ParallelSpec {
                 format!(
                     "vpp={} needs pp >= 2 (model chunks interleave across pipeline devices)",
                     self.vpp
+                ),
+            ));
+        }
+        let stages = u64::from(self.pp) * u64::from(self.vpp);
+        if stages > MAX_STAGES {
+            return Err(IrError::spec(
+                "--parallel",
+                format!(
+                    "pp={} x vpp={} is {stages} pipeline stages; slimpack plans at most {MAX_STAGES}",
+                    self.pp, self.vpp
                 ),
             ));
         }
@@ -255,6 +268,7 @@ mod tests {
             ("dp=1000000", "at most 16384 devices"),
             ("pp=1,vpp=2", "vpp=2 needs pp >= 2"),
             ("pp=2,vpp=0", "vpp must be a positive integer"),
+            ("pp=2,vpp=4294967295", "slimpack plans at most 65536"),
         ] {
             let message = text.parse::<ParallelSpec>().unwrap_err().to_string();
             assert!(message.contains(needle), "{text}: {message}");
