@@ -336,9 +336,10 @@ pub struct Device {
 /// before the next op). Blocking sends deadlock on pipelines (stage 0 sending a forward while
 /// stage 1 sends a backward); with these semantics the op lists are deadlock-free (slimpack
 /// proves it on every lowered program). A trainer may also batch each op's `recv` or `send`
-/// with its neighbours' in one `batch_isend_irecv`. Between two ranks, messages arrive in the
-/// order they are sent and are received in that order, so transports without tags (NCCL) match
-/// them; the pack index serves as a tag where there are tags.
+/// with its neighbours' in one `batch_isend_irecv`. Between two ranks, the receiver posts its
+/// receives in the order the sender sends (every stage runs a replica's forward packs in one
+/// order and its backward packs in one order, which the verifier checks), so transports without
+/// tags (NCCL) match them; where there are tags, the pack index serves as one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DeviceOp {
