@@ -218,6 +218,7 @@ pub struct PackDocument {
     pub cp_size: u32,
     /// CP member `m`'s share of the padding rows, as positions `tokens..padded_tokens` (two
     /// runs, by the rule of `PackSlice::cp_runs`); empty when the pack is not padded.
+    #[schemars(inner(inner(inner(range(max = 2147483647)))))]
     pub padding_cp_runs: Vec<[[u32; 2]; 2]>,
     /// Forward packs: the pack's slices grouped by the backward pack that runs them, so that a
     /// trainer can run the forward as one autograd graph per group and each backward pack
@@ -249,6 +250,7 @@ pub struct PackSlice {
     /// `start + ⌊j · (end − start) / 2k⌋` (`k = cp_size`; no padding; a run may be empty). A
     /// member computes its rows only, keeps their K/V, and sends and receives their hidden
     /// states along the pipeline.
+    #[schemars(inner(inner(inner(range(max = 2147483647)))))]
     pub cp_runs: Vec<[[u32; 2]; 2]>,
 }
 
