@@ -12,7 +12,9 @@
 //!   group (the K/V ring of context parallelism; the kernels overlap it with attention);
 //! - `recv`/`send` move a pack's activations forward (stage `s` -> `s + 1`) or its gradients
 //!   backward (`s + 1` -> `s`) between workers of the same DP rank; sends are asynchronous,
-//!   receives block until the matching send happened;
+//!   receives block until the matching send happened (matched by pack and direction: with
+//!   model chunks a worker may use a neighbour's messages in another order than they were
+//!   sent);
 //! - after its last backward, each worker takes part in its stage's gradient `reduce-scatter`
 //!   over every DP rank, runs the `optimizer` on its shard and `all-gather`s the parameters.
 //!
@@ -22,6 +24,9 @@
 //! deadlock-free whenever each replica's schedule is (which the verifier proves); [`check`]
 //! proves it again on the op lists themselves.
 //!
+//! Under context parallelism each member of a pack's CP group holds a share of every slice
+//! ([`CpShard`], the one definition of that split for the runtimes and the schedule JSON).
+//!
 //! A lowered step carries its program ([`StepIr::program`]), stored by [`lower_into`] — what
 //! the `lower` pass, the IR text parser and the schedule JSON reader call to make a lowered
 //! step. Everything else (the printer, codegen, the runtimes) reads the stored program; the
@@ -29,10 +34,12 @@
 
 pub mod abi;
 mod check;
+mod cp_shard;
 mod lower;
 mod print;
 
 pub use check::{check, ProgramError};
+pub use cp_shard::CpShard;
 pub use lower::{lower, pack_order};
 pub use print::print_workers;
 

@@ -62,6 +62,7 @@ pub const MAX_STAGES: u64 = 65_536;
     Deserialize,
     schemars::JsonSchema,
 )]
+#[serde(deny_unknown_fields)]
 pub struct Coords {
     pub tp: u32,
     pub cp: u32,
