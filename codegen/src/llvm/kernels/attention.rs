@@ -9,12 +9,13 @@
 //! - `positions` (int32, `total_q`): each query row's position in its sample (a continuation
 //!   slice at offset `o` has positions `o, o + 1, ...`; the same array the RoPE kernels read).
 //!   Positions within a slice ascend.
-//! - `k`, `v` (and `dk`, `dv`): K/V pools `[pool_rows, kv_heads · head_dim]` holding each
+//! - `k`, `v` (and `dk`, `dv`): K/V pools `[kv_rows, kv_heads · head_dim]` holding each
 //!   sample's keys and values by position, contiguously: the key of position `p` of slice `s`'s
 //!   sample is row `kv_starts[s] + p` (int32 `kv_starts`, one per slice). Rows `0 ..= position`
 //!   of the sample must be filled before the forward: the prefix from the K/V cache of earlier
 //!   slices, and the slice's own rows (a causal mask aligned bottom-right: query position `p`
-//!   sees keys `0 ..= p`). Slices of one sample share its rows.
+//!   sees keys `0 ..= p`). Slices of one sample share its rows (the same `kv_starts`); the
+//!   regions of different samples must not overlap.
 //! - `lse` (`[total_q, heads]`): the forward's log-sum-exp of each query row's scaled scores per
 //!   head, which the backward reads to recompute the probabilities (FlashAttention's scheme).
 //!

@@ -21,9 +21,9 @@
 //!   order, as on the GPU (the kernels' reductions are block-uniform).
 //!
 //! What the emulation does not reproduce: `ex2.approx`/`lg2.approx` (the host build calls
-//! LLVM's `exp2`/`log2`; the PTX ISA bounds the approximations' relative error at about 2⁻²²),
-//! the NVPTX backend's fusing of multiplies and adds into `fma`, and the order in which
-//! `atomicAdd`s from concurrent threads land (here they run in thread order).
+//! LLVM's `exp2`/`log2`; the PTX ISA bounds the approximations' relative error at about 2⁻²²)
+//! and the NVPTX backend's fusing of multiplies and adds into `fma`: last bits, not indexing or
+//! control flow. (No kernel uses atomics, whose order would differ too.)
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Barrier;
