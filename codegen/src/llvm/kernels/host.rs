@@ -4,7 +4,7 @@
 //! The host build of a kernel is `void kernel(const u64 *args, const ThreadContext *thread)`:
 //! one call runs one GPU thread. Its parameters come from `args` (one 8-byte slot per parameter,
 //! like `cuLaunchKernel`'s argument array), and what the GPU build reads from special registers
-//! or does with warp and block instructions goes through the [`ThreadContext`] the launcher
+//! or does with warp and block instructions goes through the `ThreadContext` the launcher
 //! fills: thread, block and grid indices and sizes, the block's shared memory, and callbacks for
 //! the block barrier and the warp butterfly shuffle.
 //!
@@ -34,7 +34,7 @@ use inkwell::OptimizationLevel;
 
 use super::builder::{Target, MAX_WARPS};
 use super::spec::{Grid, KernelSpec, LaunchShape, ParamKind};
-use super::{build_all, kernel, KERNELS};
+use super::{build_all, KERNELS};
 use crate::CodegenError;
 
 /// The 8-byte fields of [`ThreadContext`], in order: what the host build of a kernel loads.
@@ -194,15 +194,15 @@ impl HostKernels {
         shape: LaunchShape,
         args: &mut [KernelArg<'_>],
     ) -> Result<(), CodegenError> {
-        let spec = kernel(name).ok_or_else(|| CodegenError::KernelLaunch {
-            kernel: name.to_string(),
-            message: "no such kernel".to_string(),
-        })?;
-        check_args(spec, shape, args)?;
         let index = KERNELS
             .iter()
-            .position(|other| other.name == spec.name)
-            .expect("bug: `kernel` found the spec in KERNELS");
+            .position(|spec| spec.name == name)
+            .ok_or_else(|| CodegenError::KernelLaunch {
+                kernel: name.to_string(),
+                message: "no such kernel".to_string(),
+            })?;
+        let spec = &KERNELS[index];
+        check_args(spec, shape, args)?;
         // SAFETY: the address is the host build of `spec`, whose signature is `HostKernel`.
         let function: HostKernel = unsafe { std::mem::transmute(self.addresses[index]) };
         let slots: Vec<u64> = args.iter_mut().map(KernelArg::slot).collect();
