@@ -307,8 +307,12 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let (compiled, chosen) = match &strategy {
         Some(name) => {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
-            let choices =
+            let mut choices =
                 super::input::tuning_choices(&args.spec, &job, args.memory_limit.as_deref())?;
+            // The dialect and the C ABI run one model chunk per device.
+            if matches!(emit, Some(Emit::Mlir | Emit::Llvm)) {
+                choices = choices.one_chunk_per_device();
+            }
             let mut state = StrategyState::default();
             let batch = autotune::admit(info, &mut state, &job.spec, &batch);
             delayed = state.wlb.as_ref().map(|wlb| wlb.delay.backlog());

@@ -181,8 +181,9 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
     match (&args.strategy, &args.passes) {
         (Some(name), _) => {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
-            // The CPU backend executes without recomputation: only those candidates.
-            let choices = Choices::fixed(job.spec.model.recompute);
+            // The executors run without recomputation and one model chunk per device: only
+            // those candidates.
+            let choices = Choices::fixed(job.spec.model.recompute).one_chunk_per_device();
             let mut state = StrategyState::default();
             let (_, choice) =
                 autotune::compile_step(info, &job.spec, &batch, &mut state, &choices)?;

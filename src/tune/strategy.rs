@@ -74,6 +74,10 @@ pub struct Choices {
     /// The fraction of device memory (HBM) a configuration may peak at to count as fitting
     /// (default [`DEFAULT_MEMORY_LIMIT`]).
     pub memory_limit: f64,
+    /// Whether a strategy may try model chunks (interleaved 1F1B, `vpp > 1`); off where the
+    /// step goes to an executor or backend that runs one chunk per device (`run`, `--emit
+    /// mlir|llvm`).
+    pub model_chunks: bool,
 }
 
 /// The fraction of device memory a configuration may use by default. A run keeps its
@@ -89,6 +93,7 @@ impl Choices {
             recompute: Recompute::ALL.to_vec(),
             block_recompute: true,
             memory_limit: DEFAULT_MEMORY_LIMIT,
+            model_chunks: true,
         }
     }
 
@@ -98,6 +103,15 @@ impl Choices {
             recompute: vec![mode],
             block_recompute: false,
             memory_limit: DEFAULT_MEMORY_LIMIT,
+            model_chunks: true,
+        }
+    }
+
+    /// The same choices without model chunks (see [`Choices::model_chunks`]).
+    pub fn one_chunk_per_device(self) -> Choices {
+        Choices {
+            model_chunks: false,
+            ..self
         }
     }
 
@@ -484,7 +498,7 @@ fn megatron_paper_candidates(
 /// [`megatron_vpp_choices`]).
 fn megatron_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -> Vec<Candidate> {
     let mut candidates = Vec::new();
-    for vpp in megatron_vpp_choices(spec) {
+    for vpp in megatron_vpp_choices(spec, c) {
         let mut layout = spec.clone();
         if let Some(vpp) = vpp {
             layout.parallel.vpp = vpp;
@@ -492,7 +506,7 @@ fn megatron_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -
         let modes = Choices {
             recompute: c.with_block(layout.layers_per_chunk()),
             block_recompute: false,
-            memory_limit: c.memory_limit,
+            ..c.clone()
         };
         for bin in megatron_bin_sizes(b) {
             for mut candidate in global_packing(&layout, &modes, "ffd", bin) {
@@ -510,14 +524,19 @@ fn megatron_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) -
 
 /// The interleavings a Megatron user tries (`--num-layers-per-virtual-pipeline-stage`): the
 /// layout's own, and two model chunks per device where the layout has none, a pipeline, and
-/// layers that split evenly into `2 · pp` chunks. `None` is the layout's own.
-pub fn megatron_vpp_choices(spec: &Spec) -> Vec<Option<u32>> {
+/// layers that split evenly into `2 · pp` chunks, where `choices` allow model chunks. `None`
+/// is the layout's own.
+pub fn megatron_vpp_choices(spec: &Spec, choices: &Choices) -> Vec<Option<u32>> {
     let parallel = &spec.parallel;
-    let mut choices = vec![None];
-    if parallel.vpp == 1 && parallel.pp >= 2 && spec.model.layers % (2 * parallel.pp) == 0 {
-        choices.push(Some(2));
+    let mut vpps = vec![None];
+    if choices.model_chunks
+        && parallel.vpp == 1
+        && parallel.pp >= 2
+        && spec.model.layers % (2 * parallel.pp) == 0
+    {
+        vpps.push(Some(2));
     }
-    choices
+    vpps
 }
 
 /// The bin sizes a Megatron user tries for a batch: the usual sequence-length rungs (powers of
@@ -814,12 +833,17 @@ mod tests {
     #[test]
     fn megatron_interleaves_where_the_layers_allow() {
         let choices = |layout: &str| {
-            megatron_vpp_choices(&Spec::from_presets("llama-7b", "h100-sxm", layout).unwrap())
+            let spec = Spec::from_presets("llama-7b", "h100-sxm", layout).unwrap();
+            megatron_vpp_choices(&spec, &Choices::all())
         };
         assert_eq!(choices("tp=8,pp=4,dp=4"), vec![None, Some(2)]);
         assert_eq!(choices("tp=8,pp=1,dp=4"), vec![None]);
         assert_eq!(choices("tp=8,pp=4,vpp=2,dp=4"), vec![None]);
         // 32 layers do not split into 2 x 32 chunks.
         assert_eq!(choices("tp=8,pp=32,dp=1"), vec![None]);
+        // Not for an executor that runs one chunk per device.
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=4,dp=4").unwrap();
+        let one = Choices::all().one_chunk_per_device();
+        assert_eq!(megatron_vpp_choices(&spec, &one), vec![None]);
     }
 }
