@@ -11,6 +11,10 @@ pub enum CodegenError {
         stage: &'static str,
         message: String,
     },
+    /// A kernel launch of the host emulation was malformed (unknown kernel, wrong arguments or
+    /// launch shape).
+    #[error("kernel {kernel}: {message}")]
+    KernelLaunch { kernel: String, message: String },
     /// MLIR rejected something (parsing, verifying, running passes, translating).
     #[error("MLIR {stage}: {message}")]
     Mlir {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use slimpack_codegen::llvm::kernels::KERNEL_NAMES;
+use slimpack_codegen::llvm::kernels::KERNELS;
 use slimpack_codegen::llvm::ptx::{compile_ptx, GpuArch};
 
 #[test]
@@ -17,11 +17,25 @@ fn every_kernel_is_an_entry_point_for_every_architecture() {
             "PTX for {} names another target",
             arch.name()
         );
-        for kernel in KERNEL_NAMES {
-            assert!(
-                ptx.contains(&format!(".visible .entry {kernel}(")),
-                "{kernel} missing from the {} PTX",
-                arch.name()
+        let mut previous = 0;
+        for kernel in KERNELS {
+            let entry = format!(".visible .entry {}(", kernel.name);
+            let at = ptx
+                .find(&entry)
+                .unwrap_or_else(|| panic!("{} missing from the {} PTX", kernel.name, arch.name()));
+            assert!(at >= previous, "{} out of the table's order", kernel.name);
+            previous = at;
+            let declared = ptx[at..]
+                .split(')')
+                .next()
+                .unwrap()
+                .matches(".param")
+                .count();
+            assert_eq!(
+                declared,
+                kernel.params.len(),
+                "{} declares another parameter count than its spec",
+                kernel.name
             );
         }
         for instruction in [
@@ -30,6 +44,7 @@ fn every_kernel_is_an_entry_point_for_every_architecture() {
             "ex2.approx",
             "lg2.approx",
             "sqrt.rn",
+            "atom.global.add.f32",
         ] {
             assert!(
                 ptx.contains(instruction),
@@ -38,7 +53,7 @@ fn every_kernel_is_an_entry_point_for_every_architecture() {
             );
         }
         let entries = ptx.matches(".visible .entry ").count();
-        assert_eq!(entries, KERNEL_NAMES.len(), "unexpected entry points");
+        assert_eq!(entries, KERNELS.len(), "unexpected entry points");
     }
 }
 

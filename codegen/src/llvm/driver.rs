@@ -103,7 +103,7 @@ fn with_entry<R>(
 }
 
 /// A target machine for this host (position-independent, so the object links into anything).
-fn host_machine() -> Result<TargetMachine, CodegenError> {
+pub(crate) fn host_machine() -> Result<TargetMachine, CodegenError> {
     Target::initialize_native(&InitializationConfig::default())
         .map_err(|e| llvm_error("native target", e))?;
     let triple = TargetMachine::get_default_triple();

@@ -83,7 +83,7 @@ pub fn compile_ptx(arch: GpuArch) -> Result<String, CodegenError> {
     let module = context.create_module("slimpack_kernels");
     module.set_triple(&machine.get_triple());
     module.set_data_layout(&machine.get_target_data().get_data_layout());
-    kernels::build_all(&context, &module)?;
+    kernels::build_all(&context, &module, kernels::Target::Nvptx)?;
     module
         .verify()
         .map_err(|e| llvm_error("kernel verification", e))?;

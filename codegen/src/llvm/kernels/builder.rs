@@ -1,9 +1,19 @@
 //! `KernelBuilder`: the few shapes every kernel is made of, over inkwell's IR builder.
 //!
-//! A kernel is an NVPTX entry point (`ptx_kernel` calling convention) whose pointer parameters
-//! live in the global address space. Loops keep their counter and accumulators in allocas; the
-//! `default<O3>` pipeline that [`super::super::ptx`] runs before code generation promotes them to
-//! registers, which keeps the kernels' source free of phi bookkeeping.
+//! A kernel is declared from its [`KernelSpec`] and built for one [`Target`]:
+//! - [`Target::Nvptx`]: an NVPTX entry point (`ptx_kernel` calling convention) whose pointer
+//!   parameters live in the global address space; thread and block indices are the special
+//!   registers, reductions use warp shuffles, shared memory and `bar.sync`.
+//! - [`Target::Host`]: the same body as a host function `void kernel(const u64 *args, const
+//!   ThreadContext *thread)` for the host emulation ([`super::host`]): the parameters arrive as
+//!   8-byte slots (as `cuLaunchKernel`'s argument array), and every GPU-only operation reads
+//!   the per-thread context the launcher fills instead: the indices and sizes, the block's
+//!   shared memory, and callbacks for the barrier and the butterfly shuffle. `exp`/`ln` use
+//!   LLVM's `exp2`/`log2` where the GPU uses `ex2.approx`/`lg2.approx`.
+//!
+//! Loops keep their counter and accumulators in allocas; the `default<O3>` pipeline that
+//! [`super::super::ptx`] runs before code generation promotes them to registers, which keeps the
+//! kernels' source free of phi bookkeeping.
 //!
 //! Two loop shapes cover the kernels:
 //! - a *row loop* (`for c = tid.x; c < n; c += ntid.x`): one block per row, every thread of the
@@ -19,37 +29,33 @@ use inkwell::builder::Builder;
 use inkwell::context::Context;
 use inkwell::intrinsics::Intrinsic;
 use inkwell::module::{Linkage, Module};
-use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum};
+use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
 use inkwell::values::{
-    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, GlobalValue, IntValue,
+    AsValueRef, BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue,
     PointerValue,
 };
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 
+use super::host::ContextField;
+use super::spec::{KernelSpec, ParamKind};
 use crate::CodegenError;
 
 /// LLVM's calling convention number for an NVPTX kernel entry point (`ptx_kernel`).
 const PTX_KERNEL_CALLING_CONVENTION: u32 = 71;
-/// The global address space: where kernel buffers live.
+/// NVPTX's global address space: where kernel buffers live.
 const GLOBAL: u16 = 1;
-/// The shared (per-block) address space: where reductions keep their per-warp partials.
+/// NVPTX's shared (per-block) address space: where reductions keep their per-warp partials.
 const SHARED: u16 = 3;
-/// Most warps a block can hold (1024 threads).
-const MAX_WARPS: u32 = 32;
+/// Most warps a block can hold (1024 threads): the floats of a reduction's shared memory.
+pub(crate) const MAX_WARPS: u32 = 32;
 
 pub(crate) type Result<T> = std::result::Result<T, CodegenError>;
 
-/// One kernel parameter's type.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Param {
-    /// A global `float*`.
-    F32Ptr,
-    /// A global `int32_t*`.
-    I32Ptr,
-    /// A 64-bit element or row count.
-    I64,
-    /// A float scalar.
-    F32,
+/// What a kernel is built for; see the module comment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Target {
+    Nvptx,
+    Host,
 }
 
 /// How a block reduction combines values.
@@ -65,8 +71,12 @@ pub(crate) struct KernelBuilder<'ctx, 'm> {
     module: &'m Module<'ctx>,
     pub builder: Builder<'ctx>,
     function: FunctionValue<'ctx>,
+    target: Target,
+    spec: &'static KernelSpec,
+    /// The kernel's parameters in the spec's order (on the host, loaded from the argument slots).
+    params: Vec<BasicValueEnum<'ctx>>,
     /// Shared memory for one partial per warp, created by the kernel's first reduction.
-    partials: Option<GlobalValue<'ctx>>,
+    partials: Option<PointerValue<'ctx>>,
 }
 
 fn builder_error(error: inkwell::builder::BuilderError) -> CodegenError {
@@ -87,52 +97,115 @@ impl<T> OrCodegen<T> for std::result::Result<T, inkwell::builder::BuilderError> 
 }
 
 impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
-    /// Declares kernel `name` with `params` in `module` and positions at its entry block.
+    /// Declares the kernel of `spec` for `target` in `module` and positions at its entry block.
     pub fn new(
         context: &'ctx Context,
         module: &'m Module<'ctx>,
-        name: &str,
-        params: &[Param],
-    ) -> Self {
-        let global_ptr = context.ptr_type(AddressSpace::from(GLOBAL));
-        let param_types: Vec<BasicMetadataTypeEnum> = params
-            .iter()
-            .map(|param| match param {
-                Param::F32Ptr | Param::I32Ptr => global_ptr.into(),
-                Param::I64 => context.i64_type().into(),
-                Param::F32 => context.f32_type().into(),
-            })
-            .collect();
-        let function_type = context.void_type().fn_type(&param_types, false);
-        let function = module.add_function(name, function_type, None);
-        function.set_call_conventions(PTX_KERNEL_CALLING_CONVENTION);
+        target: Target,
+        spec: &'static KernelSpec,
+    ) -> Result<Self> {
         let builder = context.create_builder();
-        builder.position_at_end(context.append_basic_block(function, "entry"));
-        KernelBuilder {
+        let (function, params) = match target {
+            Target::Nvptx => {
+                let global_ptr = context.ptr_type(AddressSpace::from(GLOBAL));
+                let param_types: Vec<BasicMetadataTypeEnum> = spec
+                    .params
+                    .iter()
+                    .map(|param| match param.kind {
+                        ParamKind::F32Ptr | ParamKind::I32Ptr => global_ptr.into(),
+                        ParamKind::I64 => context.i64_type().into(),
+                        ParamKind::F32 => context.f32_type().into(),
+                    })
+                    .collect();
+                let function_type = context.void_type().fn_type(&param_types, false);
+                let function = module.add_function(spec.name, function_type, None);
+                function.set_call_conventions(PTX_KERNEL_CALLING_CONVENTION);
+                builder.position_at_end(context.append_basic_block(function, "entry"));
+                (function, function.get_params())
+            }
+            Target::Host => {
+                let ptr = context.ptr_type(AddressSpace::default());
+                let function_type = context
+                    .void_type()
+                    .fn_type(&[ptr.into(), ptr.into()], false);
+                let function = module.add_function(spec.name, function_type, None);
+                builder.position_at_end(context.append_basic_block(function, "entry"));
+                let params = Self::load_host_params(context, &builder, function, spec)?;
+                (function, params)
+            }
+        };
+        let mut kernel = KernelBuilder {
             context,
             module,
             builder,
             function,
+            target,
+            spec,
+            params,
             partials: None,
+        };
+        if target == Target::Host {
+            let ptr_type = context.ptr_type(AddressSpace::default()).into();
+            let shared = kernel.host_context_field(ContextField::SharedMemory, ptr_type)?;
+            kernel.partials = Some(shared.into_pointer_value());
         }
+        Ok(kernel)
     }
 
-    pub fn ptr(&self, index: u32) -> PointerValue<'ctx> {
-        self.param(index).into_pointer_value()
+    /// The host kernel's parameters, loaded from its argument slots (8 bytes each; a float in
+    /// the slot's first 4 bytes).
+    fn load_host_params(
+        context: &'ctx Context,
+        builder: &Builder<'ctx>,
+        function: FunctionValue<'ctx>,
+        spec: &KernelSpec,
+    ) -> Result<Vec<BasicValueEnum<'ctx>>> {
+        let slots = function
+            .get_nth_param(0)
+            .expect("bug: host kernels take their argument slots first")
+            .into_pointer_value();
+        let mut params = Vec::with_capacity(spec.params.len());
+        for (index, param) in spec.params.iter().enumerate() {
+            let slot_index = context.i64_type().const_int(index as u64, false);
+            // SAFETY: the launcher passes one slot per parameter of the spec.
+            let slot = unsafe {
+                builder
+                    .build_in_bounds_gep(context.i64_type(), slots, &[slot_index], param.name)
+                    .or_codegen()?
+            };
+            let value_type: BasicTypeEnum = match param.kind {
+                ParamKind::F32Ptr | ParamKind::I32Ptr => {
+                    context.ptr_type(AddressSpace::default()).into()
+                }
+                ParamKind::I64 => context.i64_type().into(),
+                ParamKind::F32 => context.f32_type().into(),
+            };
+            params.push(
+                builder
+                    .build_load(value_type, slot, param.name)
+                    .or_codegen()?,
+            );
+        }
+        Ok(params)
     }
 
-    pub fn int(&self, index: u32) -> IntValue<'ctx> {
-        self.param(index).into_int_value()
+    /// Pointer parameter `name`.
+    pub fn ptr(&self, name: &str) -> PointerValue<'ctx> {
+        self.param(name).into_pointer_value()
     }
 
-    pub fn float(&self, index: u32) -> FloatValue<'ctx> {
-        self.param(index).into_float_value()
+    /// Integer parameter `name`.
+    pub fn int(&self, name: &str) -> IntValue<'ctx> {
+        self.param(name).into_int_value()
     }
 
-    fn param(&self, index: u32) -> BasicValueEnum<'ctx> {
-        self.function
-            .get_nth_param(index)
-            .expect("bug: kernel parameter index out of range")
+    /// Float parameter `name`.
+    pub fn float(&self, name: &str) -> FloatValue<'ctx> {
+        self.param(name).into_float_value()
+    }
+
+    fn param(&self, name: &str) -> BasicValueEnum<'ctx> {
+        self.params[self.spec.param_index(name)]
     }
 
     /// Ends the kernel.
@@ -164,8 +237,48 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
         Ok(call.try_as_basic_value().basic())
     }
 
-    /// A special register (`tid.x`, `ntid.x`, `ctaid.x`, `nctaid.x`), widened to i64.
-    fn special_register(&self, register: &str) -> Result<IntValue<'ctx>> {
+    /// Calls a float intrinsic overloaded on f32 with one argument.
+    fn call_f32_intrinsic(&self, name: &str, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+        let f32_type = self.context.f32_type().into();
+        Ok(self
+            .call_intrinsic(name, &[f32_type], &[x.into()])?
+            .unwrap_or_else(|| panic!("bug: {name} returns a value"))
+            .into_float_value())
+    }
+
+    /// The host thread context (the host kernel's second parameter).
+    fn host_context(&self) -> PointerValue<'ctx> {
+        self.function
+            .get_nth_param(1)
+            .expect("bug: host kernels take their thread context second")
+            .into_pointer_value()
+    }
+
+    /// Loads field `field` (8 bytes) of the host thread context as `value_type`.
+    fn host_context_field(
+        &self,
+        field: ContextField,
+        value_type: BasicTypeEnum<'ctx>,
+    ) -> Result<BasicValueEnum<'ctx>> {
+        let index = self.i64(field as u64);
+        // SAFETY: `ContextField` numbers the 8-byte fields of the launcher's `ThreadContext`.
+        let address = unsafe {
+            self.builder
+                .build_in_bounds_gep(self.context.i64_type(), self.host_context(), &[index], "")
+                .or_codegen()?
+        };
+        self.builder
+            .build_load(value_type, address, "")
+            .or_codegen()
+    }
+
+    /// A special register (`tid.x`, `ntid.x`, `ctaid.x`, `nctaid.x`) widened to i64, or on the
+    /// host the context field the launcher fills with it.
+    fn special_register(&self, register: &str, field: ContextField) -> Result<IntValue<'ctx>> {
+        if self.target == Target::Host {
+            let i64_type = self.context.i64_type().into();
+            return Ok(self.host_context_field(field, i64_type)?.into_int_value());
+        }
         let name = format!("llvm.nvvm.read.ptx.sreg.{register}");
         let value = self
             .call_intrinsic(&name, &[], &[])?
@@ -177,22 +290,58 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
     }
 
     pub fn thread_index(&self) -> Result<IntValue<'ctx>> {
-        self.special_register("tid.x")
+        self.special_register("tid.x", ContextField::Thread)
     }
 
     pub fn block_size(&self) -> Result<IntValue<'ctx>> {
-        self.special_register("ntid.x")
+        self.special_register("ntid.x", ContextField::BlockSize)
     }
 
     pub fn block_index(&self) -> Result<IntValue<'ctx>> {
-        self.special_register("ctaid.x")
+        self.special_register("ctaid.x", ContextField::Block)
     }
 
     fn grid_size(&self) -> Result<IntValue<'ctx>> {
-        self.special_register("nctaid.x")
+        self.special_register("nctaid.x", ContextField::Grid)
+    }
+
+    /// Calls the host context's callback in `field` with the context and `args`.
+    fn call_host_callback(
+        &self,
+        field: ContextField,
+        returns: Option<BasicTypeEnum<'ctx>>,
+        args: &[BasicMetadataValueEnum<'ctx>],
+    ) -> Result<Option<BasicValueEnum<'ctx>>> {
+        let ptr_type = self.context.ptr_type(AddressSpace::default());
+        let callback = self
+            .host_context_field(field, ptr_type.into())?
+            .into_pointer_value();
+        let mut all_args: Vec<BasicMetadataValueEnum> = vec![self.host_context().into()];
+        all_args.extend_from_slice(args);
+        let arg_types: Vec<BasicMetadataTypeEnum> = all_args
+            .iter()
+            .map(|arg| match arg {
+                BasicMetadataValueEnum::PointerValue(_) => ptr_type.into(),
+                BasicMetadataValueEnum::FloatValue(_) => self.context.f32_type().into(),
+                _ => self.context.i32_type().into(),
+            })
+            .collect();
+        let function_type = match returns {
+            Some(value_type) => value_type.fn_type(&arg_types, false),
+            None => self.context.void_type().fn_type(&arg_types, false),
+        };
+        let call = self
+            .builder
+            .build_indirect_call(function_type, callback, &all_args, "")
+            .or_codegen()?;
+        Ok(call.try_as_basic_value().basic())
     }
 
     fn barrier(&self) -> Result<()> {
+        if self.target == Target::Host {
+            self.call_host_callback(ContextField::Barrier, None, &[])?;
+            return Ok(());
+        }
         let zero = self.context.i32_type().const_zero();
         self.call_intrinsic(
             "llvm.nvvm.barrier.cta.sync.aligned.all",
@@ -202,24 +351,58 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
         Ok(())
     }
 
-    /// `exp(x)` as `ex2.approx(x · log2 e)` (relative error about 2⁻²²), since NVPTX has no
-    /// exact exponential without libdevice.
-    pub fn exp(&self, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
-        let log2_e = self.f32(std::f32::consts::LOG2_E);
-        let scaled = self.fmul(x, log2_e)?;
-        let f32_type = self.context.f32_type().into();
-        Ok(self
-            .call_intrinsic("llvm.nvvm.ex2.approx", &[f32_type], &[scaled.into()])?
-            .expect("bug: ex2 returns a value")
+    /// The value of the lane `lane ^ lane_mask` of the warp (`shfl.sync.bfly`, full warp).
+    fn shuffle_butterfly(
+        &self,
+        value: FloatValue<'ctx>,
+        lane_mask: u64,
+    ) -> Result<FloatValue<'ctx>> {
+        let i32_type = self.context.i32_type();
+        let lane_mask = i32_type.const_int(lane_mask, false);
+        let result = if self.target == Target::Host {
+            let f32_type = self.context.f32_type().into();
+            self.call_host_callback(
+                ContextField::Shuffle,
+                Some(f32_type),
+                &[value.into(), lane_mask.into()],
+            )?
+        } else {
+            self.call_intrinsic(
+                "llvm.nvvm.shfl.sync.bfly.f32",
+                &[],
+                &[
+                    i32_type.const_all_ones().into(),
+                    value.into(),
+                    lane_mask.into(),
+                    i32_type.const_int(31, false).into(),
+                ],
+            )?
+        };
+        Ok(result
+            .expect("bug: shuffles return a value")
             .into_float_value())
     }
 
-    /// `ln(x)` as `lg2.approx(x) · ln 2`.
+    /// `exp(x)` as `2^(x · log2 e)`: on the GPU `ex2.approx` (relative error about 2⁻²²),
+    /// since NVPTX has no exact exponential without libdevice; on the host LLVM's `exp2`.
+    pub fn exp(&self, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
+        let log2_e = self.f32(std::f32::consts::LOG2_E);
+        let scaled = self.fmul(x, log2_e)?;
+        match self.target {
+            Target::Nvptx => self.call_f32_intrinsic("llvm.nvvm.ex2.approx", scaled),
+            Target::Host => self.call_f32_intrinsic("llvm.exp2", scaled),
+        }
+    }
+
+    /// `ln(x)` as `log2(x) · ln 2`: `lg2.approx` on the GPU, LLVM's `log2` on the host.
     pub fn ln(&self, x: FloatValue<'ctx>) -> Result<FloatValue<'ctx>> {
-        let log2 = self
-            .call_intrinsic("llvm.nvvm.lg2.approx.f", &[], &[x.into()])?
-            .expect("bug: lg2 returns a value")
-            .into_float_value();
+        let log2 = match self.target {
+            Target::Nvptx => self
+                .call_intrinsic("llvm.nvvm.lg2.approx.f", &[], &[x.into()])?
+                .expect("bug: lg2 returns a value")
+                .into_float_value(),
+            Target::Host => self.call_f32_intrinsic("llvm.log2", x)?,
+        };
         self.fmul(log2, self.f32(std::f32::consts::LN_2))
     }
 
@@ -401,6 +584,31 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
         Ok(())
     }
 
+    /// `base[index] += value`, atomically (relaxed): `red.global.add.f32` on the GPU.
+    pub fn atomic_add_f32(
+        &self,
+        base: PointerValue<'ctx>,
+        index: IntValue<'ctx>,
+        value: FloatValue<'ctx>,
+    ) -> Result<()> {
+        use inkwell::llvm_sys::core::LLVMBuildAtomicRMW;
+        use inkwell::llvm_sys::{LLVMAtomicOrdering, LLVMAtomicRMWBinOp};
+        let address = self.element(base, self.context.f32_type().into(), index)?;
+        // SAFETY: inkwell's `build_atomicrmw` takes integers only; this is the same LLVM call
+        // with a float operand, on a positioned builder and values of this context.
+        unsafe {
+            LLVMBuildAtomicRMW(
+                self.builder.as_mut_ptr(),
+                LLVMAtomicRMWBinOp::LLVMAtomicRMWBinOpFAdd,
+                address.as_value_ref(),
+                value.as_value_ref(),
+                LLVMAtomicOrdering::LLVMAtomicOrderingMonotonic,
+                0,
+            );
+        }
+        Ok(())
+    }
+
     // ---- variables and control flow ----
 
     /// A mutable f32 or f64 local, promoted to a register by the optimiser.
@@ -423,6 +631,26 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
     }
 
     pub fn write(&self, local: PointerValue<'ctx>, value: FloatValue<'ctx>) -> Result<()> {
+        self.builder.build_store(local, value).or_codegen()?;
+        Ok(())
+    }
+
+    /// A mutable i64 local, promoted to a register by the optimiser.
+    pub fn int_local(&self, initial: IntValue<'ctx>) -> Result<PointerValue<'ctx>> {
+        let slot = self.entry_alloca(self.context.i64_type().into())?;
+        self.builder.build_store(slot, initial).or_codegen()?;
+        Ok(slot)
+    }
+
+    pub fn read_int(&self, local: PointerValue<'ctx>) -> Result<IntValue<'ctx>> {
+        Ok(self
+            .builder
+            .build_load(self.context.i64_type(), local, "")
+            .or_codegen()?
+            .into_int_value())
+    }
+
+    pub fn write_int(&self, local: PointerValue<'ctx>, value: IntValue<'ctx>) -> Result<()> {
         self.builder.build_store(local, value).or_codegen()?;
         Ok(())
     }
@@ -564,6 +792,16 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
         Ok(())
     }
 
+    pub fn unsigned_less_or_equal(
+        &self,
+        a: IntValue<'ctx>,
+        b: IntValue<'ctx>,
+    ) -> Result<IntValue<'ctx>> {
+        self.builder
+            .build_int_compare(IntPredicate::ULE, a, b, "")
+            .or_codegen()
+    }
+
     pub fn unsigned_less(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
         self.builder
             .build_int_compare(IntPredicate::ULT, a, b, "")
@@ -572,7 +810,10 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
 
     // ---- reductions ----
 
-    fn partials(&mut self) -> GlobalValue<'ctx> {
+    /// The block's shared memory for one partial per warp: on the GPU a `.shared` array made by
+    /// the kernel's first reduction; on the host, the launcher's per-block buffer (loaded in
+    /// [`KernelBuilder::new`], so it dominates every use).
+    fn partials(&mut self) -> PointerValue<'ctx> {
         if let Some(partials) = self.partials {
             return partials;
         }
@@ -584,8 +825,8 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
         partials.set_initializer(&array_type.get_undef());
         partials.set_linkage(Linkage::Internal);
         partials.set_alignment(4);
-        self.partials = Some(partials);
-        partials
+        self.partials = Some(partials.as_pointer_value());
+        partials.as_pointer_value()
     }
 
     /// Combines `value` over the whole block; every thread gets the result.
@@ -594,26 +835,13 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
         value: FloatValue<'ctx>,
         combine: Combine,
     ) -> Result<FloatValue<'ctx>> {
-        let i32_type = self.context.i32_type();
         let mut reduced = value;
         for lane_mask in [16, 8, 4, 2, 1] {
-            let other = self
-                .call_intrinsic(
-                    "llvm.nvvm.shfl.sync.bfly.f32",
-                    &[],
-                    &[
-                        i32_type.const_all_ones().into(),
-                        reduced.into(),
-                        i32_type.const_int(lane_mask, false).into(),
-                        i32_type.const_int(31, false).into(),
-                    ],
-                )?
-                .expect("bug: shuffles return a value")
-                .into_float_value();
+            let other = self.shuffle_butterfly(reduced, lane_mask)?;
             reduced = self.combine(combine, reduced, other)?;
         }
 
-        let partials = self.partials().as_pointer_value();
+        let partials = self.partials();
         let thread = self.thread_index()?;
         let (warp, lane) = self.divrem(thread, self.i64(32))?;
         self.when(self.int_eq(lane, self.i64(0))?, |kb| {

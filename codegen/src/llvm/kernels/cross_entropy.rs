@@ -11,14 +11,32 @@
 use inkwell::context::Context;
 use inkwell::module::Module;
 
-use super::builder::{Combine, KernelBuilder, Param, Result};
+use super::builder::{Combine, KernelBuilder, Result, Target};
+use super::spec::{Grid, KernelSpec, Param};
 
-pub(super) fn build<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
-    use Param::*;
-    let params = [F32Ptr, I32Ptr, F32Ptr, F32Ptr, I64, I64, F32];
-    let mut kb = KernelBuilder::new(context, module, "slimpack_softmax_xent", &params);
-    let (logits, targets, loss, d_logits) = (kb.ptr(0), kb.ptr(1), kb.ptr(2), kb.ptr(3));
-    let (rows, vocab, grad_scale) = (kb.int(4), kb.int(5), kb.float(6));
+pub const SOFTMAX_XENT: KernelSpec = KernelSpec {
+    name: "slimpack_softmax_xent",
+    params: &[
+        Param::f32_ptr("logits"),
+        Param::i32_ptr("targets"),
+        Param::f32_ptr("loss"),
+        Param::f32_ptr("d_logits"),
+        Param::i64("rows"),
+        Param::i64("vocab"),
+        Param::f32("grad_scale"),
+    ],
+    grid: Grid::BlockPerRow { rows: "rows" },
+};
+
+pub(super) fn build<'ctx>(
+    context: &'ctx Context,
+    module: &Module<'ctx>,
+    target: Target,
+) -> Result<()> {
+    let mut kb = KernelBuilder::new(context, module, target, &SOFTMAX_XENT)?;
+    let (logits, targets) = (kb.ptr("logits"), kb.ptr("targets"));
+    let (loss, d_logits) = (kb.ptr("loss"), kb.ptr("d_logits"));
+    let (rows, vocab, grad_scale) = (kb.int("rows"), kb.int("vocab"), kb.float("grad_scale"));
 
     let row = kb.block_index()?;
     kb.return_unless(kb.unsigned_less(row, rows)?)?;

@@ -1,46 +1,67 @@
-//! The GPU kernels the CUDA backend needs, built as NVPTX LLVM IR with inkwell, fp32.
+//! The GPU kernels the CUDA backend needs, built as NVPTX LLVM IR with inkwell, fp32, and the
+//! same kernels built for the host to check them on a machine without a GPU.
 //!
 //! Why LLVM's NVPTX target and not MLIR's gpu dialect (`gpu-module-to-binary{format=isa}`):
 //! the gpu dialect's lowering of `math.exp`/`math.log` goes through libdevice, which ships with
 //! the CUDA toolkit and is absent here; building the kernels directly lets them call the PTX
 //! `ex2.approx`/`lg2.approx` instructions and keeps PTX generation free of the `mlir` feature.
-//! Each file holds one kernel family and documents its launch shape and buffer contract; the
-//! names below are the `.visible .entry` symbols of the emitted PTX.
+//!
+//! [`KERNELS`] is the one table of every kernel: its `.visible .entry` name in the PTX, its
+//! parameters in order and its launch geometry ([`spec`]); the builder declares each kernel from
+//! its entry here. Each family's file documents its buffer contract:
+//! [`rmsnorm`], [`rope`], [`swiglu`], [`cross_entropy`], [`elementwise`], [`attention`].
+//! [`host`] runs the host build of the same kernels (the grid turned into loops over blocks and
+//! threads), which the tests compare with the CPU backend's ops.
 
+pub mod attention;
 mod builder;
-mod cross_entropy;
-mod elementwise;
-mod rmsnorm;
-mod rope;
-mod swiglu;
+pub mod cross_entropy;
+pub mod elementwise;
+pub mod host;
+pub mod rmsnorm;
+pub mod rope;
+pub mod spec;
+pub mod swiglu;
 
 use inkwell::context::Context;
 use inkwell::module::Module;
 
+pub(crate) use builder::Target;
+pub use spec::{Grid, Items, KernelSpec, LaunchShape, Param, ParamKind};
+
 use crate::CodegenError;
 
-/// Every kernel's entry point name, in the order they are built.
-pub const KERNEL_NAMES: &[&str] = &[
-    "slimpack_rmsnorm_fwd",
-    "slimpack_rmsnorm_bwd",
-    "slimpack_rmsnorm_bwd_gain",
-    "slimpack_rope_fwd",
-    "slimpack_rope_bwd",
-    "slimpack_swiglu_fwd",
-    "slimpack_swiglu_bwd",
-    "slimpack_softmax_xent",
-    "slimpack_add",
-    "slimpack_scale",
+/// Every kernel, in the order they are built (and appear in the PTX).
+pub const KERNELS: &[KernelSpec] = &[
+    rmsnorm::FORWARD,
+    rmsnorm::BACKWARD,
+    rmsnorm::BACKWARD_GAIN,
+    rope::FORWARD,
+    rope::BACKWARD,
+    swiglu::FORWARD,
+    swiglu::BACKWARD,
+    cross_entropy::SOFTMAX_XENT,
+    elementwise::ADD,
+    elementwise::SCALE,
+    attention::FORWARD,
+    attention::BACKWARD,
 ];
 
-/// Adds every kernel to `module` (an empty NVPTX module).
+/// The spec of kernel `name`, if there is one.
+pub fn kernel(name: &str) -> Option<&'static KernelSpec> {
+    KERNELS.iter().find(|spec| spec.name == name)
+}
+
+/// Adds every kernel of [`KERNELS`] to `module` (an empty module for `target`).
 pub(crate) fn build_all<'ctx>(
     context: &'ctx Context,
     module: &Module<'ctx>,
+    target: Target,
 ) -> Result<(), CodegenError> {
-    rmsnorm::build(context, module)?;
-    rope::build(context, module)?;
-    swiglu::build(context, module)?;
-    cross_entropy::build(context, module)?;
-    elementwise::build(context, module)
+    rmsnorm::build(context, module, target)?;
+    rope::build(context, module, target)?;
+    swiglu::build(context, module, target)?;
+    cross_entropy::build(context, module, target)?;
+    elementwise::build(context, module, target)?;
+    attention::build(context, module, target)
 }

@@ -12,20 +12,69 @@
 use inkwell::context::Context;
 use inkwell::module::Module;
 
-use super::builder::{Combine, KernelBuilder, Param, Result};
+use super::builder::{Combine, KernelBuilder, Result, Target};
+use super::spec::{Grid, Items, KernelSpec, Param};
 
-pub(super) fn build<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
-    forward(context, module)?;
-    backward(context, module)?;
-    backward_gain(context, module)
+pub const FORWARD: KernelSpec = KernelSpec {
+    name: "slimpack_rmsnorm_fwd",
+    params: &[
+        Param::f32_ptr("x"),
+        Param::f32_ptr("gain"),
+        Param::f32_ptr("y"),
+        Param::f32_ptr("inv_rms"),
+        Param::i64("rows"),
+        Param::i64("cols"),
+        Param::f32("eps"),
+    ],
+    grid: Grid::BlockPerRow { rows: "rows" },
+};
+
+pub const BACKWARD: KernelSpec = KernelSpec {
+    name: "slimpack_rmsnorm_bwd",
+    params: &[
+        Param::f32_ptr("x"),
+        Param::f32_ptr("gain"),
+        Param::f32_ptr("inv_rms"),
+        Param::f32_ptr("dy"),
+        Param::f32_ptr("dx"),
+        Param::i64("rows"),
+        Param::i64("cols"),
+    ],
+    grid: Grid::BlockPerRow { rows: "rows" },
+};
+
+pub const BACKWARD_GAIN: KernelSpec = KernelSpec {
+    name: "slimpack_rmsnorm_bwd_gain",
+    params: &[
+        Param::f32_ptr("x"),
+        Param::f32_ptr("inv_rms"),
+        Param::f32_ptr("dy"),
+        Param::f32_ptr("d_gain"),
+        Param::i64("rows"),
+        Param::i64("cols"),
+    ],
+    grid: Grid::GridStride {
+        items: Items {
+            product_of: &["cols"],
+            divisor: 1,
+        },
+    },
+};
+
+pub(super) fn build<'ctx>(
+    context: &'ctx Context,
+    module: &Module<'ctx>,
+    target: Target,
+) -> Result<()> {
+    forward(context, module, target)?;
+    backward(context, module, target)?;
+    backward_gain(context, module, target)
 }
 
-fn forward<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
-    use Param::*;
-    let params = [F32Ptr, F32Ptr, F32Ptr, F32Ptr, I64, I64, F32];
-    let mut kb = KernelBuilder::new(context, module, "slimpack_rmsnorm_fwd", &params);
-    let (x, gain, y, inv_rms) = (kb.ptr(0), kb.ptr(1), kb.ptr(2), kb.ptr(3));
-    let (rows, cols, eps) = (kb.int(4), kb.int(5), kb.float(6));
+fn forward<'ctx>(context: &'ctx Context, module: &Module<'ctx>, target: Target) -> Result<()> {
+    let mut kb = KernelBuilder::new(context, module, target, &FORWARD)?;
+    let (x, gain, y, inv_rms) = (kb.ptr("x"), kb.ptr("gain"), kb.ptr("y"), kb.ptr("inv_rms"));
+    let (rows, cols, eps) = (kb.int("rows"), kb.int("cols"), kb.float("eps"));
 
     let row = kb.block_index()?;
     kb.return_unless(kb.unsigned_less(row, rows)?)?;
@@ -53,12 +102,11 @@ fn forward<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
     kb.finish()
 }
 
-fn backward<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
-    use Param::*;
-    let params = [F32Ptr, F32Ptr, F32Ptr, F32Ptr, F32Ptr, I64, I64];
-    let mut kb = KernelBuilder::new(context, module, "slimpack_rmsnorm_bwd", &params);
-    let (x, gain, inv_rms, dy, dx) = (kb.ptr(0), kb.ptr(1), kb.ptr(2), kb.ptr(3), kb.ptr(4));
-    let (rows, cols) = (kb.int(5), kb.int(6));
+fn backward<'ctx>(context: &'ctx Context, module: &Module<'ctx>, target: Target) -> Result<()> {
+    let mut kb = KernelBuilder::new(context, module, target, &BACKWARD)?;
+    let (x, gain, inv_rms) = (kb.ptr("x"), kb.ptr("gain"), kb.ptr("inv_rms"));
+    let (dy, dx) = (kb.ptr("dy"), kb.ptr("dx"));
+    let (rows, cols) = (kb.int("rows"), kb.int("cols"));
 
     let row = kb.block_index()?;
     kb.return_unless(kb.unsigned_less(row, rows)?)?;
@@ -86,12 +134,15 @@ fn backward<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
     kb.finish()
 }
 
-fn backward_gain<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
-    use Param::*;
-    let params = [F32Ptr, F32Ptr, F32Ptr, F32Ptr, I64, I64];
-    let kb = KernelBuilder::new(context, module, "slimpack_rmsnorm_bwd_gain", &params);
-    let (x, inv_rms, dy, d_gain) = (kb.ptr(0), kb.ptr(1), kb.ptr(2), kb.ptr(3));
-    let (rows, cols) = (kb.int(4), kb.int(5));
+fn backward_gain<'ctx>(
+    context: &'ctx Context,
+    module: &Module<'ctx>,
+    target: Target,
+) -> Result<()> {
+    let kb = KernelBuilder::new(context, module, target, &BACKWARD_GAIN)?;
+    let (x, inv_rms) = (kb.ptr("x"), kb.ptr("inv_rms"));
+    let (dy, d_gain) = (kb.ptr("dy"), kb.ptr("d_gain"));
+    let (rows, cols) = (kb.int("rows"), kb.int("cols"));
 
     kb.grid_stride_loop(cols, |kb, c| {
         let zero = context.f64_type().const_zero();

@@ -8,30 +8,64 @@
 //! One thread per rotated pair, grid-stride (any grid); `y` may alias `x`.
 //! - `slimpack_rope_fwd(x, y, cos, sin, positions, tokens, heads, head_dim)`:
 //!   `y[i] = x[i]·cos − x[i+half]·sin`, `y[i+half] = x[i+half]·cos + x[i]·sin`.
-//! - `slimpack_rope_bwd(dy, dx, cos, sin, positions, tokens, heads, head_dim)`: the rotation by
+//! - `slimpack_rope_bwd(x = dy, y = dx, cos, sin, positions, tokens, heads, head_dim)`: the rotation by
 //!   the opposite angle (the transpose), turning the rotated values' gradient into the inputs'.
 
 use inkwell::context::Context;
 use inkwell::module::Module;
 
-use super::builder::{KernelBuilder, Param, Result};
+use super::builder::{KernelBuilder, Result, Target};
+use super::spec::{Grid, Items, KernelSpec, Param};
 
-pub(super) fn build<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
-    rotate(context, module, "slimpack_rope_fwd", false)?;
-    rotate(context, module, "slimpack_rope_bwd", true)
+/// One work item per rotated pair.
+const PAIRS: Grid = Grid::GridStride {
+    items: Items {
+        product_of: &["tokens", "heads", "head_dim"],
+        divisor: 2,
+    },
+};
+
+pub const FORWARD: KernelSpec = KernelSpec {
+    name: "slimpack_rope_fwd",
+    params: &[
+        Param::f32_ptr("x"),
+        Param::f32_ptr("y"),
+        Param::f32_ptr("cos"),
+        Param::f32_ptr("sin"),
+        Param::i32_ptr("positions"),
+        Param::i64("tokens"),
+        Param::i64("heads"),
+        Param::i64("head_dim"),
+    ],
+    grid: PAIRS,
+};
+
+/// Parameters named as [`FORWARD`]'s: `x` is the gradient `dy`, `y` receives `dx`.
+pub const BACKWARD: KernelSpec = KernelSpec {
+    name: "slimpack_rope_bwd",
+    ..FORWARD
+};
+
+pub(super) fn build<'ctx>(
+    context: &'ctx Context,
+    module: &Module<'ctx>,
+    target: Target,
+) -> Result<()> {
+    rotate(context, module, target, &FORWARD, false)?;
+    rotate(context, module, target, &BACKWARD, true)
 }
 
 fn rotate<'ctx>(
     context: &'ctx Context,
     module: &Module<'ctx>,
-    name: &str,
+    target: Target,
+    spec: &'static KernelSpec,
     inverse: bool,
 ) -> Result<()> {
-    use Param::*;
-    let params = [F32Ptr, F32Ptr, F32Ptr, F32Ptr, I32Ptr, I64, I64, I64];
-    let kb = KernelBuilder::new(context, module, name, &params);
-    let (x, y, cos, sin, positions) = (kb.ptr(0), kb.ptr(1), kb.ptr(2), kb.ptr(3), kb.ptr(4));
-    let (tokens, heads, head_dim) = (kb.int(5), kb.int(6), kb.int(7));
+    let kb = KernelBuilder::new(context, module, target, spec)?;
+    let (x, y, positions) = (kb.ptr("x"), kb.ptr("y"), kb.ptr("positions"));
+    let (cos, sin) = (kb.ptr("cos"), kb.ptr("sin"));
+    let (tokens, heads, head_dim) = (kb.int("tokens"), kb.int("heads"), kb.int("head_dim"));
 
     let half = kb.divrem(head_dim, kb.i64(2))?.0;
     let pairs = kb.mul(kb.mul(tokens, heads)?, half)?;

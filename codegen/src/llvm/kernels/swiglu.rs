@@ -7,22 +7,53 @@
 use inkwell::context::Context;
 use inkwell::module::Module;
 
-use super::builder::{KernelBuilder, Param, Result};
+use super::builder::{KernelBuilder, Result, Target};
+use super::spec::{Grid, Items, KernelSpec, Param};
 
-pub(super) fn build<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
-    forward(context, module)?;
-    backward(context, module)
+/// One work item per element.
+const ELEMENTS: Grid = Grid::GridStride {
+    items: Items {
+        product_of: &["n"],
+        divisor: 1,
+    },
+};
+
+pub const FORWARD: KernelSpec = KernelSpec {
+    name: "slimpack_swiglu_fwd",
+    params: &[
+        Param::f32_ptr("gate"),
+        Param::f32_ptr("up"),
+        Param::f32_ptr("y"),
+        Param::i64("n"),
+    ],
+    grid: ELEMENTS,
+};
+
+pub const BACKWARD: KernelSpec = KernelSpec {
+    name: "slimpack_swiglu_bwd",
+    params: &[
+        Param::f32_ptr("gate"),
+        Param::f32_ptr("up"),
+        Param::f32_ptr("dy"),
+        Param::f32_ptr("d_gate"),
+        Param::f32_ptr("d_up"),
+        Param::i64("n"),
+    ],
+    grid: ELEMENTS,
+};
+
+pub(super) fn build<'ctx>(
+    context: &'ctx Context,
+    module: &Module<'ctx>,
+    target: Target,
+) -> Result<()> {
+    forward(context, module, target)?;
+    backward(context, module, target)
 }
 
-fn forward<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
-    use Param::*;
-    let kb = KernelBuilder::new(
-        context,
-        module,
-        "slimpack_swiglu_fwd",
-        &[F32Ptr, F32Ptr, F32Ptr, I64],
-    );
-    let (gate, up, y, n) = (kb.ptr(0), kb.ptr(1), kb.ptr(2), kb.int(3));
+fn forward<'ctx>(context: &'ctx Context, module: &Module<'ctx>, target: Target) -> Result<()> {
+    let kb = KernelBuilder::new(context, module, target, &FORWARD)?;
+    let (gate, up, y, n) = (kb.ptr("gate"), kb.ptr("up"), kb.ptr("y"), kb.int("n"));
     kb.grid_stride_loop(n, |kb, i| {
         let g = kb.load_f32(gate, i)?;
         let silu = kb.fmul(g, kb.sigmoid(g)?)?;
@@ -31,16 +62,10 @@ fn forward<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
     kb.finish()
 }
 
-fn backward<'ctx>(context: &'ctx Context, module: &Module<'ctx>) -> Result<()> {
-    use Param::*;
-    let kb = KernelBuilder::new(
-        context,
-        module,
-        "slimpack_swiglu_bwd",
-        &[F32Ptr, F32Ptr, F32Ptr, F32Ptr, F32Ptr, I64],
-    );
-    let (gate, up, dy, d_gate, d_up) = (kb.ptr(0), kb.ptr(1), kb.ptr(2), kb.ptr(3), kb.ptr(4));
-    let n = kb.int(5);
+fn backward<'ctx>(context: &'ctx Context, module: &Module<'ctx>, target: Target) -> Result<()> {
+    let kb = KernelBuilder::new(context, module, target, &BACKWARD)?;
+    let (gate, up, dy) = (kb.ptr("gate"), kb.ptr("up"), kb.ptr("dy"));
+    let (d_gate, d_up, n) = (kb.ptr("d_gate"), kb.ptr("d_up"), kb.int("n"));
     kb.grid_stride_loop(n, |kb, i| {
         let g = kb.load_f32(gate, i)?;
         let u = kb.load_f32(up, i)?;
