@@ -22,12 +22,14 @@ pub fn kernel_source(gpu: &GpuInfo) -> Result<KernelSource, CudaError> {
     let arch = match gpu.compute_capability {
         (major, _) if major >= 9 => GpuArch::Sm90,
         (8, _) => GpuArch::Sm80,
-        (major, minor) => return Err(CudaError::Unsupported {
-            what: format!(
+        (major, minor) => {
+            return Err(CudaError::Unsupported {
+                what: format!(
                 "{} (compute capability {major}.{minor}): slimpack emits PTX for sm_80 and later",
                 gpu.name
             ),
-        }),
+            })
+        }
     };
     let ptx = compile_ptx(arch).map_err(|e| CudaError::Api {
         api: "PTX code generation",
