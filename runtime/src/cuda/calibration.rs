@@ -51,7 +51,7 @@ pub fn measure(
         "slimpack calibrate --backend cuda on {}: model {}, tp=1, fp32, per-class times with the stream synchronised around each launch, median of runs over at least {} s per point",
         found[0].name, spec.model.name, options.min_seconds
     );
-    let device = Device {
+    let bench = Bench {
         gpu: &gpu,
         rope: &rope,
         layout: &layout,
@@ -60,12 +60,12 @@ pub fn measure(
         config,
     };
     tables(spec, &options.tokens, source, |n| {
-        device.measure_point(n, options.min_seconds)
+        bench.measure_point(n, options.min_seconds)
     })
 }
 
 /// What one point's runs need.
-struct Device<'a> {
+struct Bench<'a> {
     gpu: &'a Gpu,
     rope: &'a RopeTables,
     layout: &'a Layout,
@@ -74,7 +74,7 @@ struct Device<'a> {
     config: ModelConfig,
 }
 
-impl Device<'_> {
+impl Bench<'_> {
     /// Median per-class forward and backward times of a pack of one `n`-token slice.
     fn measure_point(&self, n: usize, min_seconds: f64) -> Result<(OpTimes, OpTimes)> {
         let batch = TokenBatch::synthetic(&self.config, &[n], 2)?;
