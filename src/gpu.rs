@@ -113,7 +113,7 @@ mod tests {
 
     #[cfg(feature = "cuda")]
     #[test]
-    fn every_kernel_the_runtime_launches_is_in_codegens_table_with_its_grid() {
+    fn every_kernel_the_runtime_launches_is_in_codegens_table_with_its_parameters() {
         let gpu = GpuInfo {
             ordinal: 0,
             name: "H100".to_string(),
@@ -122,6 +122,8 @@ mod tests {
         };
         let source = kernel_source(&gpu).unwrap();
         source.check().unwrap();
+        // Every launcher passes its kernel's parameters as the table lists them.
+        cuda::check_launchers(&source).unwrap();
         assert!(
             source.ptx.contains(".target sm_90"),
             "{}",

@@ -77,6 +77,7 @@ impl Kernels {
     /// launched) and compiles AdamW with NVRTC.
     pub fn load(context: &Arc<CudaContext>, source: &KernelSource) -> Result<Kernels> {
         source.check()?;
+        check_launchers(source)?;
         let module = context.load_module(Ptx::from_src(source.ptx.clone()))?;
         let mut functions = HashMap::new();
         for &name in super::REQUIRED_KERNELS {
@@ -158,6 +159,14 @@ fn stride_or_rows(grid: u64, block: u32) -> LaunchConfig {
     }
 }
 
+/// Launches codegen's kernels by name with named arguments: the GPU, or [`check_launchers`]'s
+/// check of the launchers against a kernel table.
+pub(crate) trait Launch {
+    /// Launches kernel `name` with `args`, which must be its parameters in the table (by name
+    /// and type, in order).
+    fn launch_named(&self, name: &'static str, args: &[(&str, Arg)]) -> Result<()>;
+}
+
 impl Gpu {
     /// Launches `function` on the compute stream with `args` (nothing when the grid is empty:
     /// no rows or items).
@@ -180,7 +189,42 @@ impl Gpu {
         Ok(())
     }
 
-    /// Launches codegen's kernel `name` with its named arguments (checked against the table).
+    /// AdamW over `n` values of one tensor (`decay`: `1 − lr·wd` for a matrix, 1 for a gain).
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw(
+        &self,
+        p: u64,
+        g: u64,
+        m: u64,
+        v: u64,
+        n: usize,
+        decay: f32,
+        config: &crate::cpu::AdamWConfig,
+        rates: &crate::cpu::StepRates,
+    ) -> Result<()> {
+        let args = [
+            Arg::F32Ptr(p),
+            Arg::F32Ptr(g),
+            Arg::F32Ptr(m),
+            Arg::F32Ptr(v),
+            Arg::I64(n as i64),
+            Arg::F32(decay),
+            Arg::F32(config.beta1),
+            Arg::F32(config.beta2),
+            Arg::F32(config.eps),
+            Arg::F32(rates.step_size),
+            Arg::F32(rates.sqrt_bias2),
+        ];
+        let blocks = (n as u64).div_ceil(u64::from(STRIDE_BLOCK)).min(MAX_BLOCKS);
+        self.launch(
+            &self.kernels.adamw,
+            stride_or_rows(blocks, STRIDE_BLOCK),
+            &args,
+        )
+    }
+}
+
+impl Launch for Gpu {
     fn launch_named(&self, name: &'static str, args: &[(&str, Arg)]) -> Result<()> {
         let (function, signature) =
             self.kernels.functions.get(name).unwrap_or_else(|| {
@@ -196,10 +240,14 @@ impl Gpu {
             self.launch(function, launch_config(signature, args), &values)
         })
     }
+}
 
+/// The typed launchers of codegen's kernels, each following its kernel's contract (the
+/// kernel family's file in `codegen/src/llvm/kernels/`).
+pub(crate) trait KernelCalls: Launch {
     /// `y = x · inv_rms · gain` per row, `inv_rms[r] = 1 / sqrt(mean(x[r]²) + eps)`.
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_fwd(
+    fn rmsnorm_fwd(
         &self,
         x: u64,
         gain: u64,
@@ -225,7 +273,7 @@ impl Gpu {
 
     /// RMSNorm's input gradient `dx` (written), then its gain's (`d_gain +=`).
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm_bwd(
+    fn rmsnorm_bwd(
         &self,
         x: u64,
         gain: u64,
@@ -265,7 +313,7 @@ impl Gpu {
     /// RoPE of `tokens` rows of `heads` heads in place (forward, or its transpose for
     /// `backward`); `positions` are int32, `cos`/`sin` the host-filled tables.
     #[allow(clippy::too_many_arguments)]
-    pub fn rope(
+    fn rope(
         &self,
         backward: bool,
         x: u64,
@@ -276,15 +324,16 @@ impl Gpu {
         heads: usize,
         head_dim: usize,
     ) -> Result<()> {
-        let (name, input, output) = match backward {
-            false => ("slimpack_rope_fwd", "x", "y"),
-            true => ("slimpack_rope_bwd", "dy", "dx"),
+        // Both kernels name their parameters as the forward does (`x` is `dy` backward).
+        let name = match backward {
+            false => "slimpack_rope_fwd",
+            true => "slimpack_rope_bwd",
         };
         self.launch_named(
             name,
             &[
-                (input, Arg::F32Ptr(x)),
-                (output, Arg::F32Ptr(x)),
+                ("x", Arg::F32Ptr(x)),
+                ("y", Arg::F32Ptr(x)),
                 ("cos", Arg::F32Ptr(cos)),
                 ("sin", Arg::F32Ptr(sin)),
                 ("positions", Arg::I32Ptr(positions)),
@@ -296,7 +345,7 @@ impl Gpu {
     }
 
     /// `y = silu(gate) ∘ up` over `n` values.
-    pub fn swiglu_fwd(&self, gate: u64, up: u64, y: u64, n: usize) -> Result<()> {
+    fn swiglu_fwd(&self, gate: u64, up: u64, y: u64, n: usize) -> Result<()> {
         self.launch_named(
             "slimpack_swiglu_fwd",
             &[
@@ -309,7 +358,7 @@ impl Gpu {
     }
 
     /// SwiGLU's gradients `d_gate`, `d_up` from `dy`.
-    pub fn swiglu_bwd(
+    fn swiglu_bwd(
         &self,
         gate: u64,
         up: u64,
@@ -333,7 +382,7 @@ impl Gpu {
 
     /// Per row the unscaled loss and, in place of the logits, their gradient times
     /// `grad_scale` (a row whose int32 target is negative gets neither).
-    pub fn softmax_xent(
+    fn softmax_xent(
         &self,
         logits: u64,
         targets: u64,
@@ -357,7 +406,7 @@ impl Gpu {
     }
 
     /// `out = a + b` over `n` values (`out` may be `a` or `b`).
-    pub fn add(&self, a: u64, b: u64, out: u64, n: usize) -> Result<()> {
+    fn add(&self, a: u64, b: u64, out: u64, n: usize) -> Result<()> {
         self.launch_named(
             "slimpack_add",
             &[
@@ -371,7 +420,7 @@ impl Gpu {
 
     /// The varlen causal attention of `slices` (see [`AttentionSlices`]): writes `out` and the
     /// per-head log-sum-exp `lse`.
-    pub fn attention_fwd(&self, slices: &AttentionSlices) -> Result<()> {
+    fn attention_fwd(&self, slices: &AttentionSlices) -> Result<()> {
         let mut args = vec![
             ("q", Arg::F32Ptr(slices.q)),
             ("k", Arg::F32Ptr(slices.keys)),
@@ -385,7 +434,7 @@ impl Gpu {
 
     /// The backward of [`Gpu::attention_fwd`]: writes `dq`, adds into `d_keys` and `d_values`
     /// at every key row a query sees (the sample's dK/dV accumulators, prefix included).
-    pub fn attention_bwd(&self, slices: &AttentionSlices, grads: &AttentionGrads) -> Result<()> {
+    fn attention_bwd(&self, slices: &AttentionSlices, grads: &AttentionGrads) -> Result<()> {
         let mut args = vec![
             ("q", Arg::F32Ptr(slices.q)),
             ("k", Arg::F32Ptr(slices.keys)),
@@ -400,40 +449,62 @@ impl Gpu {
         args.extend(slices.shape_args());
         self.launch_named("slimpack_attention_bwd", &args)
     }
+}
 
-    /// AdamW over `n` values of one tensor (`decay`: `1 − lr·wd` for a matrix, 1 for a gain).
-    #[allow(clippy::too_many_arguments)]
-    pub fn adamw(
-        &self,
-        p: u64,
-        g: u64,
-        m: u64,
-        v: u64,
-        n: usize,
-        decay: f32,
-        config: &crate::cpu::AdamWConfig,
-        rates: &crate::cpu::StepRates,
-    ) -> Result<()> {
-        let args = [
-            Arg::F32Ptr(p),
-            Arg::F32Ptr(g),
-            Arg::F32Ptr(m),
-            Arg::F32Ptr(v),
-            Arg::I64(n as i64),
-            Arg::F32(decay),
-            Arg::F32(config.beta1),
-            Arg::F32(config.beta2),
-            Arg::F32(config.eps),
-            Arg::F32(rates.step_size),
-            Arg::F32(rates.sqrt_bias2),
-        ];
-        let blocks = (n as u64).div_ceil(u64::from(STRIDE_BLOCK)).min(MAX_BLOCKS);
-        self.launch(
-            &self.kernels.adamw,
-            stride_or_rows(blocks, STRIDE_BLOCK),
-            &args,
-        )
+impl<T: Launch> KernelCalls for T {}
+
+/// A [`Launch`] that launches nothing: it checks each call against the table.
+struct TableCheck<'a>(&'a KernelSource);
+
+impl Launch for TableCheck<'_> {
+    fn launch_named(&self, name: &'static str, args: &[(&str, Arg)]) -> Result<()> {
+        let signature = self
+            .0
+            .signature(name)
+            .ok_or_else(|| CudaError::MissingKernel {
+                name: name.to_string(),
+            })?;
+        check_args(signature, args)?;
+        launch_config(signature, args);
+        Ok(())
     }
+}
+
+/// Fails unless every launcher passes its kernel's parameters as `source`'s table lists them
+/// (checked once when the kernels are loaded, and by the tests without a GPU).
+pub fn check_launchers(source: &KernelSource) -> Result<()> {
+    let check = TableCheck(source);
+    check.rmsnorm_fwd(0, 0, 0, 0, 1, 32, 1e-5)?;
+    check.rmsnorm_bwd(0, 0, 0, 0, 0, 0, 1, 32)?;
+    check.rope(false, 0, 0, 0, 0, 1, 1, 2)?;
+    check.rope(true, 0, 0, 0, 0, 1, 1, 2)?;
+    check.swiglu_fwd(0, 0, 0, 1)?;
+    check.swiglu_bwd(0, 0, 0, 0, 0, 1)?;
+    check.softmax_xent(0, 0, 0, 1, 2, 1.0)?;
+    check.add(0, 0, 0, 1)?;
+    let slices = AttentionSlices {
+        q: 0,
+        keys: 0,
+        values: 0,
+        out: 0,
+        lse: 0,
+        positions: 0,
+        cu_seqlens_q: 0,
+        kv_starts: 0,
+        slices: 1,
+        total_q: 1,
+        heads: 1,
+        kv_heads: 1,
+        head_dim: 2,
+    };
+    check.attention_fwd(&slices)?;
+    let grads = AttentionGrads {
+        d_out: 0,
+        dq: 0,
+        d_keys: 0,
+        d_values: 0,
+    };
+    check.attention_bwd(&slices, &grads)
 }
 
 /// Slices of one sample-contiguous K/V pool for one attention launch (device pointers,

@@ -70,6 +70,8 @@ pub use calibration::measure as calibrate;
 pub use device::gpus;
 #[cfg(feature = "cuda")]
 pub use exec::execute_program;
+#[cfg(feature = "cuda")]
+pub use kernels::check_launchers;
 
 #[cfg(not(feature = "cuda"))]
 mod unavailable;

@@ -32,7 +32,7 @@ use crate::cpu::{CpShard, CpuError, LayerRange, ModelConfig, SampleId, TokenBatc
 use super::blas::Mat;
 use super::device::Gpu;
 use super::error::Result;
-use super::kernels::{AttentionGrads, AttentionSlices};
+use super::kernels::{AttentionGrads, AttentionSlices, KernelCalls};
 use super::memory::DeviceVec;
 use super::tensors::{DeviceTensors, LayerOffsets, Layout};
 
