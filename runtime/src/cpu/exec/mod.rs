@@ -21,6 +21,11 @@
 //! workers are ready to the last one's end, and the trace of the ops each worker executed.
 //!
 //! [`check_reference`] compares the result with the unsliced single-worker reference step.
+//!
+//! The CUDA executor (`crate::cuda`) runs the same [`Plan`] and program with the same
+//! [`Driver`], and shares the pieces that do not depend on where tensors live: the
+//! [`ProgramCursor`] (each C ABI call checked against the worker's next op), [`neighbour`], the
+//! program's check against the plan, and the assembly of the workers' outcomes.
 
 mod check;
 mod cursor;
