@@ -493,11 +493,11 @@ impl GpuRun<'_, '_> {
         };
         let config = self.worker.config;
         let stage_range = plan.stages[self.worker.device.stage];
-        let layout = self.layout.clone();
+        let layout = self.layout;
         let state = self
             .states
             .entry(info.replica)
-            .or_insert_with(|| DeviceStage::new(&config, stage_range, layout));
+            .or_insert_with(|| DeviceStage::new(&config, stage_range, layout.clone()));
         let output = match direction {
             Direction::Forward => {
                 let output = state.forward(

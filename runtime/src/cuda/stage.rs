@@ -263,6 +263,11 @@ impl DeviceStage {
         input: Option<DeviceVec>,
     ) -> Result<ForwardOutput> {
         self.check_forward(batch, slices)?;
+        if slices.is_empty() {
+            // Nothing to compute or save; a middle stage still hands on its (empty) output.
+            let hidden = (!self.stage.is_last()).then(|| gpu.zeros(0)).transpose()?;
+            return Ok(ForwardOutput { hidden, loss: 0.0 });
+        }
         gpu.set_backward(false);
         let layout = PackLayout::new(slices, CpShard::WHOLE, 0);
         let rows = layout.rows();
@@ -549,6 +554,9 @@ impl DeviceStage {
         grad_out: Option<DeviceVec>,
     ) -> Result<Option<DeviceVec>> {
         self.check_backward(batch, slices)?;
+        if slices.is_empty() {
+            return (!self.stage.is_first()).then(|| gpu.zeros(0)).transpose();
+        }
         gpu.set_backward(true);
         let layout = PackLayout::new(slices, CpShard::WHOLE, 0);
         let rows = layout.rows();
