@@ -56,5 +56,16 @@ pub enum CudaError {
     WorkerFailed { worker: String, message: String },
 }
 
+impl CudaError {
+    /// What a worker reports when it stopped because another one failed (the executor reports
+    /// the other's error instead).
+    pub(crate) fn aborted() -> CudaError {
+        CudaError::WorkerFailed {
+            worker: "peer".to_string(),
+            message: "another worker stopped; the step was abandoned".to_string(),
+        }
+    }
+}
+
 /// Results of the CUDA backend.
 pub type Result<T> = std::result::Result<T, CudaError>;

@@ -98,9 +98,9 @@ pub fn execute_program(
         contexts.push(context);
     }
     let tied_split = config.tied_embeddings && plan.pp() > 1;
-    let mut worker_links = links(plan, tied_split, &compute, &messages)?;
-    let max_len = plan.sample_lens.iter().copied().max().unwrap_or(0);
     let abort = Arc::new(AtomicBool::new(false));
+    let mut worker_links = links(plan, tied_split, &compute, &messages, &abort)?;
+    let max_len = plan.sample_lens.iter().copied().max().unwrap_or(0);
     let ready = Rendezvous::new(devices.len(), Arc::clone(&abort));
     let epoch = Instant::now();
     let outcomes: Vec<std::thread::Result<Result<Outcome>>> = std::thread::scope(|scope| {
@@ -218,13 +218,6 @@ fn collect_outcomes(
     Err(errors.swap_remove(root).1)
 }
 
-fn aborted() -> CudaError {
-    CudaError::WorkerFailed {
-        worker: "peer".to_string(),
-        message: "another worker stopped; the step was abandoned".to_string(),
-    }
-}
-
 /// Everything a worker thread starts with.
 struct GpuWorker<'a> {
     device: Device,
@@ -272,7 +265,7 @@ impl GpuWorker<'_> {
         gpu.synchronize()?;
         let model_state_bytes = gpu.meter.current_bytes();
         if self.ready.all_gather(self.index, 0, ()).is_err() {
-            return Err(aborted());
+            return Err(CudaError::aborted());
         }
         gpu.meter.reset_peak();
         let mut run = GpuRun {
@@ -330,6 +323,9 @@ enum Failure {
 
 /// A worker's state while its program runs: the C ABI handler of its thread.
 struct GpuRun<'w, 'a> {
+    /// First, so that it drops first: aborting the NCCL communicators releases any collective
+    /// a failed step left pending before the buffers it uses are freed.
+    links: Links,
     worker: &'w GpuWorker<'a>,
     gpu: &'w Gpu,
     rope: &'w RopeTables,
@@ -339,7 +335,6 @@ struct GpuRun<'w, 'a> {
     /// AdamW's first and second moments of this rank's shard.
     moments: (DeviceVec, DeviceVec),
     shard: std::ops::Range<usize>,
-    links: Links,
     cursor: ProgramCursor<'a>,
     states: BTreeMap<usize, DeviceStage>,
     loss: f64,
@@ -379,7 +374,7 @@ impl GpuRun<'_, '_> {
 
     fn run_call(&mut self, call: &Call) -> Result<()> {
         if self.worker.abort.load(Ordering::Relaxed) {
-            return Err(aborted());
+            return Err(CudaError::aborted());
         }
         let op = self.cursor.advance(call).map_err(schedule_error)?;
         let pack = op.pack().map(|p| p as usize);
@@ -597,12 +592,13 @@ impl GpuRun<'_, '_> {
         let clock = Instant::now();
         if let Some(range) = self.layout.tied_copy.clone() {
             self.links.sum_tied(&mut self.grads.data, range)?;
-            self.gpu.synchronize()?;
+            self.links.wait(&self.gpu.stream)?;
         }
         self.sync_times.tied_embedding_s = clock.elapsed().as_secs_f64();
         let clock = Instant::now();
         let numel = self.layout.numel;
         self.links.sum_over_stage(&mut self.grads.data, 0..numel)?;
+        self.links.wait(&self.gpu.stream)?;
         self.grad_shard = self.gpu.download(&self.grads.data, self.shard.clone())?;
         self.sync_times.grad_reduce_scatter_s = clock.elapsed().as_secs_f64();
         Ok(())
@@ -655,7 +651,7 @@ impl GpuRun<'_, '_> {
             self.links
                 .broadcast(&mut self.params.data, shard_range(numel, dp, rank), rank)?;
         }
-        self.gpu.synchronize()?;
+        self.links.wait(&self.gpu.stream)?;
         self.sync_times.param_all_gather_s = clock.elapsed().as_secs_f64();
         Ok(())
     }

@@ -13,10 +13,14 @@
 //!
 //! The host orders the streams: a send waits for the compute stream (the tensor is complete),
 //! a receive completes before the compute stream reads the buffer, and a sent buffer is freed
-//! only once its send has completed.
+//! only once its send has completed. Every wait on NCCL work polls the step's abort flag: a
+//! peer that failed never sends what the wait is for, so the waiter gives up instead of hanging,
+//! and dropping its links aborts the communicators.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::{Comm, ReduceOp};
@@ -46,7 +50,12 @@ pub(crate) struct Links {
     tied: Option<Link>,
     /// Sent buffers and the events that say their sends completed.
     in_flight: Vec<(CudaEvent, DeviceVec)>,
+    /// Raised when any worker of the step failed.
+    abort: Arc<AtomicBool>,
 }
+
+/// How long a wait on NCCL work sleeps between polls.
+const POLL: Duration = Duration::from_micros(20);
 
 /// Every worker's links (by device index), given each worker's compute stream and two
 /// message streams (forward, backward).
@@ -55,9 +64,16 @@ pub(crate) fn links(
     tied_split: bool,
     compute: &[Arc<CudaStream>],
     messages: &[(Arc<CudaStream>, Arc<CudaStream>)],
+    abort: &Arc<AtomicBool>,
 ) -> Result<Vec<Links>> {
     let devices = plan.devices();
-    let mut links: Vec<Links> = devices.iter().map(|_| Links::default()).collect();
+    let mut links: Vec<Links> = devices
+        .iter()
+        .map(|_| Links {
+            abort: Arc::clone(abort),
+            ..Links::default()
+        })
+        .collect();
     if devices.len() < 2 {
         return Ok(links);
     }
@@ -195,7 +211,7 @@ impl Links {
         gpu.synchronize()?;
         let comm = self.message_link(direction)?;
         comm.recv(&mut tensor.view_mut(0..len), from as i32)?;
-        comm.stream().synchronize()?;
+        self.wait(&comm.stream())?;
         Ok(tensor)
     }
 
@@ -214,9 +230,24 @@ impl Links {
     /// Waits for every send, then frees the buffers.
     pub fn flush(&mut self) -> Result<()> {
         for (event, _) in &self.in_flight {
-            event.synchronize()?;
+            self.wait_for(event)?;
         }
         self.in_flight.clear();
+        Ok(())
+    }
+
+    /// Waits for the work enqueued on `stream` so far (NCCL's included), unless a worker fails.
+    pub fn wait(&self, stream: &CudaStream) -> Result<()> {
+        self.wait_for(&stream.record_event(None)?)
+    }
+
+    fn wait_for(&self, event: &CudaEvent) -> Result<()> {
+        while !event.try_is_complete()? {
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(CudaError::aborted());
+            }
+            std::thread::sleep(POLL);
+        }
         Ok(())
     }
 
