@@ -82,7 +82,11 @@ fn emit_ptx() {
         );
         let ptx = String::from_utf8(output.stdout).unwrap();
         assert!(ptx.contains(".target sm_90"));
-        assert!(ptx.contains(".visible .entry slimpack_softmax_xent("));
+        #[cfg(feature = "llvm")]
+        for kernel in slimpack_codegen::llvm::kernels::KERNELS {
+            let entry = format!(".visible .entry {}(", kernel.name);
+            assert!(ptx.contains(&entry), "{} missing", kernel.name);
+        }
     } else {
         assert_one_line_error(&output, "llvm");
     }

@@ -29,7 +29,7 @@ pub(crate) const QUERY_BLOCK: usize = 64;
 /// Inputs of one slice's attention: rows are tokens, `q: [l, q_width]` at sample positions
 /// `positions` (ascending), `keys`/`values`: `[n, kv_width]` for positions `0..n`, at least up to
 /// the last query (keys past it are not read).
-pub(crate) struct SliceAttention<'a> {
+pub struct SliceAttention<'a> {
     pub positions: &'a [usize],
     pub q: &'a [f32],
     pub keys: &'a [f32],
@@ -54,7 +54,7 @@ struct Block {
 }
 
 /// Attention output `[l, q_width]` into `out`, per-query-head log-sum-exp `[l, heads]` into `lse`.
-pub(crate) fn attention_forward(
+pub fn attention_forward(
     config: &ModelConfig,
     input: &SliceAttention<'_>,
     out: &mut [f32],
@@ -98,7 +98,7 @@ pub(crate) fn attention_forward(
 /// `d_values` (shaped like the keys; rows past the last query are not touched), given the
 /// forward's `out`, `lse` and `d_out`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attention_backward(
+pub fn attention_backward(
     config: &ModelConfig,
     input: &SliceAttention<'_>,
     out: &[f32],

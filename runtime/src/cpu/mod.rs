@@ -60,6 +60,17 @@ mod tests;
 #[cfg(feature = "cuda")]
 pub(crate) use adamw::StepRates;
 pub use adamw::{AdamW, AdamWConfig, ShardedAdamW};
+
+/// The numerical ops of the CPU backend (forward and backward), for checking other
+/// implementations against them: `slimpack-codegen`'s tests compare the GPU kernels' host
+/// emulation with these.
+pub mod numerics {
+    pub use super::attention::{attention_backward, attention_forward, SliceAttention};
+    pub use super::ops::cross_entropy::{cross_entropy_backward, cross_entropy_softmax};
+    pub use super::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
+    pub use super::ops::rope::{rope_backward, rope_forward};
+    pub use super::ops::swiglu::{swiglu_backward, swiglu_forward};
+}
 pub use batch::{SampleId, TokenBatch, TokenSlice};
 pub use compare::{tensor_diff, TensorDiff};
 pub use config::ModelConfig;

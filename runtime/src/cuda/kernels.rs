@@ -421,33 +421,30 @@ pub(crate) trait KernelCalls: Launch {
     /// The varlen causal attention of `slices` (see [`AttentionSlices`]): writes `out` and the
     /// per-head log-sum-exp `lse`.
     fn attention_fwd(&self, slices: &AttentionSlices) -> Result<()> {
-        let mut args = vec![
-            ("q", Arg::F32Ptr(slices.q)),
-            ("k", Arg::F32Ptr(slices.keys)),
-            ("v", Arg::F32Ptr(slices.values)),
-            ("out", Arg::F32Ptr(slices.out)),
-            ("lse", Arg::F32Ptr(slices.lse)),
-        ];
-        args.extend(slices.shape_args());
+        let mut args = slices.operands();
+        args.extend(slices.shape_args(false));
         self.launch_named("slimpack_attention_fwd", &args)
     }
 
-    /// The backward of [`Gpu::attention_fwd`]: writes `dq`, adds into `d_keys` and `d_values`
-    /// at every key row a query sees (the sample's dK/dV accumulators, prefix included).
+    /// The backward of [`KernelCalls::attention_fwd`]: writes `dq` (`bwd_dq`), and adds into
+    /// `d_keys` and `d_values` at every pool row a query sees (`bwd_dkv`: the sample's dK/dV
+    /// accumulators, prefix included).
     fn attention_bwd(&self, slices: &AttentionSlices, grads: &AttentionGrads) -> Result<()> {
-        let mut args = vec![
-            ("q", Arg::F32Ptr(slices.q)),
-            ("k", Arg::F32Ptr(slices.keys)),
-            ("v", Arg::F32Ptr(slices.values)),
-            ("out", Arg::F32Ptr(slices.out)),
-            ("lse", Arg::F32Ptr(slices.lse)),
+        let mut args = slices.operands();
+        args.extend([
             ("d_out", Arg::F32Ptr(grads.d_out)),
             ("dq", Arg::F32Ptr(grads.dq)),
+        ]);
+        args.extend(slices.shape_args(false));
+        self.launch_named("slimpack_attention_bwd_dq", &args)?;
+        let mut args = slices.operands();
+        args.extend([
+            ("d_out", Arg::F32Ptr(grads.d_out)),
             ("dk", Arg::F32Ptr(grads.d_keys)),
             ("dv", Arg::F32Ptr(grads.d_values)),
-        ];
-        args.extend(slices.shape_args());
-        self.launch_named("slimpack_attention_bwd", &args)
+        ]);
+        args.extend(slices.shape_args(true));
+        self.launch_named("slimpack_attention_bwd_dkv", &args)
     }
 }
 
@@ -493,6 +490,7 @@ pub fn check_launchers(source: &KernelSource) -> Result<()> {
         kv_starts: 0,
         slices: 1,
         total_q: 1,
+        kv_rows: 1,
         heads: 1,
         kv_heads: 1,
         head_dim: 2,
@@ -510,8 +508,9 @@ pub fn check_launchers(source: &KernelSource) -> Result<()> {
 /// Slices of one sample-contiguous K/V pool for one attention launch (device pointers,
 /// row-major), as codegen's attention kernels take them: `q`/`out` `[total_q, heads·head_dim]`
 /// slice after slice as `cu_seqlens_q` (int32, `slices + 1`) delimits them, `positions`
-/// (int32, `total_q`) each query's position in its sample, `keys`/`values` pools where slice
-/// `s`'s sample's position `p` is row `kv_starts[s] + p` (int32), `lse` `[total_q, heads]`.
+/// (int32, `total_q`) each query's position in its sample, `keys`/`values` pools of `kv_rows`
+/// rows where slice `s`'s sample's position `p` is row `kv_starts[s] + p` (int32), `lse`
+/// `[total_q, heads]`.
 pub(crate) struct AttentionSlices {
     pub q: u64,
     pub keys: u64,
@@ -523,6 +522,8 @@ pub(crate) struct AttentionSlices {
     pub kv_starts: u64,
     pub slices: usize,
     pub total_q: usize,
+    /// Rows of the K/V pools.
+    pub kv_rows: usize,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
@@ -538,17 +539,36 @@ pub(crate) struct AttentionGrads {
 }
 
 impl AttentionSlices {
-    fn shape_args(&self) -> Vec<(&'static str, Arg)> {
+    /// `q`, `k`, `v`, `out`, `lse`: the operands every attention kernel starts with.
+    fn operands(&self) -> Vec<(&'static str, Arg)> {
         vec![
+            ("q", Arg::F32Ptr(self.q)),
+            ("k", Arg::F32Ptr(self.keys)),
+            ("v", Arg::F32Ptr(self.values)),
+            ("out", Arg::F32Ptr(self.out)),
+            ("lse", Arg::F32Ptr(self.lse)),
+        ]
+    }
+
+    /// The layout and shape arguments that follow the buffers (`kv_rows` for `bwd_dkv`, whose
+    /// work items are the pool's rows).
+    fn shape_args(&self, with_kv_rows: bool) -> Vec<(&'static str, Arg)> {
+        let mut args = vec![
             ("positions", Arg::I32Ptr(self.positions)),
             ("cu_seqlens_q", Arg::I32Ptr(self.cu_seqlens_q)),
             ("kv_starts", Arg::I32Ptr(self.kv_starts)),
             ("slices", Arg::I64(self.slices as i64)),
             ("total_q", Arg::I64(self.total_q as i64)),
+        ];
+        if with_kv_rows {
+            args.push(("kv_rows", Arg::I64(self.kv_rows as i64)));
+        }
+        args.extend([
             ("heads", Arg::I64(self.heads as i64)),
             ("kv_heads", Arg::I64(self.kv_heads as i64)),
             ("head_dim", Arg::I64(self.head_dim as i64)),
             ("scale", Arg::F32(1.0 / (self.head_dim as f32).sqrt())),
-        ]
+        ]);
+        args
     }
 }

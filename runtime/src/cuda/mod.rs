@@ -146,7 +146,8 @@ pub const REQUIRED_KERNELS: &[&str] = &[
     "slimpack_softmax_xent",
     "slimpack_add",
     "slimpack_attention_fwd",
-    "slimpack_attention_bwd",
+    "slimpack_attention_bwd_dq",
+    "slimpack_attention_bwd_dkv",
 ];
 
 impl KernelSource {

@@ -43,10 +43,10 @@ fn a_kernel_table_without_the_attention_kernels_is_refused_by_name() {
     source.check().unwrap();
     source
         .kernels
-        .retain(|kernel| kernel.name != "slimpack_attention_bwd");
+        .retain(|kernel| kernel.name != "slimpack_attention_bwd_dkv");
     let error = source.check().unwrap_err();
     assert_eq!(
         error.to_string(),
-        "the PTX module has no kernel slimpack_attention_bwd (built by a codegen without it)"
+        "the PTX module has no kernel slimpack_attention_bwd_dkv (built by a codegen without it)"
     );
 }

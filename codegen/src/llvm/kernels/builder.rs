@@ -31,8 +31,7 @@ use inkwell::intrinsics::Intrinsic;
 use inkwell::module::{Linkage, Module};
 use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
 use inkwell::values::{
-    AsValueRef, BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue,
-    PointerValue,
+    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
 };
 use inkwell::{AddressSpace, FloatPredicate, IntPredicate};
 
@@ -456,6 +455,20 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
         self.builder.build_int_add(a, b, "").or_codegen()
     }
 
+    pub fn sub(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        self.builder.build_int_sub(a, b, "").or_codegen()
+    }
+
+    /// Unsigned minimum.
+    pub fn umin(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
+        let a_smaller = self.unsigned_less(a, b)?;
+        Ok(self
+            .builder
+            .build_select(a_smaller, a, b, "")
+            .or_codegen()?
+            .into_int_value())
+    }
+
     pub fn mul(&self, a: IntValue<'ctx>, b: IntValue<'ctx>) -> Result<IntValue<'ctx>> {
         self.builder.build_int_mul(a, b, "").or_codegen()
     }
@@ -584,31 +597,6 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
         Ok(())
     }
 
-    /// `base[index] += value`, atomically (relaxed): `red.global.add.f32` on the GPU.
-    pub fn atomic_add_f32(
-        &self,
-        base: PointerValue<'ctx>,
-        index: IntValue<'ctx>,
-        value: FloatValue<'ctx>,
-    ) -> Result<()> {
-        use inkwell::llvm_sys::core::LLVMBuildAtomicRMW;
-        use inkwell::llvm_sys::{LLVMAtomicOrdering, LLVMAtomicRMWBinOp};
-        let address = self.element(base, self.context.f32_type().into(), index)?;
-        // SAFETY: inkwell's `build_atomicrmw` takes integers only; this is the same LLVM call
-        // with a float operand, on a positioned builder and values of this context.
-        unsafe {
-            LLVMBuildAtomicRMW(
-                self.builder.as_mut_ptr(),
-                LLVMAtomicRMWBinOp::LLVMAtomicRMWBinOpFAdd,
-                address.as_value_ref(),
-                value.as_value_ref(),
-                LLVMAtomicOrdering::LLVMAtomicOrderingMonotonic,
-                0,
-            );
-        }
-        Ok(())
-    }
-
     // ---- variables and control flow ----
 
     /// A mutable f32 or f64 local, promoted to a register by the optimiser.
@@ -633,6 +621,11 @@ impl<'ctx, 'm> KernelBuilder<'ctx, 'm> {
     pub fn write(&self, local: PointerValue<'ctx>, value: FloatValue<'ctx>) -> Result<()> {
         self.builder.build_store(local, value).or_codegen()?;
         Ok(())
+    }
+
+    /// A per-thread array of `len` floats (local memory on the GPU), in the entry block.
+    pub fn f32_array(&self, len: u32) -> Result<PointerValue<'ctx>> {
+        self.entry_alloca(self.context.f32_type().array_type(len).into())
     }
 
     /// A mutable i64 local, promoted to a register by the optimiser.

@@ -4,7 +4,7 @@
 //! The host build of a kernel is `void kernel(const u64 *args, const ThreadContext *thread)`:
 //! one call runs one GPU thread. Its parameters come from `args` (one 8-byte slot per parameter,
 //! like `cuLaunchKernel`'s argument array), and what the GPU build reads from special registers
-//! or does with warp and block instructions goes through the [`ThreadContext`] the launcher
+//! or does with warp and block instructions goes through the `ThreadContext` the launcher
 //! fills: thread, block and grid indices and sizes, the block's shared memory, and callbacks for
 //! the block barrier and the warp butterfly shuffle.
 //!
@@ -21,9 +21,9 @@
 //!   order, as on the GPU (the kernels' reductions are block-uniform).
 //!
 //! What the emulation does not reproduce: `ex2.approx`/`lg2.approx` (the host build calls
-//! LLVM's `exp2`/`log2`; the PTX ISA bounds the approximations' relative error at about 2⁻²²),
-//! the NVPTX backend's fusing of multiplies and adds into `fma`, and the order in which
-//! `atomicAdd`s from concurrent threads land (here they run in thread order).
+//! LLVM's `exp2`/`log2`; the PTX ISA bounds the approximations' relative error at about 2⁻²²)
+//! and the NVPTX backend's fusing of multiplies and adds into `fma`: last bits, not indexing or
+//! control flow. (No kernel uses atomics, whose order would differ too.)
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Barrier;
@@ -34,7 +34,7 @@ use inkwell::OptimizationLevel;
 
 use super::builder::{Target, MAX_WARPS};
 use super::spec::{Grid, KernelSpec, LaunchShape, ParamKind};
-use super::{build_all, kernel, KERNELS};
+use super::{build_all, KERNELS};
 use crate::CodegenError;
 
 /// The 8-byte fields of [`ThreadContext`], in order: what the host build of a kernel loads.
@@ -194,15 +194,15 @@ impl HostKernels {
         shape: LaunchShape,
         args: &mut [KernelArg<'_>],
     ) -> Result<(), CodegenError> {
-        let spec = kernel(name).ok_or_else(|| CodegenError::KernelLaunch {
-            kernel: name.to_string(),
-            message: "no such kernel".to_string(),
-        })?;
-        check_args(spec, shape, args)?;
         let index = KERNELS
             .iter()
-            .position(|other| other.name == spec.name)
-            .expect("bug: `kernel` found the spec in KERNELS");
+            .position(|spec| spec.name == name)
+            .ok_or_else(|| CodegenError::KernelLaunch {
+                kernel: name.to_string(),
+                message: "no such kernel".to_string(),
+            })?;
+        let spec = &KERNELS[index];
+        check_args(spec, shape, args)?;
         // SAFETY: the address is the host build of `spec`, whose signature is `HostKernel`.
         let function: HostKernel = unsafe { std::mem::transmute(self.addresses[index]) };
         let slots: Vec<u64> = args.iter_mut().map(KernelArg::slot).collect();

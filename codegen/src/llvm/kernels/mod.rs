@@ -44,7 +44,8 @@ pub const KERNELS: &[KernelSpec] = &[
     elementwise::ADD,
     elementwise::SCALE,
     attention::FORWARD,
-    attention::BACKWARD,
+    attention::BACKWARD_DQ,
+    attention::BACKWARD_DKV,
 ];
 
 /// The spec of kernel `name`, if there is one.

@@ -9,11 +9,7 @@ use super::exp::{exp, exp_shifted};
 
 /// Sum over rows with a target of `logsumexp(z) − z[target]` (accumulated in f64), turning
 /// `logits` into `softmax(logits)` row by row.
-pub(crate) fn cross_entropy_softmax(
-    logits: &mut [f32],
-    vocab: usize,
-    targets: &[Option<u32>],
-) -> f64 {
+pub fn cross_entropy_softmax(logits: &mut [f32], vocab: usize, targets: &[Option<u32>]) -> f64 {
     let mut total = 0.0f64;
     for (row, target) in logits.chunks_exact_mut(vocab).zip(targets) {
         let lse = logsumexp(row);
@@ -27,7 +23,7 @@ pub(crate) fn cross_entropy_softmax(
 
 /// Turns the softmax `probs` in place into `d(scale · Σ loss)/d logits = scale · (probs −
 /// onehot)`, and zero on rows without a target.
-pub(crate) fn cross_entropy_backward(
+pub fn cross_entropy_backward(
     probs: &mut [f32],
     vocab: usize,
     targets: &[Option<u32>],

@@ -2,7 +2,7 @@
 
 /// Normalises each row of `x` (rows of `gain.len()` values); returns `(y, inv_rms)` where
 /// `inv_rms[r] = 1 / sqrt(mean(x[r]²) + eps)` is what the backward needs besides `x`.
-pub(crate) fn rmsnorm_forward(x: &[f32], gain: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
+pub fn rmsnorm_forward(x: &[f32], gain: &[f32], eps: f32) -> (Vec<f32>, Vec<f32>) {
     let width = gain.len();
     let mut y = vec![0.0; x.len()];
     let mut inv_rms = Vec::with_capacity(x.len() / width);
@@ -23,7 +23,7 @@ pub(crate) fn rmsnorm_forward(x: &[f32], gain: &[f32], eps: f32) -> (Vec<f32>, V
 /// `dx = inv_rms · (dx̂ − x̂ · mean(dx̂ ∘ x̂))` where `dx̂ = dy ∘ gain`. The sum over rows runs in
 /// f64: it spans every token of a pack (or a sample), and an f32 running sum over tens of
 /// thousands of rows would drift by more than the differential tests' tolerance.
-pub(crate) fn rmsnorm_backward(
+pub fn rmsnorm_backward(
     x: &[f32],
     gain: &[f32],
     inv_rms: &[f32],

@@ -7,19 +7,13 @@
 
 /// Rotates every head of every row of `x` (rows of `width = heads · head_dim`) in place;
 /// `positions[r]` is row `r`'s position in its sample.
-pub(crate) fn rope_forward(
-    x: &mut [f32],
-    width: usize,
-    head_dim: usize,
-    positions: &[usize],
-    theta: f64,
-) {
+pub fn rope_forward(x: &mut [f32], width: usize, head_dim: usize, positions: &[usize], theta: f64) {
     rotate(x, width, head_dim, positions, theta, 1.0);
 }
 
 /// Backward of [`rope_forward`]: turns the gradient of the rotated values into the gradient of
 /// the unrotated ones, in place.
-pub(crate) fn rope_backward(
+pub fn rope_backward(
     dx: &mut [f32],
     width: usize,
     head_dim: usize,

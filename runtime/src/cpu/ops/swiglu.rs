@@ -7,7 +7,7 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 /// `silu(gate) ∘ up`.
-pub(crate) fn swiglu_forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
+pub fn swiglu_forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
     gate.iter()
         .zip(up)
         .map(|(&g, &u)| g * sigmoid(g) * u)
@@ -16,7 +16,7 @@ pub(crate) fn swiglu_forward(gate: &[f32], up: &[f32]) -> Vec<f32> {
 
 /// Backward of [`swiglu_forward`]: returns `(d_gate, d_up)`, using
 /// `silu'(g) = σ(g) · (1 + g · (1 − σ(g)))`.
-pub(crate) fn swiglu_backward(gate: &[f32], up: &[f32], d_out: &[f32]) -> (Vec<f32>, Vec<f32>) {
+pub fn swiglu_backward(gate: &[f32], up: &[f32], d_out: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let mut d_gate = Vec::with_capacity(gate.len());
     let mut d_up = Vec::with_capacity(gate.len());
     for ((&g, &u), &d) in gate.iter().zip(up).zip(d_out) {
