@@ -1,10 +1,13 @@
 //! The kernels a worker launches: codegen's PTX module (loaded once per context from a
 //! [`KernelSource`], whose table gives every kernel's parameters and grid) and the AdamW kernel
-//! (CUDA C, compiled by NVRTC at load time), each behind a typed launcher on [`Gpu`].
+//! (CUDA C, compiled by NVRTC at load time), each behind a typed launcher ([`KernelCalls`], on
+//! anything that can [`Launch`]: the [`Gpu`]).
 //!
-//! A launcher names its arguments; [`Gpu::launch_named`] checks them against the kernel's entry
-//! in the table (names and types, in order — a codegen whose kernel changed is a one-line error,
-//! not a silent misread) and takes the launch shape from the entry's grid: a block of
+//! A launcher names its arguments; the [`Gpu`]'s [`Launch::launch_named`] checks them against
+//! the kernel's entry in the table (names and types, in order — a codegen whose kernel changed
+//! is a one-line error, not a silent misread) and takes the launch shape from the entry's grid;
+//! [`check_launchers`] runs every launcher against a table without a GPU (on load, and in the
+//! tests). Launch shapes: a block of
 //! [`ROW_BLOCK`] threads per row for row kernels (a multiple of 32, as their block reductions
 //! need), or [`STRIDE_BLOCK`]-thread blocks covering the work items, at most [`MAX_BLOCKS`], for
 //! grid-stride kernels (whose results do not depend on the grid).
