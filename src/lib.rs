@@ -7,6 +7,7 @@
 
 pub mod compile;
 pub mod fuzz;
+pub mod gpu;
 pub mod limits;
 pub mod measure;
 pub mod plan;

@@ -1,4 +1,5 @@
-//! Measured against predicted: executes a compiled step on the CPU runtime and sets what it
+//! Measured against predicted: executes a compiled step on a runtime backend (the CPU's, or the
+//! CUDA backend's on this machine's GPUs: the same plan, program, driver and checks) and sets what it
 //! measured (step time, per-pack time by term, peak memory, model states, the end-of-step sync)
 //! beside what the simulator predicted on the same machine model, with the reference check of
 //! loss and gradients. `slimpack run` prints one [`RunReport`]; `slimpack validate` runs a
@@ -21,6 +22,7 @@ use slimpack_runtime::cpu::exec::{
 };
 use slimpack_runtime::cpu::profile::OpTimes;
 use slimpack_runtime::cpu::{AdamWConfig, CpuError, ModelConfig, Params};
+use slimpack_runtime::cuda::{self, CudaError, KernelSource};
 
 /// Why a step could not be measured.
 #[derive(Debug, thiserror::Error)]
@@ -31,10 +33,31 @@ pub enum MeasureError {
     Machine(#[from] MachineError),
     #[error("--backend cpu: {0}")]
     Unsupported(String),
+    #[error("--backend cuda: {0}")]
+    Cuda(#[from] CudaError),
     #[error("--driver compiled: {0}")]
     CompiledDriver(String),
     #[error(transparent)]
     OutOfHostMemory(#[from] crate::limits::OutOfHostMemory),
+}
+
+/// Which runtime executes the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The CPU backend (`slimpack_runtime::cpu`).
+    Cpu,
+    /// The CUDA backend (`slimpack_runtime::cuda`), one GPU per worker.
+    Cuda,
+}
+
+impl Backend {
+    /// Its name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Cuda => "cuda",
+        }
+    }
 }
 
 /// What drives each worker's ops.
@@ -58,6 +81,7 @@ pub enum Interleave {
 /// How to measure a step.
 #[derive(Debug, Clone)]
 pub struct MeasureOptions {
+    pub backend: Backend,
     pub driver: DriverKind,
     pub interleave: Interleave,
     /// Executions (from the same weights); the fastest is reported.
@@ -262,25 +286,32 @@ pub struct RunReport {
     pub tasks: Option<Vec<TaskComparison>>,
 }
 
-/// Simulates and executes `ir` on the CPU runtime (`schedule` says how the step was made, for
-/// the report) and compares the two.
+/// Simulates and executes `ir` on the runtime `options.backend` names (`schedule` says how the
+/// step was made, for the report) and compares the two. For the CUDA backend the GPUs are found
+/// and the kernels built first: a machine without one fails before anything else.
 pub fn measure(
     ir: &StepIr,
     schedule: String,
     options: &MeasureOptions,
 ) -> Result<RunReport, MeasureError> {
+    let kernels: Option<KernelSource> = match options.backend {
+        Backend::Cpu => None,
+        Backend::Cuda => Some(crate::gpu::first_gpu()?.1),
+    };
     let config = ModelConfig::from_spec(&ir.spec.model)?;
     if ir.spec.model.recompute != Recompute::None {
         return Err(MeasureError::Unsupported(format!(
-            "the CPU backend runs recompute=none only; the step was compiled with recompute={}",
+            "the runtimes run recompute=none only; the step was compiled with recompute={}",
             ir.spec.model.recompute
         )));
     }
     let cost = slimpack_machine::machine_model(&ir.spec);
     let calibrated = slimpack_machine::is_calibrated(&ir.spec);
     let simulated = sim::simulate(ir, &cost)?;
-    let workers = crate::limits::workers_peak_bytes(&simulated.metrics);
-    crate::limits::check_fits(&format!("run --backend cpu ({schedule})"), workers)?;
+    if options.backend == Backend::Cpu {
+        let workers = crate::limits::workers_peak_bytes(&simulated.metrics);
+        crate::limits::check_fits(&format!("run --backend cpu ({schedule})"), workers)?;
+    }
     let plan = Plan::new(ir, &config)?;
     let order = match options.interleave {
         Interleave::ReplicaMajor => DeviceOrder::replica_major(&plan),
@@ -298,7 +329,12 @@ pub fn measure(
         let mut off_core = Vec::with_capacity(options.repeat.max(1));
         let mut fastest: Option<Execution> = None;
         for _ in 0..options.repeat.max(1) {
-            let execution = execute_program(&plan, &program, driver, &batch, &params, adamw)?;
+            let execution = match &kernels {
+                None => execute_program(&plan, &program, driver, &batch, &params, adamw)?,
+                Some(kernels) => {
+                    cuda::execute_program(&plan, &program, driver, &batch, &params, adamw, kernels)?
+                }
+            };
             runs_s.push(execution.step_time_s);
             off_core.push(off_core_share(&execution));
             if fastest
@@ -334,6 +370,7 @@ pub fn measure(
         calibrated,
         options.tasks,
     );
+    report.backend = options.backend.name();
     report.step_time_median_s = median(&runs_s);
     report.step_time_runs_s = runs_s;
     report.off_core_share_runs = off_core;

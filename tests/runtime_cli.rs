@@ -76,16 +76,40 @@ fn run_check_reference_reports_json() {
     );
 }
 
+/// What `--backend cuda` must say on a machine without a GPU: which of the three reasons.
+fn why_no_gpu() -> &'static [&'static str] {
+    match cfg!(feature = "cuda") {
+        false => &["has no CUDA backend (built without the `cuda` feature"],
+        true => &["no CUDA driver found", "no CUDA device found"],
+    }
+}
+
 #[test]
-fn run_on_cuda_says_it_is_not_available() {
-    let mut args = vec!["run", "--backend", "cuda"];
-    args.extend(STEP);
-    let output = slimpack(&args);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(stderr.starts_with("error: --backend cuda: "), "{stderr}");
-    assert!(stderr.contains("has no CUDA backend"), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+fn cuda_commands_without_a_gpu_say_why_in_one_line() {
+    if let Ok(gpus) = slimpack::gpu::gpus() {
+        eprintln!(
+            "skipped: this machine has {} GPU(s); tests/cuda_gpu.rs runs the CUDA backend on them",
+            gpus.len()
+        );
+        return;
+    }
+    let mut run = vec!["run", "--backend", "cuda"];
+    run.extend(STEP);
+    run.push("--check-reference");
+    let calibrate = vec!["calibrate", "--backend", "cuda", "--tokens", "8,16"];
+    let validate = vec!["validate", "--backend", "cuda", "--repeat", "1"];
+    for args in [run, calibrate, validate] {
+        let output = slimpack(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error: --backend cuda: "), "{stderr}");
+        assert!(
+            why_no_gpu().iter().any(|why| stderr.contains(why)),
+            "{args:?}: {stderr}"
+        );
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(output.stdout.is_empty());
+    }
 }
 
 #[test]

@@ -45,11 +45,11 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Run the strategies side by side on global batches of a dataset, through the simulator.
     Bench(bench::BenchArgs),
-    /// Execute a compiled step for real (CPU backend), measured against the simulator.
+    /// Execute a compiled step for real (CPU or CUDA backend), measured against the simulator.
     Run(run::RunArgs),
     /// Measure this machine's kernels into the machine model's calibration tables.
     Calibrate(calibrate::CalibrateArgs),
-    /// Validate the simulator against the CPU runtime over a suite of schedules.
+    /// Validate the simulator against the CPU or CUDA runtime over a suite of schedules.
     Validate(validate::ValidateArgs),
 }
 

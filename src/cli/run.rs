@@ -1,6 +1,9 @@
-//! `slimpack run --backend cpu`: compile a step (or read one), execute it for real on the CPU
-//! backend, and set what it measured beside what the simulator predicted; with
-//! `--check-reference`, compare the loss and every gradient with the unsliced reference step.
+//! `slimpack run --backend cpu|cuda`: compile a step (or read one), execute it for real on the
+//! CPU backend or on this machine's GPUs (one per worker), and set what it measured beside what
+//! the simulator predicted; with `--check-reference`, compare the loss and every gradient with
+//! the unsliced reference step (on the CPU). Without a GPU (no driver, no device, or a build
+//! without the `cuda` feature) `--backend cuda` fails in one line saying which, before any
+//! compiling.
 //!
 //! The step runs as compiled: as its lowered program, one worker per (DP rank, stage) running
 //! its op list (see `slimpack_runtime::cpu::exec`), driven through the runtime's C ABI by the
@@ -17,7 +20,8 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 
 use slimpack::measure::{
-    compiled_driver_unavailable, DriverKind, Interleave, MeasureOptions, RunReport, COMPILED_DRIVER,
+    self as measuring, compiled_driver_unavailable, DriverKind, Interleave, MeasureOptions,
+    RunReport, COMPILED_DRIVER,
 };
 use slimpack::tune::autotune;
 use slimpack::tune::strategy::{self, Choices, StrategyState};
@@ -32,8 +36,18 @@ use super::report::gib;
 pub enum Backend {
     /// The CPU backend (fp32 models such as `tiny`).
     Cpu,
-    /// The CUDA backend.
+    /// The CUDA backend (feature `cuda`; one GPU per worker).
     Cuda,
+}
+
+impl Backend {
+    /// The library's name for it.
+    pub fn kind(self) -> measuring::Backend {
+        match self {
+            Backend::Cpu => measuring::Backend::Cpu,
+            Backend::Cuda => measuring::Backend::Cuda,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -54,7 +68,7 @@ pub enum DriverArg {
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Backend to execute on: cpu (cuda: not implemented yet, refused with a one-line error).
+    /// Backend to execute on: cpu, or cuda (this machine's GPUs, one per worker).
     #[arg(long, value_enum)]
     pub(crate) backend: Backend,
     #[command(flatten)]
@@ -113,7 +127,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 /// Compiles (or reads) the step of `args` and measures it: the report `run` prints.
 pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
     if args.backend == Backend::Cuda {
-        bail!(cuda_unavailable());
+        require_gpu()?;
     }
     if args.repeat == 0 {
         bail!("--repeat 0: give at least 1 run");
@@ -123,6 +137,7 @@ pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
     }
     let (ir, schedule) = step(args)?;
     let options = MeasureOptions {
+        backend: args.backend.kind(),
         driver: match args.driver {
             DriverArg::Interpreted => DriverKind::Interpreted,
             DriverArg::Compiled => DriverKind::Compiled,
@@ -140,10 +155,11 @@ pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
     Ok(slimpack::measure::measure(&ir, schedule, &options)?)
 }
 
-/// What `--backend cuda` says: slimpack has no CUDA backend yet (no cargo feature pretends to
-/// provide one).
-fn cuda_unavailable() -> String {
-    "--backend cuda: this build of slimpack has no CUDA backend (not implemented yet); use --backend cpu".to_string()
+/// Fails in one line unless this machine has a GPU the CUDA backend can use (`--backend cuda:
+/// no CUDA driver found ...`, `no CUDA device found ...`, or the build has no CUDA backend).
+pub(crate) fn require_gpu() -> anyhow::Result<()> {
+    slimpack::gpu::gpus().map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+    Ok(())
 }
 
 /// The step to run and how it was made.
@@ -209,10 +225,11 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
 
 fn print_text(report: &RunReport) {
     eprintln!(
-        "ran {} samples ({} tokens) of {} on the CPU ({}, {} workers), {}",
+        "ran {} samples ({} tokens) of {} on the {} backend ({}, {} workers), {}",
         report.samples,
         report.tokens,
         report.model,
+        report.backend,
         report.parallel,
         report.workers,
         report.schedule

@@ -1,6 +1,9 @@
-//! `slimpack validate --backend cpu`: the simulator against the CPU runtime over a fixed suite
+//! `slimpack validate --backend cpu|cuda`: the simulator against a runtime over a fixed suite
 //! of schedules (strategies and pass pipelines × batches × slice sizes × layouts of the `tiny`
-//! model on the `cpu` cluster).
+//! model): the CPU backend on the `cpu` cluster, or the CUDA backend on the cluster preset of
+//! this machine's GPU, with the schedules that need no more GPUs than the machine has (one per
+//! worker) and that the CUDA backend runs (a schedule with DP-Merge groups or padded packs is
+//! listed as skipped, with the reason). Without a GPU `--backend cuda` fails in one line.
 //!
 //! Every schedule is one `slimpack run` command line (printed with its row, so that any row can
 //! be reproduced on its own), executed `--repeat` times. Figures, each the mean over the suite of
@@ -26,14 +29,15 @@ use clap::Args;
 use serde::Serialize;
 
 use super::compile::ReportFormat;
-use slimpack::measure::{self, ape, RunReport};
+use slimpack::measure::{self, ape, MeasureError, RunReport};
+use slimpack_runtime::cuda::CudaError;
 
 use super::input::{BatchArgs, SpecArgs};
 use super::run::{self, Backend, DriverArg, InterleaveArg, RunArgs};
 
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
-    /// Backend to validate against: cpu.
+    /// Backend to validate against: cpu, or cuda (this machine's GPUs).
     #[arg(long, value_enum)]
     backend: Backend,
     /// Executions per schedule; step times are their median.
@@ -148,13 +152,26 @@ struct ValidateReport {
 }
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
-    if args.backend == Backend::Cuda {
-        bail!("validate --backend cuda: the suite runs on the CPU backend only (--backend cpu)");
-    }
+    let (cluster, devices) = match args.backend {
+        Backend::Cpu => (
+            "cpu".to_string(),
+            std::thread::available_parallelism().map_or(1, |n| n.get()),
+        ),
+        Backend::Cuda => {
+            let gpus = slimpack::gpu::gpus().map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+            let preset = slimpack::gpu::cluster_preset(&gpus[0].name).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--backend cuda: no cluster preset describes {}",
+                    gpus[0].name
+                )
+            })?;
+            (preset.to_string(), gpus.len())
+        }
+    };
     if args.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cores = devices;
     let load_before = load_average();
     let mut rows = Vec::new();
     for (layout, batch, schedule) in SUITE {
@@ -166,16 +183,29 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
         {
             continue;
         }
-        let (run_args, command) = suite_run(layout, batch, schedule, args.repeat);
+        let workers = workers_of(layout);
+        if args.backend == Backend::Cuda && workers > devices {
+            eprintln!("  {label}: skipped ({workers} workers, this machine has {devices} GPUs)");
+            continue;
+        }
+        let (run_args, command) =
+            suite_run(args.backend, &cluster, layout, batch, schedule, args.repeat);
         eprintln!("  {label} ...");
-        let report = run::measure(&run_args).with_context(|| format!("schedule '{label}'"))?;
+        let report = match run::measure(&run_args) {
+            Ok(report) => report,
+            Err(error) if unsupported_on_gpu(&error) => {
+                eprintln!("  {label}: skipped ({error:#})");
+                continue;
+            }
+            Err(error) => return Err(error.context(format!("schedule '{label}'"))),
+        };
         rows.push(row(label, command, report, cores)?);
     }
     if rows.is_empty() {
         bail!("--filter matches no schedule of the suite");
     }
     let report = ValidateReport {
-        backend: "cpu",
+        backend: args.backend.kind().name(),
         cores,
         repeat: args.repeat,
         load_before,
@@ -196,7 +226,14 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
 
 /// The `slimpack run` arguments of one schedule of the suite, and the command line that
 /// reproduces them (printed with the row).
-fn suite_run(layout: &str, batch: &str, schedule: &str, repeat: usize) -> (RunArgs, String) {
+fn suite_run(
+    backend: Backend,
+    cluster: &str,
+    layout: &str,
+    batch: &str,
+    schedule: &str,
+    repeat: usize,
+) -> (RunArgs, String) {
     let synthetic = BATCHES
         .iter()
         .find(|(name, _)| *name == batch)
@@ -213,8 +250,9 @@ fn suite_run(layout: &str, batch: &str, schedule: &str, repeat: usize) -> (RunAr
         None => (Some(schedule.to_string()), None),
     };
     let command = format!(
-        "slimpack run --backend cpu --model tiny --cluster cpu --parallel {parallel} \
+        "slimpack run --backend {} --model tiny --cluster {cluster} --parallel {parallel} \
          --synthetic {synthetic} --seed 0 --repeat {repeat} {}",
+        backend.kind().name(),
         match (&strategy, &passes) {
             (Some(name), _) => format!("--strategy {name}"),
             (_, Some(pipeline)) => format!("--passes '{pipeline}'"),
@@ -222,10 +260,10 @@ fn suite_run(layout: &str, batch: &str, schedule: &str, repeat: usize) -> (RunAr
         }
     );
     let args = RunArgs {
-        backend: Backend::Cpu,
+        backend,
         spec: SpecArgs {
             model: Some("tiny".into()),
-            cluster: Some("cpu".into()),
+            cluster: Some(cluster.into()),
             parallel: Some(parallel),
             ..SpecArgs::default()
         },
@@ -248,6 +286,24 @@ fn suite_run(layout: &str, batch: &str, schedule: &str, repeat: usize) -> (RunAr
         report: ReportFormat::Text,
     };
     (args, command)
+}
+
+/// Workers of a suite layout (`pp=P,dp=D`): one per DP rank and stage.
+fn workers_of(layout: &str) -> usize {
+    layout
+        .split(',')
+        .filter_map(|part| part.split_once('=')?.1.parse::<usize>().ok())
+        .product()
+}
+
+/// Whether `error` is the CUDA backend refusing what it does not run yet.
+fn unsupported_on_gpu(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<MeasureError>(),
+            Some(MeasureError::Cuda(CudaError::Unsupported { .. }))
+        )
+    })
 }
 
 fn row(label: String, command: String, report: RunReport, cores: usize) -> anyhow::Result<Row> {

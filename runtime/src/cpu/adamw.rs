@@ -142,15 +142,15 @@ impl ShardedAdamW {
     }
 }
 
-/// The per-step constants of the update.
-struct StepRates {
+/// The per-step constants of the update (the CUDA backend's AdamW kernel takes them too).
+pub(crate) struct StepRates {
     config: AdamWConfig,
-    step_size: f32,
-    sqrt_bias2: f32,
+    pub(crate) step_size: f32,
+    pub(crate) sqrt_bias2: f32,
 }
 
 impl StepRates {
-    fn new(config: &AdamWConfig, step: u32) -> StepRates {
+    pub(crate) fn new(config: &AdamWConfig, step: u32) -> StepRates {
         let t = step as i32;
         StepRates {
             config: *config,

@@ -82,18 +82,36 @@ struct PackTimes {
 pub fn measure(spec: &Spec, options: &CalibrationOptions) -> Result<Calibration> {
     let config = ModelConfig::from_spec(&spec.model)?;
     super::exec::keep_freed_memory();
+    let source = format!(
+        "slimpack calibrate --backend cpu: model {}, tp=1, fp32, {} thread(s) at once, median of unpreempted runs over at least {} s per point",
+        spec.model.name, options.threads, options.min_seconds
+    );
+    tables(spec, &options.tokens, source, |n| {
+        measure_point(&config, n, options).map(|t| (t.forward, t.backward))
+    })
+}
+
+/// The calibration of `spec`'s device from a pack's per-class times: `measure_point(n)` gives
+/// the forward and backward [`OpTimes`] of one pack of one `n`-token slice through the whole
+/// model, for every `n` of `tokens` (the CUDA backend's calibration measures its own).
+pub(crate) fn tables<E>(
+    spec: &Spec,
+    tokens: &[usize],
+    source: String,
+    mut measure_point: impl FnMut(usize) -> std::result::Result<(OpTimes, OpTimes), E>,
+) -> std::result::Result<Calibration, E> {
     let cost = CostModel::new(spec);
     let flops = cost.flop_model();
     let traffic = Traffic::new(&spec.model, 1, spec.layers_per_chunk());
     let overhead = cost.throughput().profile().kernel_overhead_s;
-    let layers = config.layers as f64;
+    let layers = spec.model.layers as f64;
     let kernels_forward = KERNELS_PER_LAYER_FORWARD * layers + EMBEDDING_KERNELS + HEAD_KERNELS;
     let kernels_backward = KERNELS_PER_LAYER_BACKWARD * layers + EMBEDDING_KERNELS + HEAD_KERNELS;
     let mut tables: [Vec<CalibrationPoint>; 5] = Default::default();
-    for &n in &options.tokens {
-        let times = measure_point(&config, n, options)?;
-        let forward = without_overhead(times.forward, overhead * kernels_forward);
-        let backward = without_overhead(times.backward, overhead * kernels_backward);
+    for &n in tokens {
+        let (forward, backward) = measure_point(n)?;
+        let forward = without_overhead(forward, overhead * kernels_forward);
+        let backward = without_overhead(backward, overhead * kernels_backward);
         let tokens = n as f64;
         let linear = (flops.linear_per_token() * layers + flops.head_per_token()) * tokens;
         let attention = flops.attention_per_pair() * causal_pairs(n as u64, 0) as f64 * layers;
@@ -119,10 +137,7 @@ pub fn measure(spec: &Spec, options: &CalibrationOptions) -> Result<Calibration>
         }
     }
     let mut calibration = Calibration::new(spec.cluster.gpu.name.clone());
-    calibration.source = format!(
-        "slimpack calibrate --backend cpu: model {}, tp=1, fp32, {} thread(s) at once, median of unpreempted runs over at least {} s per point",
-        spec.model.name, options.threads, options.min_seconds
-    );
+    calibration.source = source;
     for (op, points) in OpKind::ALL.into_iter().zip(tables) {
         if !points.is_empty() {
             let table = CalibrationTable::new(points)
@@ -223,7 +238,7 @@ fn repeated_runs(
 }
 
 /// The per-class median of `times` (each class on its own).
-fn median(times: &[OpTimes]) -> OpTimes {
+pub(crate) fn median(times: &[OpTimes]) -> OpTimes {
     let class = |get: fn(&OpTimes) -> f64| {
         let mut values: Vec<f64> = times.iter().map(get).collect();
         values.sort_by(f64::total_cmp);

@@ -43,7 +43,7 @@ mod head;
 mod kv_cache;
 mod layer;
 mod ops;
-mod pack_layout;
+pub(crate) mod pack_layout;
 mod padding;
 mod params;
 pub mod profile;
@@ -57,6 +57,8 @@ mod stage_state;
 #[cfg(test)]
 mod tests;
 
+#[cfg(feature = "cuda")]
+pub(crate) use adamw::StepRates;
 pub use adamw::{AdamW, AdamWConfig, ShardedAdamW};
 
 /// The numerical ops of the CPU backend (forward and backward), for checking other

@@ -47,7 +47,7 @@ impl Driver {
 
     /// Drives worker `index` of `program` on the calling thread (whose C ABI handler runs the
     /// ops).
-    pub(super) fn run_device(&self, program: &Program, index: usize) {
+    pub(crate) fn run_device(&self, program: &Program, index: usize) {
         match self {
             Driver::Interpreted => abi::interpret_worker(&program.workers[index]),
             // SAFETY: the contract of `CompiledDriver::new`; an index the driver does not know

@@ -21,8 +21,14 @@
 //! workers are ready to the last one's end, and the trace of the ops each worker executed.
 //!
 //! [`check_reference`] compares the result with the unsliced single-worker reference step.
+//!
+//! The CUDA executor (`crate::cuda`) runs the same [`Plan`] and program with the same
+//! [`Driver`], and shares the pieces that do not depend on where tensors live: the
+//! [`ProgramCursor`] (each C ABI call checked against the worker's next op), [`neighbour`], the
+//! program's check against the plan, and the assembly of the workers' outcomes.
 
 mod check;
+mod cursor;
 mod driver;
 mod mailbox;
 mod ops;
@@ -33,6 +39,7 @@ mod sync;
 mod worker;
 
 pub use check::{check_reference, ReferenceCheck};
+pub use cursor::{direction_keyword, neighbour, ProgramCursor};
 pub use driver::{CompiledDriver, Driver};
 pub use order::DeviceOrder;
 pub use plan::{Device, Plan, PlanPack};
@@ -53,8 +60,10 @@ use crate::cpu::params::Params;
 use crate::cpu::stage::LayerRange;
 
 use mailbox::mailboxes;
-use sync::{shard_range, Collectives};
-use worker::{Outcome, WorkerThread};
+pub(crate) use sync::shard_range;
+use sync::Collectives;
+pub(crate) use worker::Outcome;
+use worker::WorkerThread;
 
 /// Runs one training step of `plan` on `batch` from the whole-model weights `params`, devices
 /// interleaving replicas as `order` says (its [`DeviceOrder::program`], interpreted), and updates
@@ -220,8 +229,8 @@ fn is_abort(error: &CpuError) -> bool {
         || matches!(error, CpuError::ExchangeAborted { .. })
 }
 
-/// Joins the workers' outcomes into the step's result.
-fn assemble(
+/// Joins the workers' outcomes into the step's result (the CUDA executor's too).
+pub(crate) fn assemble(
     plan: &Plan,
     config: &crate::cpu::config::ModelConfig,
     outcomes: Vec<Outcome>,

@@ -32,8 +32,8 @@ use crate::cpu::error::{CpuError, Result};
 use crate::cpu::params::{Grads, Params};
 use crate::cpu::profile::{self, OpTimes};
 use crate::cpu::stage_state::StageState;
-use slimpack_ir::program::abi::abi_call;
 
+use super::cursor::{direction_keyword, neighbour, ProgramCursor};
 use super::mailbox::{Tag, Tensors};
 use super::plan::Device;
 use super::result::{SyncTimes, TaskMemory, TaskRecord, WorkerReport};
@@ -72,9 +72,8 @@ pub(super) struct DeviceRun<'w, 'a> {
     optimizer: ShardedAdamW,
     /// This rank's shard of the summed gradients, after `reduce-scatter`.
     shard: Option<Vec<f32>>,
-    /// Collective ops run so far (they must come in the order reduce-scatter, optimizer,
-    /// all-gather).
-    collectives_done: usize,
+    /// Where the worker is in its ops.
+    cursor: ProgramCursor<'a>,
     /// Per replica, the stage's state for its packs (saved activations, K/V).
     states: BTreeMap<usize, StageState>,
     loss: f64,
@@ -87,7 +86,6 @@ pub(super) struct DeviceRun<'w, 'a> {
     task: Option<OpenTask>,
     tasks: Vec<TaskRecord>,
     trace: Vec<Call>,
-    next_op: usize,
     failure: Option<Failure>,
     sync_times: SyncTimes,
     model_state_bytes: Option<u64>,
@@ -110,6 +108,7 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
         let range = shard_range(params.numel(), worker.plan.dp, worker.device.rank);
         let optimizer = ShardedAdamW::new(worker.adamw, &params, range);
         let trace = Vec::with_capacity(worker.ops.len());
+        let cursor = ProgramCursor::new(worker.ops, worker.device);
         DeviceRun {
             worker,
             meter,
@@ -117,7 +116,7 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
             grads: Some(grads),
             optimizer,
             shard: None,
-            collectives_done: 0,
+            cursor,
             states: BTreeMap::new(),
             loss: 0.0,
             input: None,
@@ -126,7 +125,6 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
             task: None,
             tasks: Vec::new(),
             trace,
-            next_op: 0,
             failure: None,
             sync_times: SyncTimes::default(),
             model_state_bytes: None,
@@ -174,22 +172,7 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
     }
 
     fn run_call(&mut self, call: &Call) -> Result<()> {
-        let ops = self.worker.ops;
-        let device = self.worker.device;
-        let (dp, pp) = (device.rank as i64, device.stage as i64);
-        let Some(op) = ops.get(self.next_op) else {
-            return Err(schedule_error(format!(
-                "the driver called {call:?} after the program's last op"
-            )));
-        };
-        let expected = abi_call(dp, pp, op);
-        if *call != expected {
-            return Err(schedule_error(format!(
-                "the driver called {call:?} where the program's op {} is {expected:?}",
-                self.next_op
-            )));
-        }
-        self.next_op += 1;
+        let op = self.cursor.advance(call).map_err(schedule_error)?;
         let pack = op.pack().map(|p| p as usize);
         if pack != self.task.as_ref().map(|t| t.pack) {
             self.close_task();
@@ -227,16 +210,12 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
     /// The worker a pack's tensor comes from (`incoming`) or goes to: the same DP rank's
     /// previous or next stage, by direction.
     fn neighbour(&self, direction: Direction, incoming: bool) -> Option<ProgramWorker> {
-        let Device { rank, stage } = self.worker.device;
-        let forward_side = matches!(direction, Direction::Forward) != incoming;
-        let stage = match forward_side {
-            true => Some(stage + 1).filter(|&s| s < self.worker.plan.pp()),
-            false => stage.checked_sub(1),
-        }?;
-        Some(ProgramWorker {
-            dp: rank as u32,
-            pp: stage as u32,
-        })
+        neighbour(
+            self.worker.device,
+            self.worker.plan.pp(),
+            direction,
+            incoming,
+        )
     }
 
     fn pack_name(&self, pack: usize) -> &str {
@@ -407,13 +386,9 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
 
     /// Fails unless the collective op `keyword` comes `position`-th among the three.
     fn collective_in_order(&mut self, position: usize, keyword: &str) -> Result<()> {
-        if self.collectives_done != position {
-            return Err(schedule_error(format!(
-                "{keyword} out of order (the step ends with reduce-scatter, optimizer, all-gather)"
-            )));
-        }
-        self.collectives_done += 1;
-        Ok(())
+        self.cursor
+            .collective_in_order(position, keyword)
+            .map_err(schedule_error)
     }
 
     fn reduce_scatter(&mut self) -> Result<()> {
@@ -539,18 +514,7 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
             Some(Failure::Panic(panic)) => resume_unwind(panic),
             None => {}
         }
-        if self.next_op != self.worker.ops.len() {
-            return Err(schedule_error(format!(
-                "the driver ran {} of the worker's {} ops",
-                self.next_op,
-                self.worker.ops.len()
-            )));
-        }
-        if self.collectives_done != 3 {
-            return Err(schedule_error(
-                "the program does not end with reduce-scatter, optimizer, all-gather".to_string(),
-            ));
-        }
+        self.cursor.finish().map_err(schedule_error)?;
         let finish_s = self.worker.epoch.elapsed().as_secs_f64();
         let mut ops = OpTimes::default();
         for task in &self.tasks {
@@ -579,12 +543,5 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
             grad_shard: self.shard.expect("a shard after the reduce-scatter"),
             params: self.params,
         })
-    }
-}
-
-fn direction_keyword(direction: Direction) -> &'static str {
-    match direction {
-        Direction::Forward => "fwd",
-        Direction::Backward => "bwd",
     }
 }

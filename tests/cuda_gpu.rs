@@ -1,0 +1,143 @@
+//! The CUDA backend on real GPUs (`run`, `calibrate`, `validate` with `--backend cuda`). Every
+//! test first looks for a GPU; where there is none — CI, or a build without the `cuda` feature —
+//! it prints that it was skipped and why, and passes. (The no-GPU answers themselves are checked
+//! in tests/runtime_cli.rs and tests/hostile.rs.)
+
+mod common;
+use common::slimpack;
+
+/// The GPUs, or `None` after printing why the test is skipped.
+fn gpus_or_skip(test: &str) -> Option<usize> {
+    match slimpack::gpu::gpus() {
+        Ok(gpus) => Some(gpus.len()),
+        Err(why) => {
+            eprintln!("{test}: skipped: {why}");
+            None
+        }
+    }
+}
+
+/// A small step of the tiny model with sliced samples, continuation slices and different
+/// forward and backward packs, on `parallel`.
+fn step(parallel: &str) -> Vec<String> {
+    [
+        "--model",
+        "tiny",
+        "--cluster",
+        "h100-sxm",
+        "--parallel",
+        parallel,
+        "--synthetic",
+        "lognormal:median=48,sigma=0.8,count=10,seed=3",
+        "--context",
+        "256",
+        "--passes",
+        "assign-dp,slice{size=32},pack-fwd{cap=64},pack-bwd{cap=48},schedule-pipeline",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// Runs `run --backend cuda --check-reference` on `parallel` and checks loss and gradients
+/// against the unsliced CPU reference (fp32, relative error <= 1e-4).
+fn check_reference(parallel: &str) {
+    let mut args = vec!["run".to_string(), "--backend".into(), "cuda".into()];
+    args.extend(step(parallel));
+    args.extend(["--check-reference", "--report", "json"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = slimpack(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{args:?}: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["backend"], "cuda");
+    let loss_err = report["loss_rel_err"].as_f64().unwrap();
+    let grad_err = report["max_grad_rel_err"].as_f64().unwrap();
+    eprintln!(
+        "{parallel}: loss {} (relative error {loss_err:.1e}), max gradient error {grad_err:.1e} ({}), step {} s, peak memory {} (predicted {})",
+        report["loss"], report["worst_grad_tensor"], report["step_time_s"],
+        report["peak_memory_bytes"], report["predicted_peak_memory_bytes"]
+    );
+    assert!(loss_err <= 1e-4, "{report}");
+    assert!(grad_err <= 1e-4, "{report}");
+}
+
+#[test]
+fn one_gpu_step_equals_the_unsliced_reference() {
+    if gpus_or_skip("one_gpu_step_equals_the_unsliced_reference").is_none() {
+        return;
+    }
+    check_reference("tp=1,pp=1,dp=1");
+}
+
+#[test]
+fn pipeline_and_data_parallel_steps_equal_the_unsliced_reference() {
+    let Some(count) = gpus_or_skip("pipeline_and_data_parallel_steps_equal_the_unsliced_reference")
+    else {
+        return;
+    };
+    if count < 2 {
+        eprintln!("skipped: needs 2 GPUs (NCCL), this machine has {count}");
+        return;
+    }
+    check_reference("tp=1,pp=2,dp=1");
+    check_reference("tp=1,pp=1,dp=2");
+    if count >= 4 {
+        check_reference("tp=1,pp=2,dp=2");
+    }
+}
+
+#[test]
+fn calibrate_writes_a_table_the_machine_model_loads() {
+    if gpus_or_skip("calibrate_writes_a_table_the_machine_model_loads").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gpu.json");
+    let output = slimpack(&[
+        "calibrate",
+        "--backend",
+        "cuda",
+        "--tokens",
+        "64,256,1024",
+        "--min-seconds",
+        "0.1",
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let calibration =
+        slimpack::machine::cost::Calibration::from_json(&text, "gpu.json").expect("it parses");
+    assert!(!calibration.tables.is_empty(), "{text}");
+    eprintln!("{stderr}");
+}
+
+#[test]
+fn validate_compares_predicted_and_measured_peak_memory_and_step_time() {
+    if gpus_or_skip("validate_compares_predicted_and_measured_peak_memory_and_step_time").is_none()
+    {
+        return;
+    }
+    let output = slimpack(&[
+        "validate",
+        "--backend",
+        "cuda",
+        "--repeat",
+        "2",
+        "--filter",
+        "pp=1,dp=1",
+        "--report",
+        "json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["backend"], "cuda");
+    let summary = &report["summary"];
+    assert!(summary["schedules"].as_u64().unwrap() > 0, "{report}");
+    eprintln!(
+        "peak memory MAPE {}, step time MAPE {}",
+        summary["peak_memory_mape"], summary["step_time_mape"]
+    );
+}
