@@ -389,16 +389,18 @@ impl GpuRun<'_, '_> {
                 pack,
                 direction,
                 from,
+                ..
             } => self.recv(pack as usize, direction, from),
             Op::CpExchange { .. } => Err(CudaError::Unsupported {
                 what: "cp-exchange (DP-Merge groups)".to_string(),
             }),
-            Op::Forward { pack } => self.compute(pack as usize, Direction::Forward),
-            Op::Backward { pack } => self.compute(pack as usize, Direction::Backward),
+            Op::Forward { pack, .. } => self.compute(pack as usize, Direction::Forward),
+            Op::Backward { pack, .. } => self.compute(pack as usize, Direction::Backward),
             Op::Send {
                 pack,
                 direction,
                 to,
+                ..
             } => self.send(pack as usize, direction, to),
             Op::ReduceScatter => self.reduce_scatter(),
             Op::Optimizer => self.optimizer(),

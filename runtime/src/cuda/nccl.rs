@@ -137,6 +137,7 @@ pub(crate) fn check_fifo(plan: &Plan, program: &Program) -> Result<()> {
                     pack,
                     direction,
                     to,
+                    ..
                 } => sent
                     .entry((me, index(to.dp, to.pp), direction == Direction::Forward))
                     .or_default()
@@ -145,6 +146,7 @@ pub(crate) fn check_fifo(plan: &Plan, program: &Program) -> Result<()> {
                     pack,
                     direction,
                     from,
+                    ..
                 } => received
                     .entry((index(from.dp, from.pp), me, direction == Direction::Forward))
                     .or_default()
