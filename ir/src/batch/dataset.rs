@@ -80,6 +80,25 @@ impl Dataset {
         })
     }
 
+    /// A dataset of an embedder's lengths in document order (`lengths[i]` is document `i`),
+    /// each value checked as the file readers check one. A zero length is kept, not skipped:
+    /// the caller's list is indexed by document, and drawing a batch rejects it by index.
+    pub fn from_lengths(name: &str, lengths: &[i64]) -> Result<Dataset> {
+        let lengths = lengths
+            .iter()
+            .enumerate()
+            .map(|(doc, &value)| {
+                super::length::from_i64(value)
+                    .map_err(|message| batch_error(name, format!("document {doc}: {message}")))
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        Ok(Dataset {
+            name: name.to_string(),
+            lengths,
+            empty: 0,
+        })
+    }
+
     /// Number of documents.
     pub fn len(&self) -> usize {
         self.lengths.len()

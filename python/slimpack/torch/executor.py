@@ -1,0 +1,480 @@
+"""The reference executor: one schedule, run exactly, in PyTorch.
+
+Each global rank follows its op list (`Schedule.ops(rank)`) in order:
+
+- `forward p`: the pack's slices run as *sub-batches along the backward packs*: the slices of
+  `p` that share a backward pack form one group, computed as one graph (their rows batched in
+  the linear layers). Attention reads a per-sample, per-layer K/V cache: a slice appends its
+  own K/V rows (RoPE at their absolute positions) and attends, bottom-right causal, to the
+  cached rows `[kv_start, end)` of its sample. A cached chunk is read through the graph when
+  reader and writer are in the same backward pack, and otherwise through a leaf copy whose
+  `.grad` accumulates the dK/dV of the later slices.
+- `backward p`: one `torch.autograd.backward` call over the pack's groups: their outputs (the
+  scaled loss on the last stage, the received output gradient elsewhere) and the K/V of their
+  slices with the accumulated dK/dV of the leaves as gradients. Afterwards the slices' cached
+  K/V and the groups' graphs are freed: every later slice of their samples has been
+  backwarded (per sample, backward runs in decreasing slice order).
+- `send` / `recv`: a pack's activations (forward) or input gradients (backward), the pack's
+  rows in slice order. Sends are non-blocking (`isend`, completed at the end of the step);
+  receives block.
+- `cp_exchange`: a pack of a DP-Merge group runs on each member with its share of every
+  slice's tokens (chunks `r` and `2k-1-r` of `2k`, as the CPU runtime shards); the members
+  all-gather each slice's K/V per layer inside the forward, and all-reduce the K/V gradients
+  inside the backward, so the op itself only marks where the exchange happens.
+- `reduce_scatter`: the stage's gradients summed over its DP ranks (an all-reduce: ZeRO's
+  reduce-scatter followed by the all-gather of the update gives every rank the same values);
+  with tied embeddings on more than one stage, the embedding's gradient of the first stage and
+  its copy's on the last are then summed between the two (Megatron's embedding group), unless
+  the schedule lists that sync as an op of its own.
+- `optimizer`, `all_gather`: no-ops here: the executor stops at the gradients, which is what it
+  checks.
+
+Multi-rank schedules run one process per rank with torch.distributed (gloo, CPU): `run()`
+spawns them. Only `tp=1` without a static CP degree is executed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .model import (
+    ModelConfig,
+    attention,
+    head_loss,
+    init_params,
+    layer_params,
+    layer_rest,
+    predicted_tokens,
+    qkv,
+    synthetic_tokens,
+    targets,
+)
+
+SliceKey = Tuple[int, int, int]
+
+
+@dataclass
+class Options:
+    """Switches of the executor; the defaults run the schedule as it says."""
+
+    #: Sum the tied embedding's gradient between the first and the last stage before the
+    #: optimizer (off: the negative control a test must catch).
+    tied_embedding_sync: bool = True
+
+
+@dataclass
+class RankResult:
+    """What one rank computed."""
+
+    rank: int
+    stage: int
+    dp: int
+    #: This rank's share of the loss (its rows' scaled cross-entropy; 0 off the last stage).
+    loss: float
+    #: Gradients of the stage's parameters after the schedule's syncs.
+    grads: Dict[str, torch.Tensor]
+    #: Most K/V rows cached at once (over layers), and what was left at the end (must be 0).
+    peak_kv_rows: int
+    leftover: Dict[str, int]
+
+
+@dataclass
+class StepResult:
+    """A whole step: the loss, the gradient of every parameter, and each rank's result."""
+
+    loss: float
+    grads: Dict[str, torch.Tensor]
+    ranks: List[RankResult]
+
+
+def cp_positions(member: int, size: int, start: int, end: int) -> torch.Tensor:
+    """Positions of slice `[start, end)` that member `member` of a CP group of `size` holds."""
+    length, chunks = end - start, 2 * size
+    bound = lambda j: start + j * length // chunks  # noqa: E731
+    first, second = member, chunks - 1 - member
+    if size == 1:
+        return torch.arange(start, end)
+    return torch.cat([torch.arange(bound(first), bound(first + 1)), torch.arange(bound(second), bound(second + 1))])
+
+
+class _GatherRows(torch.autograd.Function):
+    """All-gather of one slice's K/V rows in a CP group: each member's rows placed at their
+    positions; the backward sums the members' gradients and returns this member's rows."""
+
+    @staticmethod
+    def forward(ctx, local, positions, member, group, length):
+        most = max(len(p) for p in positions)
+        padded = local.new_zeros((most,) + tuple(local.shape[1:]))
+        padded[: len(local)] = local
+        gathered = [torch.empty_like(padded) for _ in positions]
+        dist.all_gather(gathered, padded, group=group)
+        full = local.new_zeros((length,) + tuple(local.shape[1:]))
+        for rows, index in zip(gathered, positions):
+            full[index] = rows[: len(index)]
+        ctx.positions, ctx.member, ctx.group = positions, member, group
+        return full
+
+    @staticmethod
+    def backward(ctx, grad):
+        total = grad.contiguous().clone()
+        dist.all_reduce(total, group=ctx.group)
+        return total[ctx.positions[ctx.member]], None, None, None, None
+
+
+@dataclass
+class _Chunk:
+    """One slice's K/V at one layer in the cache: `kv` `[rows, 2, kv_heads, head_dim]`."""
+
+    start: int
+    end: int
+    kv: torch.Tensor
+    backward_pack: int
+    leaf: Optional[torch.Tensor] = None
+
+    def read(self, backward_pack: int) -> torch.Tensor:
+        if backward_pack == self.backward_pack:
+            return self.kv
+        if self.leaf is None:
+            self.leaf = self.kv.detach().requires_grad_(True)
+        return self.leaf
+
+
+@dataclass
+class _Group:
+    """The slices of one forward pack that share a backward pack, computed as one graph."""
+
+    forward_pack: int
+    backward_pack: int
+    slices: List[int]  # indices into the forward pack's slices
+    input_leaf: Optional[torch.Tensor] = None
+    output: Optional[torch.Tensor] = None  # hidden rows (not last stage) or the scaled loss
+    rows: List[int] = field(default_factory=list)  # this rank's rows per slice
+
+
+class RankExecutor:
+    """Runs the ops of one global rank (see the module documentation)."""
+
+    def __init__(self, schedule, params: Mapping[str, torch.Tensor], tokens: Sequence[torch.Tensor], rank: int = 0, options: Optional[Options] = None, groups=None):
+        self.schedule, self.rank, self.options = schedule, rank, options or Options()
+        parallel = schedule.parallel
+        if parallel.get("tp", 1) != 1 or parallel.get("cp", 1) != 1:
+            raise ValueError(f"slimpack.torch runs tp=1 without static CP, got {parallel}")
+        self.config = ModelConfig.from_spec(schedule.model)
+        coords = schedule.coords(rank)
+        self.dp, self.stage = coords["dp"], coords["pp"]
+        self.dp_size, self.pp_size = parallel["dp"], parallel["pp"]
+        stage = schedule.stages[self.stage]
+        self.layers = range(stage["first_layer"], stage["first_layer"] + stage["layers"])
+        self.first, self.last = self.stage == 0, self.stage == self.pp_size - 1
+        self.leaves = {name: params[name].detach().clone().requires_grad_(True) for name in self._stage_tensors(params)}
+        self.tokens = tokens
+        self.normalizer = predicted_tokens(tokens)
+        self.backward_pack_of: Dict[SliceKey, int] = {}
+        for pack in schedule.backward_packs:
+            for key in pack.slice_keys():
+                self.backward_pack_of[key] = pack.index
+        self.groups = groups or {}
+        self.cache: Dict[Tuple[int, int], List[_Chunk]] = {}
+        self.live: Dict[int, List[_Group]] = {}  # backward pack -> its groups
+        self.outbox: Dict[Tuple[str, int], torch.Tensor] = {}
+        self.mailbox: Dict[Tuple[str, int], torch.Tensor] = {}
+        self.pending: List = []
+        self.loss = 0.0
+        self.kv_rows = self.peak_kv_rows = 0
+
+    def _stage_tensors(self, params) -> List[str]:
+        names = [n for n in params if n.startswith("layers.") and int(n.split(".")[1]) in self.layers]
+        if self.first or (self.last and self.config.tied_embeddings):
+            names.append("embedding")
+        if self.last:
+            names.append("final_norm")
+            if not self.config.tied_embeddings:
+                names.append("output")
+        return names
+
+    def rank_of(self, dp: int, pp: int) -> int:
+        return dp + self.dp_size * pp
+
+    # ---- shares of a pack's tokens ----
+
+    def _member(self, pack) -> Tuple[int, int]:
+        members = [int(r) for r in pack.dp_ranks]
+        return members.index(self.dp), len(members)
+
+    def _positions(self, pack) -> List[torch.Tensor]:
+        member, size = self._member(pack)
+        return [cp_positions(member, size, int(start), int(end)) for _, start, end, _ in pack.slices]
+
+    def _group_handle(self, pack):
+        member, size = self._member(pack)
+        if size == 1:
+            return None
+        ranks = tuple(self.rank_of(int(d), self.stage) for d in pack.dp_ranks)
+        return self.groups[ranks]
+
+    # ---- ops ----
+
+    def run(self) -> RankResult:
+        for op in self.schedule.ops(self.rank):
+            kind = op["op"]
+            handler = getattr(self, f"op_{kind}", None)
+            if handler is None:
+                raise ValueError(f"rank {self.rank}: unknown op '{kind}' in the schedule")
+            handler(op)
+        for work in self.pending:
+            work.wait()
+        leftover = {
+            "kv_chunks": sum(len(c) for c in self.cache.values()),
+            "groups": sum(len(g) for g in self.live.values()),
+            "messages": len(self.mailbox) + len(self.outbox),
+        }
+        grads = {}
+        for name, leaf in self.leaves.items():
+            grads[name] = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+        return RankResult(self.rank, self.stage, self.dp, self.loss, grads, self.peak_kv_rows, leftover)
+
+    def op_forward(self, op):
+        pack = self.schedule.packs[op["pack"]]
+        keys = pack.slice_keys()
+        positions = self._positions(pack)
+        rows = [len(p) for p in positions]
+        group_of: Dict[int, _Group] = {}
+        groups: List[_Group] = []
+        for i, key in enumerate(keys):
+            b = self.backward_pack_of[key]
+            if b not in group_of:
+                group_of[b] = _Group(pack.index, b, [])
+                groups.append(group_of[b])
+            group_of[b].slices.append(i)
+        offsets = [0]
+        for n in rows:
+            offsets.append(offsets[-1] + n)
+        received = None if self.first else self.mailbox.pop(("forward", pack.index))
+        hidden = {}
+        for g in groups:
+            g.rows = [rows[i] for i in g.slices]
+            if self.first:
+                ids = torch.cat([self.tokens[keys[i][0]][positions[i]] for i in g.slices])
+                hidden[id(g)] = self.leaves["embedding"][ids]
+            else:
+                part = torch.cat([received[offsets[i]:offsets[i + 1]] for i in g.slices])
+                g.input_leaf = part.detach().requires_grad_(True)
+                hidden[id(g)] = g.input_leaf
+        handle = self._group_handle(pack)
+        member, _ = self._member(pack)
+        for layer in self.layers:
+            p = layer_params(self.leaves, layer)
+            queries = {}
+            for g in groups:
+                pos = torch.cat([positions[i] for i in g.slices])
+                q, k, v = qkv(self.config, p, hidden[id(g)], pos)
+                kv = torch.stack([k, v], dim=1)
+                at = 0
+                for i, n in zip(g.slices, g.rows):
+                    sample, start, end = keys[i]
+                    own = kv[at:at + n]
+                    queries[i] = q[at:at + n]
+                    at += n
+                    if handle is not None:
+                        all_positions = [cp_positions(m, len(pack.dp_ranks), start, end) - start for m in range(len(pack.dp_ranks))]
+                        own = _GatherRows.apply(own, all_positions, member, handle, end - start)
+                    self.cache.setdefault((sample, layer), []).append(_Chunk(start, end, own, g.backward_pack))
+                    self.kv_rows += end - start
+            self.peak_kv_rows = max(self.peak_kv_rows, self.kv_rows)
+            for g in groups:
+                attended = []
+                for i in g.slices:
+                    sample, start, end = keys[i]
+                    kv_start = int(pack.slices[i][3])
+                    parts, kpos = [], []
+                    for chunk in self.cache[(sample, layer)]:
+                        lo, hi = max(chunk.start, kv_start), min(chunk.end, end)
+                        if lo < hi:
+                            parts.append(chunk.read(g.backward_pack)[lo - chunk.start:hi - chunk.start])
+                            kpos.append(torch.arange(lo, hi))
+                    kv = torch.cat(parts)
+                    attended.append(attention(self.config, queries[i], kv[:, 0], kv[:, 1], positions[i], torch.cat(kpos)))
+                hidden[id(g)] = layer_rest(self.config, p, hidden[id(g)], torch.cat(attended))
+        if self.last:
+            output = self.leaves["embedding" if self.config.tied_embeddings else "output"]
+            for g in groups:
+                labels = torch.cat([targets(self.tokens[keys[i][0]], 0, int(self.schedule.sample_lengths[keys[i][0]]))[positions[i]] for i in g.slices])
+                g.output = head_loss(self.config, self.leaves["final_norm"], output, hidden[id(g)], labels, self.normalizer)
+                self.loss += float(g.output.detach())
+        else:
+            out = [None] * len(keys)
+            for g in groups:
+                g.output = hidden[id(g)]
+                at = 0
+                for i, n in zip(g.slices, g.rows):
+                    out[i] = g.output[at:at + n].detach()
+                    at += n
+            self.outbox[("forward", pack.index)] = torch.cat(out).contiguous() if out else torch.zeros(0, self.config.hidden)
+        for g in groups:
+            self.live.setdefault(g.backward_pack, []).append(g)
+
+    def op_backward(self, op):
+        pack = self.schedule.packs[op["pack"]]
+        keys = pack.slice_keys()
+        groups = self.live.pop(pack.index, [])
+        roots, grads = [], []
+        if self.last:
+            for g in groups:
+                roots.append(g.output)
+                grads.append(torch.ones_like(g.output))
+        else:
+            received = self.mailbox.pop(("backward", pack.index))
+            at, rows_of = 0, {}
+            for key, n in zip(keys, [len(p) for p in self._positions(pack)]):
+                rows_of[key] = received[at:at + n]
+                at += n
+            for g in groups:
+                fpack = self.schedule.packs[g.forward_pack].slice_keys()
+                roots.append(g.output)
+                grads.append(torch.cat([rows_of[fpack[i]] for i in g.slices]))
+        mine = set(keys)
+        for layer in self.layers:
+            for key in keys:
+                for chunk in self.cache.get((key[0], layer), []):
+                    if (key[0], chunk.start, chunk.end) == key and chunk.leaf is not None:
+                        roots.append(chunk.kv)
+                        grads.append(chunk.leaf.grad if chunk.leaf.grad is not None else torch.zeros_like(chunk.kv))
+        if roots:
+            torch.autograd.backward(roots, grads)
+        if not self.first:
+            grad_of = {}
+            for g in groups:
+                fpack = self.schedule.packs[g.forward_pack].slice_keys()
+                at = 0
+                for i, n in zip(g.slices, g.rows):
+                    grad_of[fpack[i]] = g.input_leaf.grad[at:at + n]
+                    at += n
+            self.outbox[("backward", pack.index)] = torch.cat([grad_of[k] for k in keys]).contiguous()
+        for (sample, layer), chunks in self.cache.items():
+            kept = [c for c in chunks if (sample, c.start, c.end) not in mine]
+            self.kv_rows -= sum(c.end - c.start for c in chunks if (sample, c.start, c.end) in mine)
+            chunks[:] = kept
+        self.cache = {k: v for k, v in self.cache.items() if v}
+
+    def op_cp_exchange(self, op):
+        """A marker: the exchange runs inside the pack's forward and backward (see module docs)."""
+
+    def _rows_of(self, pack) -> int:
+        return sum(len(p) for p in self._positions(pack))
+
+    def op_send(self, op):
+        tensor = self.outbox.pop((op["direction"], op["pack"]))
+        self.pending.append(dist.isend(tensor, dst=op["to"], tag=_tag(op)))
+        self.pending_tensors = getattr(self, "pending_tensors", []) + [tensor]
+
+    def op_recv(self, op):
+        pack = self.schedule.packs[op["pack"]]
+        tensor = torch.empty(self._rows_of(pack), self.config.hidden, dtype=self.leaves[next(iter(self.leaves))].dtype)
+        dist.recv(tensor, src=op["from"], tag=_tag(op))
+        self.mailbox[(op["direction"], op["pack"])] = tensor
+
+    def op_reduce_scatter(self, op):
+        ranks = tuple(int(r) for r in op["ranks"])
+        if len(ranks) > 1:
+            for leaf in self.leaves.values():
+                if leaf.grad is None:
+                    leaf.grad = torch.zeros_like(leaf)
+                dist.all_reduce(leaf.grad, group=self.groups[ranks])
+        if self.options.tied_embedding_sync and not _lists_tied_sync(self.schedule):
+            self._sync_tied_embedding()
+
+    def op_tied_embedding_sync(self, op):
+        if self.options.tied_embedding_sync:
+            self._sync_tied_embedding()
+
+    def _sync_tied_embedding(self):
+        if not (self.config.tied_embeddings and self.pp_size > 1 and (self.first or self.last)):
+            return
+        pair = (self.rank_of(self.dp, 0), self.rank_of(self.dp, self.pp_size - 1))
+        leaf = self.leaves["embedding"]
+        if leaf.grad is None:
+            leaf.grad = torch.zeros_like(leaf)
+        dist.all_reduce(leaf.grad, group=self.groups[pair])
+
+    def op_optimizer(self, op):
+        """The executor stops at the gradients (see the module documentation)."""
+
+    def op_all_gather(self, op):
+        """Parameters are unchanged (no optimizer step here), so nothing to gather."""
+
+
+def _tag(op) -> int:
+    return 2 * int(op["pack"]) + (0 if op["direction"] == "forward" else 1)
+
+
+def _lists_tied_sync(schedule) -> bool:
+    return any(op["op"] == "tied_embedding_sync" for d in schedule.document["devices"] for op in d["ops"])
+
+
+def process_groups(schedule) -> List[Tuple[int, ...]]:
+    """Every rank set a collective of the schedule runs over, in one order for all processes."""
+    sets = set()
+    parallel = schedule.parallel
+    dp, pp = parallel["dp"], parallel["pp"]
+    for device in schedule.document["devices"]:
+        for op in device["ops"]:
+            if "ranks" in op and len(op["ranks"]) > 1:
+                sets.add(tuple(int(r) for r in op["ranks"]))
+    for pack in schedule.packs:
+        if len(pack.dp_ranks) > 1:
+            for stage in range(pp):
+                sets.add(tuple(int(d) + dp * stage for d in pack.dp_ranks))
+    if schedule.model.get("tied_embeddings") and pp > 1:
+        for d in range(dp):
+            sets.add((d, d + dp * (pp - 1)))
+    return sorted(sets)
+
+
+def _worker(rank, world, init_file, schedule_json, params, tokens, options, out_dir):
+    from ..schedule import Schedule
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        schedule = Schedule.from_json(schedule_json)
+        groups = {ranks: dist.new_group(list(ranks)) for ranks in process_groups(schedule)}
+        result = RankExecutor(schedule, params, tokens, rank, options, groups).run()
+        dist.barrier()
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def run(schedule, params: Optional[Mapping[str, torch.Tensor]] = None, tokens: Optional[Sequence[torch.Tensor]] = None, *, seed: int = 0, dtype=torch.float64, options: Optional[Options] = None) -> StepResult:
+    """Runs `schedule` on the tiny model: in this process for one rank, else one process per
+    rank (gloo). `params` default to `init_params(seed)`, `tokens` to random tokens of the
+    schedule's sample lengths. Returns the loss and every parameter's gradient."""
+    config = ModelConfig.from_spec(schedule.model)
+    params = params if params is not None else init_params(config, seed, dtype)
+    tokens = tokens if tokens is not None else synthetic_tokens(schedule.sample_lengths.tolist(), config.vocab, seed)
+    world = schedule.world
+    if world == 1:
+        results = [RankExecutor(schedule, params, tokens, 0, options).run()]
+    else:
+        import torch.multiprocessing as mp
+
+        with tempfile.TemporaryDirectory() as out_dir:
+            init_file = os.path.join(out_dir, "rendezvous")
+            mp.start_processes(_worker, args=(world, init_file, schedule.to_json(), dict(params), list(tokens), options, out_dir), nprocs=world, join=True, start_method="spawn")
+            results = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+    return _assemble(results)
+
+
+def _assemble(results: List[RankResult]) -> StepResult:
+    loss = sum(r.loss for r in results)
+    grads: Dict[str, torch.Tensor] = {}
+    for r in sorted(results, key=lambda r: (r.dp, r.stage)):
+        for name, grad in r.grads.items():
+            grads.setdefault(name, grad)
+    return StepResult(loss, grads, results)
