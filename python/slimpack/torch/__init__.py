@@ -13,7 +13,7 @@ and the tied-embedding sync (see `slimpack.torch.executor`).
     ref_loss, ref_grads = slimpack.torch.reference(schedule)
 """
 
-from .executor import Options, RankExecutor, RankResult, StepResult, run
+from .executor import Options, RankExecutor, RankResult, ScheduleOrderError, StepResult, run
 from .model import ModelConfig, init_params, reference_step, synthetic_tokens
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "RankExecutor",
     "RankResult",
     "StepResult",
+    "ScheduleOrderError",
     "ModelConfig",
     "init_params",
     "reference_step",

@@ -59,6 +59,10 @@ from .model import (
 SliceKey = Tuple[int, int, int]
 
 
+class ScheduleOrderError(RuntimeError):
+    """The schedule runs a backward before what it depends on (a negative control's schedule)."""
+
+
 @dataclass
 class Options:
     """Switches of the executor; the defaults run the schedule as it says."""
@@ -185,6 +189,7 @@ class RankExecutor:
         self.outbox: Dict[Tuple[str, int], torch.Tensor] = {}
         self.mailbox: Dict[Tuple[str, int], torch.Tensor] = {}
         self.pending: List = []
+        self._backwarded_from: set = set()
         self.loss = 0.0
         self.kv_rows = self.peak_kv_rows = 0
 
@@ -322,6 +327,7 @@ class RankExecutor:
     def op_backward(self, op):
         pack = self.schedule.packs[op["pack"]]
         keys = pack.slice_keys()
+        self._check_backward_order(pack)
         groups = self.live.pop(pack.index, [])
         roots, grads = [], []
         if self.last:
@@ -361,6 +367,29 @@ class RankExecutor:
             self.kv_rows -= sum(c.end - c.start for c in chunks if (sample, c.start, c.end) in mine)
             chunks[:] = kept
         self.cache = {k: v for k, v in self.cache.items() if v}
+
+    def _check_backward_order(self, pack):
+        """A slice's backward needs the dK/dV of every later slice of its sample: each of them
+        must have been forwarded and backwarded (its K/V freed) already, on this stage."""
+        keys = set(pack.slice_keys())
+        # Slices of one sample in the same backward pack are one autograd call: their K/V is
+        # read through the graph, so the later one's dK/dV reaches the earlier one within it.
+        starts = {(sample, start) for sample, start, _ in keys}
+        for sample, start, end in keys:
+            done = (sample, end) in self._backwarded_from or (sample, end) in starts
+            if end < int(self.schedule.sample_lengths[sample]) and not done:
+                raise ScheduleOrderError(
+                    f"rank {self.rank}: backward pack {pack.index} runs sample {sample} [{start}, {end}) "
+                    f"before the backward of its later tokens (from {end}): their dK/dV would be lost"
+                )
+            if (sample, self.layers[0]) not in self.cache or not any(
+                c.start == start and c.end == end for c in self.cache[(sample, self.layers[0])]
+            ):
+                raise ScheduleOrderError(
+                    f"rank {self.rank}: backward pack {pack.index} runs sample {sample} [{start}, {end}) "
+                    f"before its forward"
+                )
+        self._backwarded_from.update((sample, start) for sample, start, _ in keys)
 
     def op_cp_exchange(self, op):
         """A marker: the exchange runs inside the pack's forward and backward (see module docs)."""
