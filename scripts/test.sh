@@ -9,3 +9,4 @@ if cargo fmt --version >/dev/null 2>&1; then
 fi
 cargo test --workspace --quiet
 cargo test --workspace --all-features --quiet
+scripts/test-python.sh

@@ -465,19 +465,74 @@ def process_groups(schedule) -> List[Tuple[int, ...]]:
     return sorted(sets)
 
 
-def _worker(rank, world, init_file, schedule_json, params, tokens, options, out_dir):
+def _worker(rank: int, world: int, job_dir: str) -> None:
+    """One rank of a multi-rank `run`: reads the job, executes, writes its result (or error)."""
     from ..schedule import Schedule
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    job = torch.load(os.path.join(job_dir, "job.pt"), weights_only=False)
+    init = f"file://{os.path.join(job_dir, 'rendezvous')}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        schedule = Schedule.from_json(schedule_json)
+        schedule = Schedule.from_json(job["schedule"])
         groups = {ranks: dist.new_group(list(ranks)) for ranks in process_groups(schedule)}
-        result = RankExecutor(schedule, params, tokens, rank, options, groups).run()
+        try:
+            outcome = RankExecutor(schedule, job["params"], job["tokens"], rank, job["options"], groups).run()
+        except Exception as error:  # handed to the parent, which raises it
+            outcome = error
+        torch.save(outcome, os.path.join(job_dir, f"rank{rank}.pt"))
+        if isinstance(outcome, Exception):
+            os._exit(3)  # peers may wait on this rank forever: the parent ends them
         dist.barrier()
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run_processes(schedule, params, tokens, options) -> List[RankResult]:
+    """One process per rank (`python -m slimpack.torch.executor`, so the caller's script is not
+    re-imported as multiprocessing's spawn would); a rank's exception is raised here."""
+    import subprocess
+    import sys
+    import time
+
+    world = schedule.world
+    with tempfile.TemporaryDirectory() as job_dir:
+        torch.save(
+            {"schedule": schedule.to_json(), "params": dict(params), "tokens": list(tokens), "options": options},
+            os.path.join(job_dir, "job.pt"),
+        )
+        logs = [open(os.path.join(job_dir, f"rank{r}.log"), "w+") for r in range(world)]
+        processes = [
+            subprocess.Popen([sys.executable, "-m", "slimpack.torch.executor", str(r), str(world), job_dir],
+                             stdout=logs[r], stderr=subprocess.STDOUT)
+            for r in range(world)
+        ]
+        try:
+            while any(p.poll() is None for p in processes):
+                if any(p.poll() not in (None, 0) for p in processes):
+                    break
+                time.sleep(0.05)
+        finally:
+            for p in processes:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+        outcomes = []
+        for r in range(world):
+            path = os.path.join(job_dir, f"rank{r}.pt")
+            outcome = torch.load(path, weights_only=False) if os.path.exists(path) else None
+            if isinstance(outcome, Exception):
+                raise outcome
+            if outcome is None or processes[r].returncode != 0:
+                logs[r].seek(0)
+                lines = [line for line in logs[r].read().splitlines() if line.strip()]
+                tail = lines[-1] if lines else f"exit status {processes[r].returncode}"
+                raise RuntimeError(f"rank {r} of {world} failed: {tail}")
+            outcomes.append(outcome)
+        for log in logs:
+            log.close()
+        return outcomes
 
 
 def run(schedule, params: Optional[Mapping[str, torch.Tensor]] = None, tokens: Optional[Sequence[torch.Tensor]] = None, *, seed: int = 0, dtype=torch.float64, options: Optional[Options] = None) -> StepResult:
@@ -487,16 +542,10 @@ def run(schedule, params: Optional[Mapping[str, torch.Tensor]] = None, tokens: O
     config = ModelConfig.from_spec(schedule.model)
     params = params if params is not None else init_params(config, seed, dtype)
     tokens = tokens if tokens is not None else synthetic_tokens(schedule.sample_lengths.tolist(), config.vocab, seed)
-    world = schedule.world
-    if world == 1:
+    if schedule.world == 1:
         results = [RankExecutor(schedule, params, tokens, 0, options).run()]
     else:
-        import torch.multiprocessing as mp
-
-        with tempfile.TemporaryDirectory() as out_dir:
-            init_file = os.path.join(out_dir, "rendezvous")
-            mp.start_processes(_worker, args=(world, init_file, schedule.to_json(), dict(params), list(tokens), options, out_dir), nprocs=world, join=True, start_method="spawn")
-            results = [torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+        results = _run_processes(schedule, params, tokens, options)
     return _assemble(results)
 
 
@@ -507,3 +556,12 @@ def _assemble(results: List[RankResult]) -> StepResult:
         for name, grad in r.grads.items():
             grads.setdefault(name, grad)
     return StepResult(loss, grads, results)
+
+
+if __name__ == "__main__":
+    import sys
+
+    # Through the package, so that what the rank pickles names `slimpack.torch.executor`.
+    from slimpack.torch.executor import _worker as worker
+
+    worker(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
