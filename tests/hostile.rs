@@ -162,7 +162,10 @@ fn schedule_json_references_out_of_range() {
     let mut document = original.clone();
     document["replicas"][0]["dp_ranks"] = serde_json::json!([7]);
     let path = write(dir.path(), "rank.json", &document.to_string());
-    bad_input(&["simulate", &path], &["replica 0 names DP rank 7", "dp=2"]);
+    bad_input(
+        &["simulate", &path],
+        &["replica 0 names DP rank 7", "but the layout has dp="],
+    );
     let mut document = original.clone();
     document["packs"][0]["slices"][0]["sample"] = serde_json::json!(4000000000u64);
     let path = write(dir.path(), "sample.json", &document.to_string());

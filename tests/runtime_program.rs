@@ -144,7 +144,7 @@ fn interpreted_programs_equal_the_reference_also_read_back_from_schedule_json() 
             let (execution, _) = run(&plan, program, &Driver::Interpreted);
             assert_eq!(execution.trace, program_calls(program), "{name}");
         }
-        let json = serde_json::to_string(&schedule_json::document(&ir, None)).unwrap();
+        let json = serde_json::to_string(&schedule_json::document(&ir, None).unwrap()).unwrap();
         let read = schedule_json::to_ir(&schedule_json::parse(&json).unwrap()).unwrap();
         let read_plan = Plan::new(&read, &config).unwrap();
         assert_eq!(read_plan.lowered, lowered, "{name}: the JSON's program");

@@ -1,5 +1,7 @@
-//! `compile --emit json` and `simulate schedule.json`: the document validates against the
-//! shipped schema's required fields, reads back, and simulates to exactly compile's figures.
+//! `compile --emit json` and `simulate schedule.json`: the version 2 document validates against
+//! the shipped schema's required fields, reads back, simulates to exactly compile's figures,
+//! states the layout it runs (a chosen static CP degree included), pairs its point-to-point ops,
+//! and refuses edits to its derived fields (pack metadata, tied-embedding op) with one line.
 
 mod common;
 
@@ -95,13 +97,16 @@ fn bad_schedule_files_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (_, mut document) = compile_json(dir.path(), &["--strategy", "slimpack"]);
     let broken = dir.path().join("broken.json");
-    document["packs"][0]["cu_seqlens_q"][1] = 1.into();
+    document["packs"][0]["packed_seq_params"]["cu_seqlens_q"][1] = 1.into();
     std::fs::write(&broken, document.to_string()).unwrap();
     let out = slimpack(&["simulate", broken.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("pack 0"), "{stderr}");
+    assert!(
+        stderr.contains("pack 0: packed_seq_params.cu_seqlens_q[1] is 1"),
+        "{stderr}"
+    );
 
     std::fs::write(
         &broken,
@@ -129,4 +134,138 @@ fn bad_schedule_files_are_one_line_errors() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs a scheduled step"));
+}
+
+/// The document of `compile_json` with `strategy`, and the one-line error `simulate` gives
+/// after `edit`.
+fn simulate_edited(strategy: &str, edit: impl FnOnce(&mut Value)) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut document) = compile_json(dir.path(), &["--strategy", strategy]);
+    edit(&mut document);
+    let edited = dir.path().join("edited.json");
+    std::fs::write(&edited, document.to_string()).unwrap();
+    let out = slimpack(&["simulate", edited.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    stderr
+}
+
+#[test]
+fn edited_derived_fields_are_caught_by_simulate() {
+    // The tiny model ties its embeddings: the first and last stage sum the gradient.
+    let stderr = simulate_edited("slimpack", |document| {
+        let ops = document["devices"][0]["ops"].as_array_mut().unwrap();
+        let at = ops
+            .iter()
+            .position(|op| op["op"] == "tied_embedding_all_reduce")
+            .expect("a tied-embedding op on the first stage");
+        ops.remove(at);
+    });
+    assert!(stderr.contains("devices (rank 0)"), "{stderr}");
+    let stderr = simulate_edited("wlb", |document| {
+        document["packs"][1]["packed_seq_params"]["cu_seqlens_kv_padded"][1] = 7.into();
+    });
+    assert!(
+        stderr.contains("pack 1: packed_seq_params.cu_seqlens_kv_padded[1] is 7"),
+        "{stderr}"
+    );
+    let stderr = simulate_edited("megatron", |document| {
+        document["spec"]["parallel"]["cp"] = 1.into();
+        document["spec"]["parallel"]["dp"] = 4.into();
+    });
+    assert!(stderr.contains("error: "), "{stderr}");
+    let stderr = simulate_edited("slimpack", |document| {
+        document["packs"][0]["extra"] = 1.into();
+    });
+    assert!(stderr.contains("unknown field `extra`"), "{stderr}");
+}
+
+#[test]
+fn the_document_states_the_layout_it_runs_and_megatron_fields() {
+    for strategy in ["megatron", "slimpack", "padding"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, document) = compile_json(dir.path(), &["--strategy", strategy]);
+        let parallel = &document["spec"]["parallel"];
+        let (cp, dp) = (
+            parallel["cp"].as_u64().unwrap(),
+            parallel["dp"].as_u64().unwrap(),
+        );
+        // The input pool of 4 DP ranks is cp x dp of the layout the step runs.
+        assert_eq!(cp * dp, 4, "{strategy}: {parallel}");
+        let devices = document["devices"].as_array().unwrap();
+        for device in devices {
+            let coords = &device["coords"];
+            let rank = coords["tp"].as_u64().unwrap()
+                + 2 * (coords["cp"].as_u64().unwrap()
+                    + cp * (coords["dp"].as_u64().unwrap() + dp * coords["pp"].as_u64().unwrap()));
+            assert_eq!(device["rank"].as_u64().unwrap(), rank, "{strategy}");
+        }
+        let cps: std::collections::BTreeSet<u64> = devices
+            .iter()
+            .map(|d| d["coords"]["cp"].as_u64().unwrap())
+            .collect();
+        assert_eq!(cps.len() as u64, cp, "{strategy}");
+        for pack in document["packs"].as_array().unwrap() {
+            let params = pack["packed_seq_params"].as_object().unwrap();
+            let mut keys: Vec<&str> = params.keys().map(String::as_str).collect();
+            keys.sort_unstable();
+            let mut megatron = [
+                "qkv_format",
+                "cu_seqlens_q",
+                "cu_seqlens_kv",
+                "cu_seqlens_q_padded",
+                "cu_seqlens_kv_padded",
+                "max_seqlen_q",
+                "max_seqlen_kv",
+            ];
+            megatron.sort_unstable();
+            assert_eq!(keys, megatron, "Megatron-Core's PackedSeqParams fields");
+            assert_eq!(params["qkv_format"], "thd");
+            let cp_size = pack["cp_size"].as_u64().unwrap();
+            let multiple = if cp_size > 1 { 2 * cp_size } else { 1 };
+            for list in ["cu_seqlens_q_padded", "cu_seqlens_kv_padded"] {
+                for offset in params[list].as_array().unwrap() {
+                    let offset = offset.as_u64().unwrap();
+                    assert!(offset <= i32::MAX as u64);
+                    if cp_size > 1 {
+                        assert_eq!(offset % multiple, 0, "{strategy}: {list}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sends_and_receives_pair_up_in_order_between_every_two_ranks() {
+    use std::collections::BTreeMap;
+    for strategy in ["slimpack", "megatron", "wlb"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, document) = compile_json(dir.path(), &["--strategy", strategy]);
+        let mut sent: BTreeMap<(u64, u64), Vec<(u64, String)>> = BTreeMap::new();
+        let mut received: BTreeMap<(u64, u64), Vec<(u64, String)>> = BTreeMap::new();
+        for device in document["devices"].as_array().unwrap() {
+            let rank = device["rank"].as_u64().unwrap();
+            for op in device["ops"].as_array().unwrap() {
+                let message = (
+                    op["pack"].as_u64().unwrap_or(0),
+                    op["direction"].to_string(),
+                );
+                match op["op"].as_str().unwrap() {
+                    "send" => sent
+                        .entry((rank, op["to"].as_u64().unwrap()))
+                        .or_default()
+                        .push(message),
+                    "recv" => received
+                        .entry((op["from"].as_u64().unwrap(), rank))
+                        .or_default()
+                        .push(message),
+                    _ => {}
+                }
+            }
+        }
+        assert!(!sent.is_empty(), "{strategy}");
+        assert_eq!(sent, received, "{strategy}");
+    }
 }

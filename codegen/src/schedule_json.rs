@@ -1,39 +1,49 @@
-//! The schedule JSON (`compile --emit json`): a lowered step, self-contained, for trainers.
+//! The schedule JSON (`compile --emit json`), version 2: a lowered step, self-contained, for
+//! trainers.
 //!
-//! A document holds everything needed to run the step without slimpack — and everything needed
-//! to read it back into the step IR ([`to_ir`]), which is how `slimpack simulate schedule.json`
-//! reproduces compile's report:
+//! A document holds everything a PyTorch or Megatron trainer needs to run the step without
+//! slimpack — and everything needed to read it back into the step IR ([`to_ir`]), which is how
+//! `slimpack simulate schedule.json` reproduces compile's report. Top-level fields:
 //! - `format` (`"slimpack.schedule"`) and `version` ([`VERSION`]; bumped on any incompatible
-//!   change);
-//! - `spec` (model, cluster, parallel layout) and `batch` (where the lengths came from);
-//! - `samples` in batch order (`len`, source `doc`, context `piece`): packs name them by index;
-//! - `stages` (layer ranges) and `replicas` (DP ranks; two or more form a DP-Merge CP group);
-//! - `packs`: per pack its direction, replica, slices (`sample`, `start`, `end`, `kv_start`) and
-//!   the varlen metadata of Megatron's packed THD format or a varlen-attention loop
-//!   (`cu_seqlens_q/k`, `max_seqlen_q/k`, `position_offsets`, `padded_tokens`);
+//!   change: a document of another version is refused with one line naming both);
+//! - `spec` (model, cluster, parallel layout — `parallel.cp` is the CP degree the step uses,
+//!   also when the strategy chose it, see `cp_chosen`) and `batch` (where the lengths came from);
+//! - `loss`: what the loss is divided by ([`LossDocument`]);
+//! - `samples` in batch order (`len`, source `doc`, context `piece`);
+//! - `slices`: every slice of every sample, sample-major — its packs, the tokens its rows
+//!   predict, and the order in which its dK/dV accumulate ([`SliceDocument`]);
+//! - `stages` (layer ranges) and `replicas` (DP ranks and CP size);
+//! - `packs`: per pack its slices with their K/V prefix and CP split, Megatron's
+//!   `PackedSeqParams` fields, RoPE positions and, for a forward pack, its sub-batches along the
+//!   backward packs ([`PackDocument`]);
 //! - `schedules`: per replica and stage, the order of its packs;
 //! - `devices`: per global rank (Megatron order: tp fastest, then cp, dp, pp) its coordinates and
-//!   its ops in order, peers as global ranks — see [`DeviceOp`];
+//!   its ops in order, peers as global ranks ([`DeviceOp`]: compute, non-blocking point-to-point,
+//!   CP exchanges, the tied-embedding gradient sum, the DP gradient sync);
 //! - `predicted`: the simulator's metrics for this schedule, when compile simulated it.
 //!
-//! The JSON Schema ([`schema`], `slimpack schema` on the command line, shipped as
-//! `docs/schedule.schema.json`) is generated from these types.
-
-use std::collections::HashMap;
+//! Everything but `spec`, `batch`, `samples`, `stages`, the replicas' DP ranks, the packs'
+//! slice lists and `schedules` is derived from those; [`to_ir`] re-derives it and refuses a
+//! document whose derived fields differ (a hand-edited document is an error, not a silent
+//! reinterpretation). Every object is closed (`additionalProperties: false`) except
+//! `predicted`; the JSON Schema ([`schema`], `slimpack schema`, shipped as
+//! `docs/schedule.schema.json`) is generated from these types and states every field's meaning
+//! and integer bounds.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use slimpack_ir::batch::Sample;
-use slimpack_ir::program::{self, Op, PackLayout, Program, Worker};
-use slimpack_ir::spec::{Coords, ParallelSpec};
-use slimpack_ir::step::{BatchInfo, Direction, Pack, PackId, Phase, SliceId, Stage, StepIr};
+use slimpack_ir::spec::Coords;
+use slimpack_ir::step::{Direction, StepIr};
 use slimpack_ir::Spec;
 
 /// The value of the `format` field.
 pub const FORMAT: &str = "slimpack.schedule";
 /// The document version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
+/// The largest value of an int32 field (Megatron's `cu_seqlens`, RoPE positions).
+pub const INT32_MAX: u32 = i32::MAX as u32;
 
 /// A schedule document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -41,24 +51,38 @@ pub const VERSION: u32 = 1;
 pub struct ScheduleDocument {
     /// Always `"slimpack.schedule"`.
     pub format: String,
-    /// The document version (see the module docs).
+    /// The document version: 2. Readers refuse any other version.
+    #[schemars(range(min = 2, max = 2))]
     pub version: u32,
+    /// Model, cluster and the parallel layout the step runs on. `parallel.cp` is always present:
+    /// the static CP degree every replica runs with (1: none), also when the strategy chose it
+    /// out of the DP pool (`cp_chosen`); global ranks and `coords` follow this layout.
     pub spec: Spec,
+    /// Whether the strategy chose `spec.parallel.cp` (the input layout named no cp: the strategy
+    /// ran a pool of `cp × dp` data-parallel ranks as `dp` replicas of `cp` consecutive ranks);
+    /// false when the layout fixed it.
+    pub cp_chosen: bool,
     pub batch: BatchDocument,
-    /// Samples in batch order; packs refer to them by index.
+    pub loss: LossDocument,
+    /// Samples in batch order; slices and packs refer to them by index.
     pub samples: Vec<Sample>,
+    /// Every slice, sample by sample in batch order, each sample's slices in increasing start.
+    pub slices: Vec<SliceDocument>,
     pub stages: Vec<StageDocument>,
     pub replicas: Vec<ReplicaDocument>,
+    /// Every pack: per replica, its forward packs, then its backward packs.
     pub packs: Vec<PackDocument>,
     pub schedules: Vec<ScheduleEntry>,
     pub devices: Vec<Device>,
-    /// The simulator's metrics for this schedule (step time, memory, ...), when known.
+    /// The simulator's metrics for this schedule (step time, memory, ...), when known; the one
+    /// open object of the document (its fields are those of `compile --report json`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicted: Option<serde_json::Value>,
 }
 
 /// Where the batch came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BatchDocument {
     pub source: String,
     /// Context length longer documents were cut to, if any.
@@ -67,30 +91,224 @@ pub struct BatchDocument {
     pub documents_cut: u64,
 }
 
+/// The loss of the step and its normalization.
+///
+/// Every row with a target contributes `cross_entropy(logits(row), target) / target_tokens`;
+/// rows without one (a sample's last token, padding) contribute nothing. The losses of every
+/// pack on every rank add up to the batch's mean token loss, and the gradients it gives are
+/// sums: the DP `reduce_scatter` sums (never averages) over ranks, and the CP members of a
+/// pack each contribute the gradient of their own rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct LossDocument {
+    /// Always `"sum_over_global_target_tokens"`: the sum over rows, divided by `target_tokens`.
+    pub normalization: LossNormalization,
+    /// Rows with a target in the whole global batch: `Σ (len − 1)` over the samples.
+    pub target_tokens: u64,
+}
+
+/// How the loss is normalized (one way today; named so that a reader can check it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum LossNormalization {
+    /// Summed over rows, divided by the global batch's target tokens.
+    SumOverGlobalTargetTokens,
+}
+
+/// One slice of a sample: its tokens `[start, end)`, the packs that run it, its targets and
+/// its dK/dV accumulation.
+///
+/// Lifetimes, on every stage: the slice's keys and values (per layer, kept in its sample's K/V
+/// cache from its forward), their gradient accumulators (from the first backward that adds into
+/// them) and the activations its forward saved may be freed when that stage's `backward` of
+/// `backward_pack` finished; its sample's cache is empty once its first slice is backwarded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SliceDocument {
+    /// The sample's index in `samples`.
+    pub sample: u32,
+    /// First token (sample position) of the slice.
+    #[schemars(range(max = 2147483647))]
+    pub start: u32,
+    /// One past its last token.
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub end: u32,
+    /// The forward pack that runs it (index into `packs`).
+    pub forward_pack: u32,
+    /// The backward pack that runs it (index into `packs`).
+    pub backward_pack: u32,
+    /// Row `start + i` predicts the sample's token at `target_start + i`: targets are the
+    /// positions `[start + 1, min(end + 1, len))`, so a slice's last target is the next
+    /// slice's first token and the sample's last token has none.
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub target_start: u32,
+    /// One past the last target position (`target_end − target_start` rows have a target).
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub target_end: u32,
+    /// The slices (indices into `slices`) whose backward adds into this slice's dK/dV, in the
+    /// order they run: its sample's later slices from the last down, then itself. Its dK/dV
+    /// are complete, and consumed, in its own backward (the last entry). In a CP group each
+    /// contribution is the sum of the members' contributions, added in member order.
+    pub dkv_from: Vec<u32>,
+}
+
 /// A pipeline stage: layers `[first_layer, first_layer + layers)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct StageDocument {
     pub first_layer: u32,
+    #[schemars(range(min = 1))]
     pub layers: u32,
 }
 
-/// A replica: its DP ranks (two or more: a DP-Merge group acting as one CP group).
+/// A replica: the DP ranks that run its samples and the size of its CP group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReplicaDocument {
+    /// DP ranks (two or more: a DP-Merge group, whose members act as one CP group).
     pub dp_ranks: Vec<u32>,
+    /// CP members that run each of its packs: `len(dp_ranks) × spec.parallel.cp`. Member
+    /// `i · cp + c` is the device with the `i`-th of `dp_ranks` and cp coordinate `c`.
+    #[schemars(range(min = 1))]
+    pub cp_size: u32,
 }
 
-/// A pack: its layout and the token cap it was built under.
+/// A pack: its slices and what a varlen attention call and a trainer need to run it.
+///
+/// Rows: the pack's tensors (hidden states, Q) hold its slices' tokens in the order of
+/// `slices` (`packed_seq_params.cu_seqlens_q`), then `padded_tokens − tokens` padding rows
+/// (token 0, no target, RoPE positions `tokens..padded_tokens`, attending causally only to
+/// themselves). Row `cu_seqlens_q[i] + j` is token `slices[i].start + j` of its sample, at RoPE
+/// position `position_offsets[i] + j` (positions continue across slices: they are positions in
+/// the sample, not in the pack).
+///
+/// Attention, per slice and layer: queries are the slice's own rows; keys and values are the
+/// rows of positions `[kv_start, end)` of its sample — the cached prefix `[kv_start, start)`
+/// (written by earlier slices' forwards on this stage) followed by the slice's own new rows —
+/// causal with the diagonal aligned bottom-right (query `start + j` sees keys up to
+/// `start + j`). `cu_seqlens_kv` describes that K/V operand: per slice its prefix and its rows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct PackDocument {
-    #[serde(flatten)]
-    pub layout: PackLayout,
+    /// The pack's name in the printed IR (`%f3`, `%b7`).
+    pub name: String,
+    pub direction: Direction,
+    /// The replica's index in `replicas`.
+    pub replica: u32,
+    /// DP ranks that run it (more than one: a DP-Merge group, as one CP group).
+    pub dp_ranks: Vec<u32>,
+    /// The token cap it was built under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cap: Option<u32>,
+    /// Real tokens (rows with a token of a sample).
+    #[schemars(range(max = 2147483647))]
+    pub tokens: u32,
+    /// Rows, padding included (padding follows the slices).
+    #[schemars(range(max = 2147483647))]
+    pub padded_tokens: u32,
+    pub slices: Vec<PackSlice>,
+    /// RoPE position of each slice's first row (its `start`).
+    #[schemars(inner(range(max = 2147483647)))]
+    pub position_offsets: Vec<u32>,
+    /// Megatron-Core's `PackedSeqParams`, field for field (lists become int32 tensors).
+    pub packed_seq_params: PackedSeqParams,
+    /// Members of the CP group that runs the pack (1: no context parallelism); the same as its
+    /// replica's `cp_size`.
+    #[schemars(range(min = 1))]
+    pub cp_size: u32,
+    /// CP member `m`'s share of the padding rows, as positions `tokens..padded_tokens` (two
+    /// runs, by the rule of `PackSlice::cp_runs`); empty when the pack is not padded.
+    pub padding_cp_runs: Vec<[[u32; 2]; 2]>,
+    /// Forward packs: the pack's slices grouped by the backward pack that runs them, so that a
+    /// trainer can run the forward as one autograd graph per group and each backward pack
+    /// backwards exactly its own graphs. Listed in an order that runs each sample's slices by
+    /// increasing start (the reverse of their backward packs' order); a later group reads the
+    /// K/V an earlier one wrote. Empty for backward packs.
+    pub sub_batches: Vec<SubBatch>,
+}
+
+/// One slice of a pack.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PackSlice {
+    /// The slice's index in `slices`.
+    pub slice: u32,
+    /// The sample's index in `samples`.
+    pub sample: u32,
+    /// First token of the slice within its sample (its first row's RoPE position).
+    #[schemars(range(max = 2147483647))]
+    pub start: u32,
+    /// One past its last token.
+    #[schemars(range(min = 1, max = 2147483647))]
+    pub end: u32,
+    /// First cached K/V position it reads (0: its sample's whole prefix `[0, start)`).
+    #[schemars(range(max = 2147483647))]
+    pub kv_start: u32,
+    /// Per CP member (in member order), the sample positions it owns of the slice: two
+    /// `[start, end)` runs, chunks `m` and `2k − 1 − m` of the slice cut into `2k` chunks at
+    /// `start + ⌊j · (end − start) / 2k⌋` (`k = cp_size`; no padding; a run may be empty). A
+    /// member computes its rows only, keeps their K/V, and sends and receives their hidden
+    /// states along the pipeline.
+    pub cp_runs: Vec<[[u32; 2]; 2]>,
+}
+
+/// The `qkv_format` of a pack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum QkvFormat {
+    /// Packed sequences: `[tokens, heads, head_dim]`.
+    Thd,
+}
+
+/// The pack's varlen metadata, named as Megatron-Core's `PackedSeqParams`
+/// (`megatron/core/packed_seq_params.py`): `PackedSeqParams(**p)` works once the four lists
+/// are int32 tensors. Every value fits int32.
+///
+/// `_padded` offsets lay each slice out on a multiple of `pad_multiple` rows (`2 · cp_size`
+/// when the pack runs on a CP group, as Transformer Engine's THD context parallelism requires;
+/// else 1), and the pack's padding rows extend its last slice: segment `i` spans
+/// `ceil(len_i / m) · m` rows, the last `ceil((len_last + padding) / m) · m`. Without CP the
+/// `_padded` offsets equal the plain ones except for the last entry, `padded_tokens`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PackedSeqParams {
+    /// Always `"thd"`.
+    pub qkv_format: QkvFormat,
+    /// Query offsets: rows `cu_seqlens_q[i]..cu_seqlens_q[i + 1]` are slice `i`'s; the last
+    /// entry is `tokens`.
+    #[schemars(inner(range(max = 2147483647)))]
+    pub cu_seqlens_q: Vec<u32>,
+    /// K/V offsets: slice `i` attends to `cu_seqlens_kv[i + 1] − cu_seqlens_kv[i] =
+    /// end − kv_start` keys (its cached prefix, then its own rows).
+    #[schemars(inner(range(max = 2147483647)))]
+    pub cu_seqlens_kv: Vec<u32>,
+    /// `cu_seqlens_q` with each segment padded (see the type's docs).
+    #[schemars(inner(range(max = 2147483647)))]
+    pub cu_seqlens_q_padded: Vec<u32>,
+    /// `cu_seqlens_kv` with each segment padded.
+    #[schemars(inner(range(max = 2147483647)))]
+    pub cu_seqlens_kv_padded: Vec<u32>,
+    /// The longest segment of `cu_seqlens_q_padded`.
+    #[schemars(range(max = 2147483647))]
+    pub max_seqlen_q: u32,
+    /// The longest segment of `cu_seqlens_kv_padded`.
+    #[schemars(range(max = 2147483647))]
+    pub max_seqlen_kv: u32,
+}
+
+/// The slices of a forward pack that one backward pack runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubBatch {
+    /// The backward pack (index into `packs`).
+    pub backward_pack: u32,
+    /// Indices into the forward pack's `slices`, in pack order.
+    pub slices: Vec<u32>,
 }
 
 /// The order of one replica's packs on one stage (indices into `packs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ScheduleEntry {
     pub replica: u32,
     pub stage: u32,
@@ -99,41 +317,66 @@ pub struct ScheduleEntry {
 
 /// One device and its ops in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Device {
     /// Global rank.
     pub rank: u64,
+    /// Its coordinates in `spec.parallel`.
     pub coords: Coords,
     pub ops: Vec<DeviceOp>,
 }
 
-/// An op of one device; packs are indices into `packs`, peers are global ranks. TP (and static
-/// CP) peers run the same ops; each exchanges with the peer that has its own tp/cp coordinates.
+/// An op of one device; packs are indices into `packs`, peers are global ranks. TP peers run
+/// the same ops; each exchanges with the peers that have its own tp coordinate.
+///
+/// Point-to-point: every `send` has exactly one matching `recv` (same pack and direction, the
+/// two ranks swapped) and vice versa. Sends are non-blocking: post a `send` as an `isend` and
+/// go on with the next op without waiting for the receiver (wait for every send before the
+/// step's `reduce_scatter`, or before reusing the buffer); a `recv` blocks (`irecv`, then wait
+/// before the next op). Blocking sends deadlock on pipelines (stage 0 sending a forward while
+/// stage 1 sends a backward); with these semantics the op lists are deadlock-free (slimpack
+/// proves it on every lowered program). A trainer may also batch each op's `recv` or `send`
+/// with its neighbours' in one `batch_isend_irecv`. Between two ranks, messages arrive in the
+/// order they are sent and are received in that order, so transports without tags (NCCL) match
+/// them; the pack index serves as a tag where there are tags.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(tag = "op", rename_all = "snake_case")]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DeviceOp {
-    /// The forward of `pack` on this device's layers (its share of the tokens in a CP group).
+    /// The forward of `pack` on this device's layers (its CP member's rows in a CP group).
     Forward { pack: u32 },
     /// The backward of `pack` on this device's layers.
     Backward { pack: u32 },
-    /// The context-parallel K/V exchange of `pack` among `ranks` (a DP-Merge group).
+    /// The context-parallel exchange of `pack` among `ranks` (the pack's CP group, in member
+    /// order), before every forward and backward of a pack whose `cp_size` is above 1: in the
+    /// forward, per slice and layer, the members all-gather the K/V rows they own of the
+    /// slice's prefix and own rows; in the backward they gather them again and sum each
+    /// other's dK/dV contributions into the owners' accumulators, in member order.
     CpExchange {
         pack: u32,
         direction: Direction,
         ranks: Vec<u64>,
     },
-    /// Send `pack`'s activations (forward) or input gradients (backward) to `to`.
+    /// Send `pack`'s output rows (forward: hidden states to the next stage; backward: input
+    /// gradients to the previous stage) to `to`; non-blocking.
     Send {
         pack: u32,
         direction: Direction,
         to: u64,
     },
-    /// Receive `pack`'s activations (forward) or output gradients (backward) from `from`.
+    /// Receive `pack`'s input rows (forward: hidden states; backward: output gradients) from
+    /// `from`; blocks until they arrived.
     Recv {
         pack: u32,
         direction: Direction,
         from: u64,
     },
-    /// Reduce-scatter the stage's gradients among `ranks` (every DP rank of the stage).
+    /// Sum the tied embedding's gradient between the first stage (input embedding) and the
+    /// last stage (output projection): `ranks` are those two devices (same tp, cp and dp); both
+    /// get the sum. Only when the model ties its embeddings and has more than one stage (with
+    /// untied embeddings, or one stage, there is no such op).
+    TiedEmbeddingAllReduce { ranks: Vec<u64> },
+    /// Reduce-scatter (sum) the stage's gradients among `ranks`: every device of the stage with
+    /// this tp coordinate (its DP and CP peers).
     ReduceScatter { ranks: Vec<u64> },
     /// The optimizer step on this device's shard.
     Optimizer,
@@ -141,14 +384,14 @@ pub enum DeviceOp {
     AllGather { ranks: Vec<u64> },
 }
 
-/// Errors reading a document.
+/// Errors writing or reading a document.
 #[derive(Debug, thiserror::Error)]
 pub enum ScheduleError {
     #[error("{0}")]
     Json(#[from] serde_json::Error),
     #[error("not a slimpack schedule (format '{0}', expected '{FORMAT}')")]
     Format(String),
-    #[error("schedule version {0} is not supported (this build reads version {VERSION})")]
+    #[error("schedule version {0} is not supported: this build reads and writes version {VERSION} (compile the step again to get a version {VERSION} document)")]
     Version(u32),
     #[error("{0}")]
     Invalid(String),
@@ -157,148 +400,19 @@ pub enum ScheduleError {
 }
 
 /// The document of `ir` (phase `scheduled` or later), with the simulator's metrics if given.
+/// Fails only when a pack's metadata would leave the int32 range trainers' kernels take.
 ///
 /// # Panics
 /// If `ir` is not scheduled (callers check the phase).
-pub fn document(ir: &StepIr, predicted: Option<serde_json::Value>) -> ScheduleDocument {
-    let program = program::program_of(ir);
-    let order = program::pack_order(ir);
-    let packs = program
-        .packs
-        .iter()
-        .zip(&order)
-        .map(|(layout, &(id, _))| PackDocument {
-            layout: layout.clone(),
-            cap: ir.pack(id).cap,
-        })
-        .collect();
-    let index: HashMap<PackId, u32> = order
-        .iter()
-        .enumerate()
-        .map(|(i, &(id, _))| (id, i as u32))
-        .collect();
-    let mut schedules = Vec::new();
-    for (r, &replica) in ir.replicas().iter().enumerate() {
-        for &stage in ir.stages() {
-            let stage = ir.stage(stage).index;
-            let order = ir.schedule(replica, stage);
-            if !order.is_empty() {
-                schedules.push(ScheduleEntry {
-                    replica: r as u32,
-                    stage,
-                    packs: order.into_iter().map(|id| index[&id]).collect(),
-                });
-            }
-        }
-    }
-    ScheduleDocument {
-        format: FORMAT.to_string(),
-        version: VERSION,
-        spec: ir.spec.clone(),
-        batch: BatchDocument {
-            source: ir.batch.source.clone(),
-            context: ir.batch.context,
-            documents: ir.batch.documents,
-            documents_cut: ir.batch.documents_cut,
-        },
-        samples: ir.samples().iter().map(|&s| *ir.sample(s)).collect(),
-        stages: ir
-            .stages()
-            .iter()
-            .map(|&s| {
-                let stage = ir.stage(s);
-                StageDocument {
-                    first_layer: stage.first_layer,
-                    layers: stage.layers,
-                }
-            })
-            .collect(),
-        replicas: ir
-            .replicas()
-            .iter()
-            .map(|&r| ReplicaDocument {
-                dp_ranks: ir.replica(r).ranks.clone(),
-            })
-            .collect(),
-        packs,
-        schedules,
-        devices: devices(&ir.spec.parallel, &program),
-        predicted,
-    }
+pub fn document(
+    ir: &StepIr,
+    predicted: Option<serde_json::Value>,
+) -> Result<ScheduleDocument, ScheduleError> {
+    build::document(ir, predicted)
 }
 
-/// Every global rank's ops: its worker's ops with peers resolved to global ranks.
-fn devices(parallel: &ParallelSpec, program: &Program) -> Vec<Device> {
-    (0..parallel.world())
-        .map(|rank| {
-            let coords = parallel.coords(rank);
-            let at = |worker: Worker| {
-                parallel.rank(Coords {
-                    dp: worker.dp,
-                    pp: worker.pp,
-                    ..coords
-                })
-            };
-            let stage_ranks = || -> Vec<u64> {
-                (0..program.dp)
-                    .map(|dp| at(Worker { dp, pp: coords.pp }))
-                    .collect()
-            };
-            let worker = program.worker(Worker {
-                dp: coords.dp,
-                pp: coords.pp,
-            });
-            let ops = worker
-                .ops
-                .iter()
-                .map(|op| match op {
-                    Op::Forward { pack } => DeviceOp::Forward { pack: *pack },
-                    Op::Backward { pack } => DeviceOp::Backward { pack: *pack },
-                    Op::CpExchange {
-                        pack,
-                        direction,
-                        group,
-                    } => DeviceOp::CpExchange {
-                        pack: *pack,
-                        direction: *direction,
-                        ranks: group
-                            .iter()
-                            .map(|&dp| at(Worker { dp, pp: coords.pp }))
-                            .collect(),
-                    },
-                    Op::Send {
-                        pack,
-                        direction,
-                        to,
-                    } => DeviceOp::Send {
-                        pack: *pack,
-                        direction: *direction,
-                        to: at(*to),
-                    },
-                    Op::Recv {
-                        pack,
-                        direction,
-                        from,
-                    } => DeviceOp::Recv {
-                        pack: *pack,
-                        direction: *direction,
-                        from: at(*from),
-                    },
-                    Op::ReduceScatter => DeviceOp::ReduceScatter {
-                        ranks: stage_ranks(),
-                    },
-                    Op::Optimizer => DeviceOp::Optimizer,
-                    Op::AllGather => DeviceOp::AllGather {
-                        ranks: stage_ranks(),
-                    },
-                })
-                .collect();
-            Device { rank, coords, ops }
-        })
-        .collect()
-}
-
-/// Reads a document from JSON text, checking its format and version.
+/// Reads a document from JSON text, checking its format and version first (a document of
+/// another version gets one line naming both versions, not a field error).
 pub fn parse(text: &str) -> Result<ScheduleDocument, ScheduleError> {
     #[derive(Deserialize)]
     struct Header {
@@ -317,164 +431,10 @@ pub fn parse(text: &str) -> Result<ScheduleDocument, ScheduleError> {
 }
 
 /// The step IR a document describes (phase `lowered`), verified, so that it simulates, prints
-/// and lowers exactly like the IR the document was written from. The document's `devices` must
-/// be what that IR lowers to: they are derived data, and a hand-edited op list is an error.
+/// and lowers exactly like the IR the document was written from. Every derived field must be
+/// what that IR gives: a hand-edited op list, pack metadata or slice table is an error.
 pub fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
-    let invalid = |message: String| ScheduleError::Invalid(message);
-    doc.spec.validate()?;
-    check::check(doc)?;
-    let stages: Vec<Stage> = doc
-        .stages
-        .iter()
-        .enumerate()
-        .map(|(index, s)| Stage {
-            index: index as u32,
-            first_layer: s.first_layer,
-            layers: s.layers,
-        })
-        .collect();
-    let batch = BatchInfo {
-        source: doc.batch.source.clone(),
-        context: doc.batch.context,
-        documents: doc.batch.documents,
-        documents_cut: doc.batch.documents_cut,
-    };
-    let mut ir = StepIr::with_stages(doc.spec.clone(), batch, &stages);
-    let samples: Vec<_> = doc.samples.iter().map(|&s| ir.add_bare_sample(s)).collect();
-
-    // Slices: each sample's forward-pack slices, in offset order.
-    let mut bounds: Vec<Vec<(u32, u32)>> = vec![Vec::new(); samples.len()];
-    for (p, pack) in doc.packs.iter().enumerate() {
-        if pack.layout.direction != Direction::Forward {
-            continue;
-        }
-        for slice in &pack.layout.slices {
-            let list = bounds.get_mut(slice.sample as usize).ok_or_else(|| {
-                invalid(format!(
-                    "pack {p} names sample {}, but there are {}",
-                    slice.sample,
-                    samples.len()
-                ))
-            })?;
-            list.push((slice.start, slice.end));
-        }
-    }
-    let mut slice_ids: Vec<Vec<(u32, SliceId)>> = Vec::with_capacity(samples.len());
-    for (index, list) in bounds.iter_mut().enumerate() {
-        list.sort_unstable();
-        let mut ids = Vec::with_capacity(list.len());
-        for &(start, end) in list.iter() {
-            if end <= start {
-                return Err(invalid(format!(
-                    "sample {index}: empty slice {start}..{end}"
-                )));
-            }
-            let slice = slimpack_ir::step::Slice {
-                start,
-                len: end - start,
-            };
-            ids.push((start, ir.add_slice(samples[index], slice)));
-        }
-        slice_ids.push(ids);
-    }
-
-    let replicas: Vec<_> = doc
-        .replicas
-        .iter()
-        .map(|r| ir.add_replica(r.dp_ranks.clone()))
-        .collect();
-    let mut pack_ids = Vec::with_capacity(doc.packs.len());
-    for (p, pack) in doc.packs.iter().enumerate() {
-        let layout = &pack.layout;
-        let replica = *replicas.get(layout.replica as usize).ok_or_else(|| {
-            invalid(format!(
-                "pack {} is on replica {}, but there are {}",
-                layout.name,
-                layout.replica,
-                replicas.len()
-            ))
-        })?;
-        let mut members = Vec::with_capacity(layout.slices.len());
-        for slice in &layout.slices {
-            let id = slice_ids
-                .get(slice.sample as usize)
-                .and_then(|ids| ids.iter().find(|(start, _)| *start == slice.start))
-                .filter(|&&(_, id)| ir.slice(id).end() == slice.end)
-                .map(|&(_, id)| id)
-                .ok_or_else(|| {
-                    invalid(format!(
-                        "pack {p} ({}): slice {}..{} of sample {} is in no forward pack",
-                        layout.name, slice.start, slice.end, slice.sample
-                    ))
-                })?;
-            if ir
-                .replica_of_sample(samples[slice.sample as usize])
-                .is_none()
-            {
-                ir.place_sample(samples[slice.sample as usize], replica);
-            }
-            members.push(id);
-        }
-        let id = ir.add_pack(
-            Pack {
-                direction: layout.direction,
-                cap: pack.cap,
-            },
-            replica,
-            &members,
-        );
-        if layout.padded_tokens > layout.tokens() {
-            ir.set_padding(id, layout.padded_tokens);
-        }
-        pack_ids.push(id);
-    }
-    for entry in &doc.schedules {
-        let replica = *replicas
-            .get(entry.replica as usize)
-            .ok_or_else(|| invalid(format!("schedule names replica {}", entry.replica)))?;
-        let order = entry
-            .packs
-            .iter()
-            .map(|&p| {
-                pack_ids
-                    .get(p as usize)
-                    .copied()
-                    .ok_or_else(|| invalid(format!("schedule names pack {p}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        if entry.stage >= doc.spec.parallel.pp {
-            return Err(invalid(format!("schedule names stage {}", entry.stage)));
-        }
-        ir.set_schedule(replica, entry.stage, &order);
-    }
-    ir.advance(Phase::Scheduled);
-    slimpack_ir::verify::verify(&ir)?;
-    program::lower_into(&mut ir).map_err(|e| invalid(e.message))?;
-    ir.advance(Phase::Lowered);
-    let again = document(&ir, doc.predicted.clone());
-    if again.packs != doc.packs {
-        let at = again
-            .packs
-            .iter()
-            .zip(&doc.packs)
-            .position(|(a, b)| a != b)
-            .unwrap_or(again.packs.len().min(doc.packs.len()));
-        return Err(invalid(format!(
-            "pack {at}: its layout (order, names or varlen metadata) is not what its slices give"
-        )));
-    }
-    if again.devices != doc.devices {
-        let at = again
-            .devices
-            .iter()
-            .zip(&doc.devices)
-            .find(|(a, b)| a != b)
-            .map_or("count".to_string(), |(a, _)| format!("rank {}", a.rank));
-        return Err(invalid(format!(
-            "devices ({at}): the op lists are derived from the schedules and do not match them"
-        )));
-    }
-    Ok(ir)
+    read::to_ir(doc)
 }
 
 /// The JSON Schema of [`ScheduleDocument`], pretty-printed.
@@ -485,6 +445,10 @@ pub fn schema() -> String {
     text
 }
 
+mod build;
 mod check;
+mod devices;
+mod layout;
+mod read;
 #[cfg(test)]
 mod tests;

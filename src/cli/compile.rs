@@ -476,7 +476,7 @@ fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::R
         Emit::Json => {
             need_schedule("json")?;
             let predicted = metrics.map(serde_json::to_value).transpose()?;
-            let document = schedule_json::document(ir, predicted);
+            let document = schedule_json::document(ir, predicted)?;
             let mut json = serde_json::to_string_pretty(&document)?;
             json.push('\n');
             json

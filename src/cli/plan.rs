@@ -106,7 +106,8 @@ impl Output {
             Output::Directory(dir) => {
                 let (text, extension) = match emit {
                     PlanEmit::Json => {
-                        let document = schedule_json::document(&planned.compiled.ir, predicted());
+                        let document = schedule_json::document(&planned.compiled.ir, predicted())
+                            .map_err(|e| format!("step {}: {e}", planned.step))?;
                         let mut json =
                             serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
                         json.push('\n');
@@ -119,7 +120,8 @@ impl Output {
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))
             }
             Output::Lines(path, writer) => {
-                let document = schedule_json::document(&planned.compiled.ir, predicted());
+                let document = schedule_json::document(&planned.compiled.ir, predicted())
+                    .map_err(|e| format!("step {}: {e}", planned.step))?;
                 serde_json::to_writer(&mut *writer, &document)
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
                 writeln!(writer).map_err(|e| format!("cannot write {}: {e}", path.display()))

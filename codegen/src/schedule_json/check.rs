@@ -1,9 +1,10 @@
-//! Structural checks of a schedule document before [`super::to_ir`] builds a step from it.
+//! Structural checks of a schedule document before [`super::read`] builds a step from it.
 //!
 //! A document is input: a hand-written or truncated one must give a one-line error, never a
 //! panic deeper down. These checks make every index in the document resolve (stages, replicas,
 //! samples, packs, DP ranks, device ranks) and bound its size; the verifier then checks the
-//! step's invariants as it does for any IR.
+//! step's invariants as it does for any IR, and the reader compares every derived field with
+//! its derivation.
 
 use slimpack_ir::batch::MAX_SAMPLES;
 
@@ -54,7 +55,7 @@ pub(super) fn check(doc: &ScheduleDocument) -> Result<(), ScheduleError> {
         }
     }
     for (p, pack) in doc.packs.iter().enumerate() {
-        for slice in &pack.layout.slices {
+        for slice in &pack.slices {
             let Some(sample) = doc.samples.get(slice.sample as usize) else {
                 return invalid(format!(
                     "pack {p} names sample {}, but there are {}",

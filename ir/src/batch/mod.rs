@@ -56,6 +56,7 @@ pub const MAX_TOKENS: u64 = u32::MAX as u64;
     serde::Deserialize,
     schemars::JsonSchema,
 )]
+#[serde(deny_unknown_fields)]
 pub struct Sample {
     /// Tokens in this sample.
     pub len: u32,

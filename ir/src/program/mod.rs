@@ -29,10 +29,12 @@
 
 pub mod abi;
 mod check;
+mod cp_shard;
 mod lower;
 mod print;
 
 pub use check::{check, ProgramError};
+pub use cp_shard::CpShard;
 pub use lower::{lower, pack_order};
 pub use print::print_workers;
 

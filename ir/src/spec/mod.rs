@@ -21,6 +21,7 @@ use crate::error::{IrError, Result};
 
 /// Model, cluster and parallel layout of one training job.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Spec {
     pub model: ModelSpec,
     pub cluster: ClusterSpec,

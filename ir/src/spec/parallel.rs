@@ -42,6 +42,7 @@ pub const MAX_WORLD: u64 = 16_384;
     Deserialize,
     schemars::JsonSchema,
 )]
+#[serde(deny_unknown_fields)]
 pub struct Coords {
     pub tp: u32,
     pub cp: u32,

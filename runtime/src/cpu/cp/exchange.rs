@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::shard::CpShard;
+use super::CpShard;
 use crate::cpu::error::Result;
 
 /// The link between the workers of one context-parallel group (a DP-Merge group's workers on

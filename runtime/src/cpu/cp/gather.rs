@@ -2,7 +2,7 @@
 //! position order, and summing the group's K/V-gradient contributions into each owner's rows.
 
 use super::exchange::KvExchange;
-use super::shard::CpShard;
+use super::CpShard;
 use crate::cpu::error::Result;
 use crate::cpu::kv_cache::LayerKv;
 use crate::cpu::profile::{self, OpClass};

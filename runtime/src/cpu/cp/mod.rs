@@ -24,9 +24,8 @@
 
 mod exchange;
 pub(crate) mod gather;
-mod shard;
 mod thread_exchange;
 
 pub use exchange::{KvExchange, LocalExchange};
-pub use shard::CpShard;
+pub use slimpack_ir::program::CpShard;
 pub use thread_exchange::ThreadExchange;

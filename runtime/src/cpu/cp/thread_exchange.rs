@@ -5,7 +5,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use super::exchange::KvExchange;
-use super::shard::CpShard;
+use super::CpShard;
 use crate::cpu::error::{CpuError, Result};
 use crate::cpu::rendezvous::Rendezvous;
 

@@ -1,4 +1,9 @@
-//! [`CpShard`]: which tokens of a slice one worker of a context-parallel group holds.
+//! [`CpShard`]: which tokens of a slice one member of a context-parallel group holds.
+//!
+//! The one definition of the CP split, read by the CPU runtime (which runs it) and by the
+//! schedule JSON (which states it for trainers): a slice of `len` tokens is cut into `2k` chunks
+//! at `start + ⌊j·len / 2k⌋` and member `i` of `k` takes chunks `i` and `2k − 1 − i`
+//! (Megatron-LM's load-balanced causal split, without padding the slice).
 
 use std::ops::Range;
 

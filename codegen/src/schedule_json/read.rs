@@ -1,0 +1,235 @@
+//! Reading a document back into the step IR.
+//!
+//! The step is rebuilt from the document's inputs alone — spec, batch, samples, stages, the
+//! replicas' DP ranks, the packs' slices (sample, start, end) and padding, and the schedules —
+//! verified and lowered, and its document derived again ([`super::build`]). Every other field
+//! (slice table, pack metadata, CP split, sub-batches, op lists, loss) must equal that
+//! derivation; the first field that differs is named, so a tampered document is an error.
+
+use serde_json::Value;
+
+use slimpack_ir::step::{BatchInfo, Pack, Phase, SliceId, Stage, StepIr};
+use slimpack_ir::{program, Spec};
+
+use super::check;
+use super::layout::Layout;
+use super::{ScheduleDocument, ScheduleError};
+
+/// The lowered, verified step of `doc` (see [`super::to_ir`]).
+pub(super) fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
+    let invalid = |message: String| ScheduleError::Invalid(message);
+    doc.spec.validate()?;
+    let layout = Layout::of_document(doc.spec.parallel, doc.cp_chosen)?;
+    check::check(doc)?;
+    let spec = Spec {
+        parallel: layout.ir_parallel(),
+        ..doc.spec.clone()
+    };
+    let stages: Vec<Stage> = doc
+        .stages
+        .iter()
+        .enumerate()
+        .map(|(index, s)| Stage {
+            index: index as u32,
+            first_layer: s.first_layer,
+            layers: s.layers,
+        })
+        .collect();
+    let batch = BatchInfo {
+        source: doc.batch.source.clone(),
+        context: doc.batch.context,
+        documents: doc.batch.documents,
+        documents_cut: doc.batch.documents_cut,
+    };
+    let mut ir = StepIr::with_stages(spec, batch, &stages);
+    let samples: Vec<_> = doc.samples.iter().map(|&s| ir.add_bare_sample(s)).collect();
+
+    // Slices: each sample's forward-pack slices, in offset order.
+    let mut bounds: Vec<Vec<(u32, u32)>> = vec![Vec::new(); samples.len()];
+    for pack in doc
+        .packs
+        .iter()
+        .filter(|p| p.direction == slimpack_ir::step::Direction::Forward)
+    {
+        for slice in &pack.slices {
+            bounds[slice.sample as usize].push((slice.start, slice.end));
+        }
+    }
+    let mut slice_ids: Vec<Vec<(u32, SliceId)>> = Vec::with_capacity(samples.len());
+    for (index, list) in bounds.iter_mut().enumerate() {
+        list.sort_unstable();
+        let mut ids = Vec::with_capacity(list.len());
+        for &(start, end) in list.iter() {
+            let slice = slimpack_ir::step::Slice {
+                start,
+                len: end - start,
+            };
+            ids.push((start, ir.add_slice(samples[index], slice)));
+        }
+        slice_ids.push(ids);
+    }
+
+    let replicas: Vec<_> = doc
+        .replicas
+        .iter()
+        .map(|r| ir.add_replica(layout.ir_dp_ranks(&r.dp_ranks)))
+        .collect();
+    let mut pack_ids = Vec::with_capacity(doc.packs.len());
+    for (p, pack) in doc.packs.iter().enumerate() {
+        let replica = *replicas.get(pack.replica as usize).ok_or_else(|| {
+            invalid(format!(
+                "pack {p} ({}) is on replica {}, but there are {}",
+                pack.name,
+                pack.replica,
+                replicas.len()
+            ))
+        })?;
+        let mut members = Vec::with_capacity(pack.slices.len());
+        for slice in &pack.slices {
+            let id = slice_ids[slice.sample as usize]
+                .iter()
+                .find(|(start, _)| *start == slice.start)
+                .filter(|&&(_, id)| ir.slice(id).end() == slice.end)
+                .map(|&(_, id)| id)
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "pack {p} ({}): slice {}..{} of sample {} is in no forward pack",
+                        pack.name, slice.start, slice.end, slice.sample
+                    ))
+                })?;
+            let sample = samples[slice.sample as usize];
+            if ir.replica_of_sample(sample).is_none() {
+                ir.place_sample(sample, replica);
+            }
+            members.push(id);
+        }
+        let id = ir.add_pack(
+            Pack {
+                direction: pack.direction,
+                cap: pack.cap,
+            },
+            replica,
+            &members,
+        );
+        let tokens: u64 = pack.slices.iter().map(|s| u64::from(s.end - s.start)).sum();
+        if u64::from(pack.padded_tokens) > tokens {
+            ir.set_padding(id, pack.padded_tokens);
+        }
+        pack_ids.push(id);
+    }
+    for entry in &doc.schedules {
+        let replica = *replicas
+            .get(entry.replica as usize)
+            .ok_or_else(|| invalid(format!("schedule names replica {}", entry.replica)))?;
+        let order = entry
+            .packs
+            .iter()
+            .map(|&p| {
+                pack_ids
+                    .get(p as usize)
+                    .copied()
+                    .ok_or_else(|| invalid(format!("schedule names pack {p}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if entry.stage >= doc.spec.parallel.pp {
+            return Err(invalid(format!("schedule names stage {}", entry.stage)));
+        }
+        ir.set_schedule(replica, entry.stage, &order);
+    }
+    ir.advance(Phase::Scheduled);
+    slimpack_ir::verify::verify(&ir)?;
+    program::lower_into(&mut ir).map_err(|e| invalid(e.message))?;
+    ir.advance(Phase::Lowered);
+    let again = super::build::document(&ir, doc.predicted.clone())?;
+    if again != *doc {
+        let expected = serde_json::to_value(&again)?;
+        let found = serde_json::to_value(doc)?;
+        return Err(invalid(difference(&expected, &found)));
+    }
+    Ok(ir)
+}
+
+/// Names the first field where `found` (the document) differs from `expected` (what its
+/// schedule gives), e.g. `pack 3: packed_seq_params.cu_seqlens_kv[2] is 9, but the schedule
+/// gives 12`.
+fn difference(expected: &Value, found: &Value) -> String {
+    let mut path = Vec::new();
+    let (mut expected, mut found) = (expected, found);
+    loop {
+        let next = match (expected, found) {
+            (Value::Object(e), Value::Object(f)) => e
+                .iter()
+                .find(|(key, value)| f.get(*key) != Some(*value))
+                .map(|(key, value)| (key.clone(), value, f.get(key).unwrap_or(&Value::Null)))
+                .or_else(|| {
+                    f.iter()
+                        .find(|(key, _)| !e.contains_key(*key))
+                        .map(|(key, value)| (key.clone(), &Value::Null, value))
+                }),
+            (Value::Array(e), Value::Array(f)) if e.len() == f.len() => e
+                .iter()
+                .zip(f)
+                .enumerate()
+                .find(|(_, (a, b))| a != b)
+                .map(|(i, (a, b))| (i.to_string(), a, b)),
+            _ => None,
+        };
+        match next {
+            Some((step, e, f)) => {
+                path.push(step);
+                (expected, found) = (e, f);
+            }
+            None => break,
+        }
+    }
+    let place = describe(&path);
+    let shown = |value: &Value| {
+        let text = value.to_string();
+        if text.chars().count() > 60 {
+            format!("{}…", text.chars().take(60).collect::<String>())
+        } else {
+            text
+        }
+    };
+    format!(
+        "{place} is {}, but the schedule gives {} (derived fields must not be edited)",
+        shown(found),
+        shown(expected)
+    )
+}
+
+/// A readable place from a JSON path: `pack 3: packed_seq_params.cu_seqlens_kv[2]`,
+/// `devices (rank 5): ops[0]`.
+fn describe(path: &[String]) -> String {
+    let mut parts = path.iter();
+    let head = match (parts.next(), path.get(1)) {
+        (Some(field), Some(index)) if index.parse::<usize>().is_ok() => {
+            parts.next();
+            match field.as_str() {
+                "packs" => format!("pack {index}"),
+                "devices" => format!("devices (rank {index})"),
+                "slices" => format!("slice {index}"),
+                "replicas" => format!("replica {index}"),
+                other => format!("{other}[{index}]"),
+            }
+        }
+        (Some(field), _) => field.clone(),
+        (None, _) => return "the document".to_string(),
+    };
+    let mut rest = String::new();
+    for part in parts {
+        if part.parse::<usize>().is_ok() {
+            rest.push_str(&format!("[{part}]"));
+        } else {
+            if !rest.is_empty() {
+                rest.push('.');
+            }
+            rest.push_str(part);
+        }
+    }
+    if rest.is_empty() {
+        head
+    } else {
+        format!("{head}: {rest}")
+    }
+}
