@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -32,7 +32,10 @@ class Pack:
     `slices[i] = (sample, start, end, kv_start)`: the pack's rows
     `cu_seqlens_q[i]:cu_seqlens_q[i+1]` are tokens `[start, end)` of `sample`; they attend
     causally (bottom-right aligned) to keys `[kv_start, end)` of the same sample, the earlier
-    ones computed by earlier slices (a per-sample K/V cache).
+    ones computed by earlier slices (a per-sample K/V cache). `cp_runs[i, m]` are the two
+    `[start, end)` runs of positions CP member `m` owns of slice `i`. A forward pack's
+    `sub_batches` are `(backward_pack, slice indices)`: its slices grouped by the backward pack
+    that runs them.
     """
 
     index: int
@@ -41,50 +44,53 @@ class Pack:
     replica: int
     dp_ranks: np.ndarray
     slices: np.ndarray
+    slice_ids: np.ndarray
     cu_seqlens_q: np.ndarray
     cu_seqlens_kv: np.ndarray
+    cu_seqlens_q_padded: np.ndarray
+    cu_seqlens_kv_padded: np.ndarray
     max_seqlen_q: int
     max_seqlen_kv: int
     position_offsets: np.ndarray
+    tokens: int
     padded_tokens: int
+    cp_size: int
+    cp_runs: np.ndarray
+    sub_batches: List[Tuple[int, List[int]]]
     document: Dict[str, Any]
 
     @classmethod
     def from_document(cls, index: int, pack: Dict[str, Any]) -> "Pack":
         slices = pack["slices"]
-        rows = [(s["sample"], s["start"], s["end"], s.get("kv_start", 0)) for s in slices]
+        rows = [(s["sample"], s["start"], s["end"], s["kv_start"]) for s in slices]
+        params = pack["packed_seq_params"]
+        cp_size = int(pack["cp_size"])
         return cls(
             index=index,
-            name=pack.get("name", f"p{index}"),
+            name=pack["name"],
             direction=pack["direction"],
             replica=pack["replica"],
             dp_ranks=_int32(pack["dp_ranks"]),
             slices=_int32(rows).reshape(len(rows), 4),
-            cu_seqlens_q=_int32(pack["cu_seqlens_q"]),
-            cu_seqlens_kv=_int32(pack.get("cu_seqlens_kv", pack.get("cu_seqlens_k"))),
-            max_seqlen_q=int(pack["max_seqlen_q"]),
-            max_seqlen_kv=int(pack.get("max_seqlen_kv", pack.get("max_seqlen_k"))),
+            slice_ids=_int32([s["slice"] for s in slices]),
+            cu_seqlens_q=_int32(params["cu_seqlens_q"]),
+            cu_seqlens_kv=_int32(params["cu_seqlens_kv"]),
+            cu_seqlens_q_padded=_int32(params["cu_seqlens_q_padded"]),
+            cu_seqlens_kv_padded=_int32(params["cu_seqlens_kv_padded"]),
+            max_seqlen_q=int(params["max_seqlen_q"]),
+            max_seqlen_kv=int(params["max_seqlen_kv"]),
             position_offsets=_int32(pack["position_offsets"]),
+            tokens=int(pack["tokens"]),
             padded_tokens=int(pack["padded_tokens"]),
+            cp_size=cp_size,
+            cp_runs=_int32([s["cp_runs"] for s in slices]).reshape(len(slices), cp_size, 2, 2),
+            sub_batches=[(int(b["backward_pack"]), [int(i) for i in b["slices"]]) for b in pack["sub_batches"]],
             document=pack,
         )
 
     @property
-    def tokens(self) -> int:
-        """Real tokens (query rows) of the pack, without padding."""
-        return int(self.cu_seqlens_q[-1])
-
-    @property
     def is_forward(self) -> bool:
         return self.direction == "forward"
-
-    @property
-    def cu_seqlens_q_padded(self) -> np.ndarray:
-        """`cu_seqlens_q` with the padding (which follows the slices) given to the last slice."""
-        padded = self.cu_seqlens_q.copy()
-        if padded.size:
-            padded[-1] = self.padded_tokens
-        return padded
 
     @property
     def position_ids(self) -> np.ndarray:
@@ -92,6 +98,10 @@ class Pack:
         return _int32(np.concatenate(
             [np.arange(start, end) for _, start, end, _ in self.slices]
         ) if len(self.slices) else np.zeros(0))
+
+    def positions_of(self, member: int) -> List[np.ndarray]:
+        """Per slice, the sample positions CP member `member` owns (all of them without CP)."""
+        return [np.concatenate([np.arange(a, b) for a, b in runs]) for runs in self.cp_runs[:, member]]
 
     def slice_keys(self) -> List[tuple]:
         """`(sample, start, end)` of each slice: how forward and backward packs name a slice."""
@@ -117,6 +127,8 @@ class Schedule:
         self.candidate = candidate
         self.candidates_tried = candidates_tried
         self.packs: List[Pack] = [Pack.from_document(i, p) for i, p in enumerate(self.document["packs"])]
+        #: Every slice: sample, start, end, forward and backward pack, targets, dK/dV order.
+        self.slices: List[Dict[str, Any]] = self.document["slices"]
         samples = self.document["samples"]
         #: Length, source document and piece (of a document cut to the context) of each sample.
         self.sample_lengths = _int32([s["len"] for s in samples])
@@ -145,6 +157,11 @@ class Schedule:
         return self.document["spec"]["parallel"]
 
     @property
+    def target_tokens(self) -> int:
+        """What the loss is divided by: rows with a target in the whole global batch."""
+        return int(self.document["loss"]["target_tokens"])
+
+    @property
     def metrics(self) -> Dict[str, Any]:
         """The simulator's report of the step (step_time_s, tokens_per_s, peak memory, ...)."""
         return self.document.get("predicted") or {}
@@ -160,7 +177,7 @@ class Schedule:
 
     @property
     def replicas(self) -> List[List[int]]:
-        """DP ranks of each replica (two or more: a DP-Merge group)."""
+        """DP ranks of each replica (two or more: a DP-Merge group); see also `cp_size` there."""
         return [r["dp_ranks"] for r in self.document["replicas"]]
 
     def ops(self, rank: int) -> List[Dict[str, Any]]:
@@ -186,10 +203,11 @@ class Schedule:
         """Megatron-Core's `PackedSeqParams` (THD format) of `pack` (a `Pack` or its index):
         int32 `cu_seqlens_q/kv` and their `_padded` variants, `max_seqlen_q/kv`.
 
-        `cu_seqlens_kv` describes the K/V rows each slice attends to (its sample's prefix and
-        itself), which a per-sample K/V cache provides (see `slimpack.torch`); Megatron's own
-        packed path builds K/V from the pack's rows only, which is right for packs without
-        continuation slices. Needs megatron-core (and torch) installed.
+        The document's `packed_seq_params`, field for field. `cu_seqlens_kv` describes the K/V
+        rows each slice attends to (its sample's prefix and itself), which a per-sample K/V
+        cache provides (see `slimpack.torch`); Megatron's own packed path builds K/V from the
+        pack's rows only, which is right for packs without continuation slices. Needs
+        megatron-core (and torch) installed.
         """
         try:
             import torch
@@ -204,12 +222,13 @@ class Schedule:
         def tensor(array: np.ndarray):
             return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32)).to(device or "cpu")
 
+        params = pack.document["packed_seq_params"]
         return PackedSeqParams(
-            qkv_format="thd",
+            qkv_format=params["qkv_format"],
             cu_seqlens_q=tensor(pack.cu_seqlens_q),
             cu_seqlens_kv=tensor(pack.cu_seqlens_kv),
             cu_seqlens_q_padded=tensor(pack.cu_seqlens_q_padded),
-            cu_seqlens_kv_padded=tensor(pack.cu_seqlens_kv),
+            cu_seqlens_kv_padded=tensor(pack.cu_seqlens_kv_padded),
             max_seqlen_q=pack.max_seqlen_q,
             max_seqlen_kv=pack.max_seqlen_kv,
         )

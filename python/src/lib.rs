@@ -79,7 +79,8 @@ fn strategy_of(name: &str) -> PyResult<&'static StrategyInfo> {
 fn document_json(step: &PlannedStep) -> PyResult<String> {
     let predicted =
         serde_json::to_value(&step.metrics).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-    let document = schedule_json::document(&step.compiled.ir, Some(predicted));
+    let document =
+        schedule_json::document(&step.compiled.ir, Some(predicted)).map_err(bad_input)?;
     let mut json = serde_json::to_string_pretty(&document)
         .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
     json.push('\n');

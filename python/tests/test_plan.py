@@ -22,7 +22,10 @@ def test_plan_returns_int32_pack_metadata_metrics_and_its_json():
             assert array.dtype == np.int32
         assert pack.cu_seqlens_q[0] == 0 and pack.cu_seqlens_q[-1] == pack.tokens
         assert len(pack.position_ids) == pack.tokens
-        assert pack.max_seqlen_q == int(np.diff(pack.cu_seqlens_q).max())
+        assert pack.max_seqlen_q == int(np.diff(pack.cu_seqlens_q_padded).max())
+        owned = np.sort(np.concatenate(pack.positions_of(0) if pack.cp_size == 1 else
+                                       [np.concatenate(pack.positions_of(m)) for m in range(pack.cp_size)]))
+        assert len(owned) == pack.tokens  # the CP members' shares partition the pack's tokens
     # Every token is in exactly one forward pack and one backward pack.
     for direction in (schedule.forward_packs, schedule.backward_packs):
         assert sum(p.tokens for p in direction) == schedule.tokens

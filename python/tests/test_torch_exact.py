@@ -56,10 +56,11 @@ def test_hybrid_cp_dp2():
     assert_exact(schedule)
 
 
-def test_static_cp_as_one_merged_group_pp2_dp2():
-    # On the cpu cluster the tuning merges both DP ranks into one CP group for every pack.
+def test_chosen_static_cp_pp2():
+    # On the cpu cluster the tuning runs the DP pool of 2 as one replica with CP degree 2.
     schedule = slimpack.plan(LENGTHS, model="tiny", cluster="cpu", parallel="pp=2,dp=2", strategy="kk")
-    assert all(len(pack.dp_ranks) == 2 for pack in schedule.packs)
+    assert schedule.parallel["cp"] == 2 and schedule.document["cp_chosen"]
+    assert all(pack.cp_size == 2 for pack in schedule.packs)
     assert_exact(schedule)
 
 

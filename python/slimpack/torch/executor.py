@@ -17,20 +17,23 @@ Each global rank follows its op list (`Schedule.ops(rank)`) in order:
 - `send` / `recv`: a pack's activations (forward) or input gradients (backward), the pack's
   rows in slice order. Sends are non-blocking (`isend`, completed at the end of the step);
   receives block.
-- `cp_exchange`: a pack of a DP-Merge group runs on each member with its share of every
-  slice's tokens (chunks `r` and `2k-1-r` of `2k`, as the CPU runtime shards); the members
-  all-gather each slice's K/V per layer inside the forward, and all-reduce the K/V gradients
-  inside the backward, so the op itself only marks where the exchange happens.
-- `reduce_scatter`: the stage's gradients summed over its DP ranks (an all-reduce: ZeRO's
-  reduce-scatter followed by the all-gather of the update gives every rank the same values);
-  with tied embeddings on more than one stage, the embedding's gradient of the first stage and
-  its copy's on the last are then summed between the two (Megatron's embedding group), unless
-  the schedule lists that sync as an op of its own.
+- `cp_exchange`: a pack of a CP group (a static CP degree, a DP-Merge group, or both) runs on
+  each member with the positions the document gives it (`cp_runs`); the members all-gather
+  each slice's K/V per layer inside the forward, and all-reduce the K/V gradients inside the
+  backward, so the op itself only marks where the exchange happens.
+- `tied_embedding_all_reduce`: the input embedding's gradient (first stage) and its copy's in
+  the output projection (last stage) summed between the two.
+- `reduce_scatter`: the stage's gradients summed over its DP and CP peers (an all-reduce:
+  ZeRO's reduce-scatter followed by the all-gather of the update gives every rank the same
+  values).
 - `optimizer`, `all_gather`: no-ops here: the executor stops at the gradients, which is what it
   checks.
 
-Multi-rank schedules run one process per rank with torch.distributed (gloo, CPU): `run()`
-spawns them. Only `tp=1` without a static CP degree is executed.
+The groups of a forward pack, each slice's backward pack and the CP split are read from the
+schedule (version 2: `sub_batches`, `slices`, `cp_runs`), as is the loss normalizer
+(`loss.target_tokens`). Multi-rank schedules run one process per rank with torch.distributed
+(gloo, CPU): `run()` spawns them. Only `tp=1` is executed (TP shards the layers' matrices,
+which this reference does not model).
 """
 
 from __future__ import annotations
@@ -97,16 +100,6 @@ class StepResult:
     ranks: List[RankResult]
 
 
-def cp_positions(member: int, size: int, start: int, end: int) -> torch.Tensor:
-    """Positions of slice `[start, end)` that member `member` of a CP group of `size` holds."""
-    length, chunks = end - start, 2 * size
-    bound = lambda j: start + j * length // chunks  # noqa: E731
-    first, second = member, chunks - 1 - member
-    if size == 1:
-        return torch.arange(start, end)
-    return torch.cat([torch.arange(bound(first), bound(first + 1)), torch.arange(bound(second), bound(second + 1))])
-
-
 class _GatherRows(torch.autograd.Function):
     """All-gather of one slice's K/V rows in a CP group: each member's rows placed at their
     positions; the backward sums the members' gradients and returns this member's rows."""
@@ -167,22 +160,23 @@ class RankExecutor:
     def __init__(self, schedule, params: Mapping[str, torch.Tensor], tokens: Sequence[torch.Tensor], rank: int = 0, options: Optional[Options] = None, groups=None):
         self.schedule, self.rank, self.options = schedule, rank, options or Options()
         parallel = schedule.parallel
-        if parallel.get("tp", 1) != 1 or parallel.get("cp", 1) != 1:
-            raise ValueError(f"slimpack.torch runs tp=1 without static CP, got {parallel}")
+        if parallel["tp"] != 1:
+            raise ValueError(f"slimpack.torch runs tp=1 schedules, got tp={parallel['tp']}")
         self.config = ModelConfig.from_spec(schedule.model)
         coords = schedule.coords(rank)
-        self.dp, self.stage = coords["dp"], coords["pp"]
-        self.dp_size, self.pp_size = parallel["dp"], parallel["pp"]
+        self.dp, self.stage, self.cp = coords["dp"], coords["pp"], coords["cp"]
+        self.dp_size, self.pp_size, self.cp_degree = parallel["dp"], parallel["pp"], parallel["cp"]
         stage = schedule.stages[self.stage]
         self.layers = range(stage["first_layer"], stage["first_layer"] + stage["layers"])
         self.first, self.last = self.stage == 0, self.stage == self.pp_size - 1
         self.leaves = {name: params[name].detach().clone().requires_grad_(True) for name in self._stage_tensors(params)}
         self.tokens = tokens
-        self.normalizer = predicted_tokens(tokens)
-        self.backward_pack_of: Dict[SliceKey, int] = {}
-        for pack in schedule.backward_packs:
-            for key in pack.slice_keys():
-                self.backward_pack_of[key] = pack.index
+        self.normalizer = schedule.target_tokens
+        if self.normalizer != predicted_tokens(tokens):
+            raise ValueError(f"the schedule's loss counts {self.normalizer} target tokens, the tokens given hold {predicted_tokens(tokens)}")
+        self.backward_pack_of: Dict[SliceKey, int] = {
+            (s["sample"], s["start"], s["end"]): s["backward_pack"] for s in schedule.slices
+        }
         self.groups = groups or {}
         self.cache: Dict[Tuple[int, int], List[_Chunk]] = {}
         self.live: Dict[int, List[_Group]] = {}  # backward pack -> its groups
@@ -203,25 +197,25 @@ class RankExecutor:
                 names.append("output")
         return names
 
-    def rank_of(self, dp: int, pp: int) -> int:
-        return dp + self.dp_size * pp
+    def rank_of(self, dp: int, pp: int, cp: int) -> int:
+        return cp + self.cp_degree * (dp + self.dp_size * pp)
 
     # ---- shares of a pack's tokens ----
 
-    def _member(self, pack) -> Tuple[int, int]:
-        members = [int(r) for r in pack.dp_ranks]
-        return members.index(self.dp), len(members)
+    def _member(self, pack) -> int:
+        """This rank's CP member index in `pack`'s group: `i * cp + c` for the `i`-th DP rank."""
+        return [int(r) for r in pack.dp_ranks].index(self.dp) * self.cp_degree + self.cp
 
     def _positions(self, pack) -> List[torch.Tensor]:
-        member, size = self._member(pack)
-        return [cp_positions(member, size, int(start), int(end)) for _, start, end, _ in pack.slices]
+        return [torch.from_numpy(p).long() for p in pack.positions_of(self._member(pack))]
 
-    def _group_handle(self, pack):
-        member, size = self._member(pack)
-        if size == 1:
+    def _cp_group(self, pack):
+        """`(process group, members in group-rank order, this rank's index there)`, or None."""
+        if pack.cp_size == 1:
             return None
-        ranks = tuple(self.rank_of(int(d), self.stage) for d in pack.dp_ranks)
-        return self.groups[ranks]
+        members = [self.rank_of(int(pack.dp_ranks[m // self.cp_degree]), self.stage, m % self.cp_degree) for m in range(pack.cp_size)]
+        order = sorted(range(pack.cp_size), key=lambda m: members[m])  # torch orders a group by rank
+        return self.groups[tuple(sorted(members))], order, order.index(self._member(pack))
 
     # ---- ops ----
 
@@ -232,7 +226,7 @@ class RankExecutor:
             if handler is None:
                 raise ValueError(f"rank {self.rank}: unknown op '{kind}' in the schedule")
             handler(op)
-        for work in self.pending:
+        for work, _ in self.pending:
             work.wait()
         leftover = {
             "kv_chunks": sum(len(c) for c in self.cache.values()),
@@ -249,14 +243,7 @@ class RankExecutor:
         keys = pack.slice_keys()
         positions = self._positions(pack)
         rows = [len(p) for p in positions]
-        group_of: Dict[int, _Group] = {}
-        groups: List[_Group] = []
-        for i, key in enumerate(keys):
-            b = self.backward_pack_of[key]
-            if b not in group_of:
-                group_of[b] = _Group(pack.index, b, [])
-                groups.append(group_of[b])
-            group_of[b].slices.append(i)
+        groups = [_Group(pack.index, backward, list(slices)) for backward, slices in pack.sub_batches]
         offsets = [0]
         for n in rows:
             offsets.append(offsets[-1] + n)
@@ -271,8 +258,7 @@ class RankExecutor:
                 part = torch.cat([received[offsets[i]:offsets[i + 1]] for i in g.slices])
                 g.input_leaf = part.detach().requires_grad_(True)
                 hidden[id(g)] = g.input_leaf
-        handle = self._group_handle(pack)
-        member, _ = self._member(pack)
+        cp_group = self._cp_group(pack)
         for layer in self.layers:
             p = layer_params(self.leaves, layer)
             queries = {}
@@ -286,9 +272,11 @@ class RankExecutor:
                     own = kv[at:at + n]
                     queries[i] = q[at:at + n]
                     at += n
-                    if handle is not None:
-                        all_positions = [cp_positions(m, len(pack.dp_ranks), start, end) - start for m in range(len(pack.dp_ranks))]
-                        own = _GatherRows.apply(own, all_positions, member, handle, end - start)
+                    if cp_group is not None:
+                        handle, order, me = cp_group
+                        runs = pack.cp_runs[i]
+                        owned = [torch.cat([torch.arange(a, b) for a, b in runs[m]]) - start for m in order]
+                        own = _GatherRows.apply(own, owned, me, handle, end - start)
                     self.cache.setdefault((sample, layer), []).append(_Chunk(start, end, own, g.backward_pack))
                     self.kv_rows += end - start
             self.peak_kv_rows = max(self.peak_kv_rows, self.kv_rows)
@@ -399,8 +387,8 @@ class RankExecutor:
 
     def op_send(self, op):
         tensor = self.outbox.pop((op["direction"], op["pack"]))
-        self.pending.append(dist.isend(tensor, dst=op["to"], tag=_tag(op)))
-        self.pending_tensors = getattr(self, "pending_tensors", []) + [tensor]
+        # The tensor stays referenced until its send completed.
+        self.pending.append((dist.isend(tensor, dst=op["to"], tag=_tag(op)), tensor))
 
     def op_recv(self, op):
         pack = self.schedule.packs[op["pack"]]
@@ -408,28 +396,24 @@ class RankExecutor:
         dist.recv(tensor, src=op["from"], tag=_tag(op))
         self.mailbox[(op["direction"], op["pack"])] = tensor
 
+    def _all_reduce_grads(self, names, ranks):
+        group = self.groups[tuple(sorted(int(r) for r in ranks))]
+        for name in names:
+            leaf = self.leaves[name]
+            if leaf.grad is None:
+                leaf.grad = torch.zeros_like(leaf)
+            dist.all_reduce(leaf.grad, group=group)
+
     def op_reduce_scatter(self, op):
-        ranks = tuple(int(r) for r in op["ranks"])
-        if len(ranks) > 1:
-            for leaf in self.leaves.values():
-                if leaf.grad is None:
-                    leaf.grad = torch.zeros_like(leaf)
-                dist.all_reduce(leaf.grad, group=self.groups[ranks])
-        if self.options.tied_embedding_sync and not _lists_tied_sync(self.schedule):
-            self._sync_tied_embedding()
+        for work, _ in self.pending:
+            work.wait()
+        self.pending = []
+        if len(op["ranks"]) > 1:
+            self._all_reduce_grads(list(self.leaves), op["ranks"])
 
-    def op_tied_embedding_sync(self, op):
+    def op_tied_embedding_all_reduce(self, op):
         if self.options.tied_embedding_sync:
-            self._sync_tied_embedding()
-
-    def _sync_tied_embedding(self):
-        if not (self.config.tied_embeddings and self.pp_size > 1 and (self.first or self.last)):
-            return
-        pair = (self.rank_of(self.dp, 0), self.rank_of(self.dp, self.pp_size - 1))
-        leaf = self.leaves["embedding"]
-        if leaf.grad is None:
-            leaf.grad = torch.zeros_like(leaf)
-        dist.all_reduce(leaf.grad, group=self.groups[pair])
+            self._all_reduce_grads(["embedding"], op["ranks"])
 
     def op_optimizer(self, op):
         """The executor stops at the gradients (see the module documentation)."""
@@ -442,26 +426,13 @@ def _tag(op) -> int:
     return 2 * int(op["pack"]) + (0 if op["direction"] == "forward" else 1)
 
 
-def _lists_tied_sync(schedule) -> bool:
-    return any(op["op"] == "tied_embedding_sync" for d in schedule.document["devices"] for op in d["ops"])
-
-
 def process_groups(schedule) -> List[Tuple[int, ...]]:
     """Every rank set a collective of the schedule runs over, in one order for all processes."""
     sets = set()
-    parallel = schedule.parallel
-    dp, pp = parallel["dp"], parallel["pp"]
     for device in schedule.document["devices"]:
         for op in device["ops"]:
-            if "ranks" in op and len(op["ranks"]) > 1:
-                sets.add(tuple(int(r) for r in op["ranks"]))
-    for pack in schedule.packs:
-        if len(pack.dp_ranks) > 1:
-            for stage in range(pp):
-                sets.add(tuple(int(d) + dp * stage for d in pack.dp_ranks))
-    if schedule.model.get("tied_embeddings") and pp > 1:
-        for d in range(dp):
-            sets.add((d, d + dp * (pp - 1)))
+            if len(op.get("ranks", ())) > 1:
+                sets.add(tuple(sorted(int(r) for r in op["ranks"])))
     return sorted(sets)
 
 
