@@ -93,3 +93,44 @@ def test_bad_input_raises_value_error_with_the_command_lines_message(call, messa
         call()
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_a_version_1_document_is_refused_with_one_line():
+    import pathlib
+
+    v1 = pathlib.Path(__file__).parents[2] / "codegen/tests/data/tiny-pp2-dp4.v1.schedule.json"
+    with pytest.raises(ValueError, match=r"^schedule version 1 is not supported \(this build reads version 2\)$"):
+        slimpack.Schedule.from_json(v1.read_text())
+
+
+def test_planning_releases_the_gil():
+    import threading
+
+    lengths = list(np.random.default_rng(1).integers(100, 30000, size=400))
+    planner = threading.Thread(
+        target=slimpack.plan, args=(lengths,), kwargs=dict(model="llama-7b", cluster="h100-sxm", parallel="tp=8,pp=2,dp=4")
+    )
+    turns = 0
+    planner.start()
+    while planner.is_alive():
+        turns += 1  # runs only while the planning thread does not hold the GIL
+    planner.join()
+    # With the GIL held for the whole plan this loop would get at most a few switch intervals.
+    assert turns > 10_000, turns
+
+
+def test_planner_feeds_a_dataloader():
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, IterableDataset
+
+    documents = [list(range(n)) for n in np.random.default_rng(2).integers(5, 400, size=40)]
+
+    class PlannedSteps(IterableDataset):
+        def __iter__(self):
+            for schedule in slimpack.Planner(documents, model="tiny", cluster="cpu", parallel="dp=2", global_batch=8):
+                yield schedule, [documents[d] for d in schedule.sample_documents]
+
+    steps = list(DataLoader(PlannedSteps(), batch_size=None))
+    assert sum(len(samples) for _, samples in steps) == len(documents)
+    for schedule, samples in steps:
+        assert [len(s) for s in samples] == schedule.sample_lengths.tolist()
