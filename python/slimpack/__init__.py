@@ -68,7 +68,8 @@ def plan(
     `model` and `cluster` are presets (`tiny`, `llama-7b`, ...; `cpu`, `h100-sxm`, ...),
     `parallel` a layout such as `"tp=8,pp=4,dp=4"`. `passes` runs an explicit pass pipeline
     instead of a strategy (`compile --passes`, e.g. `"assign-dp,slice{size=64},pack-fwd{cap=256},
-    pack-bwd{cap=256},schedule-pipeline"`), untuned.
+    pack-bwd{cap=256},schedule-pipeline"`), untuned. A plan that does not fit device memory is
+    returned all the same, with `schedule.metrics["oom"]` true (the command line exits 3).
     """
     document, candidate, tried = _native.plan(
         _lengths(lengths),
