@@ -21,6 +21,8 @@ def plan(
     """`(schedule_json, candidate, candidates_tried)`; raises ValueError on bad input."""
 
 def strategies() -> List[str]: ...
+def check_schedule(text: str) -> None:
+    """Raises ValueError unless `text` is a schedule document this build reads."""
 
 class EpochPlanner:
     def __init__(

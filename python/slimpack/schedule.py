@@ -112,17 +112,9 @@ class Schedule:
     """A planned step (see the module documentation)."""
 
     def __init__(self, document: str, candidate: Optional[str] = None, candidates_tried: int = 0):
+        _native.check_schedule(document)
         self._json = document
         self.document: Dict[str, Any] = json.loads(document)
-        if self.document.get("format") != "slimpack.schedule":
-            raise ValueError(
-                f"not a slimpack schedule (format '{self.document.get('format')}', expected 'slimpack.schedule')"
-            )
-        if self.document.get("version") != _native.SCHEDULE_VERSION:
-            raise ValueError(
-                f"schedule version {self.document.get('version')} is not supported "
-                f"(this build reads version {_native.SCHEDULE_VERSION})"
-            )
         #: The configuration the tuning chose (e.g. `slimpack,cap=4096,...`), when planned here.
         self.candidate = candidate
         self.candidates_tried = candidates_tried

@@ -283,6 +283,14 @@ impl EpochPlanner {
     }
 }
 
+/// Checks a schedule document as `slimpack simulate` reads one (format, version, every field
+/// of the closed schema); raises `ValueError` with the one-line message otherwise.
+#[pyfunction]
+fn check_schedule(py: Python<'_>, text: &str) -> PyResult<()> {
+    py.allow_threads(|| schedule_json::parse(text).map(drop))
+        .map_err(bad_input)
+}
+
 /// The names of the strategies `plan` and `Planner` accept.
 #[pyfunction]
 fn strategies() -> Vec<&'static str> {
@@ -293,6 +301,7 @@ fn strategies() -> Vec<&'static str> {
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(plan, module)?)?;
     module.add_function(wrap_pyfunction!(strategies, module)?)?;
+    module.add_function(wrap_pyfunction!(check_schedule, module)?)?;
     module.add_class::<EpochPlanner>()?;
     module.add("SCHEDULE_VERSION", schedule_json::VERSION)?;
     Ok(())

@@ -99,8 +99,12 @@ def test_a_version_1_document_is_refused_with_one_line():
     import pathlib
 
     v1 = pathlib.Path(__file__).parents[2] / "codegen/tests/data/tiny-pp2-dp4.v1.schedule.json"
-    with pytest.raises(ValueError, match=r"^schedule version 1 is not supported \(this build reads version 2\)$"):
+    with pytest.raises(ValueError, match=r"^schedule version 1 is not supported: this build reads and writes version 2 "):
         slimpack.Schedule.from_json(v1.read_text())
+    with pytest.raises(ValueError, match="unknown field `surprise`"):
+        document = json.loads(slimpack.plan([5, 9]).to_json())
+        document["packs"][0]["surprise"] = 1
+        slimpack.Schedule.from_json(json.dumps(document))
 
 
 def test_planning_releases_the_gil():
