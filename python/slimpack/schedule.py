@@ -84,7 +84,9 @@ class Pack:
             padded_tokens=int(pack["padded_tokens"]),
             cp_size=cp_size,
             cp_runs=_int32([s["cp_runs"] for s in slices]).reshape(len(slices), cp_size, 2, 2),
-            sub_batches=[(int(b["backward_pack"]), [int(i) for i in b["slices"]]) for b in pack["sub_batches"]],
+            sub_batches=[
+                (int(b["backward_pack"]), [int(i) for i in b["slices"]]) for b in pack["sub_batches"]
+            ],
             document=pack,
         )
 
@@ -95,9 +97,11 @@ class Pack:
     @property
     def position_ids(self) -> np.ndarray:
         """Each real row's position in its sample (RoPE positions), int32."""
-        return _int32(np.concatenate(
-            [np.arange(start, end) for _, start, end, _ in self.slices]
-        ) if len(self.slices) else np.zeros(0))
+        return _int32(
+            np.concatenate([np.arange(start, end) for _, start, end, _ in self.slices])
+            if len(self.slices)
+            else np.zeros(0)
+        )
 
     def positions_of(self, member: int) -> List[np.ndarray]:
         """Per slice, the sample positions CP member `member` owns (all of them without CP)."""
@@ -205,9 +209,7 @@ class Schedule:
             import torch
             from megatron.core.packed_seq_params import PackedSeqParams
         except ImportError as error:  # pragma: no cover - exercised where megatron is absent
-            raise ImportError(
-                "packed_seq_params needs megatron-core: pip install megatron-core"
-            ) from error
+            raise ImportError("packed_seq_params needs megatron-core: pip install megatron-core") from error
         if not isinstance(pack, Pack):
             pack = self.packs[int(pack)]
 

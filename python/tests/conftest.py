@@ -2,7 +2,9 @@
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="slimpack.torch tests need torch (scripts/setup-python.sh installs it)")
+torch = pytest.importorskip(
+    "torch", reason="slimpack.torch tests need torch (scripts/setup-python.sh installs it)"
+)
 
 
 def relative_error(value, reference) -> float:

@@ -11,20 +11,33 @@ LENGTHS = [900, 300, 2500, 70, 1200, 4100, 650]
 
 
 def test_plan_returns_int32_pack_metadata_metrics_and_its_json():
-    schedule = slimpack.plan(LENGTHS, model="llama-7b", cluster="h100-sxm", parallel="tp=8,pp=2,dp=2", context=4096)
+    schedule = slimpack.plan(
+        LENGTHS, model="llama-7b", cluster="h100-sxm", parallel="tp=8,pp=2,dp=2", context=4096
+    )
     assert schedule.world == 32
     assert schedule.metrics["step_time_s"] > 0
     assert schedule.candidate and schedule.candidates_tried >= 1
     assert schedule.tokens == sum(LENGTHS)
     assert len(schedule.sample_lengths) == len(LENGTHS) + 1  # 4100 is cut at the context
     for pack in schedule.packs:
-        for array in (pack.cu_seqlens_q, pack.cu_seqlens_kv, pack.slices, pack.position_offsets, pack.position_ids):
+        for array in (
+            pack.cu_seqlens_q,
+            pack.cu_seqlens_kv,
+            pack.slices,
+            pack.position_offsets,
+            pack.position_ids,
+        ):
             assert array.dtype == np.int32
         assert pack.cu_seqlens_q[0] == 0 and pack.cu_seqlens_q[-1] == pack.tokens
         assert len(pack.position_ids) == pack.tokens
         assert pack.max_seqlen_q == int(np.diff(pack.cu_seqlens_q_padded).max())
-        owned = np.sort(np.concatenate(pack.positions_of(0) if pack.cp_size == 1 else
-                                       [np.concatenate(pack.positions_of(m)) for m in range(pack.cp_size)]))
+        owned = np.sort(
+            np.concatenate(
+                pack.positions_of(0)
+                if pack.cp_size == 1
+                else [np.concatenate(pack.positions_of(m)) for m in range(pack.cp_size)]
+            )
+        )
         assert len(owned) == pack.tokens  # the CP members' shares partition the pack's tokens
     # Every token is in exactly one forward pack and one backward pack.
     for direction in (schedule.forward_packs, schedule.backward_packs):
@@ -45,8 +58,16 @@ def test_every_strategy_plans():
 
 def test_planner_plans_an_epoch_ahead_of_the_consumer_with_one_tuned_configuration():
     lengths = list(np.random.default_rng(7).integers(50, 6000, size=200))
-    planner = slimpack.Planner(lengths, model="llama-7b", cluster="h100-sxm", parallel="tp=8,dp=4",
-                               global_batch=32, context=4096, seed=3, prefetch=2)
+    planner = slimpack.Planner(
+        lengths,
+        model="llama-7b",
+        cluster="h100-sxm",
+        parallel="tp=8,dp=4",
+        global_batch=32,
+        context=4096,
+        seed=3,
+        prefetch=2,
+    )
     seen = []
     for schedule in planner:
         assert isinstance(schedule, slimpack.Schedule)
@@ -73,19 +94,40 @@ def test_planner_reads_a_lengths_file_and_a_dataset_of_token_lists(tmp_path):
 @pytest.mark.parametrize(
     "call, message",
     [
-        (lambda: slimpack.plan([10, 20], model="gpt-9"), "--model: unknown model preset 'gpt-9' (valid: tiny, llama-7b"),
+        (
+            lambda: slimpack.plan([10, 20], model="gpt-9"),
+            "--model: unknown model preset 'gpt-9' (valid: tiny, llama-7b",
+        ),
         (lambda: slimpack.plan([10, 20], cluster="tpu-v9"), "--cluster: unknown cluster preset 'tpu-v9'"),
-        (lambda: slimpack.plan([10, 20], strategy="magic"), "--strategy: unknown strategy 'magic' (valid: padding"),
-        (lambda: slimpack.plan([10, 20], parallel="dp=0"), "--parallel: dp must be a positive integer, got 0"),
+        (
+            lambda: slimpack.plan([10, 20], strategy="magic"),
+            "--strategy: unknown strategy 'magic' (valid: padding",
+        ),
+        (
+            lambda: slimpack.plan([10, 20], parallel="dp=0"),
+            "--parallel: dp must be a positive integer, got 0",
+        ),
         (lambda: slimpack.plan([]), "lengths: no documents: cannot draw a batch from an empty dataset"),
-        (lambda: slimpack.plan([10, 0, 5]), "lengths: document 1 has length 0: every document needs at least 1 token"),
+        (
+            lambda: slimpack.plan([10, 0, 5]),
+            "lengths: document 1 has length 0: every document needs at least 1 token",
+        ),
         (lambda: slimpack.plan([3, -1]), "lengths: document 1: length -1 is negative"),
-        (lambda: slimpack.plan([10], context=0), "--context: must be a positive number of tokens per sample, got 0"),
-        (lambda: slimpack.plan([10], memory_limit=1.5), "--memory-limit 1.5: give a fraction of device memory in (0, 1]"),
+        (
+            lambda: slimpack.plan([10], context=0),
+            "--context: must be a positive number of tokens per sample, got 0",
+        ),
+        (
+            lambda: slimpack.plan([10], memory_limit=1.5),
+            "--memory-limit 1.5: give a fraction of device memory in (0, 1]",
+        ),
         (lambda: slimpack.plan([10], passes="slice{size=8}"), "stops at phase"),
         (lambda: slimpack.Planner([5, 6], model="gpt-9"), "--model: unknown model preset 'gpt-9'"),
         (lambda: slimpack.Planner([5, 0]), "lengths: document 1 has length 0"),
-        (lambda: slimpack.Planner([5, 6], global_batch=0), "--global-batch: must be a positive number of samples, got 0"),
+        (
+            lambda: slimpack.Planner([5, 6], global_batch=0),
+            "--global-batch: must be a positive number of samples, got 0",
+        ),
     ],
 )
 def test_bad_input_raises_value_error_with_the_command_lines_message(call, message):
@@ -99,7 +141,9 @@ def test_a_version_1_document_is_refused_with_one_line():
     import pathlib
 
     v1 = pathlib.Path(__file__).parents[2] / "codegen/tests/data/tiny-pp2-dp4.v1.schedule.json"
-    with pytest.raises(ValueError, match=r"^schedule version 1 is not supported: this build reads and writes version 2 "):
+    with pytest.raises(
+        ValueError, match=r"^schedule version 1 is not supported: this build reads and writes version 2 "
+    ):
         slimpack.Schedule.from_json(v1.read_text())
     with pytest.raises(ValueError, match="unknown field `surprise`"):
         document = json.loads(slimpack.plan([5, 9]).to_json())
@@ -112,7 +156,9 @@ def test_planning_releases_the_gil():
 
     lengths = list(np.random.default_rng(1).integers(100, 30000, size=400))
     planner = threading.Thread(
-        target=slimpack.plan, args=(lengths,), kwargs=dict(model="llama-7b", cluster="h100-sxm", parallel="tp=8,pp=2,dp=4")
+        target=slimpack.plan,
+        args=(lengths,),
+        kwargs=dict(model="llama-7b", cluster="h100-sxm", parallel="tp=8,pp=2,dp=4"),
     )
     turns = 0
     planner.start()
@@ -124,14 +170,16 @@ def test_planning_releases_the_gil():
 
 
 def test_planner_feeds_a_dataloader():
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from torch.utils.data import DataLoader, IterableDataset
 
     documents = [list(range(n)) for n in np.random.default_rng(2).integers(5, 400, size=40)]
 
     class PlannedSteps(IterableDataset):
         def __iter__(self):
-            for schedule in slimpack.Planner(documents, model="tiny", cluster="cpu", parallel="dp=2", global_batch=8):
+            for schedule in slimpack.Planner(
+                documents, model="tiny", cluster="cpu", parallel="dp=2", global_batch=8
+            ):
                 yield schedule, [documents[d] for d in schedule.sample_documents]
 
     steps = list(DataLoader(PlannedSteps(), batch_size=None))

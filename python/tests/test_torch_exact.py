@@ -17,7 +17,9 @@ TOLERANCE = 1e-10
 LENGTHS = [90, 30, 250, 7, 120, 61, 40, 33, 180, 16]
 # Slices of 16 tokens: most samples become chains of continuation slices.
 SMALL_SLICES = "assign-dp,slice{size=16},pack-fwd{cap=64},pack-bwd{cap=48},schedule-pipeline"
-DP_MERGE = "assign-dp,dp-merge{threshold=1.0},slice{size=64},pack-fwd{cap=128},pack-bwd{cap=96},schedule-pipeline"
+DP_MERGE = (
+    "assign-dp,dp-merge{threshold=1.0},slice{size=64},pack-fwd{cap=128},pack-bwd{cap=96},schedule-pipeline"
+)
 MERGE_LENGTHS = [600, 30, 40, 50, 20, 35, 25, 44]
 
 
@@ -46,7 +48,9 @@ def test_every_strategy_single_rank(strategy):
 def test_every_strategy_pp2_dp2(strategy):
     # On h100-sxm the tuning keeps DP replicas apart (pipeline sends, DP gradient sync and the
     # tied-embedding sync between the stages all run).
-    schedule = slimpack.plan(LENGTHS, model="tiny", cluster="h100-sxm", parallel="pp=2,dp=2", strategy=strategy)
+    schedule = slimpack.plan(
+        LENGTHS, model="tiny", cluster="h100-sxm", parallel="pp=2,dp=2", strategy=strategy
+    )
     assert schedule.world == 4
     assert_exact(schedule)
 
@@ -65,7 +69,9 @@ def test_chosen_static_cp_pp2():
 
 
 def test_dp_merge_beside_plain_replicas_with_continuation_slices_pp2_dp2():
-    schedule = slimpack.plan(MERGE_LENGTHS, model="tiny", cluster="h100-sxm", parallel="pp=2,dp=2", passes=DP_MERGE)
+    schedule = slimpack.plan(
+        MERGE_LENGTHS, model="tiny", cluster="h100-sxm", parallel="pp=2,dp=2", passes=DP_MERGE
+    )
     replicas = schedule.replicas
     assert any(len(r) == 1 for r in replicas) and any(len(r) > 1 for r in replicas), replicas
     assert continuation_slices(schedule) >= 4
@@ -74,7 +80,9 @@ def test_dp_merge_beside_plain_replicas_with_continuation_slices_pp2_dp2():
 
 def test_small_slices_with_many_continuations_single_rank_and_pp2_dp2():
     for parallel in ("dp=1", "pp=2,dp=2"):
-        schedule = slimpack.plan(LENGTHS, model="tiny", cluster="h100-sxm", parallel=parallel, passes=SMALL_SLICES)
+        schedule = slimpack.plan(
+            LENGTHS, model="tiny", cluster="h100-sxm", parallel=parallel, passes=SMALL_SLICES
+        )
         assert continuation_slices(schedule) >= 30
         assert_exact(schedule)
 
@@ -89,7 +97,9 @@ def swapped_backward_packs(schedule):
             later = schedule.packs[ops[a]["pack"]]  # backwarded first: the later tokens
             earlier = schedule.packs[ops[b]["pack"]]
             if a < b and any(
-                s1 == s2 and start2 == end1 for s1, _, end1 in earlier.slice_keys() for s2, start2, _ in later.slice_keys()
+                s1 == s2 and start2 == end1
+                for s1, _, end1 in earlier.slice_keys()
+                for s2, start2, _ in later.slice_keys()
             ):
                 ops[a], ops[b] = ops[b], ops[a]
                 return slimpack.Schedule(json.dumps(document))

@@ -37,5 +37,9 @@ def reference(schedule, params=None, tokens=None, *, seed: int = 0):
 
     config = ModelConfig.from_spec(schedule.model)
     params = params if params is not None else init_params(config, seed, torch.float64)
-    tokens = tokens if tokens is not None else synthetic_tokens(schedule.sample_lengths.tolist(), config.vocab, seed)
+    tokens = (
+        tokens
+        if tokens is not None
+        else synthetic_tokens(schedule.sample_lengths.tolist(), config.vocab, seed)
+    )
     return reference_step(config, params, tokens)

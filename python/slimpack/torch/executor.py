@@ -157,7 +157,15 @@ class _Group:
 class RankExecutor:
     """Runs the ops of one global rank (see the module documentation)."""
 
-    def __init__(self, schedule, params: Mapping[str, torch.Tensor], tokens: Sequence[torch.Tensor], rank: int = 0, options: Optional[Options] = None, groups=None):
+    def __init__(
+        self,
+        schedule,
+        params: Mapping[str, torch.Tensor],
+        tokens: Sequence[torch.Tensor],
+        rank: int = 0,
+        options: Optional[Options] = None,
+        groups=None,
+    ):
         self.schedule, self.rank, self.options = schedule, rank, options or Options()
         parallel = schedule.parallel
         if parallel["tp"] != 1:
@@ -169,11 +177,15 @@ class RankExecutor:
         stage = schedule.stages[self.stage]
         self.layers = range(stage["first_layer"], stage["first_layer"] + stage["layers"])
         self.first, self.last = self.stage == 0, self.stage == self.pp_size - 1
-        self.leaves = {name: params[name].detach().clone().requires_grad_(True) for name in self._stage_tensors(params)}
+        self.leaves = {
+            name: params[name].detach().clone().requires_grad_(True) for name in self._stage_tensors(params)
+        }
         self.tokens = tokens
         self.normalizer = schedule.target_tokens
         if self.normalizer != predicted_tokens(tokens):
-            raise ValueError(f"the schedule's loss counts {self.normalizer} target tokens, the tokens given hold {predicted_tokens(tokens)}")
+            raise ValueError(
+                f"the schedule's loss counts {self.normalizer} target tokens, the tokens given hold {predicted_tokens(tokens)}"
+            )
         self.backward_pack_of: Dict[SliceKey, int] = {
             (s["sample"], s["start"], s["end"]): s["backward_pack"] for s in schedule.slices
         }
@@ -213,7 +225,10 @@ class RankExecutor:
         """`(process group, members in group-rank order, this rank's index there)`, or None."""
         if pack.cp_size == 1:
             return None
-        members = [self.rank_of(int(pack.dp_ranks[m // self.cp_degree]), self.stage, m % self.cp_degree) for m in range(pack.cp_size)]
+        members = [
+            self.rank_of(int(pack.dp_ranks[m // self.cp_degree]), self.stage, m % self.cp_degree)
+            for m in range(pack.cp_size)
+        ]
         order = sorted(range(pack.cp_size), key=lambda m: members[m])  # torch orders a group by rank
         return self.groups[tuple(sorted(members))], order, order.index(self._member(pack))
 
@@ -255,7 +270,7 @@ class RankExecutor:
                 ids = torch.cat([self.tokens[keys[i][0]][positions[i]] for i in g.slices])
                 hidden[id(g)] = self.leaves["embedding"][ids]
             else:
-                part = torch.cat([received[offsets[i]:offsets[i + 1]] for i in g.slices])
+                part = torch.cat([received[offsets[i] : offsets[i + 1]] for i in g.slices])
                 g.input_leaf = part.detach().requires_grad_(True)
                 hidden[id(g)] = g.input_leaf
         cp_group = self._cp_group(pack)
@@ -269,15 +284,17 @@ class RankExecutor:
                 at = 0
                 for i, n in zip(g.slices, g.rows):
                     sample, start, end = keys[i]
-                    own = kv[at:at + n]
-                    queries[i] = q[at:at + n]
+                    own = kv[at : at + n]
+                    queries[i] = q[at : at + n]
                     at += n
                     if cp_group is not None:
                         handle, order, me = cp_group
                         runs = pack.cp_runs[i]
                         owned = [torch.cat([torch.arange(a, b) for a, b in runs[m]]) - start for m in order]
                         own = _GatherRows.apply(own, owned, me, handle, end - start)
-                    self.cache.setdefault((sample, layer), []).append(_Chunk(start, end, own, g.backward_pack))
+                    self.cache.setdefault((sample, layer), []).append(
+                        _Chunk(start, end, own, g.backward_pack)
+                    )
                     self.kv_rows += end - start
             self.peak_kv_rows = max(self.peak_kv_rows, self.kv_rows)
             for g in groups:
@@ -289,16 +306,27 @@ class RankExecutor:
                     for chunk in self.cache[(sample, layer)]:
                         lo, hi = max(chunk.start, kv_start), min(chunk.end, end)
                         if lo < hi:
-                            parts.append(chunk.read(g.backward_pack)[lo - chunk.start:hi - chunk.start])
+                            parts.append(chunk.read(g.backward_pack)[lo - chunk.start : hi - chunk.start])
                             kpos.append(torch.arange(lo, hi))
                     kv = torch.cat(parts)
-                    attended.append(attention(self.config, queries[i], kv[:, 0], kv[:, 1], positions[i], torch.cat(kpos)))
+                    attended.append(
+                        attention(self.config, queries[i], kv[:, 0], kv[:, 1], positions[i], torch.cat(kpos))
+                    )
                 hidden[id(g)] = layer_rest(self.config, p, hidden[id(g)], torch.cat(attended))
         if self.last:
             output = self.leaves["embedding" if self.config.tied_embeddings else "output"]
             for g in groups:
-                labels = torch.cat([targets(self.tokens[keys[i][0]], 0, int(self.schedule.sample_lengths[keys[i][0]]))[positions[i]] for i in g.slices])
-                g.output = head_loss(self.config, self.leaves["final_norm"], output, hidden[id(g)], labels, self.normalizer)
+                labels = torch.cat(
+                    [
+                        targets(self.tokens[keys[i][0]], 0, int(self.schedule.sample_lengths[keys[i][0]]))[
+                            positions[i]
+                        ]
+                        for i in g.slices
+                    ]
+                )
+                g.output = head_loss(
+                    self.config, self.leaves["final_norm"], output, hidden[id(g)], labels, self.normalizer
+                )
                 self.loss += float(g.output.detach())
         else:
             out = [None] * len(keys)
@@ -306,9 +334,11 @@ class RankExecutor:
                 g.output = hidden[id(g)]
                 at = 0
                 for i, n in zip(g.slices, g.rows):
-                    out[i] = g.output[at:at + n].detach()
+                    out[i] = g.output[at : at + n].detach()
                     at += n
-            self.outbox[("forward", pack.index)] = torch.cat(out).contiguous() if out else torch.zeros(0, self.config.hidden)
+            self.outbox[("forward", pack.index)] = (
+                torch.cat(out).contiguous() if out else torch.zeros(0, self.config.hidden)
+            )
         for g in groups:
             self.live.setdefault(g.backward_pack, []).append(g)
 
@@ -326,7 +356,7 @@ class RankExecutor:
             received = self.mailbox.pop(("backward", pack.index))
             at, rows_of = 0, {}
             for key, n in zip(keys, [len(p) for p in self._positions(pack)]):
-                rows_of[key] = received[at:at + n]
+                rows_of[key] = received[at : at + n]
                 at += n
             for g in groups:
                 fpack = self.schedule.packs[g.forward_pack].slice_keys()
@@ -338,7 +368,9 @@ class RankExecutor:
                 for chunk in self.cache.get((key[0], layer), []):
                     if (key[0], chunk.start, chunk.end) == key and chunk.leaf is not None:
                         roots.append(chunk.kv)
-                        grads.append(chunk.leaf.grad if chunk.leaf.grad is not None else torch.zeros_like(chunk.kv))
+                        grads.append(
+                            chunk.leaf.grad if chunk.leaf.grad is not None else torch.zeros_like(chunk.kv)
+                        )
         if roots:
             torch.autograd.backward(roots, grads)
         if not self.first:
@@ -347,10 +379,10 @@ class RankExecutor:
                 fpack = self.schedule.packs[g.forward_pack].slice_keys()
                 at = 0
                 for i, n in zip(g.slices, g.rows):
-                    grad_of[fpack[i]] = g.input_leaf.grad[at:at + n]
+                    grad_of[fpack[i]] = g.input_leaf.grad[at : at + n]
                     at += n
             self.outbox[("backward", pack.index)] = torch.cat([grad_of[k] for k in keys]).contiguous()
-        for (sample, layer), chunks in self.cache.items():
+        for (sample, _layer), chunks in self.cache.items():
             kept = [c for c in chunks if (sample, c.start, c.end) not in mine]
             self.kv_rows -= sum(c.end - c.start for c in chunks if (sample, c.start, c.end) in mine)
             chunks[:] = kept
@@ -392,7 +424,9 @@ class RankExecutor:
 
     def op_recv(self, op):
         pack = self.schedule.packs[op["pack"]]
-        tensor = torch.empty(self._rows_of(pack), self.config.hidden, dtype=self.leaves[next(iter(self.leaves))].dtype)
+        tensor = torch.empty(
+            self._rows_of(pack), self.config.hidden, dtype=self.leaves[next(iter(self.leaves))].dtype
+        )
         dist.recv(tensor, src=op["from"], tag=_tag(op))
         self.mailbox[(op["direction"], op["pack"])] = tensor
 
@@ -470,13 +504,21 @@ def _run_processes(schedule, params, tokens, options) -> List[RankResult]:
     world = schedule.world
     with tempfile.TemporaryDirectory() as job_dir:
         torch.save(
-            {"schedule": schedule.to_json(), "params": dict(params), "tokens": list(tokens), "options": options},
+            {
+                "schedule": schedule.to_json(),
+                "params": dict(params),
+                "tokens": list(tokens),
+                "options": options,
+            },
             os.path.join(job_dir, "job.pt"),
         )
         logs = [open(os.path.join(job_dir, f"rank{r}.log"), "w+") for r in range(world)]
         processes = [
-            subprocess.Popen([sys.executable, "-m", "slimpack.torch.executor", str(r), str(world), job_dir],
-                             stdout=logs[r], stderr=subprocess.STDOUT)
+            subprocess.Popen(
+                [sys.executable, "-m", "slimpack.torch.executor", str(r), str(world), job_dir],
+                stdout=logs[r],
+                stderr=subprocess.STDOUT,
+            )
             for r in range(world)
         ]
         try:
@@ -506,13 +548,25 @@ def _run_processes(schedule, params, tokens, options) -> List[RankResult]:
         return outcomes
 
 
-def run(schedule, params: Optional[Mapping[str, torch.Tensor]] = None, tokens: Optional[Sequence[torch.Tensor]] = None, *, seed: int = 0, dtype=torch.float64, options: Optional[Options] = None) -> StepResult:
+def run(
+    schedule,
+    params: Optional[Mapping[str, torch.Tensor]] = None,
+    tokens: Optional[Sequence[torch.Tensor]] = None,
+    *,
+    seed: int = 0,
+    dtype=torch.float64,
+    options: Optional[Options] = None,
+) -> StepResult:
     """Runs `schedule` on the tiny model: in this process for one rank, else one process per
     rank (gloo). `params` default to `init_params(seed)`, `tokens` to random tokens of the
     schedule's sample lengths. Returns the loss and every parameter's gradient."""
     config = ModelConfig.from_spec(schedule.model)
     params = params if params is not None else init_params(config, seed, dtype)
-    tokens = tokens if tokens is not None else synthetic_tokens(schedule.sample_lengths.tolist(), config.vocab, seed)
+    tokens = (
+        tokens
+        if tokens is not None
+        else synthetic_tokens(schedule.sample_lengths.tolist(), config.vocab, seed)
+    )
     if schedule.world == 1:
         results = [RankExecutor(schedule, params, tokens, 0, options).run()]
     else:

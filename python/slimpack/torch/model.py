@@ -69,19 +69,19 @@ def init_params(config: ModelConfig, seed: int = 0, dtype=torch.float64) -> Dict
     for i in range(config.layers):
         layer = {
             "attn_norm": gain(h),
-            "wq": normal(h, q, std=h ** -0.5),
-            "wk": normal(h, kv, std=h ** -0.5),
-            "wv": normal(h, kv, std=h ** -0.5),
-            "wo": normal(q, h, std=q ** -0.5),
+            "wq": normal(h, q, std=h**-0.5),
+            "wk": normal(h, kv, std=h**-0.5),
+            "wv": normal(h, kv, std=h**-0.5),
+            "wo": normal(q, h, std=q**-0.5),
             "mlp_norm": gain(h),
-            "w_gate": normal(h, config.ffn, std=h ** -0.5),
-            "w_up": normal(h, config.ffn, std=h ** -0.5),
-            "w_down": normal(config.ffn, h, std=config.ffn ** -0.5),
+            "w_gate": normal(h, config.ffn, std=h**-0.5),
+            "w_up": normal(h, config.ffn, std=h**-0.5),
+            "w_down": normal(config.ffn, h, std=config.ffn**-0.5),
         }
         params.update({f"layers.{i}.{name}": t for name, t in layer.items()})
     params["final_norm"] = gain(h)
     if not config.tied_embeddings:
-        params["output"] = normal(config.vocab, h, std=h ** -0.5)
+        params["output"] = normal(config.vocab, h, std=h**-0.5)
     return params
 
 
@@ -173,6 +173,8 @@ def reference_step(config: ModelConfig, params: Mapping[str, torch.Tensor], toke
             p = layer_params(leaves, layer)
             q, k, v = qkv(config, p, x, positions)
             x = layer_rest(config, p, x, attention(config, q, k, v, positions, positions))
-        loss = loss + head_loss(config, leaves["final_norm"], output, x, targets(sample, 0, len(sample)), normalizer)
+        loss = loss + head_loss(
+            config, leaves["final_norm"], output, x, targets(sample, 0, len(sample)), normalizer
+        )
     loss.backward()
     return loss.detach(), {name: t.grad for name, t in leaves.items()}
