@@ -269,3 +269,101 @@ fn sends_and_receives_pair_up_in_order_between_every_two_ranks() {
         assert_eq!(sent, received, "{strategy}");
     }
 }
+
+/// The slice table and the sub-batches agree with the packs: every forward pack's sub-batches
+/// partition its slices, each group is exactly what its backward pack runs of them, and the
+/// groups run each sample's slices in increasing start; `dkv_from` lists the sample's slices
+/// from the last down to the slice itself.
+fn assert_sub_batches_and_slice_table(document: &Value) {
+    let packs = document["packs"].as_array().unwrap();
+    let slices = document["slices"].as_array().unwrap();
+    for (p, pack) in packs.iter().enumerate() {
+        let pack_slices = pack["slices"].as_array().unwrap();
+        for entry in pack_slices {
+            let slice = &slices[entry["slice"].as_u64().unwrap() as usize];
+            assert_eq!(
+                (&slice["sample"], &slice["start"]),
+                (&entry["sample"], &entry["start"])
+            );
+            let key = if pack["direction"] == "forward" {
+                "forward_pack"
+            } else {
+                "backward_pack"
+            };
+            assert_eq!(slice[key], p);
+        }
+        if pack["direction"] != "forward" {
+            assert!(pack["sub_batches"].as_array().unwrap().is_empty());
+            continue;
+        }
+        let groups = pack["sub_batches"].as_array().unwrap();
+        let mut seen = Vec::new();
+        let mut last_start: std::collections::HashMap<u64, u64> = Default::default();
+        for group in groups {
+            for index in group["slices"].as_array().unwrap() {
+                let index = index.as_u64().unwrap();
+                seen.push(index);
+                let entry = &pack_slices[index as usize];
+                let slice = &slices[entry["slice"].as_u64().unwrap() as usize];
+                assert_eq!(slice["backward_pack"], group["backward_pack"]);
+                let (sample, start) = (
+                    entry["sample"].as_u64().unwrap(),
+                    entry["start"].as_u64().unwrap(),
+                );
+                if let Some(&before) = last_start.get(&sample) {
+                    assert!(before < start, "pack {p}: sample {sample} out of order");
+                }
+                last_start.insert(sample, start);
+            }
+        }
+        seen.sort_unstable();
+        assert_eq!(seen, (0..pack_slices.len() as u64).collect::<Vec<_>>());
+    }
+    for (i, slice) in slices.iter().enumerate() {
+        let mut later: Vec<u64> = (i..slices.len())
+            .take_while(|&j| slices[j]["sample"] == slice["sample"])
+            .map(|j| j as u64)
+            .collect();
+        later.reverse();
+        let dkv: Vec<u64> = slice["dkv_from"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        assert_eq!(dkv, later, "slice {i}");
+    }
+}
+
+#[test]
+fn asymmetric_packs_split_forward_packs_into_sub_batches_that_simulate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (report, document) = compile_json(
+        dir.path(),
+        &[
+            "--passes",
+            "assign-dp,slice{size=128},pack-fwd,pack-bwd,schedule-pipeline,lower",
+        ],
+    );
+    assert_sub_batches_and_slice_table(&document);
+    let split = document["packs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["sub_batches"].as_array().unwrap().len() > 1)
+        .count();
+    assert!(split > 0, "no forward pack split along backward packs");
+    let schedule = dir.path().join("schedule.json");
+    let out = slimpack(&["simulate", schedule.to_str().unwrap(), "--report", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let simulated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(simulated["step_time_s"], report["step_time_s"]);
+    for strategy in ["slimpack", "megatron"] {
+        let (_, document) = compile_json(dir.path(), &["--strategy", strategy]);
+        assert_sub_batches_and_slice_table(&document);
+    }
+}

@@ -218,6 +218,7 @@ pub struct PackDocument {
     pub cp_size: u32,
     /// CP member `m`'s share of the padding rows, as positions `tokens..padded_tokens` (two
     /// runs, by the rule of `PackSlice::cp_runs`); empty when the pack is not padded.
+    #[schemars(inner(inner(inner(range(max = 2147483647)))))]
     pub padding_cp_runs: Vec<[[u32; 2]; 2]>,
     /// Forward packs: the pack's slices grouped by the backward pack that runs them, so that a
     /// trainer can run the forward as one autograd graph per group and each backward pack
@@ -249,6 +250,7 @@ pub struct PackSlice {
     /// `start + ⌊j · (end − start) / 2k⌋` (`k = cp_size`; no padding; a run may be empty). A
     /// member computes its rows only, keeps their K/V, and sends and receives their hidden
     /// states along the pipeline.
+    #[schemars(inner(inner(inner(range(max = 2147483647)))))]
     pub cp_runs: Vec<[[u32; 2]; 2]>,
 }
 
@@ -336,9 +338,10 @@ pub struct Device {
 /// before the next op). Blocking sends deadlock on pipelines (stage 0 sending a forward while
 /// stage 1 sends a backward); with these semantics the op lists are deadlock-free (slimpack
 /// proves it on every lowered program). A trainer may also batch each op's `recv` or `send`
-/// with its neighbours' in one `batch_isend_irecv`. Between two ranks, messages arrive in the
-/// order they are sent and are received in that order, so transports without tags (NCCL) match
-/// them; the pack index serves as a tag where there are tags.
+/// with its neighbours' in one `batch_isend_irecv`. Between two ranks, the receiver posts its
+/// receives in the order the sender sends (every stage runs a replica's forward packs in one
+/// order and its backward packs in one order, which the verifier checks), so transports without
+/// tags (NCCL) match them; where there are tags, the pack index serves as one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum DeviceOp {

@@ -138,6 +138,9 @@ fn slice_table(ir: &StepIr, program: &Program) -> Vec<SliceDocument> {
         let len = ir.sample(sample).len;
         let first = table.len() as u32;
         let slices = ir.slices_of(sample);
+        if slices.is_empty() {
+            continue;
+        }
         let last = first + slices.len() as u32 - 1;
         for (j, &id) in slices.iter().enumerate() {
             let slice = ir.slice(id);

@@ -6,7 +6,7 @@
 //! step's invariants as it does for any IR, and the reader compares every derived field with
 //! its derivation.
 
-use slimpack_ir::batch::MAX_SAMPLES;
+use slimpack_ir::batch::{MAX_SAMPLES, MAX_TOKENS};
 
 use super::{ScheduleDocument, ScheduleError};
 
@@ -41,6 +41,12 @@ pub(super) fn check(doc: &ScheduleDocument) -> Result<(), ScheduleError> {
         return invalid(format!(
             "{} samples is more than the {MAX_SAMPLES} a step may hold",
             doc.samples.len()
+        ));
+    }
+    let tokens: u64 = doc.samples.iter().map(|s| u64::from(s.len)).sum();
+    if tokens > MAX_TOKENS {
+        return invalid(format!(
+            "the samples hold {tokens} tokens, more than the {MAX_TOKENS} a step may hold"
         ));
     }
     for (index, replica) in doc.replicas.iter().enumerate() {

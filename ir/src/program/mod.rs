@@ -22,6 +22,9 @@
 //! deadlock-free whenever each replica's schedule is (which the verifier proves); [`check`]
 //! proves it again on the op lists themselves.
 //!
+//! Under context parallelism each member of a pack's CP group holds a share of every slice
+//! ([`CpShard`], the one definition of that split for the runtimes and the schedule JSON).
+//!
 //! A lowered step carries its program ([`StepIr::program`]), stored by [`lower_into`] — what
 //! the `lower` pass, the IR text parser and the schedule JSON reader call to make a lowered
 //! step. Everything else (the printer, codegen, the runtimes) reads the stored program; the

@@ -7,7 +7,9 @@
 //! worker runs the per-token work (norms, projections, MLP, head) of its tokens only, keeps the
 //! K/V of its tokens only (the K/V store of a merged sample is sharded), and sends and receives
 //! its own tokens' hidden states along the pipeline. A slice shorter than `2k` tokens leaves
-//! some workers without any of its tokens; they still take part in its exchanges.
+//! some workers without any of its tokens; they still take part in its exchanges. The split is
+//! defined once, in `slimpack_ir::program::CpShard`, which the schedule JSON also states for
+//! trainers.
 //!
 //! Attention ([`KvExchange`]), the all-gather scheme (as in Llama 3's context parallelism):
 //! - forward, per slice and layer: the workers all-gather the K/V rows they hold of the
