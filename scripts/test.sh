@@ -11,3 +11,4 @@ cargo test --workspace --quiet
 # Every feature, cuda included: it builds without a CUDA toolkit (cudarc loads the libraries at
 # run time); with no GPU its tests check the one-line refusals and say the GPU runs were skipped.
 cargo test --workspace --all-features --quiet
+scripts/test-python.sh

@@ -8,6 +8,10 @@
 //! caller's sink with its predicted metrics, in step order, then dropped: memory holds the
 //! dataset and at most one step per worker thread, whatever the number of steps.
 //!
+//! [`plan_batch`] plans one batch on its own the same way (tuned on itself), and
+//! [`plan_pipeline`] with an explicit pass pipeline instead of a strategy: the library calls
+//! behind the Python package's `slimpack.plan`.
+//!
 //! Steps after the first are compiled in rounds of one step per thread (their admissions,
 //! which carry state, run in step order first), so the output is the same on any number of
 //! cores. The first step's tuning runs its candidates on every core.
@@ -81,6 +85,11 @@ pub enum PlanError {
     Tune(#[from] autotune::TuneError),
     #[error(transparent)]
     Pass(#[from] slimpack_passes::PassError),
+    #[error(transparent)]
+    Simulate(#[from] slimpack_machine::MachineError),
+    /// An explicit pipeline that stops before the schedule.
+    #[error("--passes '{pipeline}' stops at phase '{phase}': a schedule needs the packing and scheduling passes (or use a strategy)")]
+    Unscheduled { pipeline: String, phase: String },
     /// The sink failed (writing a schedule).
     #[error("{0}")]
     Sink(String),
@@ -111,22 +120,25 @@ pub fn plan_epoch(
     let max_steps = options.max_steps.unwrap_or(usize::MAX);
     let limit = options.choices.memory_limit_for(spec);
     let first = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
-    let choice = autotune::choose_with(
+    let tuned = tune_step(
         strategy,
         spec,
-        &first,
+        first,
         &state,
         options.choices,
         &options.tune,
     )?;
     summary.tune_ms = start.elapsed().as_secs_f64() * 1e3;
-    summary.candidates_tried = choice.evaluations.len() + choice.skipped;
-    let chosen = choice.evaluations[choice.chosen].candidate.clone();
+    summary.candidates_tried = tuned.candidates_tried;
+    let chosen = tuned.candidate;
     summary.candidate = chosen.label.clone();
-    let metrics = choice.evaluations[choice.chosen].metrics.clone();
-    let mut compiled = choice.compiled;
-    lower(&mut compiled, &manager, &mut std::io::sink())?;
-    hand_on(&mut summary, sink, 1, first, compiled, metrics, false)?;
+    let PlannedStep {
+        batch,
+        compiled,
+        metrics,
+        ..
+    } = tuned.planned;
+    hand_on(&mut summary, sink, 1, batch, compiled, metrics, false)?;
     let threads = options
         .threads
         .unwrap_or_else(autotune::available_threads)
@@ -164,6 +176,106 @@ pub fn plan_epoch(
     summary.step_time_mean_s = summary.epoch_time_s / summary.steps as f64;
     summary.plan_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(summary)
+}
+
+/// One global batch planned on its own, tuned on itself.
+pub struct TunedStep {
+    /// The step (numbered 1), lowered, with its predicted metrics.
+    pub planned: PlannedStep,
+    /// The configuration the tuning chose.
+    pub candidate: strategy::Candidate,
+    /// The chosen configuration's label with its variant, as `compile` reports it.
+    pub label: String,
+    /// Candidates evaluated (and skipped by the budget).
+    pub candidates_tried: usize,
+}
+
+/// Plans `batch` on its own as `compile --strategy` does: admitted by `strategy` (from a fresh
+/// state: a strategy that delays samples keeps them out of this step), tuned (every candidate
+/// compiled and simulated, the fastest within the memory limit kept) and lowered. The library
+/// call behind the Python package's `slimpack.plan`.
+pub fn plan_batch(
+    spec: &Spec,
+    batch: &Batch,
+    strategy: &'static StrategyInfo,
+    choices: &Choices,
+    tune: &TuneOptions,
+) -> Result<TunedStep, PlanError> {
+    let mut state = StrategyState::default();
+    let batch = autotune::admit(strategy, &mut state, spec, batch);
+    tune_step(strategy, spec, batch, &state, choices, tune)
+}
+
+/// Plans `batch` with an explicit pass pipeline instead of a strategy (`compile --passes`, e.g.
+/// a forced slice size): compiled, simulated and lowered, without tuning.
+pub fn plan_pipeline(
+    spec: &Spec,
+    batch: &Batch,
+    pipeline: &str,
+    verify: bool,
+) -> Result<PlannedStep, PlanError> {
+    let manager = ManagerOptions {
+        verify,
+        ..ManagerOptions::default()
+    };
+    let options = crate::CompileOptions {
+        pipeline: pipeline.to_string(),
+        manager: manager.clone(),
+    };
+    let mut compiled = crate::compile(spec, batch, &options, &mut std::io::sink())?;
+    if compiled.ir.phase() < slimpack_ir::step::Phase::Scheduled {
+        return Err(PlanError::Unscheduled {
+            pipeline: pipeline.to_string(),
+            phase: compiled.ir.phase().to_string(),
+        });
+    }
+    let model = slimpack_machine::machine_model(&compiled.ir.spec);
+    let metrics = slimpack_machine::sim::simulate(&compiled.ir, &model)?.metrics;
+    lower(&mut compiled, &manager, &mut std::io::sink())?;
+    Ok(PlannedStep {
+        step: 1,
+        batch: batch.clone(),
+        compiled,
+        metrics,
+    })
+}
+
+/// Tunes `strategy` on an admitted `batch` and lowers the chosen step (the first step of an
+/// epoch plan, and [`plan_batch`]).
+fn tune_step(
+    strategy: &'static StrategyInfo,
+    spec: &Spec,
+    batch: Batch,
+    state: &StrategyState,
+    choices: &Choices,
+    tune: &TuneOptions,
+) -> Result<TunedStep, PlanError> {
+    let manager = ManagerOptions {
+        verify: tune.verify,
+        ..ManagerOptions::default()
+    };
+    let choice = autotune::choose_with(strategy, spec, &batch, state, choices, tune)?;
+    let best = choice.best();
+    let candidate = best.candidate.clone();
+    let label = match best.variant.as_str() {
+        "" => candidate.label.clone(),
+        variant => format!("{},{variant}", candidate.label),
+    };
+    let metrics = best.metrics.clone();
+    let candidates_tried = choice.evaluations.len() + choice.skipped;
+    let mut compiled = choice.compiled;
+    lower(&mut compiled, &manager, &mut std::io::sink())?;
+    Ok(TunedStep {
+        planned: PlannedStep {
+            step: 1,
+            batch,
+            compiled,
+            metrics,
+        },
+        candidate,
+        label,
+        candidates_tried,
+    })
 }
 
 /// One later step with the kept candidate (re-tuned when its peak is over the memory limit),

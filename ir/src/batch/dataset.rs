@@ -80,6 +80,25 @@ impl Dataset {
         })
     }
 
+    /// A dataset of an embedder's lengths in document order (`lengths[i]` is document `i`),
+    /// each value checked as the file readers check one. A zero length is kept, not skipped:
+    /// the caller's list is indexed by document, and drawing a batch rejects it by index.
+    pub fn from_lengths(name: &str, lengths: &[i64]) -> Result<Dataset> {
+        let lengths = lengths
+            .iter()
+            .enumerate()
+            .map(|(doc, &value)| {
+                super::length::from_i64(value)
+                    .map_err(|message| batch_error(name, format!("document {doc}: {message}")))
+            })
+            .collect::<Result<Vec<u32>>>()?;
+        Ok(Dataset {
+            name: name.to_string(),
+            lengths,
+            empty: 0,
+        })
+    }
+
     /// Number of documents.
     pub fn len(&self) -> usize {
         self.lengths.len()
@@ -122,6 +141,7 @@ fn check_options(name: &str, format: DatasetFormat, options: &LoadOptions) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::batch::BatchOptions;
 
     fn parse(text: &str) -> Result<Dataset> {
         Dataset::parse("d", text.as_bytes(), &LoadOptions::default())
@@ -168,6 +188,32 @@ mod tests {
             message.contains("only zero-length documents (2)"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn an_embedders_lengths_keep_their_indices_and_get_the_readers_messages() {
+        let dataset = Dataset::from_lengths("lengths", &[3, 0, 4]).unwrap();
+        assert_eq!((dataset.lengths.clone(), dataset.empty), (vec![3, 0, 4], 0));
+        let message = dataset
+            .global_batch(&BatchOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            "lengths: document 1 has length 0: every document needs at least 1 token"
+        );
+        let message = Dataset::from_lengths("lengths", &[3, -2])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            message.starts_with("lengths: document 1: length -2 is negative: a length is"),
+            "{message}"
+        );
+        let too_large = i64::from(u32::MAX) + 1;
+        let message = Dataset::from_lengths("lengths", &[too_large])
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("is too large"), "{message}");
     }
 
     #[test]

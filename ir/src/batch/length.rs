@@ -21,7 +21,7 @@ pub(super) fn from_u64(value: u64) -> Result<u32, String> {
 }
 
 /// Checks a signed integer length.
-pub(super) fn from_i64(value: i64) -> Result<u32, String> {
+pub(crate) fn from_i64(value: i64) -> Result<u32, String> {
     match u64::try_from(value) {
         Ok(unsigned) => from_u64(unsigned),
         Err(_) => Err(format!("length {value} is negative: {VALID}")),
