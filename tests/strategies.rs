@@ -3,9 +3,10 @@
 //! losses add up to its time (the useful efficiency never above the executed one).
 //!
 //! A case draws a model (the tiny CPU model or llama-7b on H100), a layout whose `tp` divides
-//! the heads and whose `pp` divides the layers (with a random `dp` and, sometimes, a fixed
-//! `cp`), a context and a batch of lengths from 1 to the context — uniform, long-tailed
-//! (most short, a few near the context) or a mix — and a recompute mode. Every strategy of
+//! the heads and whose `pp` divides the layers (sometimes with two model chunks per device),
+//! with a random `dp` and, sometimes, a fixed `cp`, a context and a batch of lengths from 1 to
+//! the context — uniform, long-tailed (most short, a few near the context) or a mix — and a
+//! recompute mode. Every strategy of
 //! [`STRATEGIES`] then compiles one of its candidates (the case picks which) twice, from
 //! fresh IR, with the pass manager verifying after every pass; the final IR is checked again
 //! and the two printed forms compared. 128 cases x 13 strategies: 1,664 steps, each compiled twice.
@@ -83,12 +84,25 @@ fn case() -> impl Strategy<Value = Case> {
             let dp = prop::sample::select(vec![1u32, 2, 3, 4, 8]);
             let cp = prop::sample::select(vec![None, None, Some(2u32)]);
             let context = prop::sample::select(spec.contexts.to_vec());
-            (Just(model), tp, pp, dp, cp, context)
+            // Sometimes two model chunks per device (interleaved 1F1B) where the layers allow.
+            let vpp = prop::sample::select(vec![1u32, 1, 2]);
+            (Just(model), tp, pp, dp, cp, context, vpp)
         })
-        .prop_flat_map(|(model, tp, pp, dp, cp, context)| {
+        .prop_flat_map(|(model, tp, pp, dp, cp, context, vpp)| {
+            let layers = MODELS[model].layers;
+            let vpp = if pp > 1 && layers % (pp * vpp) == 0 {
+                vpp
+            } else {
+                1
+            };
+            let chunks = if vpp > 1 {
+                format!(",vpp={vpp}")
+            } else {
+                String::new()
+            };
             let layout = match cp {
-                Some(cp) => format!("tp={tp},cp={cp},pp={pp},dp={dp}"),
-                None => format!("tp={tp},pp={pp},dp={dp}"),
+                Some(cp) => format!("tp={tp},cp={cp},pp={pp}{chunks},dp={dp}"),
+                None => format!("tp={tp},pp={pp}{chunks},dp={dp}"),
             };
             (
                 Just(model),

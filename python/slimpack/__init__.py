@@ -59,6 +59,7 @@ def plan(
     tune_budget_ms: Optional[int] = None,
     passes: Optional[str] = None,
     verify: bool = True,
+    model_chunks: bool = False,
 ) -> Schedule:
     """Plans one global batch with one sample per length (documents longer than `context` are
     cut into context-length samples), as `slimpack compile --strategy STRATEGY` does: every
@@ -70,6 +71,9 @@ def plan(
     instead of a strategy (`compile --passes`, e.g. `"assign-dp,slice{size=64},pack-fwd{cap=256},
     pack-bwd{cap=256},schedule-pipeline"`), untuned. A plan that does not fit device memory is
     returned all the same, with `schedule.metrics["oom"]` true (the command line exits 3).
+    `model_chunks=True` lets a strategy choose interleaved 1F1B (`vpp=2` in
+    `schedule.parallel`), which the trainer must then run with its layers in `pp · vpp` chunks
+    (`slimpack.torch` runs one chunk per device).
     """
     document, candidate, tried = _native.plan(
         _lengths(lengths),
@@ -83,6 +87,7 @@ def plan(
         tune_budget_ms=tune_budget_ms,
         passes=passes,
         verify=verify,
+        model_chunks=model_chunks,
     )
     return Schedule(document, candidate, tried)
 
@@ -119,6 +124,7 @@ class Planner(Iterator[Schedule]):
         max_steps: Optional[int] = None,
         prefetch: int = 1,
         verify: bool = True,
+        model_chunks: bool = False,
     ):
         lengths, path = None, None
         if isinstance(source, (str, os.PathLike)):
@@ -146,6 +152,7 @@ class Planner(Iterator[Schedule]):
             max_steps=max_steps,
             prefetch=prefetch,
             verify=verify,
+            model_chunks=model_chunks,
         )
 
     def __iter__(self) -> "Planner":

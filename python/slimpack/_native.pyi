@@ -17,6 +17,7 @@ def plan(
     tune_budget_ms: Optional[int] = None,
     passes: Optional[str] = None,
     verify: bool = True,
+    model_chunks: bool = False,
 ) -> Tuple[str, str, int]:
     """`(schedule_json, candidate, candidates_tried)`; raises ValueError on bad input."""
 
@@ -43,6 +44,7 @@ class EpochPlanner:
         max_steps: Optional[int] = None,
         prefetch: int = 1,
         verify: bool = True,
+        model_chunks: bool = False,
     ) -> None: ...
     def next(self) -> Optional[Tuple[int, str]]:
         """The next `(step, schedule_json)`, waiting without the GIL; None once done."""

@@ -53,12 +53,21 @@ fn spec_of(model: &str, cluster: &str, parallel: &str, recompute: Option<&str>) 
 }
 
 /// What the tuning may choose among: every recompute mode unless one was fixed, within
-/// `memory_limit` (a fraction of device memory in (0, 1]).
-fn choices_of(spec: &Spec, recompute_fixed: bool, memory_limit: Option<f64>) -> PyResult<Choices> {
+/// `memory_limit` (a fraction of device memory in (0, 1]), with model chunks (interleaved 1F1B,
+/// which changes how the trainer must split its layers) only where `model_chunks` allows.
+fn choices_of(
+    spec: &Spec,
+    recompute_fixed: bool,
+    memory_limit: Option<f64>,
+    model_chunks: bool,
+) -> PyResult<Choices> {
     let mut choices = match recompute_fixed {
         true => Choices::fixed(spec.model.recompute),
         false => Choices::all(),
     };
+    if !model_chunks {
+        choices = choices.one_chunk_per_device();
+    }
     if let Some(fraction) = memory_limit {
         if !(fraction > 0.0 && fraction <= 1.0) {
             return Err(bad_input(format!(
@@ -93,7 +102,7 @@ fn document_json(step: &PlannedStep) -> PyResult<String> {
 #[pyfunction]
 #[pyo3(signature = (lengths, *, model, cluster, parallel, strategy = "slimpack", context = None,
                     recompute = None, memory_limit = None, tune_budget_ms = None, passes = None,
-                    verify = true))]
+                    verify = true, model_chunks = false))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
@@ -108,9 +117,10 @@ fn plan(
     tune_budget_ms: Option<u64>,
     passes: Option<&str>,
     verify: bool,
+    model_chunks: bool,
 ) -> PyResult<(String, String, usize)> {
     let spec = spec_of(model, cluster, parallel, recompute)?;
-    let choices = choices_of(&spec, recompute.is_some(), memory_limit)?;
+    let choices = choices_of(&spec, recompute.is_some(), memory_limit, model_chunks)?;
     let strategy = strategy_of(strategy)?;
     let dataset = Dataset::from_lengths("lengths", &lengths).map_err(bad_input)?;
     let options = BatchOptions {
@@ -160,7 +170,8 @@ impl EpochPlanner {
     #[pyo3(signature = (*, lengths = None, path = None, model, cluster, parallel,
                         strategy = "slimpack", context = None, global_batch = None,
                         global_batch_tokens = None, seed = 0, recompute = None,
-                        memory_limit = None, max_steps = None, prefetch = 1, verify = true))]
+                        memory_limit = None, max_steps = None, prefetch = 1, verify = true,
+                        model_chunks = false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         lengths: Option<Vec<i64>>,
@@ -178,9 +189,10 @@ impl EpochPlanner {
         max_steps: Option<usize>,
         prefetch: usize,
         verify: bool,
+        model_chunks: bool,
     ) -> PyResult<EpochPlanner> {
         let spec = spec_of(model, cluster, parallel, recompute)?;
-        let choices = choices_of(&spec, recompute.is_some(), memory_limit)?;
+        let choices = choices_of(&spec, recompute.is_some(), memory_limit, model_chunks)?;
         let strategy = strategy_of(strategy)?;
         let dataset = match (lengths, path) {
             (Some(lengths), None) => Dataset::from_lengths("lengths", &lengths),

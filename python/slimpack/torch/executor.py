@@ -170,6 +170,11 @@ class RankExecutor:
         parallel = schedule.parallel
         if parallel["tp"] != 1:
             raise ValueError(f"slimpack.torch runs tp=1 schedules, got tp={parallel['tp']}")
+        if parallel.get("vpp", 1) != 1:
+            raise ValueError(
+                f"slimpack.torch runs one model chunk per device, got vpp={parallel['vpp']} "
+                "(plan without model_chunks=True)"
+            )
         self.config = ModelConfig.from_spec(schedule.model)
         coords = schedule.coords(rank)
         self.dp, self.stage, self.cp = coords["dp"], coords["pp"], coords["cp"]
