@@ -17,10 +17,19 @@ fn gpus_or_skip(test: &str) -> Option<usize> {
     }
 }
 
-/// A small step of the tiny model with sliced samples, continuation slices and different
-/// forward and backward packs, on `parallel`.
-fn step(parallel: &str) -> Vec<String> {
-    [
+/// The schedule of [`step`]: sliced samples, continuation slices and different forward and
+/// backward packs.
+const SLICED: [&str; 2] = [
+    "--passes",
+    "assign-dp,slice{size=32},pack-fwd{cap=64},pack-bwd{cap=48},schedule-pipeline",
+];
+
+/// A schedule of padded packs (one sample per micro-batch, padded to the longest).
+const PADDED: [&str; 2] = ["--strategy", "padding"];
+
+/// A small step of the tiny model on `parallel`, scheduled by `schedule`.
+fn step(parallel: &str, schedule: [&str; 2]) -> Vec<String> {
+    let mut args: Vec<String> = [
         "--model",
         "tiny",
         "--cluster",
@@ -31,18 +40,18 @@ fn step(parallel: &str) -> Vec<String> {
         "lognormal:median=48,sigma=0.8,count=10,seed=3",
         "--context",
         "256",
-        "--passes",
-        "assign-dp,slice{size=32},pack-fwd{cap=64},pack-bwd{cap=48},schedule-pipeline",
     ]
     .map(String::from)
-    .to_vec()
+    .to_vec();
+    args.extend(schedule.map(String::from));
+    args
 }
 
 /// Runs `run --backend cuda --check-reference` on `parallel` and checks loss and gradients
 /// against the unsliced CPU reference (fp32, relative error <= 1e-4).
-fn check_reference(parallel: &str) {
+fn check_reference(parallel: &str, schedule: [&str; 2]) {
     let mut args = vec!["run".to_string(), "--backend".into(), "cuda".into()];
-    args.extend(step(parallel));
+    args.extend(step(parallel, schedule));
     args.extend(["--check-reference", "--report", "json"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = slimpack(&args);
@@ -53,7 +62,7 @@ fn check_reference(parallel: &str) {
     let loss_err = report["loss_rel_err"].as_f64().unwrap();
     let grad_err = report["max_grad_rel_err"].as_f64().unwrap();
     eprintln!(
-        "{parallel}: loss {} (relative error {loss_err:.1e}), max gradient error {grad_err:.1e} ({}), step {} s, peak memory {} (predicted {})",
+        "{parallel} {schedule:?}: loss {} (relative error {loss_err:.1e}), max gradient error {grad_err:.1e} ({}), step {} s, peak memory {} (predicted {})",
         report["loss"], report["worst_grad_tensor"], report["step_time_s"],
         report["peak_memory_bytes"], report["predicted_peak_memory_bytes"]
     );
@@ -66,7 +75,15 @@ fn one_gpu_step_equals_the_unsliced_reference() {
     if gpus_or_skip("one_gpu_step_equals_the_unsliced_reference").is_none() {
         return;
     }
-    check_reference("tp=1,pp=1,dp=1");
+    check_reference("tp=1,pp=1,dp=1", SLICED);
+}
+
+#[test]
+fn padded_packs_equal_the_unsliced_reference() {
+    if gpus_or_skip("padded_packs_equal_the_unsliced_reference").is_none() {
+        return;
+    }
+    check_reference("tp=1,pp=1,dp=1", PADDED);
 }
 
 #[test]
@@ -79,10 +96,11 @@ fn pipeline_and_data_parallel_steps_equal_the_unsliced_reference() {
         eprintln!("skipped: needs 2 GPUs (NCCL), this machine has {count}");
         return;
     }
-    check_reference("tp=1,pp=2,dp=1");
-    check_reference("tp=1,pp=1,dp=2");
+    check_reference("tp=1,pp=2,dp=1", SLICED);
+    check_reference("tp=1,pp=2,dp=1", PADDED);
+    check_reference("tp=1,pp=1,dp=2", SLICED);
     if count >= 4 {
-        check_reference("tp=1,pp=2,dp=2");
+        check_reference("tp=1,pp=2,dp=2", SLICED);
     }
 }
 

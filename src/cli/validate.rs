@@ -2,7 +2,7 @@
 //! of schedules (strategies and pass pipelines × batches × slice sizes × layouts of the `tiny`
 //! model): the CPU backend on the `cpu` cluster, or the CUDA backend on the cluster preset of
 //! this machine's GPU, with the schedules that need no more GPUs than the machine has (one per
-//! worker) and that the CUDA backend runs (a schedule with DP-Merge groups or padded packs is
+//! worker) and that the CUDA backend runs (a schedule with DP-Merge groups is
 //! listed as skipped, with the reason). Without a GPU `--backend cuda` fails in one line.
 //!
 //! Every schedule is one `slimpack run` command line (printed with its row, so that any row can

@@ -89,7 +89,7 @@ impl Bench<'_> {
             let whole = LayerRange::whole(&self.config);
             let mut state = DeviceStage::new(&self.config, whole, self.layout.clone());
             self.gpu.take_profile();
-            state.forward(self.gpu, self.rope, self.params, &batch, &slice, None)?;
+            state.forward(self.gpu, self.rope, self.params, &batch, &slice, 0, None)?;
             let forward_times = self.gpu.take_profile();
             state.backward(
                 self.gpu,
@@ -98,6 +98,7 @@ impl Bench<'_> {
                 self.grads,
                 &batch,
                 &slice,
+                0,
                 None,
             )?;
             let backward_times = self.gpu.take_profile();

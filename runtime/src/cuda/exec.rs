@@ -3,7 +3,7 @@
 //!
 //! [`execute_program`] checks what the CPU executor checks (whole-model weights, the batch
 //! against the plan, the program against the plan), refuses what the GPU path does not run
-//! yet (DP-Merge groups, padded packs), finds the GPUs, makes each worker's context, compute
+//! yet (DP-Merge groups), finds the GPUs, makes each worker's context, compute
 //! stream and NCCL links, and starts one thread per worker. A worker's thread uploads its
 //! stage's weights, allocates its gradients and its shard's AdamW moments, waits for every
 //! worker to be ready, then lets the [`Driver`] call its ops through the C ABI; the handler
@@ -166,14 +166,6 @@ fn check_inputs(plan: &Plan, program: &Program, batch: &TokenBatch, params: &Par
         return Err(CudaError::Unsupported {
             what: format!(
                 "DP-Merge groups (the CP K/V exchange of the group on DP ranks {ranks:?}); use a strategy without DP-Merge such as slimpack-no-dp-merge"
-            ),
-        });
-    }
-    if let Some(pack) = plan.packs.iter().find(|pack| pack.padding > 0) {
-        return Err(CudaError::Unsupported {
-            what: format!(
-                "padded packs ({} has {} padding tokens)",
-                pack.name, pack.padding
             ),
         });
     }
@@ -428,12 +420,10 @@ impl GpuRun<'_, '_> {
         })
     }
 
+    /// Values of a pack's `[rows, hidden]` message: its slices' tokens, then its padding's.
     fn pack_values(&self, pack: usize) -> usize {
-        let rows: usize = self.worker.plan.packs[pack]
-            .slices
-            .iter()
-            .map(|s| s.len)
-            .sum();
+        let info = &self.worker.plan.packs[pack];
+        let rows: usize = info.slices.iter().map(|s| s.len).sum::<usize>() + info.padding;
         rows * self.worker.config.hidden
     }
 
@@ -503,6 +493,7 @@ impl GpuRun<'_, '_> {
                     &self.params,
                     self.worker.batch,
                     &info.slices,
+                    info.padding,
                     input,
                 )?;
                 self.loss += output.loss;
@@ -515,6 +506,7 @@ impl GpuRun<'_, '_> {
                 &self.grads,
                 self.worker.batch,
                 &info.slices,
+                info.padding,
                 input,
             )?,
         };

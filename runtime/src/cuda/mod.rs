@@ -25,7 +25,9 @@
 //!   direction (a forward send and a backward send between the same two stages never wait for
 //!   each other), the DP gradient sum (all-reduce), the tied embedding's sum between the
 //!   pipeline's ends, and the broadcast of each rank's updated shard. DP-Merge groups (a CP
-//!   K/V exchange) and padded packs are refused with a one-line error: not written yet.
+//!   K/V exchange) are refused with a one-line error: not written yet.
+//! - Padded packs (the `padding` and `megatron` strategies' fixed-length bins) run as on the
+//!   CPU backend (`cpu/padding.rs`): see [`stage`].
 //!
 //! # Dependency direction
 //! The runtime does not depend on codegen (codegen dev-depends on the runtime, for its driver

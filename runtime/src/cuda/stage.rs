@@ -21,8 +21,14 @@
 //! its last slice was taken (the CPU backend frees rows as they are taken: a GPU worker can
 //! hold a little longer what the simulator's memory model frees per slice).
 //!
-//! Not here yet: context-parallel shards (DP-Merge groups) and padded packs; the executor
-//! refuses both before the step starts.
+//! A padded pack (see `cpu/padding.rs`) has the padding's rows after its slices' rows: they
+//! run through every projection, norm and MLP like a slice's, their attention runs over the
+//! pack's own keys and values in row order (the padded sequence), they have no target, and
+//! their backward runs against zero stand-in keys of the padded sequence's length, exactly as
+//! the CPU backend does. Their keys and values stay saved from the forward to the backward.
+//!
+//! Not here yet: context-parallel shards (DP-Merge groups); the executor refuses them before
+//! the step starts.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -113,6 +119,8 @@ struct SavedPack {
     layout: PackLayout,
     layers: Vec<SavedLayer>,
     head: Option<SavedHead>,
+    /// Per layer, the padding rows' keys and values (empty when the pack is not padded).
+    padding_kv: Vec<(DeviceVec, DeviceVec)>,
     taken: Vec<bool>,
 }
 
@@ -137,7 +145,8 @@ pub(crate) struct DeviceStage {
 /// Row-major views of the pack's per-row integer inputs on the device.
 struct RowInputs {
     positions: DeviceVec<i32>,
-    /// Per slice `[0, len]`: the `cu_seqlens_q` of a one-slice attention launch.
+    /// Per segment (slice, then the padding) `[0, len]`: the `cu_seqlens_q` of a one-slice
+    /// attention launch.
     cu_seqlens: DeviceVec<i32>,
     /// `[0]`: every slice's sample starts at row 0 of its own K/V buffer.
     kv_start: DeviceVec<i32>,
@@ -146,7 +155,7 @@ struct RowInputs {
 impl RowInputs {
     fn new(gpu: &Gpu, layout: &PackLayout) -> Result<RowInputs> {
         let positions: Vec<i32> = layout.positions.iter().map(|&p| p as i32).collect();
-        let cu_seqlens: Vec<i32> = (0..layout.slices.len())
+        let cu_seqlens: Vec<i32> = (0..layout.segments())
             .flat_map(|i| [0, layout.rows_of(i).len() as i32])
             .collect();
         Ok(RowInputs {
@@ -251,8 +260,31 @@ impl DeviceStage {
         })
     }
 
-    /// The forward of the pack `slices` with the stage's weights `params`; `input` is the
-    /// previous stage's output `[rows, hidden]` (none on the first stage).
+    /// The CPU backend's padding rule (`cpu/saved_store.rs`): an unpadded backward pack takes
+    /// no slice of a padded forward pack; a padded one is exactly one forward pack with the
+    /// same slices and padding.
+    fn padding_matches(&self, slices: &[TokenSlice], padding: usize) -> bool {
+        let record = |slice: &TokenSlice| self.find_saved(slice).map(|(pack, _)| &self.saved[pack]);
+        if padding == 0 {
+            return slices
+                .iter()
+                .filter_map(record)
+                .all(|saved| saved.layout.padding == 0);
+        }
+        match slices.first().and_then(record) {
+            Some(saved) => {
+                saved.layout.padding == padding
+                    && saved.layout.slices.len() == slices.len()
+                    && slices.iter().all(|s| saved.layout.slices.contains(s))
+            }
+            None => false,
+        }
+    }
+
+    /// The forward of the pack `slices`, padded with `padding` tokens after them (0: not
+    /// padded), with the stage's weights `params`; `input` is the previous stage's output
+    /// `[rows, hidden]`, the padding's rows last (none on the first stage).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &mut self,
         gpu: &Gpu,
@@ -260,6 +292,7 @@ impl DeviceStage {
         params: &DeviceTensors,
         batch: &TokenBatch,
         slices: &[TokenSlice],
+        padding: usize,
         input: Option<DeviceVec>,
     ) -> Result<ForwardOutput> {
         self.check_forward(batch, slices)?;
@@ -269,7 +302,7 @@ impl DeviceStage {
             return Ok(ForwardOutput { hidden, loss: 0.0 });
         }
         gpu.set_backward(false);
-        let layout = PackLayout::new(slices, CpShard::WHOLE, 0);
+        let layout = PackLayout::new(slices, CpShard::WHOLE, padding);
         let rows = layout.rows();
         let h = self.config.hidden;
         let inputs = RowInputs::new(gpu, &layout)?;
@@ -296,9 +329,12 @@ impl DeviceStage {
                 });
         }
         let mut saved_layers = Vec::with_capacity(self.layout.layers.len());
+        let mut padding_kv = Vec::new();
         for local in 0..self.layout.layers.len() {
-            let (y, saved) = self.layer_forward(gpu, rope, params, local, &layout, &inputs, x)?;
+            let (y, saved, padding) =
+                self.layer_forward(gpu, rope, params, local, &layout, &inputs, x)?;
             saved_layers.push(saved);
+            padding_kv.extend(padding);
             x = y;
         }
         let mut output = ForwardOutput {
@@ -325,6 +361,7 @@ impl DeviceStage {
             layout,
             layers: saved_layers,
             head,
+            padding_kv,
             taken,
         });
         Ok(output)
@@ -347,7 +384,8 @@ impl DeviceStage {
         Ok(x)
     }
 
-    /// One layer's forward of the pack's rows `x`: its output and what its backward needs.
+    /// One layer's forward of the pack's rows `x`: its output, what its backward needs, and
+    /// the padding rows' keys and values if the pack is padded.
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &mut self,
@@ -358,7 +396,7 @@ impl DeviceStage {
         layout: &PackLayout,
         inputs: &RowInputs,
         x: DeviceVec,
-    ) -> Result<(DeviceVec, SavedLayer)> {
+    ) -> Result<(DeviceVec, SavedLayer, Option<(DeviceVec, DeviceVec)>)> {
         let c = self.config;
         let (h, f, qw, kvw, rows) = (c.hidden, c.ffn, c.q_width(), c.kv_width(), layout.rows());
         let w = self.layout.layers[local];
@@ -433,6 +471,33 @@ impl DeviceStage {
             };
             gpu.attention_fwd(&slices)?;
         }
+        // The padding attends causally over the pack's own rows (the padded sequence).
+        let mut padding_kv = None;
+        if let Some(range) = layout.padding_rows().filter(|rows| !rows.is_empty()) {
+            let index = layout.slices.len();
+            let slices = AttentionSlices {
+                q: q.at(range.start * qw),
+                keys: k.ptr(),
+                values: v.ptr(),
+                out: attn.at(range.start * qw),
+                lse: lse.at(range.start * c.heads),
+                positions: inputs.positions.at(range.start),
+                cu_seqlens_q: inputs.cu_seqlens.at(2 * index),
+                kv_starts: inputs.kv_start.ptr(),
+                slices: 1,
+                total_q: range.len(),
+                kv_rows: rows,
+                heads: c.heads,
+                kv_heads: c.kv_heads,
+                head_dim: c.head_dim,
+            };
+            gpu.attention_fwd(&slices)?;
+            let (own, len) = (range.start * kvw, range.len() * kvw);
+            let (keys, values) = (gpu.zeros(len)?, gpu.zeros(len)?);
+            gpu.copy(&k, own, &keys, 0, len)?;
+            gpu.copy(&v, own, &values, 0, len)?;
+            padding_kv = Some((keys, values));
+        }
         drop((k, v));
         let mid = gpu.zeros(rows * h)?;
         gpu.linear(attn.ptr(), at(w.wo), rows, qw, h, mid.ptr())?;
@@ -471,7 +536,7 @@ impl DeviceStage {
             up,
             activation,
         };
-        Ok((y, saved))
+        Ok((y, saved, padding_kv))
     }
 
     /// The head: final norm, logits, and the pack's share of the mean loss; the logits become
@@ -542,7 +607,8 @@ impl DeviceStage {
     /// The backward of the pack `slices`: adds the stage's weight gradients into `grads` and
     /// returns the gradient of the stage's input `[rows, hidden]` in the pack's slice order
     /// (none on the first stage, which ends in the embedding's gradient). `grad_out` is the
-    /// next stage's (none on the last stage).
+    /// next stage's (none on the last stage). A padded pack (`padding` > 0) must be a forward
+    /// pack of the same slices and padding; its tensors end with the padding's rows.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &mut self,
@@ -552,17 +618,26 @@ impl DeviceStage {
         grads: &DeviceTensors,
         batch: &TokenBatch,
         slices: &[TokenSlice],
+        padding: usize,
         grad_out: Option<DeviceVec>,
     ) -> Result<Option<DeviceVec>> {
         self.check_backward(batch, slices)?;
+        if !self.padding_matches(slices, padding) {
+            return Err(CpuError::Padding {
+                reason: format!(
+                    "a backward pack with {padding} padding tokens must be a forward pack of the same slices and padding"
+                ),
+            }
+            .into());
+        }
         if slices.is_empty() {
             return (!self.stage.is_first()).then(|| gpu.zeros(0)).transpose();
         }
         gpu.set_backward(true);
-        let layout = PackLayout::new(slices, CpShard::WHOLE, 0);
+        let layout = PackLayout::new(slices, CpShard::WHOLE, padding);
         let rows = layout.rows();
         let h = self.config.hidden;
-        let (mut layers, head) = self.take_saved(gpu, &layout)?;
+        let (mut layers, head, padding_kv) = self.take_saved(gpu, &layout)?;
         for slice in slices {
             for local in 0..self.layout.layers.len() {
                 let kv = &mut self
@@ -597,6 +672,7 @@ impl DeviceStage {
                 self.layer_backward(gpu, rope, params, grads, local, &layout, &inputs, saved, dy)?;
         }
         self.finish_backward(gpu, &layout)?;
+        drop(padding_kv);
         match self.layout.embedding {
             Some(embedding) => {
                 for (row, token) in layout.tokens(batch).enumerate() {
@@ -609,13 +685,19 @@ impl DeviceStage {
         }
     }
 
-    /// The saved activations of the backward pack's slices, joined in its order (the forward
+    /// The saved activations of the backward pack's slices (and its padding's, which a padded
+    /// pack takes from the forward pack of the same slices), joined in its order (the forward
     /// pack's own buffers when it is the same pack), freeing forward records fully taken.
+    #[allow(clippy::type_complexity)]
     fn take_saved(
         &mut self,
         gpu: &Gpu,
         layout: &PackLayout,
-    ) -> Result<(Vec<SavedLayer>, Option<SavedHead>)> {
+    ) -> Result<(
+        Vec<SavedLayer>,
+        Option<SavedHead>,
+        Vec<(DeviceVec, DeviceVec)>,
+    )> {
         let sources: Vec<(usize, usize)> = layout
             .slices
             .iter()
@@ -628,7 +710,7 @@ impl DeviceStage {
             && self.saved[sources[0].0].layout.slices.len() == layout.slices.len();
         if whole_pack {
             let saved = self.saved.remove(sources[0].0);
-            return Ok((saved.layers, saved.head));
+            return Ok((saved.layers, saved.head, saved.padding_kv));
         }
         let rows = layout.rows();
         let gather = |field: &dyn Fn(&SavedPack) -> Vec<&DeviceVec>| -> Result<Vec<DeviceVec>> {
@@ -646,6 +728,17 @@ impl DeviceStage {
                     let to = layout.rows_of(i);
                     gpu.copy(
                         field(saved)[f],
+                        from.start * width,
+                        &target,
+                        to.start * width,
+                        to.len() * width,
+                    )?;
+                }
+                // A padded pack's slices all come from one forward pack, with its padding.
+                if let (Some(from), Some(to)) = (first.layout.padding_rows(), layout.padding_rows())
+                {
+                    gpu.copy(
+                        field(first)[f],
                         from.start * width,
                         &target,
                         to.start * width,
@@ -712,8 +805,12 @@ impl DeviceStage {
         for &(pack, index) in &sources {
             self.saved[pack].taken[index] = true;
         }
+        let padding_kv = match layout.padding {
+            0 => Vec::new(),
+            _ => std::mem::take(&mut self.saved[sources[0].0].padding_kv),
+        };
         self.saved.retain(|saved| !saved.taken.iter().all(|&t| t));
-        Ok((layers, head))
+        Ok((layers, head, padding_kv))
     }
 
     /// The head's backward: the output projection's and final norm's gradients, and the
@@ -850,6 +947,37 @@ impl DeviceStage {
                 dq: dq.at(range.start * qw),
                 d_keys: kv.key_grads.as_ref().expect("allocated").ptr(),
                 d_values: kv.value_grads.as_ref().expect("allocated").ptr(),
+            };
+            gpu.attention_bwd(&slices, &grads_of)?;
+        }
+        // The padding's (zero) query gradients, against zero stand-in keys of the padded
+        // sequence's length, as the CPU backend computes them: the same work, no effect.
+        if let Some(range) = layout.padding_rows().filter(|rows| !rows.is_empty()) {
+            let index = layout.slices.len();
+            let sequence = layout.sequence_len() * kvw;
+            let stand_in = gpu.zeros(sequence)?;
+            let (d_keys, d_values) = (gpu.zeros(sequence)?, gpu.zeros(sequence)?);
+            let slices = AttentionSlices {
+                q: saved.q.at(range.start * qw),
+                keys: stand_in.ptr(),
+                values: stand_in.ptr(),
+                out: saved.attn.at(range.start * qw),
+                lse: saved.lse.at(range.start * c.heads),
+                positions: inputs.positions.at(range.start),
+                cu_seqlens_q: inputs.cu_seqlens.at(2 * index),
+                kv_starts: inputs.kv_start.ptr(),
+                slices: 1,
+                total_q: range.len(),
+                kv_rows: layout.sequence_len(),
+                heads: c.heads,
+                kv_heads: c.kv_heads,
+                head_dim: c.head_dim,
+            };
+            let grads_of = AttentionGrads {
+                d_out: d_attn.at(range.start * qw),
+                dq: dq.at(range.start * qw),
+                d_keys: d_keys.ptr(),
+                d_values: d_values.ptr(),
             };
             gpu.attention_bwd(&slices, &grads_of)?;
         }
