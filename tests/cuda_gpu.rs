@@ -159,3 +159,44 @@ fn validate_compares_predicted_and_measured_peak_memory_and_step_time() {
         summary["peak_memory_mape"], summary["step_time_mape"]
     );
 }
+
+#[test]
+fn bf16_gemms_run_on_ampere_and_later_and_are_refused_before() {
+    let test = "bf16_gemms_run_on_ampere_and_later_and_are_refused_before";
+    if gpus_or_skip(test).is_none() {
+        return;
+    }
+    let gpu = &slimpack::gpu::gpus().unwrap()[0];
+    let mut args = vec![
+        "run".to_string(),
+        "--backend".into(),
+        "cuda".into(),
+        "--precision".into(),
+        "bf16".into(),
+    ];
+    args.extend(step("tp=1,pp=1,dp=1", SLICED));
+    args.extend(["--check-reference", "--report", "json"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = slimpack(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if gpu.compute_capability < (8, 0) {
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("need 8.0 or later"), "{stderr}");
+        eprintln!(
+            "{test}: refused on compute capability {:?}",
+            gpu.compute_capability
+        );
+        return;
+    }
+    assert!(output.status.success(), "{args:?}: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["precision"], "bf16");
+    let loss_err = report["loss_rel_err"].as_f64().unwrap();
+    let grad_err = report["max_grad_rel_err"].as_f64().unwrap();
+    eprintln!(
+        "bf16: loss {} (relative error {loss_err:.1e} vs the fp32 CPU reference), max gradient error {grad_err:.1e} ({})",
+        report["loss"], report["worst_grad_tensor"]
+    );
+    // bf16 operands carry 8 mantissa bits: the loss stays within a percent of fp32's.
+    assert!(loss_err <= 1e-2, "{report}");
+}

@@ -33,7 +33,7 @@ use slimpack::measure::{self, ape, MeasureError, RunReport};
 use slimpack_runtime::cuda::CudaError;
 
 use super::input::{BatchArgs, SpecArgs};
-use super::run::{self, Backend, DriverArg, InterleaveArg, RunArgs};
+use super::run::{self, Backend, DriverArg, InterleaveArg, PrecisionArg, RunArgs};
 
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
@@ -261,6 +261,7 @@ fn suite_run(
     );
     let args = RunArgs {
         backend,
+        precision: PrecisionArg::Fp32,
         spec: SpecArgs {
             model: Some("tiny".into()),
             cluster: Some(cluster.into()),

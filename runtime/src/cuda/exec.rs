@@ -53,11 +53,12 @@ use super::memory::DeviceVec;
 use super::nccl::{check_fifo, links, Links};
 use super::stage::{DeviceStage, RopeTables};
 use super::tensors::{DeviceTensors, Layout};
-use super::KernelSource;
+use super::{KernelSource, Precision};
 
 /// Runs one training step of `plan` as `program` on this machine's GPUs (one per worker), each
 /// worker's ops driven by `driver`, from the whole-model weights `params`, and updates the
-/// weights with AdamW (`adamw`).
+/// weights with AdamW (`adamw`), its GEMMs in `precision`.
+#[allow(clippy::too_many_arguments)]
 pub fn execute_program(
     plan: &Plan,
     program: &Program,
@@ -66,6 +67,7 @@ pub fn execute_program(
     params: &Params,
     adamw: AdamWConfig,
     kernels: &KernelSource,
+    precision: Precision,
 ) -> Result<Execution> {
     let config = *params.config();
     check_inputs(plan, program, batch, params)?;
@@ -81,6 +83,9 @@ pub fn execute_program(
                 _ => "give a --parallel layout with at most that many DP ranks x stages",
             },
         });
+    }
+    for gpu in &found[..devices.len()] {
+        precision.check_supported(gpu)?;
     }
     require_cublas()?;
     if devices.len() > 1 {
@@ -117,6 +122,7 @@ pub fn execute_program(
                 weights: &weights[device.stage],
                 adamw,
                 kernels,
+                precision,
                 context: Arc::clone(&contexts[index]),
                 stream: Arc::clone(&compute[index]),
                 links: std::mem::take(&mut worker_links[index]),
@@ -222,6 +228,7 @@ struct GpuWorker<'a> {
     weights: &'a Params,
     adamw: AdamWConfig,
     kernels: &'a KernelSource,
+    precision: Precision,
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     links: Links,
@@ -243,11 +250,12 @@ impl GpuWorker<'_> {
 
     fn run_with(&self, links: Links) -> Result<Outcome> {
         self.context.bind_to_thread()?;
-        let gpu = Gpu::new(
+        let mut gpu = Gpu::new(
             Arc::clone(&self.context),
             Arc::clone(&self.stream),
             self.kernels,
         )?;
+        gpu.precision = self.precision;
         let rope = RopeTables::new(&gpu, &self.config, self.max_len)?;
         let layout = Layout::of(self.weights);
         let params = DeviceTensors::upload(&gpu, self.weights)?;

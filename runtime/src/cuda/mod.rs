@@ -44,8 +44,10 @@
 //! without a GPU.
 
 mod error;
+mod precision;
 
 pub use error::{CudaError, Result};
+pub use precision::{f32_to_bf16_bits, operand_extent, Precision};
 
 #[cfg(feature = "cuda")]
 mod blas;
