@@ -50,8 +50,14 @@ fn step(parallel: &str, schedule: [&str; 2]) -> Vec<String> {
 /// Runs `run --backend cuda --check-reference` on `parallel` and checks loss and gradients
 /// against the unsliced CPU reference (fp32, relative error <= 1e-4).
 fn check_reference(parallel: &str, schedule: [&str; 2]) {
+    check_step(parallel, &step(parallel, schedule));
+}
+
+/// Runs `run --backend cuda --check-reference` on the step `step` and checks loss and
+/// gradients against the unsliced CPU reference (fp32, relative error <= 1e-4).
+fn check_step(label: &str, step: &[String]) {
     let mut args = vec!["run".to_string(), "--backend".into(), "cuda".into()];
-    args.extend(step(parallel, schedule));
+    args.extend(step.iter().cloned());
     args.extend(["--check-reference", "--report", "json"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = slimpack(&args);
@@ -62,7 +68,7 @@ fn check_reference(parallel: &str, schedule: [&str; 2]) {
     let loss_err = report["loss_rel_err"].as_f64().unwrap();
     let grad_err = report["max_grad_rel_err"].as_f64().unwrap();
     eprintln!(
-        "{parallel} {schedule:?}: loss {} (relative error {loss_err:.1e}), max gradient error {grad_err:.1e} ({}), step {} s, peak memory {} (predicted {})",
+        "{label} {step:?}: loss {} (relative error {loss_err:.1e}), max gradient error {grad_err:.1e} ({}), step {} s, peak memory {} (predicted {})",
         report["loss"], report["worst_grad_tensor"], report["step_time_s"],
         report["peak_memory_bytes"], report["predicted_peak_memory_bytes"]
     );
@@ -99,9 +105,37 @@ fn pipeline_and_data_parallel_steps_equal_the_unsliced_reference() {
     check_reference("tp=1,pp=2,dp=1", SLICED);
     check_reference("tp=1,pp=2,dp=1", PADDED);
     check_reference("tp=1,pp=1,dp=2", SLICED);
+    check_step("dp=2, DP-Merge", &dp_merge_step("tp=1,pp=1,dp=2"));
     if count >= 4 {
         check_reference("tp=1,pp=2,dp=2", SLICED);
+        check_step("pp=2, dp=2, DP-Merge", &dp_merge_step("tp=1,pp=2,dp=2"));
     }
+}
+
+/// A step with a DP-Merge group (both DP ranks run the dominant sample as one CP group, with
+/// continuation slices); its batch file is written to the temporary directory.
+fn dp_merge_step(parallel: &str) -> Vec<String> {
+    let lengths = [480, 20, 12, 30, 9, 64, 3, 40, 100, 7];
+    let path =
+        std::env::temp_dir().join(format!("slimpack-cuda-dp-merge-{}.txt", std::process::id()));
+    let text: String = lengths.iter().map(|len| format!("{len}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    [
+        "--model",
+        "tiny",
+        "--cluster",
+        "h100-sxm",
+        "--parallel",
+        parallel,
+        "--batch",
+        path.to_str().unwrap(),
+        "--context",
+        "512",
+        "--passes",
+        "assign-dp,dp-merge{threshold=0.5},slice{size=64},pack-fwd{cap=128},pack-bwd{cap=128},schedule-pipeline",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 #[test]

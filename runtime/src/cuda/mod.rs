@@ -54,6 +54,8 @@ mod blas;
 #[cfg(feature = "cuda")]
 mod calibration;
 #[cfg(feature = "cuda")]
+mod cp_rows;
+#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 mod exec;

@@ -27,8 +27,14 @@
 //! their backward runs against zero stand-in keys of the padded sequence's length, exactly as
 //! the CPU backend does. Their keys and values stay saved from the forward to the backward.
 //!
-//! Not here yet: context-parallel shards (DP-Merge groups); the executor refuses them before
-//! the step starts.
+//! A worker of a DP-Merge group (context parallelism, `cpu/cp/`) holds its [`CpShard`] of every
+//! slice: its rows are its own tokens, its K/V cache holds its own positions only (rows in
+//! [`super::cp_rows`]'s order), and per slice and layer it all-gathers the group's K/V rows of
+//! the sample's prefix into position order before its queries attend; backward, it gathers
+//! them again, computes its queries' contributions to every prefix key's and value's gradient,
+//! all-gathers those, and adds — in member order, as the CPU does — the rows of the positions
+//! it owns into its accumulators. Its padding rows attend to zero stand-in keys (the CPU's
+//! rule: it does not hold the pack's keys).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,10 +42,12 @@ use crate::cpu::pack_layout::PackLayout;
 use crate::cpu::{CpShard, CpuError, LayerRange, ModelConfig, SampleId, TokenBatch, TokenSlice};
 
 use super::blas::Mat;
+use super::cp_rows::{gather_part_len, held_rows, member_runs, prefix_end};
 use super::device::Gpu;
 use super::error::Result;
 use super::kernels::{AttentionGrads, AttentionSlices, KernelCalls};
 use super::memory::DeviceVec;
+use super::nccl::CpExchange;
 use super::tensors::{DeviceTensors, LayerOffsets, Layout};
 
 /// RoPE's angle tables for positions `0..max_len`, filled on the host in f64 as the CPU
@@ -84,6 +92,8 @@ struct LayerKv {
 /// One sample's progress on the stage and its K/V per layer.
 struct SampleKv {
     forwarded: usize,
+    /// The sample's forwarded slices, `(start, len)`, in position order.
+    slices: Vec<(usize, usize)>,
     /// Tokens not yet backwarded, once the backward started.
     frontier: Option<usize>,
     layers: Vec<LayerKv>,
@@ -135,6 +145,8 @@ pub(crate) struct ForwardOutput {
 /// One stage worker's in-flight state during a step.
 pub(crate) struct DeviceStage {
     config: ModelConfig,
+    /// This worker's share of every slice (its DP-Merge group's split; whole outside one).
+    shard: CpShard,
     stage: LayerRange,
     layout: Layout,
     samples: BTreeMap<SampleId, SampleKv>,
@@ -167,9 +179,15 @@ impl RowInputs {
 }
 
 impl DeviceStage {
-    pub fn new(config: &ModelConfig, stage: LayerRange, layout: Layout) -> DeviceStage {
+    pub fn new(
+        config: &ModelConfig,
+        stage: LayerRange,
+        layout: Layout,
+        shard: CpShard,
+    ) -> DeviceStage {
         DeviceStage {
             config: *config,
+            shard,
             stage,
             layout,
             samples: BTreeMap::new(),
@@ -185,6 +203,40 @@ impl DeviceStage {
 
     fn forwarded(&self, sample: SampleId) -> usize {
         self.samples.get(&sample).map_or(0, |s| s.forwarded)
+    }
+
+    /// The forwarded slices of `sample` that end by `end` (its prefix up to a slice bound).
+    fn slices_until(&self, sample: SampleId, end: usize) -> Vec<(usize, usize)> {
+        self.samples.get(&sample).map_or_else(Vec::new, |s| {
+            s.slices
+                .iter()
+                .copied()
+                .filter(|&(start, len)| start + len <= end)
+                .collect()
+        })
+    }
+
+    /// Rows of this worker's K/V cache of `sample` before `position` (a slice bound).
+    fn rows_before(&self, sample: SampleId, position: usize) -> usize {
+        held_rows(
+            self.shard,
+            self.shard.rank,
+            &self.slices_until(sample, position),
+        )
+    }
+
+    /// The group's exchange, which a worker of a DP-Merge group must be given.
+    fn exchange<'l>(&self, exchange: Option<CpExchange<'l>>) -> Result<Option<CpExchange<'l>>> {
+        match (self.shard.size, exchange) {
+            (1, _) => Ok(None),
+            (_, Some(exchange)) => Ok(Some(exchange)),
+            (size, None) => Err(CpuError::Schedule {
+                message: format!(
+                    "a worker of a DP-Merge group of {size} runs a pack without its K/V exchange"
+                ),
+            }
+            .into()),
+        }
     }
 
     /// The CPU backend's forward checks: every slice in its sample, forwards in order.
@@ -283,7 +335,8 @@ impl DeviceStage {
 
     /// The forward of the pack `slices`, padded with `padding` tokens after them (0: not
     /// padded), with the stage's weights `params`; `input` is the previous stage's output
-    /// `[rows, hidden]`, the padding's rows last (none on the first stage).
+    /// `[rows, hidden]` of this worker's rows, the padding's last (none on the first stage).
+    /// A worker of a DP-Merge group exchanges K/V through `exchange`.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &mut self,
@@ -294,15 +347,17 @@ impl DeviceStage {
         slices: &[TokenSlice],
         padding: usize,
         input: Option<DeviceVec>,
+        exchange: Option<CpExchange<'_>>,
     ) -> Result<ForwardOutput> {
         self.check_forward(batch, slices)?;
+        let exchange = self.exchange(exchange)?;
         if slices.is_empty() {
             // Nothing to compute or save; a middle stage still hands on its (empty) output.
             let hidden = (!self.stage.is_last()).then(|| gpu.zeros(0)).transpose()?;
             return Ok(ForwardOutput { hidden, loss: 0.0 });
         }
         gpu.set_backward(false);
-        let layout = PackLayout::new(slices, CpShard::WHOLE, padding);
+        let layout = PackLayout::new(slices, self.shard, padding);
         let rows = layout.rows();
         let h = self.config.hidden;
         let inputs = RowInputs::new(gpu, &layout)?;
@@ -324,15 +379,21 @@ impl DeviceStage {
                 .entry(slice.sample)
                 .or_insert_with(|| SampleKv {
                     forwarded: 0,
+                    slices: Vec::new(),
                     frontier: None,
                     layers: (0..layers).map(|_| LayerKv::default()).collect(),
                 });
+        }
+        for index in layout.forward_order() {
+            let slice = layout.slices[index];
+            let sample = self.samples.get_mut(&slice.sample).expect("entered above");
+            sample.slices.push((slice.start, slice.len));
         }
         let mut saved_layers = Vec::with_capacity(self.layout.layers.len());
         let mut padding_kv = Vec::new();
         for local in 0..self.layout.layers.len() {
             let (y, saved, padding) =
-                self.layer_forward(gpu, rope, params, local, &layout, &inputs, x)?;
+                self.layer_forward(gpu, rope, params, local, &layout, &inputs, x, exchange)?;
             saved_layers.push(saved);
             padding_kv.extend(padding);
             x = y;
@@ -396,6 +457,7 @@ impl DeviceStage {
         layout: &PackLayout,
         inputs: &RowInputs,
         x: DeviceVec,
+        exchange: Option<CpExchange<'_>>,
     ) -> Result<(DeviceVec, SavedLayer, Option<(DeviceVec, DeviceVec)>)> {
         let c = self.config;
         let (h, f, qw, kvw, rows) = (c.hidden, c.ffn, c.q_width(), c.kv_width(), layout.rows());
@@ -453,10 +515,26 @@ impl DeviceStage {
                 range.start * kvw,
                 range.len() * kvw,
             )?;
+            let kv = &self.samples[&slice.sample].layers[local];
+            // A DP-Merge group's member attends over the group's whole prefix.
+            let gathered = match exchange {
+                Some(exchange) => {
+                    let bounds = self.slices_until(slice.sample, slice.end());
+                    Some(gather_prefix(gpu, self.shard, kvw, exchange, &bounds, kv)?)
+                }
+                None => None,
+            };
+            let (keys, values) = match &gathered {
+                Some((keys, values)) => (keys, values),
+                None => (
+                    kv.keys.as_ref().expect("appended"),
+                    kv.values.as_ref().expect("appended"),
+                ),
+            };
             let slices = AttentionSlices {
                 q: q.at(range.start * qw),
-                keys: kv.keys.as_ref().expect("appended").ptr(),
-                values: kv.values.as_ref().expect("appended").ptr(),
+                keys: keys.ptr(),
+                values: values.ptr(),
                 out: attn.at(range.start * qw),
                 lse: lse.at(range.start * c.heads),
                 positions: inputs.positions.at(range.start),
@@ -464,21 +542,30 @@ impl DeviceStage {
                 kv_starts: inputs.kv_start.ptr(),
                 slices: 1,
                 total_q: range.len(),
-                kv_rows: kv.keys.as_ref().map_or(0, DeviceVec::len) / kvw,
+                kv_rows: keys.len() / kvw,
                 heads: c.heads,
                 kv_heads: c.kv_heads,
                 head_dim: c.head_dim,
             };
             gpu.attention_fwd(&slices)?;
         }
-        // The padding attends causally over the pack's own rows (the padded sequence).
+        // The padding attends causally over the pack's own rows (the padded sequence); a
+        // member of a DP-Merge group, which holds only its share of them, over zero stand-ins.
         let mut padding_kv = None;
         if let Some(range) = layout.padding_rows().filter(|rows| !rows.is_empty()) {
             let index = layout.slices.len();
+            let stand_in = match self.shard.size {
+                1 => None,
+                _ => Some(gpu.zeros(layout.sequence_len() * kvw)?),
+            };
+            let (keys, values) = match &stand_in {
+                Some(zeros) => (zeros, zeros),
+                None => (&k, &v),
+            };
             let slices = AttentionSlices {
                 q: q.at(range.start * qw),
-                keys: k.ptr(),
-                values: v.ptr(),
+                keys: keys.ptr(),
+                values: values.ptr(),
                 out: attn.at(range.start * qw),
                 lse: lse.at(range.start * c.heads),
                 positions: inputs.positions.at(range.start),
@@ -486,7 +573,7 @@ impl DeviceStage {
                 kv_starts: inputs.kv_start.ptr(),
                 slices: 1,
                 total_q: range.len(),
-                kv_rows: rows,
+                kv_rows: layout.sequence_len(),
                 heads: c.heads,
                 kv_heads: c.kv_heads,
                 head_dim: c.head_dim,
@@ -620,8 +707,10 @@ impl DeviceStage {
         slices: &[TokenSlice],
         padding: usize,
         grad_out: Option<DeviceVec>,
+        exchange: Option<CpExchange<'_>>,
     ) -> Result<Option<DeviceVec>> {
         self.check_backward(batch, slices)?;
+        let exchange = self.exchange(exchange)?;
         if !self.padding_matches(slices, padding) {
             return Err(CpuError::Padding {
                 reason: format!(
@@ -634,7 +723,7 @@ impl DeviceStage {
             return (!self.stage.is_first()).then(|| gpu.zeros(0)).transpose();
         }
         gpu.set_backward(true);
-        let layout = PackLayout::new(slices, CpShard::WHOLE, padding);
+        let layout = PackLayout::new(slices, self.shard, padding);
         let rows = layout.rows();
         let h = self.config.hidden;
         let (mut layers, head, padding_kv) = self.take_saved(gpu, &layout)?;
@@ -668,8 +757,10 @@ impl DeviceStage {
             };
         for local in (0..self.layout.layers.len()).rev() {
             let saved = layers.pop().expect("bug: saved activations of every layer");
-            dy =
-                self.layer_backward(gpu, rope, params, grads, local, &layout, &inputs, saved, dy)?;
+            let tensors = (saved, dy);
+            dy = self.layer_backward(
+                gpu, rope, params, grads, local, &layout, &inputs, tensors, exchange,
+            )?;
         }
         self.finish_backward(gpu, &layout)?;
         drop(padding_kv);
@@ -715,9 +806,15 @@ impl DeviceStage {
         let rows = layout.rows();
         let gather = |field: &dyn Fn(&SavedPack) -> Vec<&DeviceVec>| -> Result<Vec<DeviceVec>> {
             let first = &self.saved[sources[0].0];
-            let widths: Vec<usize> = field(first)
+            // Row widths from a source with rows (a DP-Merge member may hold none of a pack).
+            let sized = sources
                 .iter()
-                .map(|buffer| buffer.len() / first.layout.rows().max(1))
+                .map(|&(pack, _)| &self.saved[pack])
+                .find(|saved| saved.layout.rows() > 0)
+                .unwrap_or(first);
+            let widths: Vec<usize> = field(sized)
+                .iter()
+                .map(|buffer| buffer.len() / sized.layout.rows().max(1))
                 .collect();
             let mut out = Vec::with_capacity(widths.len());
             for (f, &width) in widths.iter().enumerate() {
@@ -869,8 +966,8 @@ impl DeviceStage {
         local: usize,
         layout: &PackLayout,
         inputs: &RowInputs,
-        saved: SavedLayer,
-        dy: DeviceVec,
+        (saved, dy): (SavedLayer, DeviceVec),
+        exchange: Option<CpExchange<'_>>,
     ) -> Result<DeviceVec> {
         let c = self.config;
         let (h, f, qw, kvw, rows) = (c.hidden, c.ffn, c.q_width(), c.kv_width(), layout.rows());
@@ -926,10 +1023,31 @@ impl DeviceStage {
             let slice = layout.slices[index];
             let range = layout.rows_of(index);
             let kv = &self.samples[&slice.sample].layers[local];
+            let bounds = self.slices_until(slice.sample, slice.end());
+            // A DP-Merge group's member gathers the prefix again and computes its queries'
+            // contributions to every prefix row's dK/dV, which the group then exchanges.
+            let gathered = match exchange {
+                Some(exchange) => {
+                    let (keys, values) =
+                        gather_prefix(gpu, self.shard, kvw, exchange, &bounds, kv)?;
+                    let grads = gpu.zeros(2 * keys.len())?;
+                    Some((keys, values, grads))
+                }
+                None => None,
+            };
+            let (keys, values, d_keys, d_values) = match &gathered {
+                Some((keys, values, grads)) => (keys, values, grads.ptr(), grads.at(keys.len())),
+                None => (
+                    kv.keys.as_ref().expect("forwarded"),
+                    kv.values.as_ref().expect("forwarded"),
+                    kv.key_grads.as_ref().expect("allocated").ptr(),
+                    kv.value_grads.as_ref().expect("allocated").ptr(),
+                ),
+            };
             let slices = AttentionSlices {
                 q: saved.q.at(range.start * qw),
-                keys: kv.keys.as_ref().expect("forwarded").ptr(),
-                values: kv.values.as_ref().expect("forwarded").ptr(),
+                keys: keys.ptr(),
+                values: values.ptr(),
                 out: saved.attn.at(range.start * qw),
                 lse: saved.lse.at(range.start * c.heads),
                 positions: inputs.positions.at(range.start),
@@ -937,7 +1055,7 @@ impl DeviceStage {
                 kv_starts: inputs.kv_start.ptr(),
                 slices: 1,
                 total_q: range.len(),
-                kv_rows: kv.keys.as_ref().map_or(0, DeviceVec::len) / kvw,
+                kv_rows: keys.len() / kvw,
                 heads: c.heads,
                 kv_heads: c.kv_heads,
                 head_dim: c.head_dim,
@@ -945,10 +1063,16 @@ impl DeviceStage {
             let grads_of = AttentionGrads {
                 d_out: d_attn.at(range.start * qw),
                 dq: dq.at(range.start * qw),
-                d_keys: kv.key_grads.as_ref().expect("allocated").ptr(),
-                d_values: kv.value_grads.as_ref().expect("allocated").ptr(),
+                d_keys,
+                d_values,
             };
-            gpu.attention_bwd(&slices, &grads_of)?;
+            if !range.is_empty() {
+                gpu.attention_bwd(&slices, &grads_of)?;
+            }
+            if let (Some(exchange), Some((keys, values, grads))) = (exchange, gathered) {
+                drop((keys, values));
+                scatter_add_grads(gpu, self.shard, kvw, exchange, &bounds, grads, kv)?;
+            }
         }
         // The padding's (zero) query gradients, against zero stand-in keys of the padded
         // sequence's length, as the CPU backend computes them: the same work, no effect.
@@ -987,7 +1111,7 @@ impl DeviceStage {
         for (index, slice) in layout.slices.iter().enumerate() {
             let range = layout.rows_of(index);
             let kv = &self.samples[&slice.sample].layers[local];
-            let own = slice.start * kvw;
+            let own = self.rows_before(slice.sample, slice.start) * kvw;
             gpu.copy(
                 kv.key_grads.as_ref().expect("allocated"),
                 own,
@@ -1061,6 +1185,7 @@ impl DeviceStage {
                 self.retired.insert(sample);
                 continue;
             }
+            let kept = self.rows_before(sample, start) * kvw;
             let entry = self.samples.get_mut(&sample).expect("forwarded");
             entry.frontier = Some(start);
             for kv in &mut entry.layers {
@@ -1070,12 +1195,81 @@ impl DeviceStage {
                     &mut kv.key_grads,
                     &mut kv.value_grads,
                 ] {
-                    truncate_rows(gpu, buffer, start * kvw)?;
+                    truncate_rows(gpu, buffer, kept)?;
                 }
             }
         }
         Ok(())
     }
+}
+
+/// All-gathers the keys and values a DP-Merge group holds of `bounds` (a sample's first
+/// slices, contiguous from 0, up to the one attending) from every member's cache `kv`, and
+/// returns them in position order, `[end, kv_width]` each (`cpu/cp/gather.rs`'s
+/// `gather_prefix`, with [`super::cp_rows`]'s runs).
+fn gather_prefix(
+    gpu: &Gpu,
+    shard: CpShard,
+    kvw: usize,
+    exchange: CpExchange<'_>,
+    bounds: &[(usize, usize)],
+    kv: &LayerKv,
+) -> Result<(DeviceVec, DeviceVec)> {
+    // The rows of the positions before the prefix's end: a backward pack may hold later
+    // slices too (its cache is longer).
+    let held = held_rows(shard, shard.rank, bounds) * kvw;
+    let part = gather_part_len(shard, bounds, kvw);
+    let mine = gpu.zeros(part)?;
+    if let (Some(keys), Some(values)) = (&kv.keys, &kv.values) {
+        gpu.copy(keys, 0, &mine, 0, held)?;
+        gpu.copy(values, 0, &mine, held, held)?;
+    }
+    let parts = exchange.all_gather(gpu, &mine, part)?;
+    drop(mine);
+    let end = prefix_end(bounds) * kvw;
+    let (keys, values) = (gpu.zeros(end)?, gpu.zeros(end)?);
+    for rank in 0..shard.size {
+        let base = rank * part;
+        let half = held_rows(shard, rank, bounds) * kvw;
+        for run in member_runs(shard, rank, bounds) {
+            let (from, to, len) = (base + run.row * kvw, run.position * kvw, run.len * kvw);
+            gpu.copy(&parts, from, &keys, to, len)?;
+            gpu.copy(&parts, from + half, &values, to, len)?;
+        }
+    }
+    Ok((keys, values))
+}
+
+/// Exchanges every member's gradients of the prefix keys and values (`grads`: `[end,
+/// kv_width]` keys then values) and adds, in member order, the rows of the positions this
+/// member holds into its accumulators (`cpu/cp/gather.rs`'s `scatter_add_grads`; a member with
+/// no query in the slice contributes zeros, which add nothing).
+fn scatter_add_grads(
+    gpu: &Gpu,
+    shard: CpShard,
+    kvw: usize,
+    exchange: CpExchange<'_>,
+    bounds: &[(usize, usize)],
+    grads: DeviceVec,
+    kv: &LayerKv,
+) -> Result<()> {
+    let part = grads.len();
+    let half = part / 2;
+    let parts = exchange.all_gather(gpu, &grads, part)?;
+    drop(grads);
+    let key_grads = kv.key_grads.as_ref().expect("allocated");
+    let value_grads = kv.value_grads.as_ref().expect("allocated");
+    let runs = member_runs(shard, shard.rank, bounds);
+    for rank in 0..shard.size {
+        let base = rank * part;
+        for run in &runs {
+            let (to, from, len) = (run.row * kvw, base + run.position * kvw, run.len * kvw);
+            let (keys_to, values_to) = (key_grads.at(to), value_grads.at(to));
+            gpu.add(keys_to, parts.at(from), keys_to, len)?;
+            gpu.add(values_to, parts.at(from + half), values_to, len)?;
+        }
+    }
+    Ok(())
 }
 
 /// Grows `buffer` by `len` values copied from `source` at `from` (exactly the new size, as the
