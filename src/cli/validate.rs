@@ -2,8 +2,9 @@
 //! of schedules (strategies and pass pipelines × batches × slice sizes × layouts of the `tiny`
 //! model): the CPU backend on the `cpu` cluster, or the CUDA backend on the cluster preset of
 //! this machine's GPU, with the schedules that need no more GPUs than the machine has (one per
-//! worker) and that the CUDA backend runs (a schedule with DP-Merge groups is
-//! listed as skipped, with the reason). Without a GPU `--backend cuda` fails in one line.
+//! worker) and that the CUDA backend runs (a schedule it refuses — e.g. one whose pipeline
+//! messages NCCL could not match in order — is listed as skipped, with the reason). Without a
+//! GPU `--backend cuda` fails in one line.
 //!
 //! Every schedule is one `slimpack run` command line (printed with its row, so that any row can
 //! be reproduced on its own), executed `--repeat` times. Figures, each the mean over the suite of

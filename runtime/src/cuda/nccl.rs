@@ -291,7 +291,7 @@ impl Links {
     pub fn cp_exchange(&self, replica: usize) -> Result<CpExchange<'_>> {
         self.cp
             .get(&replica)
-            .map(|Link(comm)| CpExchange { comm })
+            .map(|Link(comm)| CpExchange { comm, links: self })
             .ok_or_else(|| missing("a DP-Merge group's K/V exchange"))
     }
 
@@ -319,10 +319,13 @@ impl Links {
 }
 
 /// One member's end of a DP-Merge group's K/V exchange: NCCL all-gathers on the compute stream
-/// (stream-ordered with the attention kernels that use their results).
+/// (stream-ordered with the attention kernels that use their results). The host waits for each
+/// gather, polling the step's abort flag, so that a member whose peer failed gives up instead
+/// of blocking in a later stream synchronisation.
 #[derive(Clone, Copy)]
 pub(crate) struct CpExchange<'l> {
     comm: &'l Comm,
+    links: &'l Links,
 }
 
 impl CpExchange<'_> {
@@ -333,6 +336,7 @@ impl CpExchange<'_> {
         if part > 0 {
             self.comm
                 .all_gather(&mine.view(), &mut gathered.view_mut(0..size * part))?;
+            self.links.wait(&self.comm.stream())?;
         }
         Ok(gathered)
     }

@@ -130,9 +130,12 @@ struct SavedPack {
     layers: Vec<SavedLayer>,
     head: Option<SavedHead>,
     /// Per layer, the padding rows' keys and values (empty when the pack is not padded).
-    padding_kv: Vec<(DeviceVec, DeviceVec)>,
+    padding_kv: Vec<PaddingKv>,
     taken: Vec<bool>,
 }
+
+/// One layer's keys and values of a padded pack's padding rows.
+type PaddingKv = (DeviceVec, DeviceVec);
 
 /// What a forward pack hands on.
 pub(crate) struct ForwardOutput {
@@ -458,7 +461,7 @@ impl DeviceStage {
         inputs: &RowInputs,
         x: DeviceVec,
         exchange: Option<CpExchange<'_>>,
-    ) -> Result<(DeviceVec, SavedLayer, Option<(DeviceVec, DeviceVec)>)> {
+    ) -> Result<(DeviceVec, SavedLayer, Option<PaddingKv>)> {
         let c = self.config;
         let (h, f, qw, kvw, rows) = (c.hidden, c.ffn, c.q_width(), c.kv_width(), layout.rows());
         let w = self.layout.layers[local];
@@ -779,16 +782,11 @@ impl DeviceStage {
     /// The saved activations of the backward pack's slices (and its padding's, which a padded
     /// pack takes from the forward pack of the same slices), joined in its order (the forward
     /// pack's own buffers when it is the same pack), freeing forward records fully taken.
-    #[allow(clippy::type_complexity)]
     fn take_saved(
         &mut self,
         gpu: &Gpu,
         layout: &PackLayout,
-    ) -> Result<(
-        Vec<SavedLayer>,
-        Option<SavedHead>,
-        Vec<(DeviceVec, DeviceVec)>,
-    )> {
+    ) -> Result<(Vec<SavedLayer>, Option<SavedHead>, Vec<PaddingKv>)> {
         let sources: Vec<(usize, usize)> = layout
             .slices
             .iter()
