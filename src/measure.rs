@@ -22,7 +22,7 @@ use slimpack_runtime::cpu::exec::{
 };
 use slimpack_runtime::cpu::profile::OpTimes;
 use slimpack_runtime::cpu::{AdamWConfig, CpuError, ModelConfig, Params};
-use slimpack_runtime::cuda::{self, CudaError, KernelSource};
+use slimpack_runtime::cuda::{self, CudaError, KernelSource, Precision};
 
 /// Why a step could not be measured.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +84,8 @@ pub struct MeasureOptions {
     pub backend: Backend,
     pub driver: DriverKind,
     pub interleave: Interleave,
+    /// The GEMMs' precision (the CPU backend runs fp32 only).
+    pub precision: Precision,
     /// Executions (from the same weights); the fastest is reported.
     pub repeat: usize,
     /// Also run the unsliced single-worker reference step and compare loss and gradients.
@@ -228,6 +230,8 @@ pub struct MemoryTerms {
 #[derive(Debug, Serialize)]
 pub struct RunReport {
     pub backend: &'static str,
+    /// The GEMMs' precision: fp32, or bf16 (CUDA backend, `--precision bf16`).
+    pub precision: &'static str,
     pub model: String,
     pub cluster: String,
     pub parallel: String,
@@ -294,6 +298,11 @@ pub fn measure(
     schedule: String,
     options: &MeasureOptions,
 ) -> Result<RunReport, MeasureError> {
+    if options.backend == Backend::Cpu && options.precision != Precision::Fp32 {
+        return Err(MeasureError::Unsupported(cpu_precision_message(
+            options.precision,
+        )));
+    }
     let kernels: Option<KernelSource> = match options.backend {
         Backend::Cpu => None,
         Backend::Cuda => Some(crate::gpu::first_gpu()?.1),
@@ -331,9 +340,16 @@ pub fn measure(
         for _ in 0..options.repeat.max(1) {
             let execution = match &kernels {
                 None => execute_program(&plan, &program, driver, &batch, &params, adamw)?,
-                Some(kernels) => {
-                    cuda::execute_program(&plan, &program, driver, &batch, &params, adamw, kernels)?
-                }
+                Some(kernels) => cuda::execute_program(
+                    &plan,
+                    &program,
+                    driver,
+                    &batch,
+                    &params,
+                    adamw,
+                    kernels,
+                    options.precision,
+                )?,
             };
             runs_s.push(execution.step_time_s);
             off_core.push(off_core_share(&execution));
@@ -371,6 +387,7 @@ pub fn measure(
         options.tasks,
     );
     report.backend = options.backend.name();
+    report.precision = options.precision.name();
     report.step_time_median_s = median(&runs_s);
     report.step_time_runs_s = runs_s;
     report.off_core_share_runs = off_core;
@@ -385,6 +402,15 @@ fn off_core_share(execution: &Execution) -> f64 {
         .iter()
         .fold((0.0, 0.0), |(c, b), t| (c + t.cpu_s, b + t.run_s()));
     1.0 - cpu / busy
+}
+
+/// Why the CPU backend refuses `precision` (it computes in fp32 only).
+pub fn cpu_precision_message(precision: Precision) -> String {
+    format!(
+        "--precision {}: the CPU backend computes in fp32 only; {} GEMMs are the CUDA backend's (--backend cuda)",
+        precision.name(),
+        precision.name()
+    )
 }
 
 /// The median of `values` (the mean of the middle two for an even count).
@@ -523,6 +549,7 @@ fn compare(
     let memory_terms = memory_terms(plan, execution, simulated, cost.memory().workspace_bytes());
     RunReport {
         backend: "cpu",
+        precision: Precision::Fp32.name(),
         model: ir.spec.model.name.clone(),
         cluster: ir.spec.cluster.name.clone(),
         parallel: ir.spec.parallel.to_string(),

@@ -17,10 +17,19 @@ fn gpus_or_skip(test: &str) -> Option<usize> {
     }
 }
 
-/// A small step of the tiny model with sliced samples, continuation slices and different
-/// forward and backward packs, on `parallel`.
-fn step(parallel: &str) -> Vec<String> {
-    [
+/// The schedule of [`step`]: sliced samples, continuation slices and different forward and
+/// backward packs.
+const SLICED: [&str; 2] = [
+    "--passes",
+    "assign-dp,slice{size=32},pack-fwd{cap=64},pack-bwd{cap=48},schedule-pipeline",
+];
+
+/// A schedule of padded packs (one sample per micro-batch, padded to the longest).
+const PADDED: [&str; 2] = ["--strategy", "padding"];
+
+/// A small step of the tiny model on `parallel`, scheduled by `schedule`.
+fn step(parallel: &str, schedule: [&str; 2]) -> Vec<String> {
+    let mut args: Vec<String> = [
         "--model",
         "tiny",
         "--cluster",
@@ -31,18 +40,24 @@ fn step(parallel: &str) -> Vec<String> {
         "lognormal:median=48,sigma=0.8,count=10,seed=3",
         "--context",
         "256",
-        "--passes",
-        "assign-dp,slice{size=32},pack-fwd{cap=64},pack-bwd{cap=48},schedule-pipeline",
     ]
     .map(String::from)
-    .to_vec()
+    .to_vec();
+    args.extend(schedule.map(String::from));
+    args
 }
 
 /// Runs `run --backend cuda --check-reference` on `parallel` and checks loss and gradients
 /// against the unsliced CPU reference (fp32, relative error <= 1e-4).
-fn check_reference(parallel: &str) {
+fn check_reference(parallel: &str, schedule: [&str; 2]) {
+    check_step(parallel, &step(parallel, schedule));
+}
+
+/// Runs `run --backend cuda --check-reference` on the step `step` and checks loss and
+/// gradients against the unsliced CPU reference (fp32, relative error <= 1e-4).
+fn check_step(label: &str, step: &[String]) {
     let mut args = vec!["run".to_string(), "--backend".into(), "cuda".into()];
-    args.extend(step(parallel));
+    args.extend(step.iter().cloned());
     args.extend(["--check-reference", "--report", "json"].map(String::from));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let output = slimpack(&args);
@@ -53,7 +68,7 @@ fn check_reference(parallel: &str) {
     let loss_err = report["loss_rel_err"].as_f64().unwrap();
     let grad_err = report["max_grad_rel_err"].as_f64().unwrap();
     eprintln!(
-        "{parallel}: loss {} (relative error {loss_err:.1e}), max gradient error {grad_err:.1e} ({}), step {} s, peak memory {} (predicted {})",
+        "{label} {step:?}: loss {} (relative error {loss_err:.1e}), max gradient error {grad_err:.1e} ({}), step {} s, peak memory {} (predicted {})",
         report["loss"], report["worst_grad_tensor"], report["step_time_s"],
         report["peak_memory_bytes"], report["predicted_peak_memory_bytes"]
     );
@@ -66,7 +81,15 @@ fn one_gpu_step_equals_the_unsliced_reference() {
     if gpus_or_skip("one_gpu_step_equals_the_unsliced_reference").is_none() {
         return;
     }
-    check_reference("tp=1,pp=1,dp=1");
+    check_reference("tp=1,pp=1,dp=1", SLICED);
+}
+
+#[test]
+fn padded_packs_equal_the_unsliced_reference() {
+    if gpus_or_skip("padded_packs_equal_the_unsliced_reference").is_none() {
+        return;
+    }
+    check_reference("tp=1,pp=1,dp=1", PADDED);
 }
 
 #[test]
@@ -79,11 +102,40 @@ fn pipeline_and_data_parallel_steps_equal_the_unsliced_reference() {
         eprintln!("skipped: needs 2 GPUs (NCCL), this machine has {count}");
         return;
     }
-    check_reference("tp=1,pp=2,dp=1");
-    check_reference("tp=1,pp=1,dp=2");
+    check_reference("tp=1,pp=2,dp=1", SLICED);
+    check_reference("tp=1,pp=2,dp=1", PADDED);
+    check_reference("tp=1,pp=1,dp=2", SLICED);
+    check_step("dp=2, DP-Merge", &dp_merge_step("tp=1,pp=1,dp=2"));
     if count >= 4 {
-        check_reference("tp=1,pp=2,dp=2");
+        check_reference("tp=1,pp=2,dp=2", SLICED);
+        check_step("pp=2, dp=2, DP-Merge", &dp_merge_step("tp=1,pp=2,dp=2"));
     }
+}
+
+/// A step with a DP-Merge group (both DP ranks run the dominant sample as one CP group, with
+/// continuation slices); its batch file is written to the temporary directory.
+fn dp_merge_step(parallel: &str) -> Vec<String> {
+    let lengths = [480, 20, 12, 30, 9, 64, 3, 40, 100, 7];
+    let path =
+        std::env::temp_dir().join(format!("slimpack-cuda-dp-merge-{}.txt", std::process::id()));
+    let text: String = lengths.iter().map(|len| format!("{len}\n")).collect();
+    std::fs::write(&path, text).unwrap();
+    [
+        "--model",
+        "tiny",
+        "--cluster",
+        "h100-sxm",
+        "--parallel",
+        parallel,
+        "--batch",
+        path.to_str().unwrap(),
+        "--context",
+        "512",
+        "--passes",
+        "assign-dp,dp-merge{threshold=0.5},slice{size=64},pack-fwd{cap=128},pack-bwd{cap=128},schedule-pipeline",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 #[test]
@@ -140,4 +192,45 @@ fn validate_compares_predicted_and_measured_peak_memory_and_step_time() {
         "peak memory MAPE {}, step time MAPE {}",
         summary["peak_memory_mape"], summary["step_time_mape"]
     );
+}
+
+#[test]
+fn bf16_gemms_run_on_ampere_and_later_and_are_refused_before() {
+    let test = "bf16_gemms_run_on_ampere_and_later_and_are_refused_before";
+    if gpus_or_skip(test).is_none() {
+        return;
+    }
+    let gpu = &slimpack::gpu::gpus().unwrap()[0];
+    let mut args = vec![
+        "run".to_string(),
+        "--backend".into(),
+        "cuda".into(),
+        "--precision".into(),
+        "bf16".into(),
+    ];
+    args.extend(step("tp=1,pp=1,dp=1", SLICED));
+    args.extend(["--check-reference", "--report", "json"].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = slimpack(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if gpu.compute_capability < (8, 0) {
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        assert!(stderr.contains("need 8.0 or later"), "{stderr}");
+        eprintln!(
+            "{test}: refused on compute capability {:?}",
+            gpu.compute_capability
+        );
+        return;
+    }
+    assert!(output.status.success(), "{args:?}: {stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["precision"], "bf16");
+    let loss_err = report["loss_rel_err"].as_f64().unwrap();
+    let grad_err = report["max_grad_rel_err"].as_f64().unwrap();
+    eprintln!(
+        "bf16: loss {} (relative error {loss_err:.1e} vs the fp32 CPU reference), max gradient error {grad_err:.1e} ({})",
+        report["loss"], report["worst_grad_tensor"]
+    );
+    // bf16 operands carry 8 mantissa bits: the loss stays within a percent of fp32's.
+    assert!(loss_err <= 1e-2, "{report}");
 }

@@ -96,9 +96,11 @@ fn cuda_commands_without_a_gpu_say_why_in_one_line() {
     let mut run = vec!["run", "--backend", "cuda"];
     run.extend(STEP);
     run.push("--check-reference");
+    let mut run_bf16 = vec!["run", "--backend", "cuda", "--precision", "bf16"];
+    run_bf16.extend(STEP);
     let calibrate = vec!["calibrate", "--backend", "cuda", "--tokens", "8,16"];
     let validate = vec!["validate", "--backend", "cuda", "--repeat", "1"];
-    for args in [run, calibrate, validate] {
+    for args in [run, run_bf16, calibrate, validate] {
         let output = slimpack(&args);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{args:?}: {stderr}");
@@ -110,6 +112,29 @@ fn cuda_commands_without_a_gpu_say_why_in_one_line() {
         assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
         assert!(output.stdout.is_empty());
     }
+}
+
+#[test]
+fn run_refuses_bf16_on_the_cpu_backend_and_unknown_precisions() {
+    let mut args = vec!["run", "--backend", "cpu", "--precision", "bf16"];
+    args.extend(STEP);
+    let output = slimpack(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        "error: --precision bf16: the CPU backend computes in fp32 only; bf16 GEMMs are the CUDA backend's (--backend cuda)"
+    );
+    assert!(output.stdout.is_empty());
+    let mut args = vec!["run", "--backend", "cuda", "--precision", "fp16"];
+    args.extend(STEP);
+    let output = slimpack(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("invalid value 'fp16' for '--precision"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -27,6 +27,7 @@ use slimpack::tune::autotune;
 use slimpack::tune::strategy::{self, Choices, StrategyState};
 use slimpack::{compile, CompileOptions};
 use slimpack_ir::{text, StepIr};
+use slimpack_runtime::cuda::Precision;
 
 use super::compile::ReportFormat;
 use super::input::{BatchArgs, SpecArgs};
@@ -46,6 +47,24 @@ impl Backend {
         match self {
             Backend::Cpu => measuring::Backend::Cpu,
             Backend::Cuda => measuring::Backend::Cuda,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PrecisionArg {
+    /// fp32 GEMMs (SGEMM): what --check-reference's 1e-4 bound holds.
+    Fp32,
+    /// bf16 GEMM operands, fp32 accumulation and weights (CUDA backend, compute capability 8.0+).
+    Bf16,
+}
+
+impl PrecisionArg {
+    /// The library's name for it.
+    pub fn kind(self) -> Precision {
+        match self {
+            PrecisionArg::Fp32 => Precision::Fp32,
+            PrecisionArg::Bf16 => Precision::Bf16,
         }
     }
 }
@@ -71,6 +90,9 @@ pub struct RunArgs {
     /// Backend to execute on: cpu, or cuda (this machine's GPUs, one per worker).
     #[arg(long, value_enum)]
     pub(crate) backend: Backend,
+    /// The GEMMs' precision: fp32, or bf16 operands with fp32 accumulation (--backend cuda only).
+    #[arg(long, value_enum, default_value = "fp32")]
+    pub(crate) precision: PrecisionArg,
     #[command(flatten)]
     pub(crate) spec: SpecArgs,
     #[command(flatten)]
@@ -126,6 +148,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 
 /// Compiles (or reads) the step of `args` and measures it: the report `run` prints.
 pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
+    let precision = args.precision.kind();
+    if args.backend == Backend::Cpu && precision != Precision::Fp32 {
+        bail!("{}", measuring::cpu_precision_message(precision));
+    }
     if args.backend == Backend::Cuda {
         require_gpu()?;
     }
@@ -146,6 +172,7 @@ pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
             InterleaveArg::Simulated => Interleave::Simulated,
             InterleaveArg::ReplicaMajor => Interleave::ReplicaMajor,
         },
+        precision,
         repeat: args.repeat,
         check_reference: args.check_reference,
         tasks: args.tasks,

@@ -2,8 +2,9 @@
 //! of schedules (strategies and pass pipelines × batches × slice sizes × layouts of the `tiny`
 //! model): the CPU backend on the `cpu` cluster, or the CUDA backend on the cluster preset of
 //! this machine's GPU, with the schedules that need no more GPUs than the machine has (one per
-//! worker) and that the CUDA backend runs (a schedule with DP-Merge groups or padded packs is
-//! listed as skipped, with the reason). Without a GPU `--backend cuda` fails in one line.
+//! worker) and that the CUDA backend runs (a schedule it refuses — e.g. one whose pipeline
+//! messages NCCL could not match in order — is listed as skipped, with the reason). Without a
+//! GPU `--backend cuda` fails in one line.
 //!
 //! Every schedule is one `slimpack run` command line (printed with its row, so that any row can
 //! be reproduced on its own), executed `--repeat` times. Figures, each the mean over the suite of
@@ -33,7 +34,7 @@ use slimpack::measure::{self, ape, MeasureError, RunReport};
 use slimpack_runtime::cuda::CudaError;
 
 use super::input::{BatchArgs, SpecArgs};
-use super::run::{self, Backend, DriverArg, InterleaveArg, RunArgs};
+use super::run::{self, Backend, DriverArg, InterleaveArg, PrecisionArg, RunArgs};
 
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
@@ -261,6 +262,7 @@ fn suite_run(
     );
     let args = RunArgs {
         backend,
+        precision: PrecisionArg::Fp32,
         spec: SpecArgs {
             model: Some("tiny".into()),
             cluster: Some(cluster.into()),

@@ -15,7 +15,7 @@ use slimpack_machine::cost::Calibration;
 
 use crate::cpu::calibration::{median, tables, CalibrationOptions};
 use crate::cpu::profile::OpTimes;
-use crate::cpu::{LayerRange, ModelConfig, Params, SampleId, TokenBatch, TokenSlice};
+use crate::cpu::{CpShard, LayerRange, ModelConfig, Params, SampleId, TokenBatch, TokenSlice};
 
 use super::device::{context, gpus, require_cublas, Gpu};
 use super::error::Result;
@@ -87,9 +87,19 @@ impl Bench<'_> {
         let (mut forward, mut backward) = (Vec::new(), Vec::new());
         for run in 0..=MAX_RUNS {
             let whole = LayerRange::whole(&self.config);
-            let mut state = DeviceStage::new(&self.config, whole, self.layout.clone());
+            let mut state =
+                DeviceStage::new(&self.config, whole, self.layout.clone(), CpShard::WHOLE);
             self.gpu.take_profile();
-            state.forward(self.gpu, self.rope, self.params, &batch, &slice, None)?;
+            state.forward(
+                self.gpu,
+                self.rope,
+                self.params,
+                &batch,
+                &slice,
+                0,
+                None,
+                None,
+            )?;
             let forward_times = self.gpu.take_profile();
             state.backward(
                 self.gpu,
@@ -98,6 +108,8 @@ impl Bench<'_> {
                 self.grads,
                 &batch,
                 &slice,
+                0,
+                None,
                 None,
             )?;
             let backward_times = self.gpu.take_profile();

@@ -18,7 +18,7 @@ use crate::cpu::profile::OpTimes;
 use super::error::{CudaError, Result};
 use super::kernels::Kernels;
 use super::memory::{DeviceVec, Meter};
-use super::{GpuInfo, KernelSource};
+use super::{GpuInfo, KernelSource, Precision};
 
 impl From<DriverError> for CudaError {
     fn from(error: DriverError) -> CudaError {
@@ -135,6 +135,8 @@ pub(crate) struct Gpu {
     pub blas: CudaBlas,
     pub kernels: Kernels,
     pub meter: Arc<Meter>,
+    /// The GEMMs' precision (fp32 unless the run asked for bf16).
+    pub precision: Precision,
     /// Per-class times of the work launched (calibration only: every timed launch waits for
     /// the stream before and after).
     profile: Option<RefCell<Profile>>,
@@ -170,6 +172,7 @@ impl Gpu {
             blas,
             kernels,
             meter: Arc::new(Meter::default()),
+            precision: Precision::Fp32,
             profile: None,
         })
     }

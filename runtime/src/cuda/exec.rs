@@ -2,8 +2,7 @@
 //! CPU executor's structure on device memory.
 //!
 //! [`execute_program`] checks what the CPU executor checks (whole-model weights, the batch
-//! against the plan, the program against the plan), refuses what the GPU path does not run
-//! yet (DP-Merge groups, padded packs), finds the GPUs, makes each worker's context, compute
+//! against the plan, the program against the plan), finds the GPUs, makes each worker's context, compute
 //! stream and NCCL links, and starts one thread per worker. A worker's thread uploads its
 //! stage's weights, allocates its gradients and its shard's AdamW moments, waits for every
 //! worker to be ready, then lets the [`Driver`] call its ops through the C ABI; the handler
@@ -41,10 +40,11 @@ use crate::cpu::exec::{
     assemble, direction_keyword, neighbour, shard_range, Device, Driver, Execution, Outcome, Plan,
     ProgramCursor, SyncTimes, TaskRecord, WorkerReport,
 };
+use crate::cpu::pack_layout::PackLayout;
 use crate::cpu::profile::OpTimes;
 use crate::cpu::{
-    AdamWConfig, CpuError, LayerRange, ModelConfig, Params, Rendezvous, StepRates, TensorKind,
-    TokenBatch,
+    AdamWConfig, CpShard, CpuError, LayerRange, ModelConfig, Params, Rendezvous, StepRates,
+    TensorKind, TokenBatch,
 };
 
 use super::device::{context, gpus, require_cublas, require_nccl, Gpu};
@@ -53,11 +53,12 @@ use super::memory::DeviceVec;
 use super::nccl::{check_fifo, links, Links};
 use super::stage::{DeviceStage, RopeTables};
 use super::tensors::{DeviceTensors, Layout};
-use super::KernelSource;
+use super::{KernelSource, Precision};
 
 /// Runs one training step of `plan` as `program` on this machine's GPUs (one per worker), each
 /// worker's ops driven by `driver`, from the whole-model weights `params`, and updates the
-/// weights with AdamW (`adamw`).
+/// weights with AdamW (`adamw`), its GEMMs in `precision`.
+#[allow(clippy::too_many_arguments)]
 pub fn execute_program(
     plan: &Plan,
     program: &Program,
@@ -66,6 +67,7 @@ pub fn execute_program(
     params: &Params,
     adamw: AdamWConfig,
     kernels: &KernelSource,
+    precision: Precision,
 ) -> Result<Execution> {
     let config = *params.config();
     check_inputs(plan, program, batch, params)?;
@@ -81,6 +83,9 @@ pub fn execute_program(
                 _ => "give a --parallel layout with at most that many DP ranks x stages",
             },
         });
+    }
+    for gpu in &found[..devices.len()] {
+        precision.check_supported(gpu)?;
     }
     require_cublas()?;
     if devices.len() > 1 {
@@ -117,6 +122,7 @@ pub fn execute_program(
                 weights: &weights[device.stage],
                 adamw,
                 kernels,
+                precision,
                 context: Arc::clone(&contexts[index]),
                 stream: Arc::clone(&compute[index]),
                 links: std::mem::take(&mut worker_links[index]),
@@ -140,7 +146,7 @@ pub fn execute_program(
     Ok(assemble(plan, &config, outcomes)?)
 }
 
-/// The CPU executor's checks of its inputs, and the refusal of what the GPU path lacks.
+/// The CPU executor's checks of its inputs.
 fn check_inputs(plan: &Plan, program: &Program, batch: &TokenBatch, params: &Params) -> Result<()> {
     let config = *params.config();
     if params.stage() != LayerRange::whole(&config) {
@@ -162,21 +168,6 @@ fn check_inputs(plan: &Plan, program: &Program, batch: &TokenBatch, params: &Par
         .into());
     }
     plan.check_program(program)?;
-    if let Some(ranks) = plan.replicas.iter().find(|ranks| ranks.len() > 1) {
-        return Err(CudaError::Unsupported {
-            what: format!(
-                "DP-Merge groups (the CP K/V exchange of the group on DP ranks {ranks:?}); use a strategy without DP-Merge such as slimpack-no-dp-merge"
-            ),
-        });
-    }
-    if let Some(pack) = plan.packs.iter().find(|pack| pack.padding > 0) {
-        return Err(CudaError::Unsupported {
-            what: format!(
-                "padded packs ({} has {} padding tokens)",
-                pack.name, pack.padding
-            ),
-        });
-    }
     Ok(())
 }
 
@@ -230,6 +221,7 @@ struct GpuWorker<'a> {
     weights: &'a Params,
     adamw: AdamWConfig,
     kernels: &'a KernelSource,
+    precision: Precision,
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     links: Links,
@@ -251,11 +243,12 @@ impl GpuWorker<'_> {
 
     fn run_with(&self, links: Links) -> Result<Outcome> {
         self.context.bind_to_thread()?;
-        let gpu = Gpu::new(
+        let mut gpu = Gpu::new(
             Arc::clone(&self.context),
             Arc::clone(&self.stream),
             self.kernels,
         )?;
+        gpu.precision = self.precision;
         let rope = RopeTables::new(&gpu, &self.config, self.max_len)?;
         let layout = Layout::of(self.weights);
         let params = DeviceTensors::upload(&gpu, self.weights)?;
@@ -283,6 +276,7 @@ impl GpuWorker<'_> {
             loss: 0.0,
             input: None,
             output: None,
+            joined: None,
             task: None,
             tasks: Vec::new(),
             trace: Vec::new(),
@@ -340,6 +334,9 @@ struct GpuRun<'w, 'a> {
     loss: f64,
     input: Option<Pending>,
     output: Option<Pending>,
+    /// The pack and direction whose DP-Merge group's `cp-exchange` this worker joined, until
+    /// its compute op runs.
+    joined: Option<(usize, Direction)>,
     task: Option<OpenTask>,
     tasks: Vec<TaskRecord>,
     trace: Vec<Call>,
@@ -391,9 +388,12 @@ impl GpuRun<'_, '_> {
                 from,
                 ..
             } => self.recv(pack as usize, direction, from),
-            Op::CpExchange { .. } => Err(CudaError::Unsupported {
-                what: "cp-exchange (DP-Merge groups)".to_string(),
-            }),
+            Op::CpExchange {
+                pack,
+                direction,
+                ref group,
+                ..
+            } => self.cp_exchange(pack as usize, direction, group),
             Op::Forward { pack, .. } => self.compute(pack as usize, Direction::Forward),
             Op::Backward { pack, .. } => self.compute(pack as usize, Direction::Backward),
             Op::Send {
@@ -428,13 +428,44 @@ impl GpuRun<'_, '_> {
         })
     }
 
-    fn pack_values(&self, pack: usize) -> usize {
-        let rows: usize = self.worker.plan.packs[pack]
-            .slices
+    /// This worker's share of the slices of `replica`'s packs: its place in the replica's
+    /// DP-Merge group (the whole of each slice outside one).
+    fn shard(&self, replica: usize) -> CpShard {
+        let ranks = &self.worker.plan.replicas[replica];
+        match ranks
             .iter()
-            .map(|s| s.len)
-            .sum();
-        rows * self.worker.config.hidden
+            .position(|&rank| rank == self.worker.device.rank)
+        {
+            Some(rank) if ranks.len() > 1 => CpShard {
+                rank,
+                size: ranks.len(),
+            },
+            _ => CpShard::WHOLE,
+        }
+    }
+
+    /// Values of a pack's `[rows, hidden]` message: this worker's rows of its slices, then of
+    /// its padding.
+    fn pack_values(&self, pack: usize) -> usize {
+        let info = &self.worker.plan.packs[pack];
+        let layout = PackLayout::new(&info.slices, self.shard(info.replica), info.padding);
+        layout.rows() * self.worker.config.hidden
+    }
+
+    /// The CPU executor's `cp-exchange` rule: the op names the pack's replica's DP ranks (a
+    /// group of two or more), and the worker's next compute op is that pack's, in that
+    /// direction. The exchange itself happens inside the compute op, per slice and layer.
+    fn cp_exchange(&mut self, pack: usize, direction: Direction, group: &[u32]) -> Result<()> {
+        let ranks = &self.worker.plan.replicas[self.worker.plan.packs[pack].replica];
+        let named: Vec<usize> = group.iter().map(|&rank| rank as usize).collect();
+        if ranks.len() < 2 || named != *ranks {
+            return Err(schedule_error(format!(
+                "cp-exchange of {} names the group {named:?}, but its replica runs on DP ranks {ranks:?}",
+                self.pack_name(pack)
+            )));
+        }
+        self.joined = Some((pack, direction));
+        Ok(())
     }
 
     fn recv(&mut self, pack: usize, direction: Direction, from: ProgramWorker) -> Result<()> {
@@ -474,6 +505,14 @@ impl GpuRun<'_, '_> {
     fn compute(&mut self, pack: usize, direction: Direction) -> Result<()> {
         let plan = self.worker.plan;
         let info = &plan.packs[pack];
+        let merged = plan.replicas[info.replica].len() > 1;
+        if self.joined.take() != merged.then_some((pack, direction)) {
+            return Err(schedule_error(format!(
+                "{} runs {} without (or apart from) its DP-Merge group's cp-exchange",
+                direction_keyword(direction),
+                info.name
+            )));
+        }
         let input = match self.neighbour(direction, true).is_some() {
             false => None,
             true => match self.input.take() {
@@ -491,10 +530,15 @@ impl GpuRun<'_, '_> {
         let config = self.worker.config;
         let stage_range = plan.stages[self.worker.device.stage];
         let layout = self.layout;
+        let shard = self.shard(info.replica);
+        let exchange = match merged {
+            true => Some(self.links.cp_exchange(info.replica)?),
+            false => None,
+        };
         let state = self
             .states
             .entry(info.replica)
-            .or_insert_with(|| DeviceStage::new(&config, stage_range, layout.clone()));
+            .or_insert_with(|| DeviceStage::new(&config, stage_range, layout.clone(), shard));
         let output = match direction {
             Direction::Forward => {
                 let output = state.forward(
@@ -503,7 +547,9 @@ impl GpuRun<'_, '_> {
                     &self.params,
                     self.worker.batch,
                     &info.slices,
+                    info.padding,
                     input,
+                    exchange,
                 )?;
                 self.loss += output.loss;
                 output.hidden
@@ -515,7 +561,9 @@ impl GpuRun<'_, '_> {
                 &self.grads,
                 self.worker.batch,
                 &info.slices,
+                info.padding,
                 input,
+                exchange,
             )?,
         };
         if self.neighbour(direction, false).is_some() {

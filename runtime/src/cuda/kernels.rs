@@ -47,6 +47,22 @@ extern "C" __global__ void slimpack_adamw(float *p, const float *g, float *m, fl
 }
 "#;
 
+/// fp32 → bf16 (as its 16 bits; no CUDA header needed) for the bf16 GEMMs' operands: round to
+/// nearest even, a NaN stays a quiet NaN — `super::precision::f32_to_bf16_bits`'s integer steps.
+const TO_BF16_SOURCE: &str = r#"
+extern "C" __global__ void slimpack_f32_to_bf16(const float *x, unsigned short *y, long long n) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        unsigned int bits = __float_as_uint(x[i]);
+        if ((bits & 0x7fffffffu) > 0x7f800000u) {
+            y[i] = (unsigned short)((bits >> 16) | 0x40u);
+        } else {
+            y[i] = (unsigned short)((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+        }
+    }
+}
+"#;
+
 /// One kernel argument.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Arg {
@@ -73,11 +89,12 @@ impl Arg {
 pub(crate) struct Kernels {
     functions: HashMap<&'static str, (CudaFunction, KernelSignature)>,
     adamw: CudaFunction,
+    to_bf16: CudaFunction,
 }
 
 impl Kernels {
     /// Loads `source`'s PTX into `context` (after checking its table has every kernel
-    /// launched) and compiles AdamW with NVRTC.
+    /// launched) and compiles AdamW and the bf16 conversion with NVRTC.
     pub fn load(context: &Arc<CudaContext>, source: &KernelSource) -> Result<Kernels> {
         source.check()?;
         check_launchers(source)?;
@@ -93,14 +110,19 @@ impl Kernels {
             functions.insert(name, (function, signature));
         }
         require_nvrtc()?;
-        let adamw_ptx = cudarc::nvrtc::compile_ptx(ADAMW_SOURCE).map_err(|e| CudaError::Api {
-            api: "NVRTC",
-            message: e.to_string(),
-        })?;
-        let adamw = context
-            .load_module(adamw_ptx)?
-            .load_function("slimpack_adamw")?;
-        Ok(Kernels { functions, adamw })
+        let nvrtc_ptx = cudarc::nvrtc::compile_ptx(format!("{ADAMW_SOURCE}{TO_BF16_SOURCE}"))
+            .map_err(|e| CudaError::Api {
+                api: "NVRTC",
+                message: e.to_string(),
+            })?;
+        let nvrtc_module = context.load_module(nvrtc_ptx)?;
+        let adamw = nvrtc_module.load_function("slimpack_adamw")?;
+        let to_bf16 = nvrtc_module.load_function("slimpack_f32_to_bf16")?;
+        Ok(Kernels {
+            functions,
+            adamw,
+            to_bf16,
+        })
     }
 }
 
@@ -224,6 +246,23 @@ impl Gpu {
             stride_or_rows(blocks, STRIDE_BLOCK),
             &args,
         )
+    }
+}
+
+impl Gpu {
+    /// `y[i] = bf16(x[i])` for `n` values (`y` holds bf16 bits).
+    pub fn to_bf16(&self, x: u64, y: u64, n: usize) -> Result<()> {
+        let blocks = (n as u64).div_ceil(u64::from(STRIDE_BLOCK)).min(MAX_BLOCKS);
+        if blocks == 0 {
+            return Ok(());
+        }
+        let n = n as i64;
+        let mut launch = self.stream.launch_builder(&self.kernels.to_bf16);
+        launch.arg(&x).arg(&y).arg(&n);
+        // SAFETY: `slimpack_f32_to_bf16(const float*, unsigned short*, long long)`; the caller
+        // passes `n` floats at `x` and room for `n` bf16 values at `y`.
+        unsafe { launch.launch(stride_or_rows(blocks, STRIDE_BLOCK)) }?;
+        Ok(())
     }
 }
 

@@ -17,15 +17,20 @@
 //!   slice, their gradient accumulators from the sample's first backward), the activations each
 //!   forward pack saves for its backward, and every temporary — all counted by the worker's
 //!   meter, which gives its peak memory as the CPU backend's counting allocator does.
-//! - Kernels ([`kernels`]): GEMMs in cuBLAS (fp32, row-major through the transposition trick);
+//! - Kernels ([`kernels`]): GEMMs in cuBLAS (fp32 or bf16, row-major through the transposition trick);
 //!   RMSNorm, RoPE, SwiGLU, softmax cross-entropy (with the loss scale), add and the varlen causal attention
 //!   forward and backward (a K/V prefix per continuation slice, dK/dV accumulated) from the PTX
 //!   that codegen's kernel builder emits; AdamW from a small CUDA C kernel compiled by NVRTC.
 //! - Several GPUs ([`nccl`]): pipeline send/receive as NCCL point-to-point on a stream per
 //!   direction (a forward send and a backward send between the same two stages never wait for
 //!   each other), the DP gradient sum (all-reduce), the tied embedding's sum between the
-//!   pipeline's ends, and the broadcast of each rank's updated shard. DP-Merge groups (a CP
-//!   K/V exchange) and padded packs are refused with a one-line error: not written yet.
+//!   pipeline's ends, the broadcast of each rank's updated shard, and the K/V all-gathers of
+//!   DP-Merge groups (context parallelism: each member holds its `CpShard` of every slice;
+//!   [`cp_rows`] says which rows carry which positions).
+//! - Padded packs (the `padding` and `megatron` strategies' fixed-length bins) run as on the
+//!   CPU backend (`cpu/padding.rs`): see [`stage`].
+//! - GEMM precision ([`Precision`]): fp32 SGEMM by default; bf16 operands with fp32
+//!   accumulation (`cublasGemmEx`) on compute capability 8.0 and later.
 //!
 //! # Dependency direction
 //! The runtime does not depend on codegen (codegen dev-depends on the runtime, for its driver
@@ -42,13 +47,17 @@
 //! without a GPU.
 
 mod error;
+mod precision;
 
 pub use error::{CudaError, Result};
+pub use precision::{f32_to_bf16_bits, operand_extent, Precision};
 
 #[cfg(feature = "cuda")]
 mod blas;
 #[cfg(feature = "cuda")]
 mod calibration;
+#[cfg(feature = "cuda")]
+mod cp_rows;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]

@@ -9,7 +9,10 @@
 //! - per stage, its DP ranks (on their compute streams): the gradient sum and the broadcast of
 //!   each rank's updated shard;
 //! - per DP rank, when the embedding is tied and split across stages: its first and last stage,
-//!   for the tied copies' sum.
+//!   for the tied copies' sum;
+//! - per DP-Merge group and stage, its members (on their compute streams, in the replica's DP
+//!   rank order): the K/V all-gathers of context parallelism ([`CpExchange`]; the rows they
+//!   carry are `cp_rows`'s).
 //!
 //! The host orders the streams: a send waits for the compute stream (the tensor is complete),
 //! a receive completes before the compute stream reads the buffer, and a sent buffer is freed
@@ -48,6 +51,9 @@ pub(crate) struct Links {
     backward: Option<Link>,
     stage: Option<Link>,
     tied: Option<Link>,
+    /// Per DP-Merge group (by replica) this worker belongs to, the group's communicator on
+    /// this stage: its ranks are the group's members in the replica's DP rank order.
+    cp: BTreeMap<usize, Link>,
     /// Sent buffers and the events that say their sends completed.
     in_flight: Vec<(CudaEvent, DeviceVec)>,
     /// Raised when any worker of the step failed.
@@ -97,6 +103,20 @@ pub(crate) fn links(
                 .collect();
             for (&member, comm) in members.iter().zip(group(&members)?) {
                 links[member].stage = Some(Link(comm));
+            }
+        }
+    }
+    for (replica, ranks) in plan.replicas.iter().enumerate() {
+        if ranks.len() < 2 {
+            continue;
+        }
+        for stage in 0..plan.pp() {
+            let members: Vec<usize> = ranks
+                .iter()
+                .map(|&rank| plan.device_index(Device { rank, stage }))
+                .collect();
+            for (&member, comm) in members.iter().zip(group(&members)?) {
+                links[member].cp.insert(replica, Link(comm));
             }
         }
     }
@@ -266,6 +286,15 @@ impl Links {
     }
 
     /// Sums `range` of `buffer` between the pipeline's first and last stage of this DP rank.
+    /// The K/V exchange of the DP-Merge group running `replica` (its communicator on this
+    /// worker's stage).
+    pub fn cp_exchange(&self, replica: usize) -> Result<CpExchange<'_>> {
+        self.cp
+            .get(&replica)
+            .map(|Link(comm)| CpExchange { comm, links: self })
+            .ok_or_else(|| missing("a DP-Merge group's K/V exchange"))
+    }
+
     pub fn sum_tied(&self, buffer: &mut DeviceVec, range: std::ops::Range<usize>) -> Result<()> {
         if let Some(Link(comm)) = &self.tied {
             comm.all_reduce_in_place(&mut buffer.view_mut(range), &ReduceOp::Sum)?;
@@ -286,5 +315,29 @@ impl Links {
             }
         }
         Ok(())
+    }
+}
+
+/// One member's end of a DP-Merge group's K/V exchange: NCCL all-gathers on the compute stream
+/// (stream-ordered with the attention kernels that use their results). The host waits for each
+/// gather, polling the step's abort flag, so that a member whose peer failed gives up instead
+/// of blocking in a later stream synchronisation.
+#[derive(Clone, Copy)]
+pub(crate) struct CpExchange<'l> {
+    comm: &'l Comm,
+    links: &'l Links,
+}
+
+impl CpExchange<'_> {
+    /// Every member's `part` values of `mine` (equal parts), in rank order: `[size · part]`.
+    pub fn all_gather(&self, gpu: &Gpu, mine: &DeviceVec, part: usize) -> Result<DeviceVec> {
+        let size = self.comm.world_size();
+        let mut gathered = gpu.zeros(size * part)?;
+        if part > 0 {
+            self.comm
+                .all_gather(&mine.view(), &mut gathered.view_mut(0..size * part))?;
+            self.links.wait(&self.comm.stream())?;
+        }
+        Ok(gathered)
     }
 }

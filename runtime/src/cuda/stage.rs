@@ -21,8 +21,20 @@
 //! its last slice was taken (the CPU backend frees rows as they are taken: a GPU worker can
 //! hold a little longer what the simulator's memory model frees per slice).
 //!
-//! Not here yet: context-parallel shards (DP-Merge groups) and padded packs; the executor
-//! refuses both before the step starts.
+//! A padded pack (see `cpu/padding.rs`) has the padding's rows after its slices' rows: they
+//! run through every projection, norm and MLP like a slice's, their attention runs over the
+//! pack's own keys and values in row order (the padded sequence), they have no target, and
+//! their backward runs against zero stand-in keys of the padded sequence's length, exactly as
+//! the CPU backend does. Their keys and values stay saved from the forward to the backward.
+//!
+//! A worker of a DP-Merge group (context parallelism, `cpu/cp/`) holds its [`CpShard`] of every
+//! slice: its rows are its own tokens, its K/V cache holds its own positions only (rows in
+//! [`super::cp_rows`]'s order), and per slice and layer it all-gathers the group's K/V rows of
+//! the sample's prefix into position order before its queries attend; backward, it gathers
+//! them again, computes its queries' contributions to every prefix key's and value's gradient,
+//! all-gathers those, and adds — in member order, as the CPU does — the rows of the positions
+//! it owns into its accumulators. Its padding rows attend to zero stand-in keys (the CPU's
+//! rule: it does not hold the pack's keys).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -30,10 +42,12 @@ use crate::cpu::pack_layout::PackLayout;
 use crate::cpu::{CpShard, CpuError, LayerRange, ModelConfig, SampleId, TokenBatch, TokenSlice};
 
 use super::blas::Mat;
+use super::cp_rows::{gather_part_len, held_rows, member_runs, prefix_end};
 use super::device::Gpu;
 use super::error::Result;
 use super::kernels::{AttentionGrads, AttentionSlices, KernelCalls};
 use super::memory::DeviceVec;
+use super::nccl::CpExchange;
 use super::tensors::{DeviceTensors, LayerOffsets, Layout};
 
 /// RoPE's angle tables for positions `0..max_len`, filled on the host in f64 as the CPU
@@ -78,6 +92,8 @@ struct LayerKv {
 /// One sample's progress on the stage and its K/V per layer.
 struct SampleKv {
     forwarded: usize,
+    /// The sample's forwarded slices, `(start, len)`, in position order.
+    slices: Vec<(usize, usize)>,
     /// Tokens not yet backwarded, once the backward started.
     frontier: Option<usize>,
     layers: Vec<LayerKv>,
@@ -113,8 +129,13 @@ struct SavedPack {
     layout: PackLayout,
     layers: Vec<SavedLayer>,
     head: Option<SavedHead>,
+    /// Per layer, the padding rows' keys and values (empty when the pack is not padded).
+    padding_kv: Vec<PaddingKv>,
     taken: Vec<bool>,
 }
+
+/// One layer's keys and values of a padded pack's padding rows.
+type PaddingKv = (DeviceVec, DeviceVec);
 
 /// What a forward pack hands on.
 pub(crate) struct ForwardOutput {
@@ -127,6 +148,8 @@ pub(crate) struct ForwardOutput {
 /// One stage worker's in-flight state during a step.
 pub(crate) struct DeviceStage {
     config: ModelConfig,
+    /// This worker's share of every slice (its DP-Merge group's split; whole outside one).
+    shard: CpShard,
     stage: LayerRange,
     layout: Layout,
     samples: BTreeMap<SampleId, SampleKv>,
@@ -137,7 +160,8 @@ pub(crate) struct DeviceStage {
 /// Row-major views of the pack's per-row integer inputs on the device.
 struct RowInputs {
     positions: DeviceVec<i32>,
-    /// Per slice `[0, len]`: the `cu_seqlens_q` of a one-slice attention launch.
+    /// Per segment (slice, then the padding) `[0, len]`: the `cu_seqlens_q` of a one-slice
+    /// attention launch.
     cu_seqlens: DeviceVec<i32>,
     /// `[0]`: every slice's sample starts at row 0 of its own K/V buffer.
     kv_start: DeviceVec<i32>,
@@ -146,7 +170,7 @@ struct RowInputs {
 impl RowInputs {
     fn new(gpu: &Gpu, layout: &PackLayout) -> Result<RowInputs> {
         let positions: Vec<i32> = layout.positions.iter().map(|&p| p as i32).collect();
-        let cu_seqlens: Vec<i32> = (0..layout.slices.len())
+        let cu_seqlens: Vec<i32> = (0..layout.segments())
             .flat_map(|i| [0, layout.rows_of(i).len() as i32])
             .collect();
         Ok(RowInputs {
@@ -158,9 +182,15 @@ impl RowInputs {
 }
 
 impl DeviceStage {
-    pub fn new(config: &ModelConfig, stage: LayerRange, layout: Layout) -> DeviceStage {
+    pub fn new(
+        config: &ModelConfig,
+        stage: LayerRange,
+        layout: Layout,
+        shard: CpShard,
+    ) -> DeviceStage {
         DeviceStage {
             config: *config,
+            shard,
             stage,
             layout,
             samples: BTreeMap::new(),
@@ -176,6 +206,40 @@ impl DeviceStage {
 
     fn forwarded(&self, sample: SampleId) -> usize {
         self.samples.get(&sample).map_or(0, |s| s.forwarded)
+    }
+
+    /// The forwarded slices of `sample` that end by `end` (its prefix up to a slice bound).
+    fn slices_until(&self, sample: SampleId, end: usize) -> Vec<(usize, usize)> {
+        self.samples.get(&sample).map_or_else(Vec::new, |s| {
+            s.slices
+                .iter()
+                .copied()
+                .filter(|&(start, len)| start + len <= end)
+                .collect()
+        })
+    }
+
+    /// Rows of this worker's K/V cache of `sample` before `position` (a slice bound).
+    fn rows_before(&self, sample: SampleId, position: usize) -> usize {
+        held_rows(
+            self.shard,
+            self.shard.rank,
+            &self.slices_until(sample, position),
+        )
+    }
+
+    /// The group's exchange, which a worker of a DP-Merge group must be given.
+    fn exchange<'l>(&self, exchange: Option<CpExchange<'l>>) -> Result<Option<CpExchange<'l>>> {
+        match (self.shard.size, exchange) {
+            (1, _) => Ok(None),
+            (_, Some(exchange)) => Ok(Some(exchange)),
+            (size, None) => Err(CpuError::Schedule {
+                message: format!(
+                    "a worker of a DP-Merge group of {size} runs a pack without its K/V exchange"
+                ),
+            }
+            .into()),
+        }
     }
 
     /// The CPU backend's forward checks: every slice in its sample, forwards in order.
@@ -251,8 +315,32 @@ impl DeviceStage {
         })
     }
 
-    /// The forward of the pack `slices` with the stage's weights `params`; `input` is the
-    /// previous stage's output `[rows, hidden]` (none on the first stage).
+    /// The CPU backend's padding rule (`cpu/saved_store.rs`): an unpadded backward pack takes
+    /// no slice of a padded forward pack; a padded one is exactly one forward pack with the
+    /// same slices and padding.
+    fn padding_matches(&self, slices: &[TokenSlice], padding: usize) -> bool {
+        let record = |slice: &TokenSlice| self.find_saved(slice).map(|(pack, _)| &self.saved[pack]);
+        if padding == 0 {
+            return slices
+                .iter()
+                .filter_map(record)
+                .all(|saved| saved.layout.padding == 0);
+        }
+        match slices.first().and_then(record) {
+            Some(saved) => {
+                saved.layout.padding == padding
+                    && saved.layout.slices.len() == slices.len()
+                    && slices.iter().all(|s| saved.layout.slices.contains(s))
+            }
+            None => false,
+        }
+    }
+
+    /// The forward of the pack `slices`, padded with `padding` tokens after them (0: not
+    /// padded), with the stage's weights `params`; `input` is the previous stage's output
+    /// `[rows, hidden]` of this worker's rows, the padding's last (none on the first stage).
+    /// A worker of a DP-Merge group exchanges K/V through `exchange`.
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &mut self,
         gpu: &Gpu,
@@ -260,16 +348,19 @@ impl DeviceStage {
         params: &DeviceTensors,
         batch: &TokenBatch,
         slices: &[TokenSlice],
+        padding: usize,
         input: Option<DeviceVec>,
+        exchange: Option<CpExchange<'_>>,
     ) -> Result<ForwardOutput> {
         self.check_forward(batch, slices)?;
+        let exchange = self.exchange(exchange)?;
         if slices.is_empty() {
             // Nothing to compute or save; a middle stage still hands on its (empty) output.
             let hidden = (!self.stage.is_last()).then(|| gpu.zeros(0)).transpose()?;
             return Ok(ForwardOutput { hidden, loss: 0.0 });
         }
         gpu.set_backward(false);
-        let layout = PackLayout::new(slices, CpShard::WHOLE, 0);
+        let layout = PackLayout::new(slices, self.shard, padding);
         let rows = layout.rows();
         let h = self.config.hidden;
         let inputs = RowInputs::new(gpu, &layout)?;
@@ -291,14 +382,23 @@ impl DeviceStage {
                 .entry(slice.sample)
                 .or_insert_with(|| SampleKv {
                     forwarded: 0,
+                    slices: Vec::new(),
                     frontier: None,
                     layers: (0..layers).map(|_| LayerKv::default()).collect(),
                 });
         }
+        for index in layout.forward_order() {
+            let slice = layout.slices[index];
+            let sample = self.samples.get_mut(&slice.sample).expect("entered above");
+            sample.slices.push((slice.start, slice.len));
+        }
         let mut saved_layers = Vec::with_capacity(self.layout.layers.len());
+        let mut padding_kv = Vec::new();
         for local in 0..self.layout.layers.len() {
-            let (y, saved) = self.layer_forward(gpu, rope, params, local, &layout, &inputs, x)?;
+            let (y, saved, padding) =
+                self.layer_forward(gpu, rope, params, local, &layout, &inputs, x, exchange)?;
             saved_layers.push(saved);
+            padding_kv.extend(padding);
             x = y;
         }
         let mut output = ForwardOutput {
@@ -325,6 +425,7 @@ impl DeviceStage {
             layout,
             layers: saved_layers,
             head,
+            padding_kv,
             taken,
         });
         Ok(output)
@@ -347,7 +448,8 @@ impl DeviceStage {
         Ok(x)
     }
 
-    /// One layer's forward of the pack's rows `x`: its output and what its backward needs.
+    /// One layer's forward of the pack's rows `x`: its output, what its backward needs, and
+    /// the padding rows' keys and values if the pack is padded.
     #[allow(clippy::too_many_arguments)]
     fn layer_forward(
         &mut self,
@@ -358,7 +460,8 @@ impl DeviceStage {
         layout: &PackLayout,
         inputs: &RowInputs,
         x: DeviceVec,
-    ) -> Result<(DeviceVec, SavedLayer)> {
+        exchange: Option<CpExchange<'_>>,
+    ) -> Result<(DeviceVec, SavedLayer, Option<PaddingKv>)> {
         let c = self.config;
         let (h, f, qw, kvw, rows) = (c.hidden, c.ffn, c.q_width(), c.kv_width(), layout.rows());
         let w = self.layout.layers[local];
@@ -415,10 +518,26 @@ impl DeviceStage {
                 range.start * kvw,
                 range.len() * kvw,
             )?;
+            let kv = &self.samples[&slice.sample].layers[local];
+            // A DP-Merge group's member attends over the group's whole prefix.
+            let gathered = match exchange {
+                Some(exchange) => {
+                    let bounds = self.slices_until(slice.sample, slice.end());
+                    Some(gather_prefix(gpu, self.shard, kvw, exchange, &bounds, kv)?)
+                }
+                None => None,
+            };
+            let (keys, values) = match &gathered {
+                Some((keys, values)) => (keys, values),
+                None => (
+                    kv.keys.as_ref().expect("appended"),
+                    kv.values.as_ref().expect("appended"),
+                ),
+            };
             let slices = AttentionSlices {
                 q: q.at(range.start * qw),
-                keys: kv.keys.as_ref().expect("appended").ptr(),
-                values: kv.values.as_ref().expect("appended").ptr(),
+                keys: keys.ptr(),
+                values: values.ptr(),
                 out: attn.at(range.start * qw),
                 lse: lse.at(range.start * c.heads),
                 positions: inputs.positions.at(range.start),
@@ -426,12 +545,48 @@ impl DeviceStage {
                 kv_starts: inputs.kv_start.ptr(),
                 slices: 1,
                 total_q: range.len(),
-                kv_rows: kv.keys.as_ref().map_or(0, DeviceVec::len) / kvw,
+                kv_rows: keys.len() / kvw,
                 heads: c.heads,
                 kv_heads: c.kv_heads,
                 head_dim: c.head_dim,
             };
             gpu.attention_fwd(&slices)?;
+        }
+        // The padding attends causally over the pack's own rows (the padded sequence); a
+        // member of a DP-Merge group, which holds only its share of them, over zero stand-ins.
+        let mut padding_kv = None;
+        if let Some(range) = layout.padding_rows().filter(|rows| !rows.is_empty()) {
+            let index = layout.slices.len();
+            let stand_in = match self.shard.size {
+                1 => None,
+                _ => Some(gpu.zeros(layout.sequence_len() * kvw)?),
+            };
+            let (keys, values) = match &stand_in {
+                Some(zeros) => (zeros, zeros),
+                None => (&k, &v),
+            };
+            let slices = AttentionSlices {
+                q: q.at(range.start * qw),
+                keys: keys.ptr(),
+                values: values.ptr(),
+                out: attn.at(range.start * qw),
+                lse: lse.at(range.start * c.heads),
+                positions: inputs.positions.at(range.start),
+                cu_seqlens_q: inputs.cu_seqlens.at(2 * index),
+                kv_starts: inputs.kv_start.ptr(),
+                slices: 1,
+                total_q: range.len(),
+                kv_rows: layout.sequence_len(),
+                heads: c.heads,
+                kv_heads: c.kv_heads,
+                head_dim: c.head_dim,
+            };
+            gpu.attention_fwd(&slices)?;
+            let (own, len) = (range.start * kvw, range.len() * kvw);
+            let (keys, values) = (gpu.zeros(len)?, gpu.zeros(len)?);
+            gpu.copy(&k, own, &keys, 0, len)?;
+            gpu.copy(&v, own, &values, 0, len)?;
+            padding_kv = Some((keys, values));
         }
         drop((k, v));
         let mid = gpu.zeros(rows * h)?;
@@ -471,7 +626,7 @@ impl DeviceStage {
             up,
             activation,
         };
-        Ok((y, saved))
+        Ok((y, saved, padding_kv))
     }
 
     /// The head: final norm, logits, and the pack's share of the mean loss; the logits become
@@ -542,7 +697,8 @@ impl DeviceStage {
     /// The backward of the pack `slices`: adds the stage's weight gradients into `grads` and
     /// returns the gradient of the stage's input `[rows, hidden]` in the pack's slice order
     /// (none on the first stage, which ends in the embedding's gradient). `grad_out` is the
-    /// next stage's (none on the last stage).
+    /// next stage's (none on the last stage). A padded pack (`padding` > 0) must be a forward
+    /// pack of the same slices and padding; its tensors end with the padding's rows.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(
         &mut self,
@@ -552,17 +708,28 @@ impl DeviceStage {
         grads: &DeviceTensors,
         batch: &TokenBatch,
         slices: &[TokenSlice],
+        padding: usize,
         grad_out: Option<DeviceVec>,
+        exchange: Option<CpExchange<'_>>,
     ) -> Result<Option<DeviceVec>> {
         self.check_backward(batch, slices)?;
+        let exchange = self.exchange(exchange)?;
+        if !self.padding_matches(slices, padding) {
+            return Err(CpuError::Padding {
+                reason: format!(
+                    "a backward pack with {padding} padding tokens must be a forward pack of the same slices and padding"
+                ),
+            }
+            .into());
+        }
         if slices.is_empty() {
             return (!self.stage.is_first()).then(|| gpu.zeros(0)).transpose();
         }
         gpu.set_backward(true);
-        let layout = PackLayout::new(slices, CpShard::WHOLE, 0);
+        let layout = PackLayout::new(slices, self.shard, padding);
         let rows = layout.rows();
         let h = self.config.hidden;
-        let (mut layers, head) = self.take_saved(gpu, &layout)?;
+        let (mut layers, head, padding_kv) = self.take_saved(gpu, &layout)?;
         for slice in slices {
             for local in 0..self.layout.layers.len() {
                 let kv = &mut self
@@ -593,10 +760,13 @@ impl DeviceStage {
             };
         for local in (0..self.layout.layers.len()).rev() {
             let saved = layers.pop().expect("bug: saved activations of every layer");
-            dy =
-                self.layer_backward(gpu, rope, params, grads, local, &layout, &inputs, saved, dy)?;
+            let tensors = (saved, dy);
+            dy = self.layer_backward(
+                gpu, rope, params, grads, local, &layout, &inputs, tensors, exchange,
+            )?;
         }
         self.finish_backward(gpu, &layout)?;
+        drop(padding_kv);
         match self.layout.embedding {
             Some(embedding) => {
                 for (row, token) in layout.tokens(batch).enumerate() {
@@ -609,13 +779,14 @@ impl DeviceStage {
         }
     }
 
-    /// The saved activations of the backward pack's slices, joined in its order (the forward
+    /// The saved activations of the backward pack's slices (and its padding's, which a padded
+    /// pack takes from the forward pack of the same slices), joined in its order (the forward
     /// pack's own buffers when it is the same pack), freeing forward records fully taken.
     fn take_saved(
         &mut self,
         gpu: &Gpu,
         layout: &PackLayout,
-    ) -> Result<(Vec<SavedLayer>, Option<SavedHead>)> {
+    ) -> Result<(Vec<SavedLayer>, Option<SavedHead>, Vec<PaddingKv>)> {
         let sources: Vec<(usize, usize)> = layout
             .slices
             .iter()
@@ -628,14 +799,20 @@ impl DeviceStage {
             && self.saved[sources[0].0].layout.slices.len() == layout.slices.len();
         if whole_pack {
             let saved = self.saved.remove(sources[0].0);
-            return Ok((saved.layers, saved.head));
+            return Ok((saved.layers, saved.head, saved.padding_kv));
         }
         let rows = layout.rows();
         let gather = |field: &dyn Fn(&SavedPack) -> Vec<&DeviceVec>| -> Result<Vec<DeviceVec>> {
             let first = &self.saved[sources[0].0];
-            let widths: Vec<usize> = field(first)
+            // Row widths from a source with rows (a DP-Merge member may hold none of a pack).
+            let sized = sources
                 .iter()
-                .map(|buffer| buffer.len() / first.layout.rows().max(1))
+                .map(|&(pack, _)| &self.saved[pack])
+                .find(|saved| saved.layout.rows() > 0)
+                .unwrap_or(first);
+            let widths: Vec<usize> = field(sized)
+                .iter()
+                .map(|buffer| buffer.len() / sized.layout.rows().max(1))
                 .collect();
             let mut out = Vec::with_capacity(widths.len());
             for (f, &width) in widths.iter().enumerate() {
@@ -646,6 +823,17 @@ impl DeviceStage {
                     let to = layout.rows_of(i);
                     gpu.copy(
                         field(saved)[f],
+                        from.start * width,
+                        &target,
+                        to.start * width,
+                        to.len() * width,
+                    )?;
+                }
+                // A padded pack's slices all come from one forward pack, with its padding.
+                if let (Some(from), Some(to)) = (first.layout.padding_rows(), layout.padding_rows())
+                {
+                    gpu.copy(
+                        field(first)[f],
                         from.start * width,
                         &target,
                         to.start * width,
@@ -712,8 +900,12 @@ impl DeviceStage {
         for &(pack, index) in &sources {
             self.saved[pack].taken[index] = true;
         }
+        let padding_kv = match layout.padding {
+            0 => Vec::new(),
+            _ => std::mem::take(&mut self.saved[sources[0].0].padding_kv),
+        };
         self.saved.retain(|saved| !saved.taken.iter().all(|&t| t));
-        Ok((layers, head))
+        Ok((layers, head, padding_kv))
     }
 
     /// The head's backward: the output projection's and final norm's gradients, and the
@@ -772,8 +964,8 @@ impl DeviceStage {
         local: usize,
         layout: &PackLayout,
         inputs: &RowInputs,
-        saved: SavedLayer,
-        dy: DeviceVec,
+        (saved, dy): (SavedLayer, DeviceVec),
+        exchange: Option<CpExchange<'_>>,
     ) -> Result<DeviceVec> {
         let c = self.config;
         let (h, f, qw, kvw, rows) = (c.hidden, c.ffn, c.q_width(), c.kv_width(), layout.rows());
@@ -829,10 +1021,31 @@ impl DeviceStage {
             let slice = layout.slices[index];
             let range = layout.rows_of(index);
             let kv = &self.samples[&slice.sample].layers[local];
+            let bounds = self.slices_until(slice.sample, slice.end());
+            // A DP-Merge group's member gathers the prefix again and computes its queries'
+            // contributions to every prefix row's dK/dV, which the group then exchanges.
+            let gathered = match exchange {
+                Some(exchange) => {
+                    let (keys, values) =
+                        gather_prefix(gpu, self.shard, kvw, exchange, &bounds, kv)?;
+                    let grads = gpu.zeros(2 * keys.len())?;
+                    Some((keys, values, grads))
+                }
+                None => None,
+            };
+            let (keys, values, d_keys, d_values) = match &gathered {
+                Some((keys, values, grads)) => (keys, values, grads.ptr(), grads.at(keys.len())),
+                None => (
+                    kv.keys.as_ref().expect("forwarded"),
+                    kv.values.as_ref().expect("forwarded"),
+                    kv.key_grads.as_ref().expect("allocated").ptr(),
+                    kv.value_grads.as_ref().expect("allocated").ptr(),
+                ),
+            };
             let slices = AttentionSlices {
                 q: saved.q.at(range.start * qw),
-                keys: kv.keys.as_ref().expect("forwarded").ptr(),
-                values: kv.values.as_ref().expect("forwarded").ptr(),
+                keys: keys.ptr(),
+                values: values.ptr(),
                 out: saved.attn.at(range.start * qw),
                 lse: saved.lse.at(range.start * c.heads),
                 positions: inputs.positions.at(range.start),
@@ -840,7 +1053,7 @@ impl DeviceStage {
                 kv_starts: inputs.kv_start.ptr(),
                 slices: 1,
                 total_q: range.len(),
-                kv_rows: kv.keys.as_ref().map_or(0, DeviceVec::len) / kvw,
+                kv_rows: keys.len() / kvw,
                 heads: c.heads,
                 kv_heads: c.kv_heads,
                 head_dim: c.head_dim,
@@ -848,8 +1061,45 @@ impl DeviceStage {
             let grads_of = AttentionGrads {
                 d_out: d_attn.at(range.start * qw),
                 dq: dq.at(range.start * qw),
-                d_keys: kv.key_grads.as_ref().expect("allocated").ptr(),
-                d_values: kv.value_grads.as_ref().expect("allocated").ptr(),
+                d_keys,
+                d_values,
+            };
+            if !range.is_empty() {
+                gpu.attention_bwd(&slices, &grads_of)?;
+            }
+            if let (Some(exchange), Some((keys, values, grads))) = (exchange, gathered) {
+                drop((keys, values));
+                scatter_add_grads(gpu, self.shard, kvw, exchange, &bounds, grads, kv)?;
+            }
+        }
+        // The padding's (zero) query gradients, against zero stand-in keys of the padded
+        // sequence's length, as the CPU backend computes them: the same work, no effect.
+        if let Some(range) = layout.padding_rows().filter(|rows| !rows.is_empty()) {
+            let index = layout.slices.len();
+            let sequence = layout.sequence_len() * kvw;
+            let stand_in = gpu.zeros(sequence)?;
+            let (d_keys, d_values) = (gpu.zeros(sequence)?, gpu.zeros(sequence)?);
+            let slices = AttentionSlices {
+                q: saved.q.at(range.start * qw),
+                keys: stand_in.ptr(),
+                values: stand_in.ptr(),
+                out: saved.attn.at(range.start * qw),
+                lse: saved.lse.at(range.start * c.heads),
+                positions: inputs.positions.at(range.start),
+                cu_seqlens_q: inputs.cu_seqlens.at(2 * index),
+                kv_starts: inputs.kv_start.ptr(),
+                slices: 1,
+                total_q: range.len(),
+                kv_rows: layout.sequence_len(),
+                heads: c.heads,
+                kv_heads: c.kv_heads,
+                head_dim: c.head_dim,
+            };
+            let grads_of = AttentionGrads {
+                d_out: d_attn.at(range.start * qw),
+                dq: dq.at(range.start * qw),
+                d_keys: d_keys.ptr(),
+                d_values: d_values.ptr(),
             };
             gpu.attention_bwd(&slices, &grads_of)?;
         }
@@ -859,7 +1109,7 @@ impl DeviceStage {
         for (index, slice) in layout.slices.iter().enumerate() {
             let range = layout.rows_of(index);
             let kv = &self.samples[&slice.sample].layers[local];
-            let own = slice.start * kvw;
+            let own = self.rows_before(slice.sample, slice.start) * kvw;
             gpu.copy(
                 kv.key_grads.as_ref().expect("allocated"),
                 own,
@@ -933,6 +1183,7 @@ impl DeviceStage {
                 self.retired.insert(sample);
                 continue;
             }
+            let kept = self.rows_before(sample, start) * kvw;
             let entry = self.samples.get_mut(&sample).expect("forwarded");
             entry.frontier = Some(start);
             for kv in &mut entry.layers {
@@ -942,12 +1193,81 @@ impl DeviceStage {
                     &mut kv.key_grads,
                     &mut kv.value_grads,
                 ] {
-                    truncate_rows(gpu, buffer, start * kvw)?;
+                    truncate_rows(gpu, buffer, kept)?;
                 }
             }
         }
         Ok(())
     }
+}
+
+/// All-gathers the keys and values a DP-Merge group holds of `bounds` (a sample's first
+/// slices, contiguous from 0, up to the one attending) from every member's cache `kv`, and
+/// returns them in position order, `[end, kv_width]` each (`cpu/cp/gather.rs`'s
+/// `gather_prefix`, with [`super::cp_rows`]'s runs).
+fn gather_prefix(
+    gpu: &Gpu,
+    shard: CpShard,
+    kvw: usize,
+    exchange: CpExchange<'_>,
+    bounds: &[(usize, usize)],
+    kv: &LayerKv,
+) -> Result<(DeviceVec, DeviceVec)> {
+    // The rows of the positions before the prefix's end: a backward pack may hold later
+    // slices too (its cache is longer).
+    let held = held_rows(shard, shard.rank, bounds) * kvw;
+    let part = gather_part_len(shard, bounds, kvw);
+    let mine = gpu.zeros(part)?;
+    if let (Some(keys), Some(values)) = (&kv.keys, &kv.values) {
+        gpu.copy(keys, 0, &mine, 0, held)?;
+        gpu.copy(values, 0, &mine, held, held)?;
+    }
+    let parts = exchange.all_gather(gpu, &mine, part)?;
+    drop(mine);
+    let end = prefix_end(bounds) * kvw;
+    let (keys, values) = (gpu.zeros(end)?, gpu.zeros(end)?);
+    for rank in 0..shard.size {
+        let base = rank * part;
+        let half = held_rows(shard, rank, bounds) * kvw;
+        for run in member_runs(shard, rank, bounds) {
+            let (from, to, len) = (base + run.row * kvw, run.position * kvw, run.len * kvw);
+            gpu.copy(&parts, from, &keys, to, len)?;
+            gpu.copy(&parts, from + half, &values, to, len)?;
+        }
+    }
+    Ok((keys, values))
+}
+
+/// Exchanges every member's gradients of the prefix keys and values (`grads`: `[end,
+/// kv_width]` keys then values) and adds, in member order, the rows of the positions this
+/// member holds into its accumulators (`cpu/cp/gather.rs`'s `scatter_add_grads`; a member with
+/// no query in the slice contributes zeros, which add nothing).
+fn scatter_add_grads(
+    gpu: &Gpu,
+    shard: CpShard,
+    kvw: usize,
+    exchange: CpExchange<'_>,
+    bounds: &[(usize, usize)],
+    grads: DeviceVec,
+    kv: &LayerKv,
+) -> Result<()> {
+    let part = grads.len();
+    let half = part / 2;
+    let parts = exchange.all_gather(gpu, &grads, part)?;
+    drop(grads);
+    let key_grads = kv.key_grads.as_ref().expect("allocated");
+    let value_grads = kv.value_grads.as_ref().expect("allocated");
+    let runs = member_runs(shard, shard.rank, bounds);
+    for rank in 0..shard.size {
+        let base = rank * part;
+        for run in &runs {
+            let (to, from, len) = (run.row * kvw, base + run.position * kvw, run.len * kvw);
+            let (keys_to, values_to) = (key_grads.at(to), value_grads.at(to));
+            gpu.add(keys_to, parts.at(from), keys_to, len)?;
+            gpu.add(values_to, parts.at(from + half), values_to, len)?;
+        }
+    }
+    Ok(())
 }
 
 /// Grows `buffer` by `len` values copied from `source` at `from` (exactly the new size, as the

@@ -9,7 +9,7 @@ use crate::cpu::calibration::CalibrationOptions;
 use crate::cpu::exec::{Driver, Execution, Plan};
 use crate::cpu::{AdamWConfig, Params, TokenBatch};
 
-use super::{CudaError, GpuInfo, KernelSource, Result};
+use super::{CudaError, GpuInfo, KernelSource, Precision, Result};
 
 /// The machine's GPUs: never any in this build.
 pub fn gpus() -> Result<Vec<GpuInfo>> {
@@ -17,6 +17,7 @@ pub fn gpus() -> Result<Vec<GpuInfo>> {
 }
 
 /// Runs one training step on GPUs: not in this build.
+#[allow(clippy::too_many_arguments)]
 pub fn execute_program(
     _plan: &Plan,
     _program: &Program,
@@ -25,6 +26,7 @@ pub fn execute_program(
     _params: &Params,
     _adamw: AdamWConfig,
     _kernels: &KernelSource,
+    _precision: Precision,
 ) -> Result<Execution> {
     Err(CudaError::NotCompiled)
 }
