@@ -59,6 +59,7 @@ pub enum CudaError {
 impl CudaError {
     /// What a worker reports when it stopped because another one failed (the executor reports
     /// the other's error instead).
+    #[cfg(feature = "cuda")]
     pub(crate) fn aborted() -> CudaError {
         CudaError::WorkerFailed {
             worker: "peer".to_string(),
