@@ -97,8 +97,8 @@ fn sample_memory(cost: &CostModel, parallel: ParallelSpec, tokens: u64) -> u64 {
     let memory = cost.memory();
     (0..parallel.pp)
         .map(|device| {
-            let per_chunk: u64 = (device..parallel.stages())
-                .step_by(parallel.pp as usize)
+            let per_chunk: u64 = parallel
+                .stages_on(device)
                 .map(|stage| {
                     memory.activation_bytes(tokens, stage)
                         + memory.kv_bytes(tokens, stage)

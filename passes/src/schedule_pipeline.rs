@@ -73,11 +73,7 @@ pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, warmup: usize) -> Vec
     // In-flight work is counted in packs when the backward packs are the forward packs (1F1B
     // exactly), in tokens otherwise: the stage keeps `warmup + 1` average forward packs' worth
     // of tokens in flight, however the two partitions cut them.
-    let symmetric = forward.len() == backward.len()
-        && forward
-            .iter()
-            .zip(&backward)
-            .all(|(&f, &b)| same_slices(ir, f, b));
+    let symmetric = symmetric_packs(ir, &forward, &backward);
     let weight = |pack: PackId| if symmetric { 1 } else { ir.pack_tokens(pack) };
     let forward_weights: Vec<u64> = forward.iter().map(|&p| weight(p)).collect();
     let backward_weights: Vec<u64> = backward.iter().map(|&p| weight(p)).collect();
@@ -139,6 +135,29 @@ fn prefix_sums(weights: impl Iterator<Item = u64>) -> Vec<u64> {
     sums
 }
 
+/// Whether a replica's backward packs are its forward packs (the same slices, pack by pack):
+/// conventional micro-batches.
+fn symmetric_packs(ir: &StepIr, forward: &[PackId], backward: &[PackId]) -> bool {
+    forward.len() == backward.len()
+        && forward
+            .iter()
+            .zip(backward)
+            .all(|(&f, &b)| same_slices(ir, f, b))
+}
+
+/// The most forwards an order holds in flight at once (each backward retires one).
+fn most_forwards_in_flight(order: impl Iterator<Item = Direction>) -> usize {
+    let (mut in_flight, mut most) = (0usize, 0usize);
+    for direction in order {
+        match direction {
+            Direction::Forward => in_flight += 1,
+            Direction::Backward => in_flight = in_flight.saturating_sub(1),
+        }
+        most = most.max(in_flight);
+    }
+    most
+}
+
 /// Whether two packs hold the same slices (in any order).
 fn same_slices(ir: &StepIr, a: PackId, b: PackId) -> bool {
     let mut left = ir.pack_slices(a);
@@ -180,14 +199,8 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel) -> Statistics {
             .count();
         for (stage, &warmup) in warmups.iter().enumerate() {
             let order = one_f_one_b(ir, replica, warmup);
-            let mut in_flight: usize = 0;
-            for &pack in &order {
-                match ir.pack(pack).direction {
-                    Direction::Forward => in_flight += 1,
-                    Direction::Backward => in_flight = in_flight.saturating_sub(1),
-                }
-                max_in_flight = max_in_flight.max(in_flight);
-            }
+            let directions = order.iter().map(|&pack| ir.pack(pack).direction);
+            max_in_flight = max_in_flight.max(most_forwards_in_flight(directions));
             ir.set_schedule(replica, stage as u32, &order);
         }
         scheduled += 1;
@@ -209,12 +222,7 @@ fn schedule_interleaved(ir: &mut StepIr) -> Statistics {
         if forward.is_empty() {
             continue;
         }
-        let symmetric = forward.len() == backward.len()
-            && forward
-                .iter()
-                .zip(&backward)
-                .all(|(&f, &b)| same_slices(ir, f, b));
-        let exact: Option<Vec<Vec<ChunkOp>>> = if symmetric {
+        let exact: Option<Vec<Vec<ChunkOp>>> = if symmetric_packs(ir, &forward, &backward) {
             (0..pp)
                 .map(|device| interleaved_order(pp, vpp, device, forward.len()))
                 .collect()
@@ -230,14 +238,8 @@ fn schedule_interleaved(ir: &mut StepIr) -> Statistics {
         };
         for (device, order) in orders.iter().enumerate() {
             let device = device as u32;
-            let mut in_flight = 0usize;
-            for op in order {
-                match op.direction {
-                    Direction::Forward => in_flight += 1,
-                    Direction::Backward => in_flight = in_flight.saturating_sub(1),
-                }
-                max_in_flight = max_in_flight.max(in_flight);
-            }
+            let directions = order.iter().map(|op| op.direction);
+            max_in_flight = max_in_flight.max(most_forwards_in_flight(directions));
             for chunk in 0..vpp {
                 let stage_order: Vec<PackId> = order
                     .iter()

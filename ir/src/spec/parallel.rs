@@ -86,6 +86,11 @@ impl ParallelSpec {
         stage % self.pp
     }
 
+    /// The pipeline stages (model chunks) pipeline device `device` runs, in chunk order.
+    pub fn stages_on(&self, device: u32) -> impl Iterator<Item = u32> {
+        (device..self.stages()).step_by(self.pp.max(1) as usize)
+    }
+
     /// Number of devices: tp x cp x pp x dp.
     pub fn world(&self) -> u64 {
         u64::from(self.tp) * u64::from(self.cp_degree()) * u64::from(self.pp) * u64::from(self.dp)
@@ -253,6 +258,7 @@ mod tests {
         let spec: ParallelSpec = "tp=8,pp=4,vpp=2,dp=2".parse().unwrap();
         assert_eq!((spec.stages(), spec.world()), (8, 64));
         assert_eq!(spec.device_of_stage(5), 1);
+        assert_eq!(spec.stages_on(1).collect::<Vec<_>>(), [1, 5]);
         assert_eq!(spec.to_string(), "tp=8,pp=4,vpp=2,dp=2");
     }
 

@@ -71,7 +71,7 @@
 //!   slice (one buffer in the forward, probabilities and their gradients in the backward);
 //! - no workspace: every buffer the runtime allocates is one of the above.
 
-use slimpack_ir::spec::{Dtype, ModelSpec, Spec};
+use slimpack_ir::spec::{Dtype, ModelSpec, ParallelSpec, Spec};
 use slimpack_ir::step::Direction;
 
 use super::efficiency::DeviceKind;
@@ -106,10 +106,8 @@ pub struct MemoryModel {
     tp: u64,
     /// Devices sharing one copy of a stage's weights: `dp × static cp`.
     optimizer_shards: u64,
-    /// Pipeline devices (`pp`); stage `k` runs on device `k mod pp`.
-    devices: u32,
-    /// Pipeline stages (`pp · vpp`).
-    stages: u32,
+    /// The layout: pipeline stages (`pp · vpp`) and the device each runs on.
+    parallel: ParallelSpec,
     layers_per_stage: u64,
     /// Local parameters of each pipeline stage.
     stage_params: Vec<u64>,
@@ -321,8 +319,7 @@ impl MemoryModel {
         MemoryModel {
             tp: u64::from(parallel.tp),
             optimizer_shards: u64::from(parallel.dp) * u64::from(parallel.cp_degree()),
-            devices: parallel.pp,
-            stages: parallel.stages(),
+            parallel: *parallel,
             layers_per_stage: layers,
             stage_params: (0..parallel.stages())
                 .map(|s| stage_params(spec, s))
@@ -357,8 +354,8 @@ impl MemoryModel {
     /// Parameters held by one device of pipeline device `device`: those of every stage (model
     /// chunk) it runs.
     pub fn device_params(&self, device: u32) -> u64 {
-        (device..self.stages)
-            .step_by(self.devices.max(1) as usize)
+        self.parallel
+            .stages_on(device)
             .map(|stage| self.stage_params(stage))
             .sum()
     }
@@ -450,7 +447,7 @@ impl MemoryModel {
     }
 
     fn is_last(&self, stage: u32) -> bool {
-        stage + 1 == self.stages
+        stage + 1 == self.parallel.stages()
     }
 
     fn per_device(&self, bytes_times_tp: u64) -> u64 {

@@ -564,7 +564,7 @@ impl<'a> Builder<'a> {
             ));
             for (index, pack) in self.packs.iter().enumerate() {
                 if pack.direction == Direction::Backward {
-                    for chunk_stage in (stage..self.stages).step_by(layout.pp as usize) {
+                    for chunk_stage in self.ir.spec.parallel.stages_on(stage) {
                         let slot = index * self.stages as usize + chunk_stage as usize;
                         self.tasks.add_edge(self.compute[slot], reduce);
                     }

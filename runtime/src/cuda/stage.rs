@@ -77,6 +77,26 @@ impl RopeTables {
             sin: gpu.upload(&sin)?,
         })
     }
+
+    /// Rotates (or, `backward`, un-rotates the gradients of) the queries `q` and keys `k` of
+    /// `rows` rows at `positions`, in place.
+    #[allow(clippy::too_many_arguments)]
+    fn rotate_qk(
+        &self,
+        gpu: &Gpu,
+        c: &ModelConfig,
+        backward: bool,
+        q: u64,
+        k: u64,
+        positions: u64,
+        rows: usize,
+    ) -> Result<()> {
+        let (cos, sin) = (self.cos.ptr(), self.sin.ptr());
+        gpu.rope(backward, q, cos, sin, positions, rows, c.heads, c.head_dim)?;
+        gpu.rope(
+            backward, k, cos, sin, positions, rows, c.kv_heads, c.head_dim,
+        )
+    }
 }
 
 /// One sample's keys and values on one layer (rows = positions `0..rows`), and their gradient
@@ -484,26 +504,7 @@ impl DeviceStage {
         gpu.linear(normed.ptr(), at(w.wk), rows, h, kvw, k.ptr())?;
         gpu.linear(normed.ptr(), at(w.wv), rows, h, kvw, v.ptr())?;
         let positions = inputs.positions.ptr();
-        gpu.rope(
-            false,
-            q.ptr(),
-            rope.cos.ptr(),
-            rope.sin.ptr(),
-            positions,
-            rows,
-            c.heads,
-            c.head_dim,
-        )?;
-        gpu.rope(
-            false,
-            k.ptr(),
-            rope.cos.ptr(),
-            rope.sin.ptr(),
-            positions,
-            rows,
-            c.kv_heads,
-            c.head_dim,
-        )?;
+        rope.rotate_qk(gpu, &c, false, q.ptr(), k.ptr(), positions, rows)?;
         let attn = gpu.zeros(rows * qw)?;
         let lse = gpu.zeros(rows * c.heads)?;
         for index in layout.forward_order() {
@@ -1127,26 +1128,7 @@ impl DeviceStage {
         }
         // RoPE, the Q/K/V projections and the attention norm.
         let positions = inputs.positions.ptr();
-        gpu.rope(
-            true,
-            dq.ptr(),
-            rope.cos.ptr(),
-            rope.sin.ptr(),
-            positions,
-            rows,
-            c.heads,
-            c.head_dim,
-        )?;
-        gpu.rope(
-            true,
-            dk.ptr(),
-            rope.cos.ptr(),
-            rope.sin.ptr(),
-            positions,
-            rows,
-            c.kv_heads,
-            c.head_dim,
-        )?;
+        rope.rotate_qk(gpu, &c, true, dq.ptr(), dk.ptr(), positions, rows)?;
         gpu.linear_weight_grad(saved.normed.ptr(), dq.ptr(), rows, h, qw, g(w.wq))?;
         gpu.linear_weight_grad(saved.normed.ptr(), dk.ptr(), rows, h, kvw, g(w.wk))?;
         gpu.linear_weight_grad(saved.normed.ptr(), dv.ptr(), rows, h, kvw, g(w.wv))?;
