@@ -467,3 +467,59 @@ fn memory_limit_is_a_fraction_for_a_strategy() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// `--calibration FILE` makes `compile` and `simulate` price kernels with a `slimpack
+/// calibrate` table of the cluster's device; a table of another device, a missing file or bad
+/// JSON is a one-line error.
+#[test]
+fn a_calibration_file_replaces_the_analytic_rates_of_its_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = std::fs::read_to_string("machine/calibration/cpu.json").unwrap();
+    let as_h100 = dir.path().join("h100.json");
+    let relabelled = shipped.replace("\"cpu-2core\"", "\"H100-SXM5-80GB\"");
+    assert_ne!(relabelled, shipped);
+    std::fs::write(&as_h100, relabelled).unwrap();
+    let as_h100 = as_h100.to_str().unwrap();
+    let step = dir.path().join("step.json");
+    let job = [
+        "compile",
+        "--model",
+        "llama-7b",
+        "--cluster",
+        "h100-sxm",
+        "--parallel",
+        "tp=8,pp=2,dp=2",
+        "--synthetic",
+        "lognormal:median=2048,sigma=1,count=64,seed=1",
+        "--strategy",
+        "megatron",
+        "--report",
+        "json",
+    ];
+    let step_time = |args: &[&str]| -> f64 {
+        let output = slimpack(args);
+        assert!(output.status.success(), "{args:?}: {output:?}");
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        report["step_time_s"].as_f64().unwrap()
+    };
+    let mut emit = job.to_vec();
+    emit.extend(["--emit", "json", "-o", step.to_str().unwrap()]);
+    let analytic = step_time(&emit);
+    // The shipped table holds a 2-core CPU's rates: an "H100" priced with them is far slower.
+    let mut calibrated = job.to_vec();
+    calibrated.extend(["--calibration", as_h100]);
+    assert!(step_time(&calibrated) > 100.0 * analytic);
+    let simulate = ["simulate", step.to_str().unwrap(), "--report", "json"];
+    assert_eq!(step_time(&simulate), analytic);
+    let mut simulate_calibrated = simulate.to_vec();
+    simulate_calibrated.extend(["--calibration", as_h100]);
+    assert!(step_time(&simulate_calibrated) > 100.0 * analytic);
+
+    let mut other_device = job.to_vec();
+    other_device[4] = "h200";
+    other_device.extend(["--calibration", as_h100]);
+    assert_bad_input(&other_device, &["measured on 'H100-SXM5-80GB'", "'h200'"]);
+    let mut missing = job.to_vec();
+    missing.extend(["--calibration", "no/such/calibration.json"]);
+    assert_bad_input(&missing, &["--calibration no/such/calibration.json"]);
+}

@@ -8,6 +8,7 @@
 //! - [`machine_model`]: the one cost model of a spec, with the calibration slimpack ships for
 //!   its device where there is one (`machine/calibration/`). The pass manager hands it to every
 //!   pass and the driver simulates with it, so planning and judging use the same machine.
+//!   [`use_calibration`] replaces it with one the user measured (`--calibration FILE`).
 //!
 //! `slimpack-passes` depends on this crate for [`cost`] only; it never runs the simulator.
 
@@ -18,6 +19,8 @@ pub mod sim;
 pub use cost::CostModel;
 pub use error::{MachineError, Result};
 
+use std::sync::{OnceLock, RwLock};
+
 use cost::Calibration;
 use slimpack_ir::Spec;
 
@@ -25,27 +28,57 @@ use slimpack_ir::Spec;
 /// `slimpack calibrate --backend cpu`).
 const SHIPPED_CPU: &str = include_str!("../calibration/cpu.json");
 
+/// Calibrations given to this process ([`use_calibration`]: `--calibration FILE`), at most one
+/// per device; they take precedence over the shipped ones.
+static GIVEN: RwLock<Vec<Calibration>> = RwLock::new(Vec::new());
+
 /// The shipped calibration of `device` (a [`slimpack_ir::spec::GpuSpec`] name), if slimpack
 /// ships one: `cpu-2core`, measured on the machines the CPU runtime runs on.
 pub fn shipped_calibration(device: &str) -> Option<Calibration> {
-    let calibration = Calibration::from_json(SHIPPED_CPU, "machine/calibration/cpu.json")
-        .expect("the shipped calibration parses (a test checks it)");
-    (calibration.device == device).then_some(calibration)
+    static SHIPPED: OnceLock<Calibration> = OnceLock::new();
+    let calibration = SHIPPED.get_or_init(|| {
+        Calibration::from_json(SHIPPED_CPU, "machine/calibration/cpu.json")
+            .expect("the shipped calibration parses (a test checks it)")
+    });
+    (calibration.device == device).then(|| calibration.clone())
 }
 
-/// The cost model of `spec`: the shipped calibration of its device if there is one, the
-/// analytic curves otherwise.
+/// Makes [`machine_model`] use `calibration` (a `slimpack calibrate` measurement, e.g. of a
+/// GPU) for every spec whose device it was measured on, in place of any earlier one of that
+/// device and of the shipped one, for the rest of the process.
+pub fn use_calibration(calibration: Calibration) {
+    let mut given = GIVEN
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    given.retain(|known| known.device != calibration.device);
+    given.push(calibration);
+}
+
+/// The calibration [`machine_model`] uses for `device`: a given one, else the shipped one.
+fn calibration_of(device: &str) -> Option<Calibration> {
+    let given = GIVEN
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    given
+        .iter()
+        .find(|known| known.device == device)
+        .cloned()
+        .or_else(|| shipped_calibration(device))
+}
+
+/// The cost model of `spec`: the calibration of its device (given with [`use_calibration`], or
+/// shipped) if there is one, the analytic curves otherwise.
 pub fn machine_model(spec: &Spec) -> CostModel {
-    match shipped_calibration(&spec.cluster.gpu.name) {
+    match calibration_of(&spec.cluster.gpu.name) {
         Some(measured) => CostModel::with_calibration(spec, measured)
-            .expect("a shipped calibration is only returned for its own device (bug)"),
+            .expect("a calibration is only used for its own device (bug)"),
         None => CostModel::new(spec),
     }
 }
 
 /// Whether [`machine_model`] uses a measured calibration for `spec`.
 pub fn is_calibrated(spec: &Spec) -> bool {
-    shipped_calibration(&spec.cluster.gpu.name).is_some()
+    calibration_of(&spec.cluster.gpu.name).is_some()
 }
 
 #[cfg(test)]
@@ -68,5 +101,29 @@ mod tests {
         let gpu = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=1,dp=1").unwrap();
         assert!(is_calibrated(&cpu));
         assert!(!is_calibrated(&gpu));
+    }
+
+    #[test]
+    fn a_given_calibration_replaces_the_analytic_curves_of_its_device_only() {
+        // A device of its own: the registry is process-wide and tests run in parallel.
+        let mut h200 = Spec::from_presets("llama-7b", "h200", "tp=8,pp=1,dp=1").unwrap();
+        h200.cluster.gpu.name = "calibration-test-gpu".into();
+        let h100 = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=1,dp=1").unwrap();
+        assert!(!is_calibrated(&h200));
+        let mut measured = shipped_calibration("cpu-2core").unwrap();
+        measured.device = h200.cluster.gpu.name.clone();
+        use_calibration(measured.clone());
+        assert!(is_calibrated(&h200));
+        assert!(!is_calibrated(&h100));
+        assert!(machine_model(&h200)
+            .throughput()
+            .is_calibrated(OpKind::GemmForward));
+        // A second calibration of the device replaces the first.
+        measured.source = "second".into();
+        use_calibration(measured);
+        assert_eq!(
+            calibration_of(&h200.cluster.gpu.name).unwrap().source,
+            "second"
+        );
     }
 }

@@ -12,6 +12,7 @@ use slimpack_ir::batch::{
 };
 use slimpack_ir::spec::{ClusterSpec, ConfigFile, ModelSpec, ParallelSpec, Recompute};
 use slimpack_ir::Spec;
+use slimpack_machine::cost::Calibration;
 
 use slimpack::tune::strategy::Choices;
 
@@ -33,6 +34,10 @@ pub struct SpecArgs {
     /// Activation recomputation: none, selective, full (overrides the model's).
     #[arg(long, value_name = "MODE")]
     pub recompute: Option<String>,
+    /// Kernel rates measured by `slimpack calibrate` on the cluster's device: the machine
+    /// model plans and simulates with them instead of its analytic curves.
+    #[arg(long, value_name = "FILE.json")]
+    pub calibration: Option<PathBuf>,
 }
 
 /// Where the global batch comes from.
@@ -80,6 +85,7 @@ pub fn first_job_flag(spec: &SpecArgs, batch: &BatchArgs) -> Option<&'static str
         ("--cluster", spec.cluster.is_some()),
         ("--parallel", spec.parallel.is_some()),
         ("--recompute", spec.recompute.is_some()),
+        ("--calibration", spec.calibration.is_some()),
         ("--batch", batch.batch.is_some()),
         ("--batch-format", batch.batch_format.is_some()),
         ("--length-field", batch.length_field.is_some()),
@@ -137,6 +143,9 @@ impl SpecArgs {
                 .map_err(|e| anyhow::anyhow!("--recompute: {e}"))?;
         }
         spec.validate()?;
+        if let Some(path) = &self.calibration {
+            use_calibration_file(path, &spec)?;
+        }
         Ok(Job { spec, config_batch })
     }
 
@@ -151,6 +160,24 @@ impl SpecArgs {
             parallel,
         })
     }
+}
+
+/// Reads a `slimpack calibrate` table and makes the machine model use it; it must have been
+/// measured on the spec's device.
+pub fn use_calibration_file(path: &Path, spec: &Spec) -> anyhow::Result<()> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("--calibration {name}"))?;
+    let calibration = Calibration::from_json(&text, &name)?;
+    if calibration.device != spec.cluster.gpu.name {
+        bail!(
+            "--calibration {name}: measured on '{}', but cluster '{}' has '{}'",
+            calibration.device,
+            spec.cluster.name,
+            spec.cluster.gpu.name
+        );
+    }
+    slimpack_machine::use_calibration(calibration);
+    Ok(())
 }
 
 impl Job {

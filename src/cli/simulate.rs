@@ -19,6 +19,9 @@ pub struct SimulateArgs {
     /// Report format: text (stderr) or json (one object on stdout).
     #[arg(long, value_enum, default_value = "text")]
     report: ReportFormat,
+    /// Kernel rates measured by `slimpack calibrate` on the step's device (see `compile`).
+    #[arg(long, value_name = "FILE.json")]
+    calibration: Option<PathBuf>,
     #[command(flatten)]
     pictures: SimulationArgs,
 }
@@ -46,6 +49,9 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             "{name}: a step at phase '{}' has no schedule to simulate (compile it with --strategy, or add the packing and scheduling passes)",
             ir.phase()
         );
+    }
+    if let Some(path) = &args.calibration {
+        super::input::use_calibration_file(path, &ir.spec)?;
     }
     let (result, ms) = args.pictures.simulate(&ir)?;
     match args.report {
