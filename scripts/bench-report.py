@@ -105,6 +105,25 @@ def main():
             w(f"| {sid} | {name} | {row['step_time_s']:.2f} | "
               + " | ".join(f"{losses.get(l, 0):.2f}" for l in LOSSES) + " |")
     w("")
+    w("The gap to the best peer by cause: seconds of slimpack's step each loss costs beyond the "
+      "peer's rate for the same useful work ((slimpack loss / slimpack useful - peer loss / peer "
+      "useful) x slimpack useful); positive: slimpack loses there, negative: it wins there; they "
+      "add up to the gap:")
+    w("")
+    causes = [l for l in LOSSES if l != "useful_compute_s"]
+    w("| scenario | best peer | gap s (% of step) | " + " | ".join(l[:-2].replace("_", " ") for l in causes) + " |")
+    w("|---|---|---|" + "---|" * len(causes))
+    for sid, config, rows in runs:
+        s, best = rows.get("slimpack"), config.get("best_peer")
+        peer = rows.get(best) if best else None
+        if not s or not peer or "losses" not in s or "losses" not in peer:
+            continue
+        us, up = s["losses"]["useful_compute_s"], peer["losses"]["useful_compute_s"]
+        excess = [(s["losses"].get(l, 0) / us - peer["losses"].get(l, 0) / up) * us for l in causes]
+        gap = sum(excess)
+        w(f"| {sid} | {best} | {gap:+.2f} ({100 * gap / s['step_time_s']:+.1f}%) | "
+          + " | ".join(f"{e:+.2f}" for e in excess) + " |")
+    w("")
     w("Ablations: slimpack's useful FLOP/s over the variant with one idea off (above 1.00x: the idea helps):")
     w("")
     w("| scenario | " + " | ".join(ABLATIONS) + " |")
