@@ -22,19 +22,21 @@
 //! `d, d + pp, ...` and runs every pack once per chunk. Where a replica's forward and backward
 //! packs coincide and their count is a multiple of `pp`, every device runs Megatron's
 //! interleaved order ([`interleaved_order`]). Elsewhere (asymmetric packs, a ragged count,
-//! which Megatron refuses) the order comes from [`list_schedule`]: the devices run in lockstep on
-//! unit-time ops, each taking a ready backward once its forwards in flight hold the 1F1B window
-//! (Megatron's interleaved warm-up, counted in tokens) and waiting for one there, the ready
-//! forward of its deepest chunk below the window; when every device waits, the ready forwards
-//! run past their windows. Both are executions of the pipeline's dependencies, so neither deadlocks (the
-//! verifier proves it on every output). With model chunks the warm-up is not reduced for
-//! memory: the tuner's memory check rejects a layout that does not fit.
+//! which Megatron refuses) the order comes from [`list_schedule`], a list schedule in time:
+//! every op lasts its pack's time on the machine model, and of the ops whose inputs have run,
+//! the one that can start first runs next (a backward on a tie, the deepest chunk first). A
+//! device whose forwards in flight fill its memory window (the tokens whose activations and
+//! K/V fit in the `memory` fraction of device memory, default the tuner's limit, that the
+//! model states leave) waits for a backward; when every device waits, the earliest ready
+//! forward runs past its window. Both are executions of the pipeline's dependencies, so
+//! neither deadlocks (the verifier proves it on every output). Megatron's order is not
+//! reduced for memory: the tuner's memory check rejects a layout that does not fit.
 
-use crate::error::Result;
-use crate::pass::{Pass, PassContext, PassInfo, Statistics};
+use crate::error::{PassError, Result};
+use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use slimpack_ir::step::{Direction, PackId, Phase, ReplicaId};
 use slimpack_ir::StepIr;
-use slimpack_machine::cost::CostModel;
+use slimpack_machine::cost::{CostModel, DEFAULT_MEMORY_LIMIT};
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "schedule-pipeline",
@@ -44,13 +46,47 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   packs. Phase packed -> scheduled.",
     accepts: Phase::Packed..=Phase::Packed,
     produces: Some(Phase::Scheduled),
-    options: &[],
-    create: |_| Ok(Box::new(SchedulePipeline)),
+    options: &[OptionInfo {
+        name: "memory",
+        help: "with model chunks and asymmetric packs: the fraction of device memory that \
+               forwards in flight may fill",
+        default: Some("0.92"),
+    }],
+    create: |options| Ok(Box::new(SchedulePipeline::from_options(options)?)),
 };
 
 /// The pipeline scheduling pass.
 #[derive(Debug, Clone, Copy)]
-pub struct SchedulePipeline;
+pub struct SchedulePipeline {
+    /// The fraction of device memory the interleaved list schedule fills with forwards in
+    /// flight (the tuner's default memory limit unless given).
+    pub memory: f64,
+}
+
+impl Default for SchedulePipeline {
+    fn default() -> SchedulePipeline {
+        SchedulePipeline {
+            memory: DEFAULT_MEMORY_LIMIT,
+        }
+    }
+}
+
+impl SchedulePipeline {
+    fn from_options(options: &PassOptions) -> Result<SchedulePipeline> {
+        let memory: f64 = options
+            .get("memory", "a fraction in (0, 1]")?
+            .expect("declared with a default");
+        if !(memory > 0.0 && memory <= 1.0) {
+            return Err(PassError::BadOption {
+                pass: INFO.name,
+                option: "memory".into(),
+                value: memory.to_string(),
+                message: "out of range".into(),
+            });
+        }
+        Ok(SchedulePipeline { memory })
+    }
+}
 
 /// The 1F1B order of one replica on stage `stage` of `stages`.
 pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, warmup: usize) -> Vec<PackId> {
@@ -173,15 +209,15 @@ impl Pass for SchedulePipeline {
     }
 
     fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
-        Ok(schedule(ir, cx.machine()))
+        Ok(schedule(ir, cx.machine(), *self))
     }
 }
 
 /// Sets every replica's per-stage 1F1B orders (memory-aware warm-up); the pass's algorithm,
 /// also run by `eqsat` on a scheduled step whose packs it changed.
-pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel) -> Statistics {
+pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline) -> Statistics {
     if ir.spec.parallel.vpp > 1 {
-        return schedule_interleaved(ir);
+        return schedule_interleaved(ir, cost, pass.memory);
     }
     let stages = ir.spec.parallel.pp;
     let mut scheduled = 0;
@@ -212,7 +248,7 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel) -> Statistics {
 }
 
 /// Sets every replica's per-device interleaved orders (model chunks, `vpp > 1`).
-fn schedule_interleaved(ir: &mut StepIr) -> Statistics {
+fn schedule_interleaved(ir: &mut StepIr, cost: &CostModel, memory: f64) -> Statistics {
     let parallel = ir.spec.parallel;
     let (pp, vpp) = (parallel.pp, parallel.vpp);
     let (mut scheduled, mut megatron, mut max_in_flight) = (0, 0, 0usize);
@@ -234,7 +270,7 @@ fn schedule_interleaved(ir: &mut StepIr) -> Statistics {
                 megatron += 1;
                 orders
             }
-            None => list_schedule(ir, &forward, &backward),
+            None => list_schedule(ir, replica, &forward, &backward, cost, memory),
         };
         for (device, order) in orders.iter().enumerate() {
             let device = device as u32;
@@ -263,13 +299,20 @@ fn schedule_interleaved(ir: &mut StepIr) -> Statistics {
         .with("memory_limited_stages", 0)
 }
 
-/// The interleaved orders of one replica's devices for any packs (see the module docs): a
-/// lockstep execution of unit-time ops. `ChunkOp::micro_batch` indexes `forward` or
-/// `backward` by direction.
-fn list_schedule(ir: &StepIr, forward: &[PackId], backward: &[PackId]) -> Vec<Vec<ChunkOp>> {
+/// The interleaved orders of one replica's devices for any packs (see the module docs): a list
+/// schedule of the pipeline's dependencies in time, every op lasting its pack's time on the
+/// machine model. `ChunkOp::micro_batch` indexes `forward` or `backward` by direction.
+fn list_schedule(
+    ir: &StepIr,
+    replica: ReplicaId,
+    forward: &[PackId],
+    backward: &[PackId],
+    cost: &CostModel,
+    memory: f64,
+) -> Vec<Vec<ChunkOp>> {
     let parallel = ir.spec.parallel;
-    let (pp, vpp) = (parallel.pp as usize, parallel.vpp);
-    let stages = pp * vpp as usize;
+    let (pp, vpp) = (parallel.pp as usize, parallel.vpp as usize);
+    let stages = pp * vpp;
     let position: std::collections::HashMap<PackId, usize> =
         forward.iter().enumerate().map(|(i, &p)| (p, i)).collect();
     // The forwards each backward pack needs on the last stage.
@@ -287,91 +330,207 @@ fn list_schedule(ir: &StepIr, forward: &[PackId], backward: &[PackId]) -> Vec<Ve
             needed
         })
         .collect();
+    // A pack's time on one chunk (every chunk holds the same layers, to the embedding and head).
+    let ranks = &ir.replica(replica).ranks;
+    let seconds = |pack: PackId, direction: Direction| {
+        let slices: Vec<(u64, u64)> = ir
+            .pack_slices(pack)
+            .iter()
+            .map(|&s| {
+                let slice = ir.slice(s);
+                (u64::from(slice.len), u64::from(slice.start))
+            })
+            .collect();
+        cost.pack_time_on(0, &slices, direction, ranks)
+            .critical_path_s()
+    };
+    let forward_s: Vec<f64> = forward
+        .iter()
+        .map(|&p| seconds(p, Direction::Forward))
+        .collect();
+    let backward_s: Vec<f64> = backward
+        .iter()
+        .map(|&p| seconds(p, Direction::Backward))
+        .collect();
     let forward_tokens: Vec<u64> = forward.iter().map(|&p| ir.pack_tokens(p)).collect();
     let backward_tokens: Vec<u64> = backward.iter().map(|&p| ir.pack_tokens(p)).collect();
-    let mean_forward = forward_tokens.iter().sum::<u64>() as f64 / forward.len().max(1) as f64;
-    // Per stage: how many forwards and backwards have run (they run in pack order).
+    let windows: Vec<i64> = (0..pp as u32)
+        .map(|device| memory_window(ir, replica, device, &forward_tokens, cost, memory))
+        .collect();
+    // Per stage, in pack order: when each forward and backward finished (NaN: not yet run).
+    let mut forward_end = vec![vec![f64::NAN; forward.len()]; stages];
+    let mut backward_end = vec![vec![f64::NAN; backward.len()]; stages];
     let mut forwards_done = vec![0usize; stages];
     let mut backwards_done = vec![0usize; stages];
     let mut in_flight = vec![0i64; pp];
+    let mut free_at = vec![0.0f64; pp];
     let mut orders: Vec<Vec<ChunkOp>> = vec![Vec::new(); pp];
     let total = (forward.len() + backward.len()) * stages;
-    let mut waiting: Vec<(usize, ChunkOp)> = Vec::new();
-    while orders.iter().map(Vec::len).sum::<usize>() < total {
-        let mut ran: Vec<(usize, ChunkOp)> = Vec::new();
-        for (device, &held) in in_flight.iter().enumerate() {
-            let warmup = (pp - device - 1) * 2 + (vpp as usize - 1) * pp;
-            let window = ((warmup + 1) as f64 * mean_forward).round() as i64;
-            // Depth first: the deepest chunk's forward, to reach the backwards soonest.
-            let ready_forward = (0..vpp as usize).rev().find_map(|chunk| {
-                let stage = chunk * pp + device;
+    // When the next op of `direction` on `stage` may start on its device (None: an input has
+    // not run yet).
+    let ready_at = |forward_end: &[Vec<f64>],
+                    backward_end: &[Vec<f64>],
+                    forwards_done: &[usize],
+                    backwards_done: &[usize],
+                    stage: usize,
+                    direction: Direction|
+     -> Option<f64> {
+        match direction {
+            Direction::Forward => {
                 let next = forwards_done[stage];
-                let ready = next < forward.len() && (stage == 0 || forwards_done[stage - 1] > next);
-                ready.then_some((chunk, next))
-            });
-            let ready_backward = (0..vpp as usize).rev().find_map(|chunk| {
-                let stage = chunk * pp + device;
+                if next >= forward.len() {
+                    return None;
+                }
+                let input = if stage == 0 {
+                    0.0
+                } else {
+                    forward_end[stage - 1][next]
+                };
+                (!input.is_nan()).then_some(input)
+            }
+            Direction::Backward => {
                 let next = backwards_done[stage];
-                let ready = next < backward.len()
-                    && if stage + 1 == stages {
-                        needs[next].last().is_none_or(|&f| forwards_done[stage] > f)
+                if next >= backward.len() {
+                    return None;
+                }
+                let input =
+                    if stage + 1 == stages {
+                        // NaN (a needed forward not run yet) must win: `f64::max` would drop it.
+                        needs[next].iter().map(|&f| forward_end[stage][f]).fold(
+                            0.0,
+                            |latest, end| if end.is_nan() { end } else { latest.max(end) },
+                        )
                     } else {
-                        backwards_done[stage + 1] > next
+                        backward_end[stage + 1][next]
                     };
-                ready.then_some((chunk, next))
-            });
-            let forward_op = ready_forward.map(|(chunk, next)| ChunkOp {
-                direction: Direction::Forward,
-                micro_batch: next,
-                chunk: chunk as u32,
-            });
-            let backward_op = ready_backward.map(|(chunk, next)| ChunkOp {
-                direction: Direction::Backward,
-                micro_batch: next,
-                chunk: chunk as u32,
-            });
-            // A device at its window waits for a backward, as a 1F1B stage does.
-            let full = held >= window;
-            let op = match (forward_op, backward_op) {
-                (_, Some(backward)) if full || forward_op.is_none() => Some(backward),
-                (Some(forward), _) if !full => Some(forward),
-                _ => None,
+                (!input.is_nan()).then_some(input)
+            }
+        }
+    };
+    while orders.iter().map(Vec::len).sum::<usize>() < total {
+        // Each device's choice: (start, op), by the 1F1B rule at the time it could start.
+        let mut best: Option<(f64, usize, ChunkOp)> = None;
+        let mut past_window: Option<(f64, usize, ChunkOp)> = None;
+        for device in 0..pp {
+            let window = windows[device];
+            // The earliest-ready op of each direction; the deepest chunk wins ties, to reach
+            // the backwards soonest (forwards) and to free memory soonest (backwards).
+            let earliest = |direction: Direction| {
+                (0..vpp)
+                    .rev()
+                    .filter_map(|chunk| {
+                        let stage = chunk * pp + device;
+                        ready_at(
+                            &forward_end,
+                            &backward_end,
+                            &forwards_done,
+                            &backwards_done,
+                            stage,
+                            direction,
+                        )
+                        .map(|ready| (ready.max(free_at[device]), chunk))
+                    })
+                    .min_by(|a, b| a.0.total_cmp(&b.0))
             };
-            match op {
-                Some(op) => ran.push((device, op)),
-                None => {
-                    if let Some(forward) = forward_op {
-                        waiting.push((device, forward));
-                    }
+            let op_of = |direction: Direction, (start, chunk): (f64, usize)| {
+                let stage = chunk * pp + device;
+                let micro_batch = match direction {
+                    Direction::Forward => forwards_done[stage],
+                    Direction::Backward => backwards_done[stage],
+                };
+                (
+                    start,
+                    device,
+                    ChunkOp {
+                        direction,
+                        micro_batch,
+                        chunk: chunk as u32,
+                    },
+                )
+            };
+            let next_forward = earliest(Direction::Forward).map(|f| op_of(Direction::Forward, f));
+            let next_backward =
+                earliest(Direction::Backward).map(|b| op_of(Direction::Backward, b));
+            // At its window a device waits for a backward, as a 1F1B stage does; below it the
+            // op that can start first runs (a backward on a tie).
+            let choice = if in_flight[device] >= window {
+                if next_backward.is_none() {
+                    past_window = [past_window, next_forward]
+                        .into_iter()
+                        .flatten()
+                        .min_by(|a, b| a.0.total_cmp(&b.0));
+                }
+                next_backward
+            } else {
+                [next_backward, next_forward]
+                    .into_iter()
+                    .flatten()
+                    .min_by(|a, b| a.0.total_cmp(&b.0))
+            };
+            if let Some(choice) = choice {
+                if best.is_none_or(|b| choice.0 < b.0) {
+                    best = Some(choice);
                 }
             }
         }
-        // When every device waits, those with a ready forward run it past their window (a
+        // When every device waits at its window, the earliest ready forward runs past it (a
         // backward pack may need forwards beyond it), so the schedule always completes.
-        if ran.is_empty() {
-            ran = std::mem::take(&mut waiting);
-        }
-        waiting.clear();
-        assert!(
-            !ran.is_empty(),
-            "the pipeline's dependencies are acyclic, so some op is always ready (bug)"
-        );
-        for (device, op) in ran {
-            let stage = op.chunk as usize * pp + device;
-            match op.direction {
-                Direction::Forward => {
-                    forwards_done[stage] += 1;
-                    in_flight[device] += forward_tokens[op.micro_batch] as i64;
-                }
-                Direction::Backward => {
-                    backwards_done[stage] += 1;
-                    in_flight[device] -= backward_tokens[op.micro_batch] as i64;
-                }
+        let (start, device, op) = best
+            .or(past_window)
+            .expect("the pipeline's dependencies are acyclic, so some op is always ready (bug)");
+        let stage = op.chunk as usize * pp + device;
+        let end = match op.direction {
+            Direction::Forward => {
+                forwards_done[stage] += 1;
+                in_flight[device] += forward_tokens[op.micro_batch] as i64;
+                let end = start + forward_s[op.micro_batch];
+                forward_end[stage][op.micro_batch] = end;
+                end
             }
-            orders[device].push(op);
-        }
+            Direction::Backward => {
+                backwards_done[stage] += 1;
+                in_flight[device] -= backward_tokens[op.micro_batch] as i64;
+                let end = start + backward_s[op.micro_batch];
+                backward_end[stage][op.micro_batch] = end;
+                end
+            }
+        };
+        free_at[device] = end;
+        orders[device].push(op);
     }
     orders
+}
+
+/// The forward tokens (summed over model chunks) device `device` of `replica` may hold in
+/// flight under the interleaved list schedule: what the memory model says their activations
+/// and K/V may take of the `fraction` of device memory the model states and workspace leave,
+/// less one largest pack's activations, backward temporaries and dK/dV accumulators as
+/// headroom; never below one largest pack.
+fn memory_window(
+    ir: &StepIr,
+    replica: ReplicaId,
+    device: u32,
+    forward_tokens: &[u64],
+    cost: &CostModel,
+    fraction: f64,
+) -> i64 {
+    let memory = cost.memory();
+    let cp = ir.replica(replica).ranks.len().max(1) as u64;
+    let largest = forward_tokens.iter().copied().max().unwrap_or(1).max(1);
+    let held = |tokens: u64| {
+        let tokens = tokens.div_ceil(cp);
+        memory.activation_bytes(tokens, device) + memory.kv_bytes(tokens, device)
+    };
+    let fixed = memory.model_state_bytes(device) + memory.workspace_bytes();
+    let largest_per_rank = largest.div_ceil(cp);
+    let headroom = held(largest)
+        + memory.temporary_bytes(largest_per_rank, device, Direction::Backward)
+        + memory.kv_grad_bytes(largest_per_rank, device);
+    let usable = (memory.capacity_bytes() as f64 * fraction) as u64;
+    let free = usable.saturating_sub(fixed).saturating_sub(headroom);
+    let per_token = held(largest) as f64 / largest as f64;
+    let window = (free as f64 / per_token.max(f64::MIN_POSITIVE)).floor();
+    window.clamp(largest as f64, i64::MAX as f64 / 2.0) as i64
 }
 
 /// Warm-up forwards of each stage of one replica: `pp - 1 - s`, reduced to what fits in

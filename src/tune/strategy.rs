@@ -80,11 +80,7 @@ pub struct Choices {
     pub model_chunks: bool,
 }
 
-/// The fraction of device memory a configuration may use by default. A run keeps its
-/// configuration for later steps, whose batches differ: one tuned to within a few percent of
-/// the capacity runs out of memory on some of them. Every strategy tunes (and re-plans) with
-/// the same limit.
-pub const DEFAULT_MEMORY_LIMIT: f64 = 0.92;
+pub use slimpack_machine::cost::DEFAULT_MEMORY_LIMIT;
 
 impl Choices {
     /// Every recompute mode.

@@ -100,6 +100,12 @@ pub const CPU_POSITION_BYTES: u64 = 8;
 /// score buffers hold `QUERY_BLOCK × keys` floats (one in the forward, two in the backward).
 pub const CPU_QUERY_BLOCK: u64 = 64;
 
+/// The fraction of device memory a configuration may use by default. A run keeps its
+/// configuration for later steps, whose batches differ: one tuned to within a few percent of
+/// the capacity runs out of memory on some of them. Every strategy tunes (and re-plans) with
+/// the same limit, and `schedule-pipeline` fills at most this much with activations in flight.
+pub const DEFAULT_MEMORY_LIMIT: f64 = 0.92;
+
 /// Per-spec memory coefficients.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemoryModel {

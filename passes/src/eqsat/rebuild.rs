@@ -205,7 +205,7 @@ pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)], cost: &Cos
     new.advance(Phase::Packed);
     if ir.phase() >= Phase::Scheduled {
         // The step keeps its phase: a scheduled input gets the 1F1B orders of its new packs.
-        crate::schedule_pipeline::schedule(&mut new, cost);
+        crate::schedule_pipeline::schedule(&mut new, cost, Default::default());
         new.advance(Phase::Scheduled);
     }
     new

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# eqsat's gain and cost per scenario (docs/BENCHMARKS.md, "eqsat: gain and cost"): the
+# configuration slimpack keeps in each scenario where it keeps its own pipeline, compiled on
+# steps 1..N with eqsat (all rule families), without rank merging (`eqsat{ranks=false}`), and
+# without eqsat; the simulated step time of each and the compile time of the whole pipeline
+# (single process, verifier off).
+#
+#   scripts/eqsat-gain.sh            # S1 S4 S5 S6 S7 H4, 5 steps each
+#   STEPS=3 scripts/eqsat-gain.sh S7
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STEPS=${STEPS:-5}
+DATA=../shared/data
+HELDOUT=target/heldout
+# scenario -> "job flags|assign and grouping passes|slice|cap|recompute" (the configuration
+# scripts/bench-scenarios.sh's slimpack kept at commit e2a1577; see the scoreboard).
+declare -A JOBS=(
+    [S1]="--model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 8388608 --batch $DATA/wikipedia.lengths.txt|assign-dp{cp=2}|32768|65536|none"
+    [S4]="--model llama-70b --parallel tp=8,pp=8,dp=4 --context 262144 --global-batch-tokens 16777216 --batch $DATA/wikipedia.lengths.txt|assign-dp{cp=4}|32768|65536|none"
+    [S5]="--model llama-150b --parallel tp=8,pp=16,dp=2 --context 262144 --global-batch-tokens 16777216 --batch $DATA/wikipedia.lengths.txt|assign-dp{cp=2}|32768|65536|full"
+    [S6]="--model llama-70b --parallel tp=8,pp=8,dp=4 --context 262144 --global-batch-tokens 16777216 --batch $DATA/wlbllm_like.lengths.txt|assign-dp{cp=4}|32768|65536|none"
+    [S7]="--model llama-7b --parallel tp=8,pp=1,dp=16 --context 131072 --global-batch-tokens 16777216 --batch $DATA/prolong_like.lengths.txt|assign-dp,dp-merge{memory=0.5}|16384|32768|none"
+    [H4]="--model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 8388608 --batch $HELDOUT/man-pages.lengths.txt|assign-dp{cp=2}|32768|65536|none"
+)
+ids=("$@")
+[ ${#ids[@]} -gt 0 ] || ids=(S1 S4 S5 S6 S7 H4)
+S=${CARGO_TARGET_DIR:-target}/release/slimpack
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' scenario step "step s eqsat" "ranks=false" "no eqsat" \
+    "compile ms eqsat" "ranks=false" "no eqsat"
+for id in "${ids[@]}"; do
+    IFS='|' read -r job grouping size cap recompute <<<"${JOBS[$id]}"
+    base="$grouping,slice{size=$size},pack-fwd{cap=$cap},pack-bwd{cap=$cap}"
+    for step in $(seq 1 "$STEPS"); do
+        row=("$id" "$step")
+        times=()
+        for eqsat in "eqsat," "eqsat{ranks=false}," ""; do
+            # shellcheck disable=SC2086 # the job's flags split on spaces
+            report=$("$S" compile $job --cluster h100-sxm --step "$step" --recompute "$recompute" \
+                --passes "$base,${eqsat}schedule-pipeline" --no-verify --allow-oom --report json)
+            row+=("$(jq -r '.step_time_s' <<<"$report")")
+            times+=("$(jq -r '[.passes[].ms] | add | floor' <<<"$report")")
+        done
+        printf '%s\t' "${row[@]}" "${times[@]}"
+        printf '\n'
+    done
+done
