@@ -46,26 +46,38 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   packs. Phase packed -> scheduled.",
     accepts: Phase::Packed..=Phase::Packed,
     produces: Some(Phase::Scheduled),
-    options: &[OptionInfo {
-        name: "memory",
-        help: "with model chunks and asymmetric packs: the fraction of device memory that \
-               forwards in flight may fill",
-        default: Some("0.92"),
-    }],
+    options: &[
+        OptionInfo {
+            name: "order",
+            help: "auto: 1F1B (Megatron's interleaved order with model chunks) for symmetric \
+                   packs, the list schedule in time for the others; 1f1b: the generalised \
+                   1F1B for any packs without model chunks",
+            default: Some("auto"),
+        },
+        OptionInfo {
+            name: "memory",
+            help: "the list schedule's window: the fraction of device memory that forwards \
+                   in flight may fill",
+            default: Some("0.92"),
+        },
+    ],
     create: |options| Ok(Box::new(SchedulePipeline::from_options(options)?)),
 };
 
 /// The pipeline scheduling pass.
 #[derive(Debug, Clone, Copy)]
 pub struct SchedulePipeline {
-    /// The fraction of device memory the interleaved list schedule fills with forwards in
-    /// flight (the tuner's default memory limit unless given).
+    /// Asymmetric packs without model chunks run the generalised 1F1B, not the list schedule.
+    pub one_f_one_b: bool,
+    /// The fraction of device memory the list schedule fills with forwards in flight (the
+    /// tuner's default memory limit unless given).
     pub memory: f64,
 }
 
 impl Default for SchedulePipeline {
     fn default() -> SchedulePipeline {
         SchedulePipeline {
+            one_f_one_b: false,
             memory: DEFAULT_MEMORY_LIMIT,
         }
     }
@@ -73,18 +85,30 @@ impl Default for SchedulePipeline {
 
 impl SchedulePipeline {
     fn from_options(options: &PassOptions) -> Result<SchedulePipeline> {
+        let bad = |option: &str, value: String| PassError::BadOption {
+            pass: INFO.name,
+            option: option.into(),
+            value,
+            message: "out of range".into(),
+        };
+        let order: String = options
+            .get("order", "auto or 1f1b")?
+            .expect("declared with a default");
+        let one_f_one_b = match order.as_str() {
+            "auto" => false,
+            "1f1b" => true,
+            _ => return Err(bad("order", order)),
+        };
         let memory: f64 = options
             .get("memory", "a fraction in (0, 1]")?
             .expect("declared with a default");
         if !(memory > 0.0 && memory <= 1.0) {
-            return Err(PassError::BadOption {
-                pass: INFO.name,
-                option: "memory".into(),
-                value: memory.to_string(),
-                message: "out of range".into(),
-            });
+            return Err(bad("memory", memory.to_string()));
         }
-        Ok(SchedulePipeline { memory })
+        Ok(SchedulePipeline {
+            one_f_one_b,
+            memory,
+        })
     }
 }
 
@@ -213,52 +237,41 @@ impl Pass for SchedulePipeline {
     }
 }
 
-/// Sets every replica's per-stage 1F1B orders (memory-aware warm-up); the pass's algorithm,
-/// also run by `eqsat` on a scheduled step whose packs it changed.
+/// Sets every replica's orders: 1F1B (memory-aware warm-up) or Megatron's interleaved order
+/// where its packs are symmetric, the list schedule in time elsewhere (see the module docs);
+/// the pass's algorithm, also run by `eqsat` on a scheduled step whose packs it changed.
 pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline) -> Statistics {
-    if ir.spec.parallel.vpp > 1 {
-        return schedule_interleaved(ir, cost, pass.memory);
-    }
-    let stages = ir.spec.parallel.pp;
-    let mut scheduled = 0;
-    let mut max_in_flight = 0usize;
-    let mut memory_limited = 0usize;
-    for replica in ir.replicas().to_vec() {
-        if ir.packs_on(replica, Direction::Forward).is_empty() {
-            continue;
-        }
-        let warmups = warmups(ir, replica, cost);
-        memory_limited += warmups
-            .iter()
-            .enumerate()
-            .filter(|&(s, &w)| w < (stages - 1) as usize - s)
-            .count();
-        for (stage, &warmup) in warmups.iter().enumerate() {
-            let order = one_f_one_b(ir, replica, warmup);
-            let directions = order.iter().map(|&pack| ir.pack(pack).direction);
-            max_in_flight = max_in_flight.max(most_forwards_in_flight(directions));
-            ir.set_schedule(replica, stage as u32, &order);
-        }
-        scheduled += 1;
-    }
-    Statistics::new()
-        .with("replicas_scheduled", scheduled)
-        .with("max_forwards_in_flight", max_in_flight)
-        .with("memory_limited_stages", memory_limited)
-}
-
-/// Sets every replica's per-device interleaved orders (model chunks, `vpp > 1`).
-fn schedule_interleaved(ir: &mut StepIr, cost: &CostModel, memory: f64) -> Statistics {
     let parallel = ir.spec.parallel;
     let (pp, vpp) = (parallel.pp, parallel.vpp);
-    let (mut scheduled, mut megatron, mut max_in_flight) = (0, 0, 0usize);
+    let mut scheduled = 0;
+    let (mut one_f_one_b_replicas, mut megatron, mut listed) = (0, 0, 0);
+    let mut max_in_flight = 0usize;
+    let mut memory_limited = 0usize;
     for replica in ir.replicas().to_vec() {
         let forward = ir.packs_on(replica, Direction::Forward);
         let backward = ir.packs_on(replica, Direction::Backward);
         if forward.is_empty() {
             continue;
         }
-        let exact: Option<Vec<Vec<ChunkOp>>> = if symmetric_packs(ir, &forward, &backward) {
+        scheduled += 1;
+        let symmetric = symmetric_packs(ir, &forward, &backward);
+        if vpp == 1 && (symmetric || pass.one_f_one_b) {
+            one_f_one_b_replicas += 1;
+            let warmups = warmups(ir, replica, cost);
+            memory_limited += warmups
+                .iter()
+                .enumerate()
+                .filter(|&(s, &w)| w < (pp - 1) as usize - s)
+                .count();
+            for (stage, &warmup) in warmups.iter().enumerate() {
+                let order = one_f_one_b(ir, replica, warmup);
+                let directions = order.iter().map(|&pack| ir.pack(pack).direction);
+                max_in_flight = max_in_flight.max(most_forwards_in_flight(directions));
+                ir.set_schedule(replica, stage as u32, &order);
+            }
+            continue;
+        }
+        let exact: Option<Vec<Vec<ChunkOp>>> = if symmetric {
             (0..pp)
                 .map(|device| interleaved_order(pp, vpp, device, forward.len()))
                 .collect()
@@ -270,7 +283,10 @@ fn schedule_interleaved(ir: &mut StepIr, cost: &CostModel, memory: f64) -> Stati
                 megatron += 1;
                 orders
             }
-            None => list_schedule(ir, replica, &forward, &backward, cost, memory),
+            None => {
+                listed += 1;
+                list_schedule(ir, replica, &forward, &backward, cost, pass.memory)
+            }
         };
         for (device, order) in orders.iter().enumerate() {
             let device = device as u32;
@@ -287,16 +303,22 @@ fn schedule_interleaved(ir: &mut StepIr, cost: &CostModel, memory: f64) -> Stati
                     .collect();
                 ir.set_schedule(replica, chunk * pp + device, &stage_order);
             }
-            let chunks: Vec<u32> = order.iter().map(|op| op.chunk).collect();
-            ir.set_interleave(replica, device, &chunks);
+            if vpp > 1 {
+                let chunks: Vec<u32> = order.iter().map(|op| op.chunk).collect();
+                ir.set_interleave(replica, device, &chunks);
+            }
         }
-        scheduled += 1;
     }
-    Statistics::new()
-        .with("replicas_scheduled", scheduled)
-        .with("replicas_megatron_interleaved", megatron)
+    let mut statistics = Statistics::new().with("replicas_scheduled", scheduled);
+    if vpp > 1 {
+        statistics.set("replicas_megatron_interleaved", megatron);
+    } else {
+        statistics.set("replicas_one_f_one_b", one_f_one_b_replicas);
+    }
+    statistics
+        .with("replicas_list_scheduled", listed)
         .with("max_forwards_in_flight", max_in_flight)
-        .with("memory_limited_stages", 0)
+        .with("memory_limited_stages", memory_limited)
 }
 
 /// The interleaved orders of one replica's devices for any packs (see the module docs): a list
