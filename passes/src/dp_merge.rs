@@ -1,5 +1,6 @@
-//! `dp-merge{threshold=T,memory=M}`: run a dominant or memory-infeasible sample on k merged DP replicas
-//! as one context-parallel group, and rebalance the rest (SlimPack's DP-Merge).
+//! `dp-merge{threshold=T,memory=M,share=S}`: run a dominant or memory-infeasible sample on k
+//! merged DP replicas as one context-parallel group, and rebalance the rest (SlimPack's
+//! DP-Merge).
 //!
 //! Phase in: `assigned` (one replica per DP rank, from `assign-dp`). Phase out: unchanged.
 //! A sample is *dominant* when its estimated cost exceeds `threshold` times the mean replica
@@ -31,7 +32,9 @@ pub(crate) const INFO: PassInfo = PassInfo {
     summary: "merge DP replicas into CP groups for dominant or over-long samples, rebalance",
     description: "Samples costing more than `threshold` x the mean replica load, or too big \
                   for one device's memory, run on an aligned block of 2^k DP ranks as one CP \
-                  group; the remaining samples are re-placed around them. Phase assigned.",
+                  group (degrees halved to fit the pool; with share, a sample left without a \
+                  block joins a group); the remaining samples are re-placed around them. \
+                  Phase assigned.",
     accepts: Phase::Assigned..=Phase::Assigned,
     produces: None,
     options: &[
