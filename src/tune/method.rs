@@ -260,6 +260,33 @@ variant!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slimpack_ir::spec::Recompute;
+
+    /// DP-Merge candidates: every memory fraction with the memory-light size too; static CP
+    /// degrees only the context-relative sizes.
+    #[test]
+    fn merge_candidates_search_fractions_and_the_light_size() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=1,dp=2").unwrap();
+        let batch = Batch::from_lengths(&[100_000, 2_000, 30_000], Some(131072), "test");
+        let candidates =
+            candidates_with(Ideas::ALL, &spec, &batch, &Choices::fixed(Recompute::None));
+        let labels: Vec<&str> = candidates.iter().map(|c| c.label.as_str()).collect();
+        for memory in MERGE_MEMORY {
+            for (size, cap) in merge_slice_sizes(131072) {
+                let label = format!("dp-merge={memory},slice={size},cap={cap},recompute=none");
+                assert!(labels.contains(&label.as_str()), "{label} in {labels:?}");
+            }
+        }
+        assert!(!labels.iter().any(|l| l.starts_with("cp=2,slice=8192")));
+        assert_eq!(candidates.len(), MERGE_MEMORY.len() * 4 + 3);
+        let light = candidates
+            .iter()
+            .find(|c| c.label.starts_with("dp-merge=0.25,slice=8192"))
+            .unwrap();
+        assert!(light
+            .pipeline
+            .starts_with("assign-dp,dp-merge{memory=0.25},slice{size=8192},pack-fwd{cap=16384}"));
+    }
 
     #[test]
     fn slice_sizes_follow_the_context() {
