@@ -1,5 +1,6 @@
-//! `dp-merge{threshold=T,memory=M}`: run a dominant or memory-infeasible sample on k merged DP replicas
-//! as one context-parallel group, and rebalance the rest (SlimPack's DP-Merge).
+//! `dp-merge{threshold=T,memory=M,share=S}`: run a dominant or memory-infeasible sample on k
+//! merged DP replicas as one context-parallel group, and rebalance the rest (SlimPack's
+//! DP-Merge).
 //!
 //! Phase in: `assigned` (one replica per DP rank, from `assign-dp`). Phase out: unchanged.
 //! A sample is *dominant* when its estimated cost exceeds `threshold` times the mean replica
@@ -11,12 +12,18 @@
 //! Megatron's rank order. Blocks are chosen least-loaded first and never overlap. Each merged
 //! rank carries `cost / k` of the sample; the other samples keep their placement and are then
 //! moved and swapped between replicas until the loads, merged shares included, balance again.
+//!
+//! Degrees are chosen per sample, then fitted to the pool: while the wanted groups need more
+//! than `dp` ranks together, the largest wanted degree is halved (down to 2), so that one
+//! sample cannot take every rank and leave the others unmerged. A sample that still finds no
+//! free block joins (`share=true`) the smallest merged group of at least the ranks it needs, the
+//! one with the lowest load per rank: that group then runs both samples as one CP group.
 
 use crate::balance::{refine, sample_weights, Balance};
 use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use slimpack_ir::spec::ParallelSpec;
-use slimpack_ir::step::{Phase, SampleId};
+use slimpack_ir::step::{Phase, ReplicaId, SampleId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
 
@@ -25,7 +32,9 @@ pub(crate) const INFO: PassInfo = PassInfo {
     summary: "merge DP replicas into CP groups for dominant or over-long samples, rebalance",
     description: "Samples costing more than `threshold` x the mean replica load, or too big \
                   for one device's memory, run on an aligned block of 2^k DP ranks as one CP \
-                  group; the remaining samples are re-placed around them. Phase assigned.",
+                  group (degrees halved to fit the pool; with share, a sample left without a \
+                  block joins a group); the remaining samples are re-placed around them. \
+                  Phase assigned.",
     accepts: Phase::Assigned..=Phase::Assigned,
     produces: None,
     options: &[
@@ -39,6 +48,11 @@ pub(crate) const INFO: PassInfo = PassInfo {
             help: "merge a sample needing more than this fraction of a device's free memory",
             default: Some("0.5"),
         },
+        OptionInfo {
+            name: "share",
+            help: "a sample that finds no free block joins the lightest group large enough",
+            default: Some("true"),
+        },
     ],
     create: |options| Ok(Box::new(DpMerge::from_options(options)?)),
 };
@@ -50,6 +64,9 @@ pub struct DpMerge {
     /// Largest fraction of a device's free memory (HBM less model states and workspace) one
     /// sample's activations and K/V may take; the rest is for the other packs in flight.
     pub memory: f64,
+    /// Whether a sample that finds no free block of ranks joins an existing group (of at least
+    /// the ranks it needs) rather than staying unmerged.
+    pub share: bool,
 }
 
 impl DpMerge {
@@ -59,6 +76,9 @@ impl DpMerge {
             .expect("declared with a default");
         let memory: f64 = options
             .get("memory", "a fraction in (0, 1]")?
+            .expect("declared with a default");
+        let share: bool = options
+            .get("share", "true or false")?
             .expect("declared with a default");
         for (name, value, valid) in [
             (
@@ -77,7 +97,11 @@ impl DpMerge {
                 });
             }
         }
-        Ok(DpMerge { threshold, memory })
+        Ok(DpMerge {
+            threshold,
+            memory,
+            share,
+        })
     }
 }
 
@@ -88,6 +112,25 @@ fn merge_degree(need: f64, limit: u32) -> u32 {
         k *= 2;
     }
     k
+}
+
+/// Fits wanted group degrees to a pool of `pool` ranks: while they need more ranks together,
+/// the largest degree above 2 is halved (of equal degrees, the lightest sample's, by
+/// `weights`). Degrees of 2 are kept even when the pool is short: those samples share groups.
+fn fit_to_pool(degrees: &mut [u32], weights: &[f64], pool: u32) {
+    while degrees.iter().map(|&k| u64::from(k)).sum::<u64>() > u64::from(pool) {
+        let largest = (0..degrees.len())
+            .filter(|&i| degrees[i] > 2)
+            .max_by(|&a, &b| {
+                degrees[a]
+                    .cmp(&degrees[b])
+                    .then(weights[b].total_cmp(&weights[a]))
+            });
+        match largest {
+            Some(i) => degrees[i] /= 2,
+            None => break,
+        }
+    }
 }
 
 /// Per-device bytes one sample needs when it runs alone, on its most loaded pipeline device:
@@ -154,11 +197,18 @@ impl Pass for DpMerge {
                 wanted.push((k, index));
             }
         }
+        let mut degrees: Vec<u32> = wanted.iter().map(|&(k, _)| k).collect();
+        let wanted_weights: Vec<f64> = wanted.iter().map(|&(_, index)| weights[index]).collect();
+        fit_to_pool(&mut degrees, &wanted_weights, dp);
+        for (want, degree) in wanted.iter_mut().zip(degrees) {
+            want.0 = degree;
+        }
         // Largest groups first, then heaviest; each on the least-loaded free aligned block.
         wanted.sort_by(|a, b| b.0.cmp(&a.0).then(weights[b.1].total_cmp(&weights[a.1])));
         let mut loads = vec![0.0; dp as usize];
         let mut taken = vec![false; dp as usize];
-        let mut merged: Vec<(Vec<u32>, usize)> = Vec::new();
+        // Merged groups: their ranks and the samples they run as one CP group.
+        let mut merged: Vec<(Vec<u32>, Vec<usize>)> = Vec::new();
         let mut unmerged = 0usize;
         for (k, index) in wanted {
             let block = (0..dp / k)
@@ -169,73 +219,175 @@ impl Pass for DpMerge {
                         |ranks: &Vec<u32>| ranks.iter().map(|&r| loads[r as usize]).sum::<f64>();
                     load(a).total_cmp(&load(b))
                 });
-            let Some(ranks) = block else {
-                unmerged += 1;
-                continue;
+            let group = match block {
+                Some(ranks) => {
+                    merged.push((ranks, Vec::new()));
+                    merged.len() - 1
+                }
+                None if self.share => match lightest_group_of_at_least(&merged, &loads, k) {
+                    Some(group) => group,
+                    None => {
+                        unmerged += 1;
+                        continue;
+                    }
+                },
+                None => {
+                    unmerged += 1;
+                    continue;
+                }
             };
-            for &rank in &ranks {
+            let (ranks, members) = &mut merged[group];
+            for &rank in ranks.iter() {
                 taken[rank as usize] = true;
-                loads[rank as usize] += weights[index] / f64::from(k);
+                loads[rank as usize] += weights[index] / ranks.len() as f64;
             }
-            merged.push((ranks, index));
+            members.push(index);
         }
-        // Rebalance the other samples around the merged shares, starting from the current
-        // placement: only the samples the refinement moves are placed again (each placement
-        // edit costs the replica's degree in the graph).
         let is_merged: Vec<bool> = {
             let mut flags = vec![false; samples.len()];
-            for (_, index) in &merged {
-                flags[*index] = true;
+            for (_, members) in &merged {
+                for &index in members {
+                    flags[index] = true;
+                }
             }
             flags
         };
-        let rank_of = |replica| plain.iter().position(|&r| r == replica).unwrap_or(0);
         let rest: Vec<usize> = (0..samples.len()).filter(|&i| !is_merged[i]).collect();
         let rest_weights: Vec<f64> = rest.iter().map(|&i| weights[i]).collect();
-        let before: Vec<usize> = rest
+        // The others are rebalanced before the groups exist, so that only the samples the
+        // refinement moves are placed again (each placement edit costs the replica's degree
+        // in the graph).
+        let placement = rebalance_around(
+            ir,
+            &plain,
+            &samples,
+            &rest,
+            &rest_weights,
+            &loads,
+            !merged.is_empty(),
+        );
+        add_groups(ir, &merged, &samples);
+        let largest = merged
             .iter()
-            .map(|&i| ir.replica_of_sample(samples[i]).map_or(0, rank_of))
-            .collect();
-        let mut bin_of = before.clone();
-        if !merged.is_empty() {
-            refine(&rest_weights, &mut bin_of, &loads);
-        }
-        for (position, &index) in rest.iter().enumerate() {
-            if bin_of[position] != before[position] {
-                ir.place_sample(samples[index], plain[bin_of[position]]);
-            }
-        }
-        let groups = merged.len();
-        let mut largest = 1;
-        for (ranks, index) in merged {
-            largest = largest.max(ranks.len());
-            let group = ir.add_replica(ranks);
-            ir.place_sample(samples[index], group);
-        }
-        let mut final_loads = loads.clone();
-        for (position, &bin) in bin_of.iter().enumerate() {
-            final_loads[bin] += rest_weights[position];
-        }
-        let mean_load = final_loads.iter().sum::<f64>() / final_loads.len() as f64;
-        let max_load = final_loads.iter().copied().fold(0.0, f64::max);
+            .map(|(ranks, _)| ranks.len())
+            .max()
+            .unwrap_or(1);
         Ok(Statistics::new()
-            .with("merged_samples", groups)
+            .with(
+                "merged_samples",
+                merged.iter().map(|(_, m)| m.len()).sum::<usize>(),
+            )
+            .with("merge_groups", merged.len())
             .with("largest_group", largest)
             .with("unmerged_for_lack_of_ranks", unmerged)
-            .with(
-                "cost_imbalance",
-                if mean_load > 0.0 {
-                    max_load / mean_load
-                } else {
-                    1.0
-                },
-            ))
+            .with("cost_imbalance", placement))
+    }
+}
+
+/// One replica per merged group, running its samples.
+fn add_groups(
+    ir: &mut StepIr,
+    merged: &[(Vec<u32>, Vec<usize>)],
+    samples: &[SampleId],
+) -> Vec<ReplicaId> {
+    merged
+        .iter()
+        .map(|(ranks, members)| {
+            let group = ir.add_replica(ranks.clone());
+            for &index in members {
+                ir.place_sample(samples[index], group);
+            }
+            group
+        })
+        .collect()
+}
+
+/// For a sample that found no free block: the smallest merged group of at least `k` ranks (its
+/// CP exchange grows with the degree), of those the one with the lowest load per rank.
+fn lightest_group_of_at_least(
+    merged: &[(Vec<u32>, Vec<usize>)],
+    loads: &[f64],
+    k: u32,
+) -> Option<usize> {
+    let per_rank =
+        |ranks: &[u32]| ranks.iter().map(|&r| loads[r as usize]).sum::<f64>() / ranks.len() as f64;
+    (0..merged.len())
+        .filter(|&g| merged[g].0.len() >= k as usize)
+        .min_by(|&a, &b| {
+            let (a, b) = (&merged[a].0, &merged[b].0);
+            a.len()
+                .cmp(&b.len())
+                .then(per_rank(a).total_cmp(&per_rank(b)))
+        })
+}
+
+/// The other samples keep their single-rank replicas and are moved and swapped from their
+/// current placement until the loads, merged shares included, balance. Returns the final
+/// max / mean rank load.
+fn rebalance_around(
+    ir: &mut StepIr,
+    plain: &[ReplicaId],
+    samples: &[SampleId],
+    rest: &[usize],
+    rest_weights: &[f64],
+    loads: &[f64],
+    any_merged: bool,
+) -> f64 {
+    let rank_of = |replica| plain.iter().position(|&r| r == replica).unwrap_or(0);
+    let before: Vec<usize> = rest
+        .iter()
+        .map(|&i| ir.replica_of_sample(samples[i]).map_or(0, rank_of))
+        .collect();
+    let mut bin_of = before.clone();
+    if any_merged {
+        refine(rest_weights, &mut bin_of, loads);
+    }
+    for (position, &index) in rest.iter().enumerate() {
+        if bin_of[position] != before[position] {
+            ir.place_sample(samples[index], plain[bin_of[position]]);
+        }
+    }
+    let mut final_loads = loads.to_vec();
+    for (position, &bin) in bin_of.iter().enumerate() {
+        final_loads[bin] += rest_weights[position];
+    }
+    max_over_mean(&final_loads)
+}
+
+/// max / mean of the per-rank loads (1.0 is perfect balance).
+fn max_over_mean(loads: &[f64]) -> f64 {
+    let mean = loads.iter().sum::<f64>() / loads.len() as f64;
+    let max = loads.iter().copied().fold(0.0, f64::max);
+    if mean > 0.0 {
+        max / mean
+    } else {
+        1.0
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::merge_degree;
+    use super::{fit_to_pool, merge_degree};
+
+    #[test]
+    fn wanted_degrees_are_halved_to_fit_the_pool() {
+        // One sample wanting every rank would leave the other two unmerged: it gets half.
+        let mut degrees = [8, 2, 2];
+        fit_to_pool(&mut degrees, &[3.0, 2.0, 1.0], 8);
+        assert_eq!(degrees, [4, 2, 2]);
+        // Of equal degrees, the lighter sample's is halved first.
+        let mut degrees = [4, 4, 4];
+        fit_to_pool(&mut degrees, &[3.0, 1.0, 2.0], 8);
+        assert_eq!(degrees, [4, 2, 2]);
+        // Pairs are not split further: those samples share groups.
+        let mut degrees = [2, 2, 2, 2, 2];
+        fit_to_pool(&mut degrees, &[1.0; 5], 8);
+        assert_eq!(degrees, [2; 5]);
+        // What fits is left alone.
+        let mut degrees = [8, 4];
+        fit_to_pool(&mut degrees, &[1.0, 1.0], 16);
+        assert_eq!(degrees, [8, 4]);
+    }
 
     #[test]
     fn degrees_are_powers_of_two_within_the_pool() {

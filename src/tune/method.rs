@@ -6,9 +6,11 @@
 //! (phase 2: two different partitions, each balanced on its own direction's cost), `eqsat`
 //! (e-graph refinement of the packs), `schedule-pipeline` (slice-level 1F1B, memory-aware).
 //! Knobs: the slice size `S` and pack cap `C` (an eighth of the context in quarter-context
-//! packs, an eighth or a half of the context in context-sized packs, see [`slice_sizes`]), a
+//! packs, an eighth or a half of the context in context-sized packs, see [`slice_sizes`]; with
+//! DP-Merge also sixteenth-context slices in eighth-context packs, [`merge_slice_sizes`]), a
 //! static CP degree taken from the DP pool (as the peers may; without one, DP-Merge forms CP
-//! groups per sample) and the recompute mode; the driver scores every candidate with the
+//! groups per sample, sized per sample, merging samples above one of [`MERGE_MEMORY`]'s
+//! fractions of a device's free memory) and the recompute mode; the driver scores every candidate with the
 //! simulator and keeps the fastest that fits memory. Within a candidate, every step chooses,
 //! again by simulation, between asymmetric and mirrored backward packs and with or without
 //! eqsat (the candidate's variants).
@@ -61,6 +63,21 @@ pub fn slice_sizes(context: u32) -> Vec<(u32, u32)> {
     sizes
 }
 
+/// The (slice size, pack cap) pairs of DP-Merge candidates: [`slice_sizes`] and, first, a
+/// memory-light pair (sixteenth-context slices in eighth-context packs). A merged rank holds
+/// its share of the long sample beside the packs its own pipeline keeps in flight, two
+/// schedules whose memory adds up; smaller packs are what lets it run without recomputation.
+pub fn merge_slice_sizes(context: u32) -> Vec<(u32, u32)> {
+    let at_least = |tokens: u32| tokens.max(1024).min(context);
+    let mut sizes = vec![(at_least(context / 16), at_least(context / 8))];
+    for size in slice_sizes(context) {
+        if !sizes.contains(&size) {
+            sizes.push(size);
+        }
+    }
+    sizes
+}
+
 /// How replicas are formed: a static CP degree from the DP pool, or single ranks with DP-Merge
 /// groups for samples that need more than `memory` of a device's free memory.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -100,9 +117,10 @@ fn refinements(ideas: Ideas) -> &'static [bool] {
     }
 }
 
-/// DP-Merge memory fractions tried: merge only what would crowd a device (half its free
-/// memory), or merge long samples early (an eighth), trading CP exchanges for memory.
-const MERGE_MEMORY: [f64; 2] = [0.5, 0.125];
+/// DP-Merge memory fractions tried, the simulator choosing: merge only what would crowd a
+/// device (half its free memory), or long samples earlier (a quarter, an eighth), trading CP
+/// exchanges and more, smaller groups for memory.
+const MERGE_MEMORY: [f64; 3] = [0.5, 0.25, 0.125];
 
 /// The candidates of a variant: groupings x (slice size, cap) x recompute modes, each with its
 /// backward packings and eqsat on or off as per-step variants.
@@ -121,13 +139,13 @@ pub fn candidates_with(
         }
     }
     let context = capacity(batch);
-    let sizes = if ideas.slicing {
-        slice_sizes(context)
-    } else {
-        vec![(context, context)]
-    };
     let mut candidates = Vec::new();
     for grouping in groupings {
+        let sizes = match grouping {
+            _ if !ideas.slicing => vec![(context, context)],
+            Grouping::Merge { .. } => merge_slice_sizes(context),
+            Grouping::Static(_) => slice_sizes(context),
+        };
         for &(size, cap) in &sizes {
             let (mut passes, label) = match grouping {
                 Grouping::Static(1) => (vec!["assign-dp".to_string()], "cp=1".to_string()),
@@ -242,6 +260,33 @@ variant!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use slimpack_ir::spec::Recompute;
+
+    /// DP-Merge candidates: every memory fraction with the memory-light size too; static CP
+    /// degrees only the context-relative sizes.
+    #[test]
+    fn merge_candidates_search_fractions_and_the_light_size() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=1,dp=2").unwrap();
+        let batch = Batch::from_lengths(&[100_000, 2_000, 30_000], Some(131072), "test");
+        let candidates =
+            candidates_with(Ideas::ALL, &spec, &batch, &Choices::fixed(Recompute::None));
+        let labels: Vec<&str> = candidates.iter().map(|c| c.label.as_str()).collect();
+        for memory in MERGE_MEMORY {
+            for (size, cap) in merge_slice_sizes(131072) {
+                let label = format!("dp-merge={memory},slice={size},cap={cap},recompute=none");
+                assert!(labels.contains(&label.as_str()), "{label} in {labels:?}");
+            }
+        }
+        assert!(!labels.iter().any(|l| l.starts_with("cp=2,slice=8192")));
+        assert_eq!(candidates.len(), MERGE_MEMORY.len() * 4 + 3);
+        let light = candidates
+            .iter()
+            .find(|c| c.label.starts_with("dp-merge=0.25,slice=8192"))
+            .unwrap();
+        assert!(light
+            .pipeline
+            .starts_with("assign-dp,dp-merge{memory=0.25},slice{size=8192},pack-fwd{cap=16384}"));
+    }
 
     #[test]
     fn slice_sizes_follow_the_context() {
@@ -254,5 +299,23 @@ mod tests {
             vec![(1024, 1024), (1024, 4096), (2048, 4096)]
         );
         assert_eq!(slice_sizes(1024), vec![(1024, 1024)]);
+    }
+
+    #[test]
+    fn merge_candidates_add_a_memory_light_size() {
+        assert_eq!(
+            merge_slice_sizes(131072),
+            vec![
+                (8192, 16384),
+                (16384, 32768),
+                (16384, 131072),
+                (65536, 131072)
+            ]
+        );
+        // Where the light pair is one of the others, it is tried once.
+        assert_eq!(
+            merge_slice_sizes(4096),
+            vec![(1024, 1024), (1024, 4096), (2048, 4096)]
+        );
     }
 }
