@@ -12,8 +12,9 @@
 //! groups per sample, sized per sample, merging samples above one of [`MERGE_MEMORY`]'s
 //! fractions of a device's free memory) and the recompute mode; the driver scores every candidate with the
 //! simulator and keeps the fastest that fits memory. Within a candidate, every step chooses,
-//! again by simulation, between asymmetric and mirrored backward packs and with or without
-//! eqsat (the candidate's variants).
+//! again by simulation, between asymmetric and mirrored backward packs, with or without
+//! eqsat, and between the list schedule in time and the generalised 1F1B (the candidate's
+//! variants, [`pipeline_orders`]).
 //! Then `lower` (run by the compile driver on the chosen candidate only) emits the op lists.
 //!
 //! The full method's search also holds the plans the peers would make (megatron's bins, kk:
@@ -166,7 +167,7 @@ pub fn candidates_with(
             // candidate's pipeline, the others its per-step variants.
             let mut pipelines = Vec::new();
             for &backward in backward_packings(ideas) {
-                for &refine in refinements(ideas) {
+                for (r, &refine) in refinements(ideas).iter().enumerate() {
                     let mut passes = passes.clone();
                     passes.push(match backward {
                         Backward::Asymmetric => format!("pack-bwd{{cap={cap}}}"),
@@ -181,11 +182,20 @@ pub fn candidates_with(
                     } else if ideas.eqsat {
                         label.push("eqsat=off");
                     }
-                    passes.push("schedule-pipeline".into());
-                    pipelines.push(Variant {
-                        label: label.join(","),
-                        pipeline: passes.join(","),
-                    });
+                    for order in pipeline_orders(spec, r == 0) {
+                        let mut label = label.clone();
+                        let schedule = match order {
+                            Some(order) => {
+                                label.push(order);
+                                format!("schedule-pipeline{{{order}}}")
+                            }
+                            None => "schedule-pipeline".to_string(),
+                        };
+                        pipelines.push(Variant {
+                            label: label.join(","),
+                            pipeline: [passes.join(","), schedule].join(","),
+                        });
+                    }
                 }
             }
             let primary = pipelines.remove(0);
@@ -201,6 +211,18 @@ pub fn candidates_with(
         }
     }
     candidates
+}
+
+/// The pipeline orders a step chooses between by simulation: the list schedule in time
+/// (`schedule-pipeline`'s default for asymmetric packs) and, with pipeline stages, the
+/// generalised 1F1B (`order=1f1b`), which holds fewer forwards in flight and wins on some
+/// batches; only for the first refinement of each packing, to bound the per-step cost.
+fn pipeline_orders(spec: &Spec, first: bool) -> Vec<Option<&'static str>> {
+    if first && spec.parallel.pp > 1 && spec.parallel.vpp == 1 {
+        vec![None, Some("order=1f1b")]
+    } else {
+        vec![None]
+    }
 }
 
 macro_rules! variant {
