@@ -49,6 +49,8 @@ enum Fresh {
 #[derive(Debug)]
 struct ReleaseGroup {
     heads: Vec<Head>,
+    /// The heads' costs as order-preserving integers (the binary search's keys).
+    keys: Vec<u64>,
     /// Union-find over slots (slot `i + 1` is head `i`, slot 0 is "none"): a slot is its own
     /// root while its head is present; a removed head's slot points one slot down.
     below: Vec<u32>,
@@ -62,6 +64,7 @@ impl ReleaseGroup {
         let present = heads.len();
         ReleaseGroup {
             below: (0..=heads.len() as u32).collect(),
+            keys: heads.iter().map(|h| cost_key(h.cost)).collect(),
             heads,
             present,
             lowest: 0,
@@ -92,15 +95,16 @@ impl ReleaseGroup {
         self.heads.get(self.lowest).copied()
     }
 
-    /// The largest present head not above `bound` among which `fits` holds, looking at no more
-    /// than `scan` present heads from the top.
+    /// The largest present head costing at most `room` for which `fits` holds, looking at no
+    /// more than `scan` present heads from the top.
     fn largest_fitting(
         &mut self,
-        bound: &Head,
+        room: f64,
         scan: usize,
         fits: &impl Fn(&Head) -> bool,
     ) -> Option<Head> {
-        let mut slot = self.find(self.heads.partition_point(|h| h <= bound) as u32);
+        let room = cost_key(room);
+        let mut slot = self.find(self.keys.partition_point(|&k| k <= room) as u32);
         for _ in 0..scan {
             if slot == 0 {
                 return None;
@@ -112,6 +116,16 @@ impl ReleaseGroup {
             slot = self.find(slot - 1);
         }
         None
+    }
+}
+
+/// `cost` as an integer that orders as `f64::total_cmp` does.
+fn cost_key(cost: f64) -> u64 {
+    let bits = cost.to_bits();
+    if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
     }
 }
 
@@ -203,31 +217,36 @@ impl Heads {
         self.open.is_empty() && self.fresh_count == 0
     }
 
-    /// The largest open head not above `bound` that `fits`, among the `scan` largest.
+    /// The largest open head costing at most `room` that `fits`, among the `scan` largest.
     pub fn largest_open(
         &self,
-        bound: &Head,
+        room: f64,
         scan: usize,
         fits: &impl Fn(&Head) -> bool,
     ) -> Option<Head> {
+        // Chain 0 is the largest head of its cost.
+        let bound = Head {
+            cost: room,
+            chain: 0,
+        };
         self.open
-            .range(..=*bound)
+            .range(..=bound)
             .rev()
             .take(scan)
             .find(|h| fits(h))
             .copied()
     }
 
-    /// The largest fresh head not above `bound` that `fits` (among the `scan` largest of a
-    /// release), from the oldest release that has one.
+    /// The largest fresh head costing at most `room` that `fits` (among the `scan` largest of
+    /// a release), from the oldest release that has one.
     pub fn largest_fresh(
         &mut self,
-        bound: &Head,
+        room: f64,
         scan: usize,
         fits: &impl Fn(&Head) -> bool,
     ) -> Option<Head> {
         for &group in &self.live {
-            let found = self.groups[group as usize].largest_fitting(bound, scan, fits);
+            let found = self.groups[group as usize].largest_fitting(room, scan, fits);
             if found.is_some() {
                 return found;
             }
@@ -272,18 +291,18 @@ mod tests {
     fn largest_under_a_bound_skips_removed_heads() {
         let mut group = group();
         let any = |_: &Head| true;
-        let bound = head(5.0, 0);
-        assert_eq!(group.largest_fitting(&bound, 8, &any), Some(head(5.0, 0)));
+        let bound = 5.0;
+        assert_eq!(group.largest_fitting(bound, 8, &any), Some(head(5.0, 0)));
         // Heads ascending: 1.0 (1), 3.0 (3), 3.0 (2), 5.0 (0), 8.0 (4).
         group.remove(3);
-        assert_eq!(group.largest_fitting(&bound, 8, &any), Some(head(3.0, 2)));
+        assert_eq!(group.largest_fitting(bound, 8, &any), Some(head(3.0, 2)));
         group.remove(2);
-        assert_eq!(group.largest_fitting(&bound, 8, &any), Some(head(3.0, 3)));
+        assert_eq!(group.largest_fitting(bound, 8, &any), Some(head(3.0, 3)));
         let odd = |h: &Head| h.chain % 2 == 1;
-        assert_eq!(group.largest_fitting(&bound, 8, &odd), Some(head(3.0, 3)));
+        assert_eq!(group.largest_fitting(bound, 8, &odd), Some(head(3.0, 3)));
         let none = |_: &Head| false;
-        assert_eq!(group.largest_fitting(&head(0.5, 0), 8, &any), None);
-        assert_eq!(group.largest_fitting(&bound, 8, &none), None);
+        assert_eq!(group.largest_fitting(0.5, 8, &any), None);
+        assert_eq!(group.largest_fitting(bound, 8, &none), None);
     }
 
     #[test]
@@ -291,10 +310,10 @@ mod tests {
         let mut group = group();
         group.remove(3);
         let cheap = |h: &Head| h.cost < 2.0;
-        let bound = head(f64::INFINITY, 0);
+        let bound = f64::INFINITY;
         // Present from the top: 8.0, 3.0, 3.0, 1.0.
-        assert_eq!(group.largest_fitting(&bound, 3, &cheap), None);
-        assert_eq!(group.largest_fitting(&bound, 4, &cheap), Some(head(1.0, 1)));
+        assert_eq!(group.largest_fitting(bound, 3, &cheap), None);
+        assert_eq!(group.largest_fitting(bound, 4, &cheap), Some(head(1.0, 1)));
     }
 
     #[test]
@@ -306,11 +325,11 @@ mod tests {
         heads.start(head(6.0, 2));
         heads.seal();
         let any = |_: &Head| true;
-        let bound = head(f64::INFINITY, 0);
-        assert_eq!(heads.largest_fresh(&bound, 8, &any), Some(head(4.0, 1)));
+        let bound = f64::INFINITY;
+        assert_eq!(heads.largest_fresh(bound, 8, &any), Some(head(4.0, 1)));
         heads.remove(&head(4.0, 1));
         heads.remove(&head(2.0, 0));
-        assert_eq!(heads.largest_fresh(&bound, 8, &any), Some(head(6.0, 2)));
+        assert_eq!(heads.largest_fresh(bound, 8, &any), Some(head(6.0, 2)));
         heads.open(head(1.0, 0));
         assert_eq!(heads.smallest(), Some(head(1.0, 0)));
         heads.remove(&head(1.0, 0));

@@ -205,13 +205,9 @@ fn attempt(
             // started sample before starting a new one (fewer samples half-done, less memory);
             // new chains in the order they became available (the oldest released backward
             // first: it frees its sample's memory), each the largest of its release.
-            let bound = Head {
-                cost: room,
-                chain: 0,
-            };
             let mut pick = heads
-                .largest_open(&bound, TOKEN_SCAN, &fits_tokens)
-                .or_else(|| heads.largest_fresh(&bound, TOKEN_SCAN, &fits_tokens));
+                .largest_open(room, TOKEN_SCAN, &fits_tokens)
+                .or_else(|| heads.largest_fresh(room, TOKEN_SCAN, &fits_tokens));
             if pick.is_none() && (members.is_empty() || last) {
                 // An empty pack must make progress, and the last pack takes everything: the
                 // smallest head (a cap overflow in the last pack grows the pack count).
