@@ -44,7 +44,9 @@ pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32
     let order = ChainOrder::new(chains, release);
     let mut count = packs.max(1);
     let mut best = loop {
-        let (result, fits) = attempt(chains, release, &order, count, cap, None);
+        // The last count tried keeps its partition even when it does not fit.
+        let keep_failure = count >= total_items;
+        let (result, fits) = attempt(chains, release, &order, count, cap, None, keep_failure);
         if fits || count >= total_items {
             break result;
         }
@@ -59,7 +61,15 @@ pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32
             break;
         }
         let budget = 0.5 * (low + high);
-        match attempt(chains, release, &order, best.len(), cap, Some(budget)) {
+        match attempt(
+            chains,
+            release,
+            &order,
+            best.len(),
+            cap,
+            Some(budget),
+            false,
+        ) {
             (candidate, true) if max_load(chains, &candidate) <= budget * (1.0 + 1e-9) => {
                 high = budget;
                 if max_load(chains, &candidate) < max_load(chains, &best) {
@@ -95,6 +105,7 @@ struct ChainOrder {
     /// Non-empty chains by length, longest first.
     by_length: Vec<usize>,
     total_cost: f64,
+    total_tokens: u64,
 }
 
 impl ChainOrder {
@@ -109,6 +120,7 @@ impl ChainOrder {
             waiting,
             by_length,
             total_cost: chains.iter().flatten().map(|i| i.cost).sum(),
+            total_tokens: chains.iter().flatten().map(|i| u64::from(i.tokens)).sum(),
         }
     }
 }
@@ -116,6 +128,11 @@ impl ChainOrder {
 /// One greedy pass into `count` packs. Pack budgets are `fixed` when given (the partition then
 /// fails if anything is left over), else `remaining cost / remaining packs` with the last pack
 /// taking what is left.
+///
+/// A pack over the cap fails the partition, so once the tokens left exceed `cap` times the
+/// packs left the pass cannot fit: unless `keep_failure`, it stops there and returns the
+/// partial partition as not fitting (the pack-count search then tries the next count without
+/// finishing a doomed pass, which would make it quadratic in the packs).
 fn attempt(
     chains: &[Vec<Item>],
     release: &[usize],
@@ -123,6 +140,7 @@ fn attempt(
     count: usize,
     cap: u32,
     fixed: Option<f64>,
+    keep_failure: bool,
 ) -> (Partition, bool) {
     let mut next = vec![0usize; chains.len()];
     // Chains not yet released, latest release first (popped from the back). A chain released
@@ -137,10 +155,14 @@ fn attempt(
     let by_length = &order.by_length;
     let mut long_enough = 0;
     let mut remaining_cost = order.total_cost;
+    let mut remaining_tokens = order.total_tokens;
     let mut result: Partition = Vec::with_capacity(count);
     let mut fits = true;
     for k in 0..count {
         let packs_left = count - k;
+        if !keep_failure && remaining_tokens > u64::from(cap) * packs_left as u64 {
+            return (result, false);
+        }
         let last = packs_left == 1 && fixed.is_none();
         // Release the chains due by this pack (all of them in the last pack); an empty set of
         // heads releases the next chain early so that every pack makes progress.
@@ -224,6 +246,7 @@ fn attempt(
             fits = false;
         }
         remaining_cost -= cost;
+        remaining_tokens -= tokens;
         if !members.is_empty() {
             result.push(members);
         }
