@@ -129,9 +129,40 @@ fn cost_key(cost: f64) -> u64 {
     }
 }
 
+/// Every chain's first head, in ascending order, computed once per partition: a release is
+/// sorted by these ranks (or, when it holds most chains, picked out of this order).
+#[derive(Debug)]
+pub(super) struct FirstHeads {
+    ascending: Vec<Head>,
+    /// Position of each chain's first head in `ascending` (empty chains: none).
+    rank: Vec<u32>,
+}
+
+impl FirstHeads {
+    pub fn new(chains: &[Vec<Item>]) -> FirstHeads {
+        let mut ascending: Vec<Head> = chains
+            .iter()
+            .enumerate()
+            .filter_map(|(chain, items)| {
+                items.first().map(|item| Head {
+                    cost: item.cost,
+                    chain,
+                })
+            })
+            .collect();
+        ascending.sort_unstable();
+        let mut rank = vec![u32::MAX; chains.len()];
+        for (position, head) in ascending.iter().enumerate() {
+            rank[head.chain] = position as u32;
+        }
+        FirstHeads { ascending, rank }
+    }
+}
+
 /// The chain heads available to the pack being filled (see the module comment).
 #[derive(Debug)]
-pub(super) struct Heads {
+pub(super) struct Heads<'a> {
+    firsts: &'a FirstHeads,
     open: BTreeSet<Head>,
     groups: Vec<ReleaseGroup>,
     /// Groups with a head present, oldest release first.
@@ -142,9 +173,11 @@ pub(super) struct Heads {
     fresh_count: usize,
 }
 
-impl Heads {
-    pub fn new(chains: usize) -> Heads {
+impl<'a> Heads<'a> {
+    pub fn new(firsts: &'a FirstHeads) -> Heads<'a> {
+        let chains = firsts.rank.len();
         Heads {
+            firsts,
             open: BTreeSet::new(),
             groups: Vec::new(),
             live: Vec::new(),
@@ -154,7 +187,7 @@ impl Heads {
         }
     }
 
-    /// Makes a chain available in the current pack's release.
+    /// Makes a chain available in the current pack's release (`head` is its first head).
     pub fn start(&mut self, head: Head) {
         self.pending.push(head);
         self.fresh[head.chain] = Fresh::Pending;
@@ -167,7 +200,16 @@ impl Heads {
             return;
         }
         let mut heads = std::mem::take(&mut self.pending);
-        heads.sort_unstable();
+        if heads.len() >= self.firsts.ascending.len() / 4 {
+            // Most chains at once (the forward's first pack): filtering the whole order is
+            // linear, sorting is not.
+            heads = (self.firsts.ascending.iter())
+                .filter(|head| self.fresh[head.chain] == Fresh::Pending)
+                .copied()
+                .collect();
+        } else {
+            heads.sort_unstable_by_key(|head| self.firsts.rank[head.chain]);
+        }
         let group = self.groups.len() as u32;
         for (index, head) in heads.iter().enumerate() {
             self.fresh[head.chain] = Fresh::At {
@@ -318,7 +360,12 @@ mod tests {
 
     #[test]
     fn heads_come_from_the_oldest_release_and_the_open_set() {
-        let mut heads = Heads::new(4);
+        let chains: Vec<Vec<Item>> = [2.0, 4.0, 6.0, 1.0]
+            .iter()
+            .map(|&cost| vec![Item { cost, tokens: 1 }])
+            .collect();
+        let firsts = FirstHeads::new(&chains);
+        let mut heads = Heads::new(&firsts);
         heads.start(head(2.0, 0));
         heads.start(head(4.0, 1));
         heads.seal();

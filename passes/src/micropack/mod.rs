@@ -9,7 +9,10 @@
 //! packs is urgent: its head goes in now. Because packs are filled in order and a chain's next
 //! slice only becomes a head once the previous one is placed, the order constraints hold by
 //! construction. The last pack takes what is left; if that breaks the token cap, the pack count
-//! grows by one and the partition is rebuilt.
+//! grows by one and the partition is rebuilt (a pass stops as soon as the tokens left exceed
+//! what the packs left can hold, so the search over counts is not quadratic in the packs).
+//! The heads are kept in `heads.rs`: sorted release groups with a union-find over removals, so a
+//! greedy pass is O(n log n) in the slices.
 //!
 //! Two refinements follow: a bisection on a uniform per-pack budget (the same greedy, with every
 //! pack capped at the budget, keeping the smallest budget that places everything), and a local
@@ -22,7 +25,7 @@ mod heads;
 mod improve;
 
 pub(crate) use build::{pack_direction, PackOptions, BACKWARD_OPTIONS, OPTIONS};
-use heads::{Head, Heads};
+use heads::{FirstHeads, Head, Heads};
 use improve::improve;
 
 /// One slice to pack: its cost in the direction being packed and its tokens.
@@ -104,6 +107,7 @@ struct ChainOrder {
     waiting: Vec<usize>,
     /// Non-empty chains by length, longest first.
     by_length: Vec<usize>,
+    firsts: FirstHeads,
     total_cost: f64,
     total_tokens: u64,
 }
@@ -119,6 +123,7 @@ impl ChainOrder {
         ChainOrder {
             waiting,
             by_length,
+            firsts: FirstHeads::new(chains),
             total_cost: chains.iter().flatten().map(|i| i.cost).sum(),
             total_tokens: chains.iter().flatten().map(|i| u64::from(i.tokens)).sum(),
         }
@@ -148,7 +153,7 @@ fn attempt(
     let mut waiting = order.waiting.clone();
     let mut unreleased = waiting.len();
     let mut released = vec![false; chains.len()];
-    let mut heads = Heads::new(chains.len());
+    let mut heads = Heads::new(&order.firsts);
     // Chains by length, longest first: the chains that can be urgent at a pack (at least as
     // many slices as packs left) are a prefix that grows as packs are filled, so each pack
     // looks only at them (linear over the partition, not chains x packs).
