@@ -112,38 +112,66 @@ impl SchedulePipeline {
     }
 }
 
-/// The 1F1B order of one replica on stage `stage` of `stages`.
-pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, warmup: usize) -> Vec<PackId> {
-    let forward = ir.packs_on(replica, Direction::Forward);
-    let backward = ir.packs_on(replica, Direction::Backward);
-    // need[b]: forwards that must have run before backward pack b.
-    let position: std::collections::HashMap<PackId, usize> =
-        forward.iter().enumerate().map(|(i, &p)| (p, i)).collect();
-    let need: Vec<usize> = backward
-        .iter()
-        .map(|&b| {
-            ir.pack_slices(b)
-                .iter()
-                .filter_map(|&s| ir.pack_of(s, Direction::Forward))
-                .map(|f| position[&f] + 1)
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    // In-flight work is counted in packs when the backward packs are the forward packs (1F1B
-    // exactly), in tokens otherwise: the stage keeps `warmup + 1` average forward packs' worth
-    // of tokens in flight, however the two partitions cut them.
-    let symmetric = symmetric_packs(ir, &forward, &backward);
-    let weight = |pack: PackId| if symmetric { 1 } else { ir.pack_tokens(pack) };
-    let forward_weights: Vec<u64> = forward.iter().map(|&p| weight(p)).collect();
-    let backward_weights: Vec<u64> = backward.iter().map(|&p| weight(p)).collect();
-    stage_order(&need, &forward_weights, &backward_weights, warmup)
+/// What a replica's 1F1B stage orders depend on, read from the IR once per replica (every
+/// stage's order differs only in its warm-up): its packs in run order, the forwards each
+/// backward pack needs, and the packs' weights.
+struct ReplicaPacks {
+    forward: Vec<PackId>,
+    backward: Vec<PackId>,
+    /// need[b]: forwards that must have run before backward pack b.
+    need: Vec<usize>,
+    forward_weights: Vec<u64>,
+    backward_weights: Vec<u64>,
+}
+
+impl ReplicaPacks {
+    fn new(ir: &StepIr, replica: ReplicaId) -> ReplicaPacks {
+        let forward = ir.packs_on(replica, Direction::Forward);
+        let backward = ir.packs_on(replica, Direction::Backward);
+        let position: std::collections::HashMap<PackId, usize> =
+            forward.iter().enumerate().map(|(i, &p)| (p, i)).collect();
+        let need: Vec<usize> = backward
+            .iter()
+            .map(|&b| {
+                ir.pack_slices(b)
+                    .iter()
+                    .filter_map(|&s| ir.pack_of(s, Direction::Forward))
+                    .map(|f| position[&f] + 1)
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        // In-flight work is counted in packs when the backward packs are the forward packs
+        // (1F1B exactly), in tokens otherwise: the stage keeps `warmup + 1` average forward
+        // packs' worth of tokens in flight, however the two partitions cut them.
+        let symmetric = symmetric_packs(ir, &forward, &backward);
+        let weight = |pack: PackId| if symmetric { 1 } else { ir.pack_tokens(pack) };
+        let forward_weights: Vec<u64> = forward.iter().map(|&p| weight(p)).collect();
+        let backward_weights: Vec<u64> = backward.iter().map(|&p| weight(p)).collect();
+        ReplicaPacks {
+            forward,
+            backward,
+            need,
+            forward_weights,
+            backward_weights,
+        }
+    }
+
+    /// The 1F1B order of a stage with `warmup` forwards of warm-up.
+    fn one_f_one_b(&self, warmup: usize) -> Vec<PackId> {
+        stage_order(
+            &self.need,
+            &self.forward_weights,
+            &self.backward_weights,
+            warmup,
+        )
         .into_iter()
         .map(|op| match op {
-            StageOp::Forward(f) => forward[f],
-            StageOp::Backward(b) => backward[b],
+            StageOp::Forward(f) => self.forward[f],
+            StageOp::Backward(b) => self.backward[b],
         })
         .collect()
+    }
 }
 
 /// One pack run on a stage: forward pack `i` or backward pack `j` of the replica.
@@ -263,8 +291,9 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
                 .enumerate()
                 .filter(|&(s, &w)| w < (pp - 1) as usize - s)
                 .count();
+            let packs = ReplicaPacks::new(ir, replica);
             for (stage, &warmup) in warmups.iter().enumerate() {
-                let order = one_f_one_b(ir, replica, warmup);
+                let order = packs.one_f_one_b(warmup);
                 let directions = order.iter().map(|&pack| ir.pack(pack).direction);
                 max_in_flight = max_in_flight.max(most_forwards_in_flight(directions));
                 ir.set_schedule(replica, stage as u32, &order);

@@ -123,6 +123,11 @@ struct Game<'a> {
     next: Vec<usize>,
     /// Sends not yet received: (from, to, pack, direction) -> count.
     mailbox: HashMap<(Worker, Worker, u32, Direction), u32>,
+    /// Per pipeline stage: the DP collective its ranks are meeting at and how many of them,
+    /// from rank 0 up, are known to be at it. A rank at a collective stays there until it
+    /// runs, so the count only grows until then: checking a meeting is linear in dp, not the
+    /// quadratic of looking at every rank each time one more arrives.
+    meeting: Vec<Option<(&'a Op, u32)>>,
 }
 
 impl<'a> Game<'a> {
@@ -131,6 +136,7 @@ impl<'a> Game<'a> {
             program,
             next: vec![0; program.workers.len()],
             mailbox: HashMap::new(),
+            meeting: vec![None; program.pp as usize],
         }
     }
 
@@ -233,19 +239,32 @@ impl<'a> Game<'a> {
                     .collect();
                 return self.collective(op, &members);
             }
-            Op::ReduceScatter | Op::AllGather => {
-                let members: Vec<usize> = (0..self.program.dp)
-                    .map(|rank| {
-                        self.index(Worker {
-                            dp: rank,
-                            pp: me.pp,
-                        })
-                    })
-                    .collect();
-                return self.collective(op, &members);
-            }
+            Op::ReduceScatter | Op::AllGather => return self.dp_collective(op, me.pp),
         }
         self.next[index] += 1;
+        true
+    }
+
+    /// [`Game::collective`] of every DP rank of pipeline stage `pp`, resuming the count of
+    /// ranks known to be at `op` (see `meeting`).
+    fn dp_collective(&mut self, op: &'a Op, pp: u32) -> bool {
+        let dp = self.program.dp;
+        let mut arrived = match self.meeting[pp as usize] {
+            Some((meeting, arrived)) if meeting == op => arrived,
+            _ => 0,
+        };
+        while arrived < dp && self.current(self.index(Worker { dp: arrived, pp })) == Some(op) {
+            arrived += 1;
+        }
+        if arrived < dp {
+            self.meeting[pp as usize] = Some((op, arrived));
+            return false;
+        }
+        self.meeting[pp as usize] = None;
+        for rank in 0..dp {
+            let member = self.index(Worker { dp: rank, pp });
+            self.next[member] += 1;
+        }
         true
     }
 

@@ -28,6 +28,11 @@ pub struct ReplicaPlan {
 impl ReplicaPlan {
     /// The plans of all replicas that have packs, in replica order; one pass over the samples.
     pub fn all(ir: &StepIr) -> Vec<(ReplicaId, ReplicaPlan)> {
+        ReplicaPlan::all_where(ir, |_| true)
+    }
+
+    /// [`ReplicaPlan::all`] of the replicas (by position in the IR's order) that `wanted` keeps.
+    pub fn all_where(ir: &StepIr, wanted: impl Fn(usize) -> bool) -> Vec<(ReplicaId, ReplicaPlan)> {
         let mut on: HashMap<ReplicaId, Vec<SampleId>> = HashMap::default();
         let mut index: HashMap<SampleId, u32> = HashMap::default();
         for &sample in ir.samples() {
@@ -38,7 +43,10 @@ impl ReplicaPlan {
             }
         }
         let mut plans = Vec::new();
-        for &replica in ir.replicas() {
+        for (position, &replica) in ir.replicas().iter().enumerate() {
+            if !wanted(position) {
+                continue;
+            }
             let packs = |direction| -> Vec<Vec<Span>> {
                 ir.packs_on(replica, direction)
                     .into_iter()

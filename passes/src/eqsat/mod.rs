@@ -396,7 +396,7 @@ impl Pass for Eqsat {
 
     fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
         let start = Instant::now();
-        let ranks = if self.ranks {
+        let mut ranks = if self.ranks {
             placement::merge_ranks(self, ir, cx.machine())
         } else {
             placement::RankOutcome::default()
@@ -412,8 +412,8 @@ impl Pass for Eqsat {
             *totals.applied.entry(rule.clone()).or_default() += count;
         }
         let ranks_changed = ranks.ir.is_some();
-        if let Some(rebuilt) = &ranks.ir {
-            *ir = rebuilt.clone();
+        if let Some(rebuilt) = ranks.ir.take() {
+            *ir = rebuilt;
         }
         let model = cx.machine();
         let grain = self.grain.unwrap_or_else(|| default_grain(ir));
@@ -471,6 +471,18 @@ impl Pass for Eqsat {
             .map(|job| job.cost_before)
             .fold(bound, f64::max);
         let egraph_ms = start.elapsed().as_secs_f64() * 1e3 - setup_ms;
+        // The replicas left as they are keep their makespans (the rebuild copies them, and the
+        // replica order): only the refined ones are timed again for the step's cost.
+        let makespans: BTreeMap<ReplicaId, f64> = jobs
+            .iter()
+            .filter(|job| !plans.contains_key(&job.replica))
+            .map(|job| (job.replica, job.cost_before))
+            .collect();
+        let known: Vec<Option<f64>> = ir
+            .replicas()
+            .iter()
+            .map(|replica| makespans.get(replica).copied())
+            .collect();
         if !plans.is_empty() {
             *ir = rebuild::rebuild(ir, &plans, model);
         }
@@ -481,7 +493,7 @@ impl Pass for Eqsat {
         };
         // The step's cost as the pass counts it: the slowest rank (replicas it runs, summed).
         let cost_after = if result == "improved" {
-            placement::step_seconds(ir, cx.machine())
+            placement::step_seconds_knowing(ir, cx.machine(), &known)
         } else {
             cost_before
         };

@@ -181,12 +181,27 @@ pub fn merge_ranks(eqsat: &Eqsat, ir: &StepIr, model: &CostModel) -> RankOutcome
 
 /// The slowest rank's seconds: per rank, the makespans of the replicas it belongs to.
 pub fn step_seconds(ir: &StepIr, model: &CostModel) -> f64 {
+    step_seconds_knowing(ir, model, &vec![None; ir.replicas().len()])
+}
+
+/// [`step_seconds`] where `known[position]` already holds the makespan of the replica at that
+/// position of the IR's order (a replica a pass left as it was): only the others are timed.
+pub fn step_seconds_knowing(ir: &StepIr, model: &CostModel, known: &[Option<f64>]) -> f64 {
     let mut rank_seconds = vec![0.0f64; ir.spec.parallel.dp as usize];
-    for (replica, plan) in ReplicaPlan::all(ir) {
+    let mut timed: HashMap<ReplicaId, f64> = HashMap::new();
+    for (replica, plan) in ReplicaPlan::all_where(ir, |position| known[position].is_none()) {
         let ranks = ir.replica(replica).ranks.clone();
-        let mut timer = PackTimer::new(model.clone(), ranks.clone());
-        let seconds = makespan::makespan(&mut timer, &plan.forward, &plan.backward);
-        for rank in ranks {
+        let mut timer = PackTimer::new(model.clone(), ranks);
+        timed.insert(
+            replica,
+            makespan::makespan(&mut timer, &plan.forward, &plan.backward),
+        );
+    }
+    for (position, replica) in ir.replicas().iter().enumerate() {
+        let Some(seconds) = known[position].or_else(|| timed.get(replica).copied()) else {
+            continue;
+        };
+        for &rank in &ir.replica(*replica).ranks {
             rank_seconds[rank as usize] += seconds;
         }
     }

@@ -73,9 +73,73 @@ pub type PairGraph = EGraph<Schedule, RankAnalysis>;
 /// The samples of a `work` list (increasing) and their summed loads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Crew {
-    pub units: Rc<[u32]>,
+    pub units: Units,
     pub plain: PackLoad,
     pub merged: PackLoad,
+}
+
+/// The samples of a `work` list, in order: one shared cell per `work` e-node, holding its
+/// sample and its tail's cells, so that the analysis of a list of n samples costs O(n), not
+/// the O(n^2) of copying every tail (rank pairs hold thousands of samples).
+#[derive(Debug, Clone, Default)]
+pub struct Units(Option<Rc<UnitCell>>);
+
+#[derive(Debug)]
+struct UnitCell {
+    unit: u32,
+    rest: Units,
+}
+
+impl Units {
+    /// `unit` followed by `rest`.
+    fn cons(unit: u32, rest: &Units) -> Units {
+        Units(Some(Rc::new(UnitCell {
+            unit,
+            rest: rest.clone(),
+        })))
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut cell = self.0.as_deref();
+        std::iter::from_fn(move || {
+            let current = cell?;
+            cell = current.rest.0.as_deref();
+            Some(current.unit)
+        })
+    }
+
+    pub fn to_vec(&self) -> Vec<u32> {
+        self.iter().collect()
+    }
+}
+
+impl PartialEq for Units {
+    fn eq(&self, other: &Units) -> bool {
+        let (mut a, mut b) = (self.0.as_ref(), other.0.as_ref());
+        loop {
+            match (a, b) {
+                (None, None) => return true,
+                (Some(x), Some(y)) if Rc::ptr_eq(x, y) => return true,
+                (Some(x), Some(y)) if x.unit == y.unit => {
+                    (a, b) = (x.rest.0.as_ref(), y.rest.0.as_ref());
+                }
+                _ => return false,
+            }
+        }
+    }
+}
+
+impl Drop for Units {
+    /// Iteratively: a long list dropped recursively would overflow the stack.
+    fn drop(&mut self) {
+        let mut next = self.0.take();
+        while let Some(cell) = next {
+            next = match Rc::try_unwrap(cell) {
+                Ok(mut cell) => cell.rest.0.take(),
+                Err(_) => None,
+            };
+        }
+    }
 }
 
 /// Per e-class data.
@@ -103,7 +167,7 @@ impl Analysis<Schedule> for RankAnalysis {
         match enode {
             Schedule::WholeSample(whole) => RankData::Whole(whole.0),
             Schedule::Idle => RankData::Work(Crew {
-                units: Rc::from(Vec::new()),
+                units: Units::default(),
                 plain: PackLoad::default(),
                 merged: PackLoad::default(),
             }),
@@ -113,11 +177,8 @@ impl Analysis<Schedule> for RankAnalysis {
                 };
                 let rest = egraph[*rest].data.crew();
                 let facts = &egraph.analysis.facts.units[unit as usize];
-                let mut units = Vec::with_capacity(rest.units.len() + 1);
-                units.push(unit);
-                units.extend_from_slice(&rest.units);
                 RankData::Work(Crew {
-                    units: Rc::from(units),
+                    units: Units::cons(unit, &rest.units),
                     plain: rest.plain.add(&facts.plain),
                     merged: rest.merged.add(&facts.merged),
                 })
@@ -264,7 +325,7 @@ impl Applier<Schedule, RankAnalysis> for Place {
         let before = analysis.cost(&crews[0].plain, &crews[1].plain, &crews[2].merged);
         let mut steps = Vec::new();
         for (from, to) in directions(self.0, &before) {
-            for &unit in crews[from].units.iter() {
+            for unit in crews[from].units.iter() {
                 if to < 2 && !fits_plain(&facts, unit) {
                     continue;
                 }

@@ -9,7 +9,10 @@
 //! packs is urgent: its head goes in now. Because packs are filled in order and a chain's next
 //! slice only becomes a head once the previous one is placed, the order constraints hold by
 //! construction. The last pack takes what is left; if that breaks the token cap, the pack count
-//! grows by one and the partition is rebuilt.
+//! grows by one and the partition is rebuilt (a pass stops as soon as the tokens left exceed
+//! what the packs left can hold, so the search over counts is not quadratic in the packs).
+//! The heads are kept in `heads.rs`: sorted release groups with a union-find over removals, so a
+//! greedy pass is O(n log n) in the slices.
 //!
 //! Two refinements follow: a bisection on a uniform per-pack budget (the same greedy, with every
 //! pack capped at the budget, keeping the smallest budget that places everything), and a local
@@ -17,12 +20,12 @@
 //! order constraints allow. `benches/optimality_gap.rs` measures the result against the exact
 //! MILP ([`crate::milp`], feature `milp`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-
 mod build;
+mod heads;
 mod improve;
 
 pub(crate) use build::{pack_direction, PackOptions, BACKWARD_OPTIONS, OPTIONS};
+use heads::{FirstHeads, Head, Heads};
 use improve::improve;
 
 /// One slice to pack: its cost in the direction being packed and its tokens.
@@ -41,9 +44,12 @@ pub type Partition = Vec<Vec<(usize, usize)>>;
 /// not wait on forwards far beyond forward pack k). Returns the packs in run order.
 pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32) -> Partition {
     let total_items: usize = chains.iter().map(Vec::len).sum();
+    let order = ChainOrder::new(chains, release);
     let mut count = packs.max(1);
     let mut best = loop {
-        let (result, fits) = attempt(chains, release, count, cap, None);
+        // The last count tried keeps its partition even when it does not fit.
+        let keep_failure = count >= total_items;
+        let (result, fits) = attempt(chains, release, &order, count, cap, None, keep_failure);
         if fits || count >= total_items {
             break result;
         }
@@ -58,7 +64,15 @@ pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32
             break;
         }
         let budget = 0.5 * (low + high);
-        match attempt(chains, release, best.len(), cap, Some(budget)) {
+        match attempt(
+            chains,
+            release,
+            &order,
+            best.len(),
+            cap,
+            Some(budget),
+            false,
+        ) {
             (candidate, true) if max_load(chains, &candidate) <= budget * (1.0 + 1e-9) => {
                 high = budget;
                 if max_load(chains, &candidate) < max_load(chains, &best) {
@@ -87,61 +101,74 @@ fn max_load(chains: &[Vec<Item>], partition: &Partition) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Chain-head key for the ordered set: cost (total order), then chain index for determinism.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Head {
-    cost: f64,
-    chain: usize,
+/// The orders every greedy pass of one partition walks, computed once.
+struct ChainOrder {
+    /// Non-empty chains, latest release first (popped from the back).
+    waiting: Vec<usize>,
+    /// Non-empty chains by length, longest first.
+    by_length: Vec<usize>,
+    firsts: FirstHeads,
+    total_cost: f64,
+    total_tokens: u64,
 }
-impl Eq for Head {}
-impl PartialOrd for Head {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Head {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.cost
-            .total_cmp(&other.cost)
-            .then(other.chain.cmp(&self.chain))
+
+impl ChainOrder {
+    fn new(chains: &[Vec<Item>], release: &[usize]) -> ChainOrder {
+        let mut waiting: Vec<usize> = (0..chains.len())
+            .filter(|&c| !chains[c].is_empty())
+            .collect();
+        let mut by_length = waiting.clone();
+        waiting.sort_by(|a, b| release[*b].cmp(&release[*a]).then(b.cmp(a)));
+        by_length.sort_by(|a, b| chains[*b].len().cmp(&chains[*a].len()).then(a.cmp(b)));
+        ChainOrder {
+            waiting,
+            by_length,
+            firsts: FirstHeads::new(chains),
+            total_cost: chains.iter().flatten().map(|i| i.cost).sum(),
+            total_tokens: chains.iter().flatten().map(|i| u64::from(i.tokens)).sum(),
+        }
     }
 }
 
 /// One greedy pass into `count` packs. Pack budgets are `fixed` when given (the partition then
 /// fails if anything is left over), else `remaining cost / remaining packs` with the last pack
 /// taking what is left.
+///
+/// A pack over the cap fails the partition, so once the tokens left exceed `cap` times the
+/// packs left the pass cannot fit: unless `keep_failure`, it stops there and returns the
+/// partial partition as not fitting (the pack-count search then tries the next count without
+/// finishing a doomed pass, which would make it quadratic in the packs).
 fn attempt(
     chains: &[Vec<Item>],
     release: &[usize],
+    order: &ChainOrder,
     count: usize,
     cap: u32,
     fixed: Option<f64>,
+    keep_failure: bool,
 ) -> (Partition, bool) {
     let mut next = vec![0usize; chains.len()];
     // Chains not yet released, latest release first (popped from the back). A chain released
     // early because it became urgent stays in the vector, marked in `released`, and is skipped.
-    let mut waiting: Vec<usize> = (0..chains.len())
-        .filter(|&c| !chains[c].is_empty())
-        .collect();
-    waiting.sort_by(|a, b| release[*b].cmp(&release[*a]).then(b.cmp(a)));
+    let mut waiting = order.waiting.clone();
     let mut unreleased = waiting.len();
     let mut released = vec![false; chains.len()];
-    let mut heads = Heads::default();
+    let mut heads = Heads::new(&order.firsts);
     // Chains by length, longest first: the chains that can be urgent at a pack (at least as
     // many slices as packs left) are a prefix that grows as packs are filled, so each pack
     // looks only at them (linear over the partition, not chains x packs).
-    let mut by_length: Vec<usize> = (0..chains.len())
-        .filter(|&c| !chains[c].is_empty())
-        .collect();
-    by_length.sort_by(|a, b| chains[*b].len().cmp(&chains[*a].len()).then(a.cmp(b)));
+    let by_length = &order.by_length;
     let mut long_enough = 0;
-    let mut remaining_cost: f64 = chains.iter().flatten().map(|i| i.cost).sum();
+    let mut remaining_cost = order.total_cost;
+    let mut remaining_tokens = order.total_tokens;
     let mut result: Partition = Vec::with_capacity(count);
     let mut fits = true;
     for k in 0..count {
         let packs_left = count - k;
+        if !keep_failure && remaining_tokens > u64::from(cap) * packs_left as u64 {
+            return (result, false);
+        }
         let last = packs_left == 1 && fixed.is_none();
-        heads.begin_release(k);
         // Release the chains due by this pack (all of them in the last pack); an empty set of
         // heads releases the next chain early so that every pack makes progress.
         while let Some(&chain) = waiting.last() {
@@ -177,6 +204,7 @@ fn attempt(
                 });
             }
         }
+        heads.seal();
         // Only chains of several slices can become urgent before the last pack.
         let mut urgent: Vec<usize> = by_length[..long_enough]
             .iter()
@@ -199,25 +227,14 @@ fn attempt(
             let room = if last { f64::INFINITY } else { budget - cost };
             let token_room = u64::from(cap).saturating_sub(tokens);
             let fits_tokens =
-                |h: &&Head| u64::from(chains[h.chain][next[h.chain]].tokens) <= token_room;
+                |h: &Head| u64::from(chains[h.chain][next[h.chain]].tokens) <= token_room;
             // The largest head that fits both the cost budget and the token cap, continuing a
-            // started sample before starting a new one (fewer samples half-done, less memory).
-            let largest_fitting = |set: &BTreeSet<Head>| {
-                set.range(
-                    ..=Head {
-                        cost: room,
-                        chain: 0,
-                    },
-                )
-                .rev()
-                .take(TOKEN_SCAN)
-                .find(fits_tokens)
-                .copied()
-            };
-            // New chains in the order they became available (the oldest released backward
+            // started sample before starting a new one (fewer samples half-done, less memory);
+            // new chains in the order they became available (the oldest released backward
             // first: it frees its sample's memory), each the largest of its release.
-            let mut pick = largest_fitting(&heads.open)
-                .or_else(|| heads.fresh.values().find_map(largest_fitting));
+            let mut pick = heads
+                .largest_open(room, TOKEN_SCAN, &fits_tokens)
+                .or_else(|| heads.largest_fresh(room, TOKEN_SCAN, &fits_tokens));
             if pick.is_none() && (members.is_empty() || last) {
                 // An empty pack must make progress, and the last pack takes everything: the
                 // smallest head (a cap overflow in the last pack grows the pack count).
@@ -234,6 +251,7 @@ fn attempt(
             fits = false;
         }
         remaining_cost -= cost;
+        remaining_tokens -= tokens;
         if !members.is_empty() {
             result.push(members);
         }
@@ -245,88 +263,16 @@ fn attempt(
 }
 
 fn take(chain: usize, item: Item, next: &mut [usize], heads: &mut Heads, chains: &[Vec<Item>]) {
-    let head = Head {
+    heads.remove(&Head {
         cost: item.cost,
         chain,
-    };
-    if !heads.open.remove(&head) {
-        heads.remove_fresh(&head);
-    }
+    });
     next[chain] += 1;
     if let Some(following) = chains[chain].get(next[chain]) {
-        heads.open.insert(Head {
+        heads.open(Head {
             cost: following.cost,
             chain,
         });
-    }
-}
-
-/// The chain heads available to the pack being filled: of chains already started (`open`) and
-/// of chains not started yet (`fresh`, grouped by the pack at which they were released, oldest
-/// release first).
-#[derive(Debug, Default)]
-struct Heads {
-    open: BTreeSet<Head>,
-    fresh: BTreeMap<usize, BTreeSet<Head>>,
-    /// Which release group new fresh heads join, and where each fresh chain sits.
-    current_release: usize,
-    release_of: HashMap<usize, usize>,
-}
-
-impl Heads {
-    /// Makes a chain available in the current release group.
-    fn start(&mut self, head: Head) {
-        self.fresh
-            .entry(self.current_release)
-            .or_default()
-            .insert(head);
-        self.release_of.insert(head.chain, self.current_release);
-    }
-
-    /// Chains made available from now on belong to the release of pack `k`.
-    fn begin_release(&mut self, k: usize) {
-        self.current_release = k;
-    }
-
-    fn remove_fresh(&mut self, head: &Head) {
-        if let Some(release) = self.release_of.remove(&head.chain) {
-            if let Some(set) = self.fresh.get_mut(&release) {
-                set.remove(head);
-                if set.is_empty() {
-                    self.fresh.remove(&release);
-                }
-            }
-        }
-    }
-
-    /// Whether chain `c`'s next item is an available head.
-    fn contains(&self, c: usize, chains: &[Vec<Item>], next: &[usize]) -> bool {
-        let Some(item) = chains[c].get(next[c]) else {
-            return false;
-        };
-        let head = Head {
-            cost: item.cost,
-            chain: c,
-        };
-        self.open.contains(&head) || self.release_of.contains_key(&c)
-    }
-
-    fn is_empty(&self) -> bool {
-        self.open.is_empty() && self.fresh.is_empty()
-    }
-
-    /// The cheapest head of either set.
-    fn smallest(&self) -> Option<Head> {
-        let fresh = self
-            .fresh
-            .values()
-            .filter_map(|set| set.first())
-            .min()
-            .copied();
-        match (self.open.first().copied(), fresh) {
-            (Some(a), Some(b)) => Some(if b < a { b } else { a }),
-            (a, b) => a.or(b),
-        }
     }
 }
 

@@ -1,0 +1,386 @@
+//! The chain heads the MicroPack greedy chooses from: heads of chains already started (`open`,
+//! an ordered set: a started chain's next slice joins it as the previous one is placed) and
+//! heads of chains not started yet (`fresh`, grouped by the pack at which they were released,
+//! oldest release first).
+//!
+//! Fresh heads are only ever removed once their group is complete, so a group is a sorted
+//! vector with a union-find over removed positions ([`ReleaseGroup`]): the largest head under a
+//! cost bound is a binary search plus a near-constant skip over removed heads, instead of an
+//! ordered-set walk with an allocation per insertion. A pack's releases are collected and
+//! sealed into their group before the pack takes anything ([`Heads::seal`]).
+
+use std::collections::BTreeSet;
+
+use super::Item;
+
+/// Chain-head key: cost (total order), then chain index for determinism (the lower chain is
+/// the larger key, so it is preferred among equal costs).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Head {
+    pub cost: f64,
+    pub chain: usize,
+}
+impl Eq for Head {}
+impl PartialOrd for Head {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Head {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.cost
+            .total_cmp(&other.cost)
+            .then(other.chain.cmp(&self.chain))
+    }
+}
+
+/// Where a chain's fresh head is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fresh {
+    /// Not a fresh head (not released yet, or already started).
+    No,
+    /// Released in the current pack, not sealed into its group yet.
+    Pending,
+    /// In group `group` at position `index`.
+    At { group: u32, index: u32 },
+}
+
+/// The fresh heads of one release, ascending, with removals.
+#[derive(Debug)]
+struct ReleaseGroup {
+    heads: Vec<Head>,
+    /// The heads' costs as order-preserving integers (the binary search's keys).
+    keys: Vec<u64>,
+    /// Union-find over slots (slot `i + 1` is head `i`, slot 0 is "none"): a slot is its own
+    /// root while its head is present; a removed head's slot points one slot down.
+    below: Vec<u32>,
+    present: usize,
+    /// No head below this position is present.
+    lowest: usize,
+}
+
+impl ReleaseGroup {
+    fn new(heads: Vec<Head>) -> ReleaseGroup {
+        let present = heads.len();
+        ReleaseGroup {
+            below: (0..=heads.len() as u32).collect(),
+            keys: heads.iter().map(|h| cost_key(h.cost)).collect(),
+            heads,
+            present,
+            lowest: 0,
+        }
+    }
+
+    /// The slot of the highest present head at or below `slot` (0: none).
+    fn find(&mut self, mut slot: u32) -> u32 {
+        while self.below[slot as usize] != slot {
+            let parent = self.below[slot as usize];
+            self.below[slot as usize] = self.below[parent as usize];
+            slot = parent;
+        }
+        slot
+    }
+
+    fn remove(&mut self, index: usize) {
+        self.below[index + 1] = index as u32;
+        self.present -= 1;
+    }
+
+    fn smallest(&mut self) -> Option<Head> {
+        while self.lowest < self.heads.len()
+            && self.below[self.lowest + 1] as usize != self.lowest + 1
+        {
+            self.lowest += 1;
+        }
+        self.heads.get(self.lowest).copied()
+    }
+
+    /// The largest present head costing at most `room` for which `fits` holds, looking at no
+    /// more than `scan` present heads from the top.
+    fn largest_fitting(
+        &mut self,
+        room: f64,
+        scan: usize,
+        fits: &impl Fn(&Head) -> bool,
+    ) -> Option<Head> {
+        let room = cost_key(room);
+        let mut slot = self.find(self.keys.partition_point(|&k| k <= room) as u32);
+        for _ in 0..scan {
+            if slot == 0 {
+                return None;
+            }
+            let head = self.heads[slot as usize - 1];
+            if fits(&head) {
+                return Some(head);
+            }
+            slot = self.find(slot - 1);
+        }
+        None
+    }
+}
+
+/// `cost` as an integer that orders as `f64::total_cmp` does.
+fn cost_key(cost: f64) -> u64 {
+    let bits = cost.to_bits();
+    if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | 1 << 63
+    }
+}
+
+/// Every chain's first head, in ascending order, computed once per partition: a release is
+/// sorted by these ranks (or, when it holds most chains, picked out of this order).
+#[derive(Debug)]
+pub(super) struct FirstHeads {
+    ascending: Vec<Head>,
+    /// Position of each chain's first head in `ascending` (empty chains: none).
+    rank: Vec<u32>,
+}
+
+impl FirstHeads {
+    pub fn new(chains: &[Vec<Item>]) -> FirstHeads {
+        let mut ascending: Vec<Head> = chains
+            .iter()
+            .enumerate()
+            .filter_map(|(chain, items)| {
+                items.first().map(|item| Head {
+                    cost: item.cost,
+                    chain,
+                })
+            })
+            .collect();
+        ascending.sort_unstable();
+        let mut rank = vec![u32::MAX; chains.len()];
+        for (position, head) in ascending.iter().enumerate() {
+            rank[head.chain] = position as u32;
+        }
+        FirstHeads { ascending, rank }
+    }
+}
+
+/// The chain heads available to the pack being filled (see the module comment).
+#[derive(Debug)]
+pub(super) struct Heads<'a> {
+    firsts: &'a FirstHeads,
+    open: BTreeSet<Head>,
+    groups: Vec<ReleaseGroup>,
+    /// Groups with a head present, oldest release first.
+    live: Vec<u32>,
+    pending: Vec<Head>,
+    fresh: Vec<Fresh>,
+    /// Fresh heads present or pending.
+    fresh_count: usize,
+}
+
+impl<'a> Heads<'a> {
+    pub fn new(firsts: &'a FirstHeads) -> Heads<'a> {
+        let chains = firsts.rank.len();
+        Heads {
+            firsts,
+            open: BTreeSet::new(),
+            groups: Vec::new(),
+            live: Vec::new(),
+            pending: Vec::new(),
+            fresh: vec![Fresh::No; chains],
+            fresh_count: 0,
+        }
+    }
+
+    /// Makes a chain available in the current pack's release (`head` is its first head).
+    pub fn start(&mut self, head: Head) {
+        self.pending.push(head);
+        self.fresh[head.chain] = Fresh::Pending;
+        self.fresh_count += 1;
+    }
+
+    /// Closes the current pack's release: its chains become one group, after the older ones.
+    pub fn seal(&mut self) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let mut heads = std::mem::take(&mut self.pending);
+        if heads.len() >= self.firsts.ascending.len() / 4 {
+            // Most chains at once (the forward's first pack): filtering the whole order is
+            // linear, sorting is not.
+            heads = (self.firsts.ascending.iter())
+                .filter(|head| self.fresh[head.chain] == Fresh::Pending)
+                .copied()
+                .collect();
+        } else {
+            heads.sort_unstable_by_key(|head| self.firsts.rank[head.chain]);
+        }
+        let group = self.groups.len() as u32;
+        for (index, head) in heads.iter().enumerate() {
+            self.fresh[head.chain] = Fresh::At {
+                group,
+                index: index as u32,
+            };
+        }
+        self.groups.push(ReleaseGroup::new(heads));
+        self.live.push(group);
+    }
+
+    /// A started chain's next head.
+    pub fn open(&mut self, head: Head) {
+        self.open.insert(head);
+    }
+
+    /// Removes `head`, open or fresh (sealed).
+    pub fn remove(&mut self, head: &Head) {
+        if self.open.remove(head) {
+            return;
+        }
+        let Fresh::At { group, index } = self.fresh[head.chain] else {
+            panic!("micropack: removing a head that is neither open nor sealed (bug)");
+        };
+        self.fresh[head.chain] = Fresh::No;
+        self.fresh_count -= 1;
+        let release = &mut self.groups[group as usize];
+        release.remove(index as usize);
+        if release.present == 0 {
+            self.live.retain(|&g| g != group);
+        }
+    }
+
+    /// Whether chain `c`'s next item is an available head.
+    pub fn contains(&self, c: usize, chains: &[Vec<Item>], next: &[usize]) -> bool {
+        let Some(item) = chains[c].get(next[c]) else {
+            return false;
+        };
+        self.fresh[c] != Fresh::No
+            || self.open.contains(&Head {
+                cost: item.cost,
+                chain: c,
+            })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.open.is_empty() && self.fresh_count == 0
+    }
+
+    /// The largest open head costing at most `room` that `fits`, among the `scan` largest.
+    pub fn largest_open(
+        &self,
+        room: f64,
+        scan: usize,
+        fits: &impl Fn(&Head) -> bool,
+    ) -> Option<Head> {
+        // Chain 0 is the largest head of its cost.
+        let bound = Head {
+            cost: room,
+            chain: 0,
+        };
+        self.open
+            .range(..=bound)
+            .rev()
+            .take(scan)
+            .find(|h| fits(h))
+            .copied()
+    }
+
+    /// The largest fresh head costing at most `room` that `fits` (among the `scan` largest of
+    /// a release), from the oldest release that has one.
+    pub fn largest_fresh(
+        &mut self,
+        room: f64,
+        scan: usize,
+        fits: &impl Fn(&Head) -> bool,
+    ) -> Option<Head> {
+        for &group in &self.live {
+            let found = self.groups[group as usize].largest_fitting(room, scan, fits);
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
+    /// The cheapest head of either set.
+    pub fn smallest(&mut self) -> Option<Head> {
+        let mut least = self.open.first().copied();
+        for &group in &self.live {
+            let first = self.groups[group as usize].smallest();
+            if let Some(head) = first {
+                if least.is_none_or(|l| head < l) {
+                    least = Some(head);
+                }
+            }
+        }
+        least
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(cost: f64, chain: usize) -> Head {
+        Head { cost, chain }
+    }
+
+    fn group() -> ReleaseGroup {
+        let mut heads: Vec<Head> = [5.0, 1.0, 3.0, 3.0, 8.0]
+            .iter()
+            .enumerate()
+            .map(|(chain, &cost)| head(cost, chain))
+            .collect();
+        heads.sort_unstable();
+        ReleaseGroup::new(heads)
+    }
+
+    #[test]
+    fn largest_under_a_bound_skips_removed_heads() {
+        let mut group = group();
+        let any = |_: &Head| true;
+        let bound = 5.0;
+        assert_eq!(group.largest_fitting(bound, 8, &any), Some(head(5.0, 0)));
+        // Heads ascending: 1.0 (1), 3.0 (3), 3.0 (2), 5.0 (0), 8.0 (4).
+        group.remove(3);
+        assert_eq!(group.largest_fitting(bound, 8, &any), Some(head(3.0, 2)));
+        group.remove(2);
+        assert_eq!(group.largest_fitting(bound, 8, &any), Some(head(3.0, 3)));
+        let odd = |h: &Head| h.chain % 2 == 1;
+        assert_eq!(group.largest_fitting(bound, 8, &odd), Some(head(3.0, 3)));
+        let none = |_: &Head| false;
+        assert_eq!(group.largest_fitting(0.5, 8, &any), None);
+        assert_eq!(group.largest_fitting(bound, 8, &none), None);
+    }
+
+    #[test]
+    fn the_scan_stops_after_its_limit_of_present_heads() {
+        let mut group = group();
+        group.remove(3);
+        let cheap = |h: &Head| h.cost < 2.0;
+        let bound = f64::INFINITY;
+        // Present from the top: 8.0, 3.0, 3.0, 1.0.
+        assert_eq!(group.largest_fitting(bound, 3, &cheap), None);
+        assert_eq!(group.largest_fitting(bound, 4, &cheap), Some(head(1.0, 1)));
+    }
+
+    #[test]
+    fn heads_come_from_the_oldest_release_and_the_open_set() {
+        let chains: Vec<Vec<Item>> = [2.0, 4.0, 6.0, 1.0]
+            .iter()
+            .map(|&cost| vec![Item { cost, tokens: 1 }])
+            .collect();
+        let firsts = FirstHeads::new(&chains);
+        let mut heads = Heads::new(&firsts);
+        heads.start(head(2.0, 0));
+        heads.start(head(4.0, 1));
+        heads.seal();
+        heads.start(head(6.0, 2));
+        heads.seal();
+        let any = |_: &Head| true;
+        let bound = f64::INFINITY;
+        assert_eq!(heads.largest_fresh(bound, 8, &any), Some(head(4.0, 1)));
+        heads.remove(&head(4.0, 1));
+        heads.remove(&head(2.0, 0));
+        assert_eq!(heads.largest_fresh(bound, 8, &any), Some(head(6.0, 2)));
+        heads.open(head(1.0, 0));
+        assert_eq!(heads.smallest(), Some(head(1.0, 0)));
+        heads.remove(&head(1.0, 0));
+        heads.remove(&head(6.0, 2));
+        assert!(heads.is_empty());
+    }
+}
