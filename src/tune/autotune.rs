@@ -9,13 +9,24 @@
 //! (ties go to the earlier candidate). [`admit`] applies a strategy's admission hook (the steps
 //! a run carries over, e.g. WLB-LLM's delayed outliers) before a batch is compiled.
 //!
+//! Pruning: before compiling anything, [`choose`] bounds every candidate's step time from below
+//! with the machine model ([`candidate_bound`]: the batch's work under the candidate's
+//! recompute mode and layout at the best rates any packing reaches, spread perfectly over the
+//! devices, plus the DP sync tail; no schedule the simulator runs is faster), starts the
+//! candidates in the order of their bounds (the strategy's order among equal bounds), and skips
+//! without compiling every candidate whose bound is above the fastest fitting step simulated
+//! so far. A skipped candidate simulates slower than that step, so it could not have been
+//! chosen: the choice is the one an exhaustive tuning makes (ties still go to the earlier
+//! candidate in the strategy's order, since only a bound strictly above the best prunes).
+//! Which candidates are pruned depends on the order threads finish in; the choice does not.
+//!
 //! [`TuneOptions`] carry what the command line asks of the tuning: whether the candidates'
-//! passes are verified (`--no-verify` reaches here) and an optional wall-clock budget
-//! (`--tune-budget-ms`): once it is spent, candidates not yet started are skipped (the first
-//! candidate always runs). A budget makes the choice depend on the machine's speed; without
-//! one the choice is deterministic.
+//! passes are verified (`--no-verify` reaches here), whether candidates are pruned by their
+//! bounds, and an optional wall-clock budget (`--tune-budget-ms`): once it is spent, candidates
+//! not yet started are skipped (the first one started always runs). A budget makes the choice
+//! depend on the machine's speed; without one the choice is deterministic.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -64,6 +75,9 @@ pub struct TuneOptions {
     pub verify: bool,
     /// Stop starting candidates once this much wall time has passed.
     pub budget: Option<Duration>,
+    /// Skip candidates whose lower bound is above the best fitting step found (see the module
+    /// documentation); off: every candidate is compiled and simulated.
+    pub prune: bool,
 }
 
 impl Default for TuneOptions {
@@ -71,6 +85,7 @@ impl Default for TuneOptions {
         TuneOptions {
             verify: true,
             budget: None,
+            prune: true,
         }
     }
 }
@@ -95,6 +110,8 @@ pub struct Choice {
     pub evaluations: Vec<Evaluation>,
     /// Candidates skipped because the tuning budget was spent.
     pub skipped: usize,
+    /// Candidates skipped because their lower bound was above the best fitting step found.
+    pub pruned: usize,
     /// Index of the chosen candidate in `evaluations`.
     pub chosen: usize,
     /// The chosen candidate's compiled step.
@@ -106,6 +123,41 @@ impl Choice {
     pub fn best(&self) -> &Evaluation {
         &self.evaluations[self.chosen]
     }
+
+    /// Every candidate the strategy offered: evaluated, skipped by the budget or pruned.
+    pub fn candidates_offered(&self) -> usize {
+        self.evaluations.len() + self.skipped + self.pruned
+    }
+}
+
+/// A lower bound on the step time the simulator reports for `candidate` on `batch`, whatever
+/// its passes make of the batch ([`slimpack_machine::cost::CostModel::step_time_lower_bound`]
+/// under the candidate's spec, with the static CP degree its pipelines all start from).
+pub fn candidate_bound(spec: &Spec, batch: &Batch, candidate: &Candidate) -> f64 {
+    let spec = candidate_spec(spec, candidate);
+    let lengths: Vec<u64> = batch.samples.iter().map(|s| u64::from(s.len)).collect();
+    slimpack_machine::machine_model(&spec).step_time_lower_bound(&lengths, static_cp(candidate))
+}
+
+/// The DP replicas every pack of `candidate` runs on at least: the static CP degree its
+/// `assign-dp{cp=K}` takes from the DP pool (the smallest over its pipelines; later passes
+/// only merge replicas), 1 where a pipeline has none or does not parse.
+fn static_cp(candidate: &Candidate) -> u32 {
+    let of = |pipeline: &str| -> u32 {
+        let Ok(entries) = parse_pipeline(pipeline) else {
+            return 1;
+        };
+        entries
+            .iter()
+            .find(|entry| entry.info.name == "assign-dp")
+            .and_then(|entry| entry.options.required_positive::<u32>("cp").ok())
+            .unwrap_or(1)
+    };
+    std::iter::once(&candidate.pipeline)
+        .chain(candidate.variants.iter().map(|variant| &variant.pipeline))
+        .map(|pipeline| of(pipeline))
+        .min()
+        .unwrap_or(1)
 }
 
 /// The spec a candidate runs with: `spec` with the candidate's recompute mode and model
@@ -298,7 +350,7 @@ pub fn choose(
     )
 }
 
-/// [`choose`] with the caller's options (verification, budget).
+/// [`choose`] with the caller's options (verification, pruning, budget).
 pub fn choose_with(
     strategy: &StrategyInfo,
     spec: &Spec,
@@ -319,67 +371,128 @@ pub fn choose_with(
             strategy: strategy.name,
         });
     }
+    // Candidates start in the order of their bounds (the strategy's among equal ones), so that
+    // a fast fitting step is found early and prunes the rest.
+    let bounds: Vec<f64> = if tune.prune {
+        candidates
+            .iter()
+            .map(|candidate| candidate_bound(spec, batch, candidate))
+            .collect()
+    } else {
+        vec![0.0; candidates.len()]
+    };
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by(|&a, &b| bounds[a].total_cmp(&bounds[b]).then(a.cmp(&b)));
     let start = Instant::now();
-    let within_budget =
-        |index: usize| index == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget);
+    let within_budget = |position: usize| {
+        position == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget)
+    };
     let limit = choices.memory_limit_for(spec);
     // Only the best step so far is kept (a step of a large batch is large, and the candidates
     // are many): the first candidate, in the strategy's order, of those no other is preferred
     // to — what keeping the preferred one over the candidates in order would choose.
     let best: Mutex<Option<(usize, Metrics, Compiled)>> = Mutex::new(None);
-    let outcomes = parallel_map(&candidates, |index, candidate| {
-        if !within_budget(index) {
-            return None;
+    // The fastest fitting step simulated so far (f64 bits; infinity until one fits).
+    let fastest_fitting = AtomicU64::new(f64::INFINITY.to_bits());
+    let outcomes = parallel_map(&order, |position, &index| {
+        if !within_budget(position) {
+            return Outcome::Skipped;
         }
-        Some(
-            evaluate_with(strategy, spec, batch, candidate, limit, tune).map(
-                |(evaluation, compiled)| {
-                    let mut best = best.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                    let better = match &*best {
-                        None => true,
-                        Some((current, metrics, _)) => {
-                            preferred(&evaluation.metrics, metrics, limit)
-                                || (index < *current
-                                    && !preferred(metrics, &evaluation.metrics, limit))
-                        }
-                    };
-                    if better {
-                        *best = Some((index, evaluation.metrics.clone(), compiled));
-                    }
-                    evaluation
-                },
-            ),
-        )
+        if tune.prune && bounds[index] > f64::from_bits(fastest_fitting.load(Ordering::Acquire)) {
+            return Outcome::Pruned;
+        }
+        let evaluated = evaluate_with(strategy, spec, batch, &candidates[index], limit, tune);
+        Outcome::Evaluated(evaluated.map(|(evaluation, compiled)| {
+            let metrics = &evaluation.metrics;
+            if within(metrics, limit) {
+                fastest_fitting.fetch_min_f64(metrics.step_time_s, Ordering::AcqRel);
+            }
+            let mut best = best.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let better = match &*best {
+                None => true,
+                Some((current, current_metrics, _)) => {
+                    preferred(metrics, current_metrics, limit)
+                        || (index < *current && !preferred(current_metrics, metrics, limit))
+                }
+            };
+            if better {
+                *best = Some((index, metrics.clone(), compiled));
+            }
+            evaluation
+        }))
     });
-    let mut evaluations = Vec::with_capacity(outcomes.len());
-    let mut skipped = 0;
-    for outcome in outcomes {
-        match outcome {
-            None => skipped += 1,
-            Some(outcome) => evaluations.push(outcome?),
+    // Back to the strategy's order.
+    let mut by_candidate: Vec<Option<Outcome>> = (0..candidates.len()).map(|_| None).collect();
+    for (&index, outcome) in order.iter().zip(outcomes) {
+        by_candidate[index] = Some(outcome);
+    }
+    let mut evaluations = Vec::with_capacity(candidates.len());
+    let mut evaluated = Vec::with_capacity(candidates.len());
+    let (mut skipped, mut pruned) = (0, 0);
+    for (index, outcome) in by_candidate.into_iter().enumerate() {
+        match outcome.expect("every candidate has an outcome") {
+            Outcome::Skipped => skipped += 1,
+            Outcome::Pruned => pruned += 1,
+            Outcome::Evaluated(outcome) => {
+                evaluations.push(outcome?);
+                evaluated.push(index);
+            }
         }
     }
-    let (chosen, _, compiled) = best
+    let (chosen_index, _, compiled) = best
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .expect("at least one candidate was evaluated");
+    let chosen = evaluated
+        .iter()
+        .position(|&index| index == chosen_index)
+        .expect("the chosen candidate was evaluated");
     Ok(Choice {
         evaluations,
         skipped,
+        pruned,
         chosen,
         compiled,
     })
 }
 
+/// What became of one candidate in [`choose_with`].
+enum Outcome {
+    Skipped,
+    Pruned,
+    Evaluated(Result<Evaluation, TuneError>),
+}
+
+/// A step fits: its peak stays within `limit` bytes (and device memory).
+fn within(metrics: &Metrics, limit: u64) -> bool {
+    !metrics.oom && metrics.peak_memory_bytes <= limit
+}
+
+/// `fetch_min` for an `f64` kept as its bits in an [`AtomicU64`].
+trait AtomicMinF64 {
+    fn fetch_min_f64(&self, value: f64, order: Ordering);
+}
+
+impl AtomicMinF64 for AtomicU64 {
+    fn fetch_min_f64(&self, value: f64, order: Ordering) {
+        let mut current = self.load(Ordering::Acquire);
+        while value < f64::from_bits(current) {
+            match self.compare_exchange_weak(current, value.to_bits(), order, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
 /// Whether `metrics` beats `current`: fitting (within `limit` bytes) beats not fitting; then
 /// the shorter step (when both fit) or the smaller peak (when neither does).
 fn preferred(metrics: &Metrics, other: &Metrics, limit: u64) -> bool {
-    let over = |m: &Metrics| m.oom || m.peak_memory_bytes > limit;
-    match (over(metrics), over(other)) {
-        (false, true) => true,
-        (true, false) => false,
-        (false, false) => metrics.step_time_s < other.step_time_s,
-        (true, true) => metrics.peak_memory_bytes < other.peak_memory_bytes,
+    match (within(metrics, limit), within(other, limit)) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => metrics.step_time_s < other.step_time_s,
+        (false, false) => metrics.peak_memory_bytes < other.peak_memory_bytes,
     }
 }
 
