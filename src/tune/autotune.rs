@@ -574,6 +574,116 @@ mod tests {
     use super::*;
     use crate::tune::strategy;
 
+    /// `count` long-tailed lengths (most short, a few near `context`), seeded.
+    fn long_tailed(seed: u64, count: usize, context: u32) -> Vec<u32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..count)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let unit = (state >> 11) as f64 / (1u64 << 53) as f64;
+                // Cubing skews towards short documents with a tail up to the context.
+                1 + (unit.powi(3) * f64::from(context - 1)) as u32
+            })
+            .collect()
+    }
+
+    /// (spec, context) pairs the pruning tests run on: the CPU machine (a calibrated model),
+    /// an H100 layout whose DP pool allows static CP degrees across nodes, and one with model
+    /// chunks.
+    fn layouts() -> Vec<(Spec, u32)> {
+        vec![
+            (
+                Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=4").unwrap(),
+                256,
+            ),
+            (
+                Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap(),
+                32768,
+            ),
+            (
+                Spec::from_presets("llama-7b", "h100-sxm", "tp=4,pp=4,vpp=2,dp=2").unwrap(),
+                16384,
+            ),
+        ]
+    }
+
+    /// The bound is a lower bound: over every candidate of every strategy on several layouts
+    /// and batches, no compiled candidate (its fastest pipeline) simulates faster.
+    #[test]
+    fn the_lower_bound_never_exceeds_the_simulated_step() {
+        let mut checked = 0;
+        for (layout, (spec, context)) in layouts().into_iter().enumerate() {
+            for seed in 0..2u64 {
+                let lengths = long_tailed(seed + 10 * layout as u64, 24, context);
+                let drawn = Batch::from_lengths(&lengths, Some(context), "test");
+                for info in strategy::STRATEGIES {
+                    if info.not_applicable(&spec).is_some() {
+                        continue;
+                    }
+                    let mut state = StrategyState::default();
+                    let batch = admit(info, &mut state, &spec, &drawn);
+                    let choices = Choices::all();
+                    for candidate in (info.candidates)(&spec, &batch, &state, &choices) {
+                        let bound = candidate_bound(&spec, &batch, &candidate);
+                        // Every pipeline fits an unbounded limit: the fastest one is kept.
+                        let Ok((evaluation, _)) =
+                            evaluate(info, &spec, &batch, &candidate, u64::MAX)
+                        else {
+                            continue;
+                        };
+                        let step = evaluation.metrics.step_time_s;
+                        assert!(
+                            bound > 0.0 && bound <= step,
+                            "{} {} on {}: bound {bound} s, simulated {step} s",
+                            info.name,
+                            candidate.label,
+                            spec.parallel
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 500, "only {checked} candidates checked");
+    }
+
+    /// Pruning never changes the choice: the same candidate, variant and step as compiling
+    /// every candidate, on several layouts, batches and strategies, and it does prune.
+    #[test]
+    fn pruning_chooses_what_exhaustive_tuning_chooses() {
+        let mut pruned = 0;
+        for (layout, (spec, context)) in layouts().into_iter().enumerate() {
+            for seed in 0..3u64 {
+                let lengths = long_tailed(seed + 100 * layout as u64, 40, context);
+                let batch = Batch::from_lengths(&lengths, Some(context), "test");
+                for name in ["slimpack", "megatron", "kk"] {
+                    let info = strategy::lookup(name).unwrap();
+                    let state = StrategyState::default();
+                    let choices = Choices::all();
+                    let run = |prune| {
+                        let tune = TuneOptions {
+                            prune,
+                            ..TuneOptions::default()
+                        };
+                        choose_with(info, &spec, &batch, &state, &choices, &tune).unwrap()
+                    };
+                    let (with, without) = (run(true), run(false));
+                    let (a, b) = (with.best(), without.best());
+                    let what = format!("{name} on {} (seed {seed})", spec.parallel);
+                    assert_eq!(a.candidate.label, b.candidate.label, "{what}");
+                    assert_eq!(a.variant, b.variant, "{what}");
+                    assert_eq!(a.metrics, b.metrics, "{what}");
+                    assert_eq!(without.pruned, 0, "{what}");
+                    assert_eq!(with.candidates_offered(), without.candidates_offered());
+                    pruned += with.pruned;
+                }
+            }
+        }
+        assert!(pruned > 0, "the test should exercise pruning");
+    }
+
     #[test]
     fn each_step_runs_the_best_variant_of_its_candidate() {
         let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
