@@ -272,17 +272,19 @@ fn evaluate_verifying(
         verify_result_only,
         ..ManagerOptions::default()
     };
-    let sink = &mut std::io::sink();
     let start = Instant::now();
-    let base = compile_entries(&spec, batch, &pipelines[0].1[..shared], &cx, &options, sink)
-        .map_err(compile_error)?;
-    let prefix = base.passes;
-    let base = base.ir;
-    let mut best: Option<(String, StepIr, Vec<PassRecord>, Metrics)> = None;
-    for (label, entries) in &pipelines {
-        let mut ir = base.clone();
-        let records = run_pipeline_in(&mut ir, &entries[shared..], &cx, &options, sink)
-            .map_err(compile_error)?;
+    let base = compile_entries(
+        &spec,
+        batch,
+        &pipelines[0].1[..shared],
+        &cx,
+        &options,
+        &mut std::io::sink(),
+    )
+    .map_err(compile_error)?;
+    // The best pipeline so far: fitting before not fitting, then faster; ties to the earlier.
+    let mut best: Option<(usize, StepIr, Vec<PassRecord>, Metrics)> = None;
+    let mut keep = |index: usize, ir: StepIr, records: Vec<PassRecord>| {
         let metrics = sim::simulate(&ir, cost)
             .map_err(|source| TuneError::Simulate {
                 strategy: strategy.name,
@@ -290,17 +292,32 @@ fn evaluate_verifying(
                 source: Box::new(source),
             })?
             .metrics;
-        if best
+        let better = best
             .as_ref()
-            .is_none_or(|(_, _, _, current)| preferred(&metrics, current, limit))
-        {
-            best = Some((label.clone(), ir, records, metrics));
+            .is_none_or(|(current, _, _, current_metrics)| {
+                preferred(&metrics, current_metrics, limit)
+                    || (index < *current && !preferred(current_metrics, &metrics, limit))
+            });
+        if better {
+            best = Some((index, ir, records, metrics));
         }
-    }
-    let (variant, ir, records, metrics) = best.expect("a candidate has a pipeline");
+        Ok(())
+    };
+    let tree = PipelineTree {
+        pipelines: &pipelines,
+        cx: &cx,
+        options: &options,
+    };
+    let members: Vec<usize> = (0..pipelines.len()).collect();
+    tree.run(base.ir, shared, &members, base.passes, &mut keep)
+        .map_err(|error| match error {
+            TreeError::Pass(source) => compile_error(source),
+            TreeError::Tune(error) => error,
+        })?;
+    let (index, ir, records, metrics) = best.expect("a candidate has a pipeline");
+    let variant = pipelines[index].0.clone();
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    let mut passes = prefix;
-    passes.extend(records);
+    let passes = records;
     let evaluation = Evaluation {
         candidate: candidate.clone(),
         variant,
@@ -321,13 +338,106 @@ fn shared_prefix(pipelines: &[(String, Vec<PipelineEntry>)]) -> usize {
     let first = &pipelines[0].1;
     (0..first.len())
         .take_while(|&i| {
-            pipelines.iter().all(|(_, entries)| {
-                entries.get(i).is_some_and(|e| {
-                    e.info.name == first[i].info.name && e.options == first[i].options
-                })
-            })
+            pipelines
+                .iter()
+                .all(|(_, entries)| entries.get(i).is_some_and(|e| same_pass(e, &first[i])))
         })
         .count()
+}
+
+/// Why running a [`PipelineTree`] stopped: a pass failed, or what was done with a finished
+/// pipeline's step.
+enum TreeError {
+    Pass(PassError),
+    Tune(TuneError),
+}
+
+/// A candidate's pipelines run as a prefix tree: passes that pipelines share from the start
+/// run once, and the step is copied only where they part (slimpack's variants share the
+/// asymmetric or mirrored `pack-bwd` their eqsat and no-eqsat forms both start from).
+struct PipelineTree<'a> {
+    pipelines: &'a [(String, Vec<PipelineEntry>)],
+    cx: &'a PassContext,
+    options: &'a ManagerOptions,
+}
+
+impl PipelineTree<'_> {
+    /// Runs the pipelines `members` (indices, ascending), whose first `depth` passes made
+    /// `ir` (recorded in `records`), to their ends, handing each finished step to `finish`
+    /// with its index, in the order of `members` where pipelines sharing a pass are adjacent.
+    fn run(
+        &self,
+        ir: StepIr,
+        depth: usize,
+        members: &[usize],
+        records: Vec<PassRecord>,
+        finish: &mut dyn FnMut(usize, StepIr, Vec<PassRecord>) -> Result<(), TuneError>,
+    ) -> Result<(), TreeError> {
+        // Each pipeline that ends here, and each group continuing with the same pass, by its
+        // first member.
+        let mut branches: Vec<Vec<usize>> = Vec::new();
+        for &member in members {
+            let next = self.pipelines[member].1.get(depth);
+            let joins = next.and_then(|entry| {
+                branches.iter().position(|branch| {
+                    self.pipelines[branch[0]]
+                        .1
+                        .get(depth)
+                        .is_some_and(|e| same_pass(e, entry))
+                })
+            });
+            match joins {
+                Some(branch) => branches[branch].push(member),
+                None => branches.push(vec![member]),
+            }
+        }
+        let mut ir = Some(ir);
+        let count = branches.len();
+        for (position, branch) in branches.into_iter().enumerate() {
+            let mut step = if position + 1 == count {
+                ir.take()
+                    .expect("the step is moved to the last branch only")
+            } else {
+                ir.as_ref()
+                    .expect("the step is kept until the last branch")
+                    .clone()
+            };
+            let entries = &self.pipelines[branch[0]].1;
+            if entries.len() == depth {
+                finish(branch[0], step, records.clone()).map_err(TreeError::Tune)?;
+                continue;
+            }
+            // The passes the branch's pipelines share from here, run at once.
+            let end = (depth..entries.len())
+                .take_while(|&at| {
+                    branch.iter().all(|&member| {
+                        self.pipelines[member]
+                            .1
+                            .get(at)
+                            .is_some_and(|e| same_pass(e, &entries[at]))
+                    })
+                })
+                .last()
+                .map_or(depth, |at| at + 1);
+            let run = run_pipeline_in(
+                &mut step,
+                &entries[depth..end],
+                self.cx,
+                self.options,
+                &mut std::io::sink(),
+            )
+            .map_err(TreeError::Pass)?;
+            let mut branch_records = records.clone();
+            branch_records.extend(run);
+            self.run(step, end, &branch, branch_records, finish)?;
+        }
+        Ok(())
+    }
+}
+
+/// Two pipeline entries run the same pass with the same options.
+fn same_pass(a: &PipelineEntry, b: &PipelineEntry) -> bool {
+    a.info.name == b.info.name && a.options == b.options
 }
 
 /// Compiles and simulates every candidate `strategy` offers for `batch` (already admitted) and
