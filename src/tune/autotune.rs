@@ -512,7 +512,7 @@ pub fn choose_with(
             return Outcome::Pruned;
         }
         let evaluated = evaluate_with(strategy, spec, batch, &candidates[index], limit, tune);
-        Outcome::Evaluated(evaluated.map(|(evaluation, compiled)| {
+        Outcome::Evaluated(Box::new(evaluated.map(|(evaluation, compiled)| {
             let metrics = &evaluation.metrics;
             if within(metrics, limit) {
                 fastest_fitting.fetch_min_f64(metrics.step_time_s, Ordering::AcqRel);
@@ -529,7 +529,7 @@ pub fn choose_with(
                 *best = Some((index, metrics.clone(), compiled));
             }
             evaluation
-        }))
+        })))
     });
     // Back to the strategy's order.
     let mut by_candidate: Vec<Option<Outcome>> = (0..candidates.len()).map(|_| None).collect();
@@ -544,7 +544,7 @@ pub fn choose_with(
             Outcome::Skipped => skipped += 1,
             Outcome::Pruned => pruned += 1,
             Outcome::Evaluated(outcome) => {
-                evaluations.push(outcome?);
+                evaluations.push((*outcome)?);
                 evaluated.push(index);
             }
         }
@@ -570,7 +570,7 @@ pub fn choose_with(
 enum Outcome {
     Skipped,
     Pruned,
-    Evaluated(Result<Evaluation, TuneError>),
+    Evaluated(Box<Result<Evaluation, TuneError>>),
 }
 
 /// A step fits: its peak stays within `limit` bytes (and device memory).
