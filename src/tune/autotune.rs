@@ -700,8 +700,8 @@ mod tests {
     }
 
     /// (spec, context) pairs the pruning tests run on: the CPU machine (a calibrated model),
-    /// an H100 layout whose DP pool allows static CP degrees across nodes, and one with model
-    /// chunks.
+    /// an H100 layout whose DP pool allows static CP degrees across nodes, one with model
+    /// chunks, and one without a pipeline (where `hybrid-cp` applies).
     fn layouts() -> Vec<(Spec, u32)> {
         vec![
             (
@@ -715,6 +715,10 @@ mod tests {
             (
                 Spec::from_presets("llama-7b", "h100-sxm", "tp=4,pp=4,vpp=2,dp=2").unwrap(),
                 16384,
+            ),
+            (
+                Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=1,dp=4").unwrap(),
+                32768,
             ),
         ]
     }
