@@ -45,8 +45,10 @@ pub struct PlanSummary {
     pub strategy: String,
     /// The configuration chosen on the first step.
     pub candidate: String,
-    /// Candidates evaluated (and skipped by the budget) when tuning.
+    /// Candidates offered when tuning (evaluated, skipped by the budget or pruned).
     pub candidates_tried: usize,
+    /// Of those, the candidates pruned by their lower bound without being compiled.
+    pub candidates_pruned: usize,
     pub steps: usize,
     pub samples: u64,
     pub tokens: u64,
@@ -130,6 +132,7 @@ pub fn plan_epoch(
     )?;
     summary.tune_ms = start.elapsed().as_secs_f64() * 1e3;
     summary.candidates_tried = tuned.candidates_tried;
+    summary.candidates_pruned = tuned.candidates_pruned;
     let chosen = tuned.candidate;
     summary.candidate = chosen.label.clone();
     let PlannedStep {
@@ -186,8 +189,10 @@ pub struct TunedStep {
     pub candidate: strategy::Candidate,
     /// The chosen configuration's label with its variant, as `compile` reports it.
     pub label: String,
-    /// Candidates evaluated (and skipped by the budget).
+    /// Candidates offered (evaluated, skipped by the budget or pruned).
     pub candidates_tried: usize,
+    /// Candidates pruned by their lower bound.
+    pub candidates_pruned: usize,
 }
 
 /// Plans `batch` on its own as `compile --strategy` does: admitted by `strategy` (from a fresh
@@ -262,7 +267,8 @@ fn tune_step(
         variant => format!("{},{variant}", candidate.label),
     };
     let metrics = best.metrics.clone();
-    let candidates_tried = choice.evaluations.len() + choice.skipped;
+    let candidates_tried = choice.candidates_offered();
+    let candidates_pruned = choice.pruned;
     let mut compiled = choice.compiled;
     lower(&mut compiled, &manager, &mut std::io::sink())?;
     Ok(TunedStep {
@@ -275,6 +281,7 @@ fn tune_step(
         candidate,
         label,
         candidates_tried,
+        candidates_pruned,
     })
 }
 

@@ -131,6 +131,7 @@ fn plan(
     let tune = TuneOptions {
         verify,
         budget: tune_budget_ms.map(std::time::Duration::from_millis),
+        ..TuneOptions::default()
     };
     if let Some(pipeline) = passes {
         let planned = py
@@ -225,7 +226,7 @@ impl EpochPlanner {
                 choices: &choices,
                 tune: TuneOptions {
                     verify,
-                    budget: None,
+                    ..TuneOptions::default()
                 },
                 max_steps,
                 threads: Some(1),

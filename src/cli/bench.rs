@@ -684,6 +684,13 @@ fn tuning_table(runs: &[StrategyRun]) -> String {
                 trial.compile_ms(),
             );
         }
+        if run.pruned > 0 {
+            let _ = writeln!(
+                out,
+                "     ({} more not compiled: their lower bound was above the chosen total)",
+                run.pruned
+            );
+        }
     }
     out
 }

@@ -62,7 +62,7 @@ pub fn run(
                 choices,
                 &TuneOptions::default(),
             )?;
-            let candidates = choice.evaluations.len() + choice.skipped;
+            let candidates = choice.candidates_offered();
             let step_time_s = choice.best().metrics.step_time_s;
             let mut compiled = choice.compiled;
             lower(

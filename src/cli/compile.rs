@@ -107,15 +107,23 @@ impl PassManagerArgs {
                 ""
             };
             eprintln!(
-                "candidate {}{}{chosen}: {:.3} ms compiled",
+                "candidate {}{}{chosen}: {:.3} ms compiled, step {:.6} s, peak {:.2} GiB",
                 evaluation.candidate.label,
                 match evaluation.variant.as_str() {
                     "" => String::new(),
                     variant => format!(",{variant}"),
                 },
-                evaluation.compile_ms
+                evaluation.compile_ms,
+                evaluation.metrics.step_time_s,
+                evaluation.metrics.peak_memory_bytes as f64 / f64::from(1u32 << 30)
             );
             print_pass_times(&evaluation.passes);
+        }
+        if choice.pruned > 0 {
+            eprintln!(
+                "{} candidates pruned: their lower bound was above the best fitting step",
+                choice.pruned
+            );
         }
         if choice.skipped > 0 {
             eprintln!(
@@ -210,6 +218,11 @@ pub struct CompileArgs {
     /// skipped (the first always runs; the choice then depends on the machine's speed).
     #[arg(long, value_name = "MS")]
     tune_budget_ms: Option<u64>,
+    /// Compile and simulate every candidate of a strategy; by default a candidate whose lower
+    /// bound on the step time (from the machine model) is above the best fitting step found
+    /// is skipped, which chooses the same candidate.
+    #[arg(long)]
+    no_prune: bool,
     /// The fraction of device memory a strategy's chosen configuration may peak at (default
     /// 0.92): tuning keeps the fastest candidate within it.
     #[arg(long, value_name = "FRACTION")]
@@ -273,6 +286,7 @@ struct Chosen {
     strategy: &'static str,
     label: String,
     candidates: usize,
+    pruned: usize,
 }
 
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
@@ -301,6 +315,9 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     if strategy.is_none() && args.tune_budget_ms.is_some() {
         bail!("--tune-budget-ms applies to a strategy's tuning, not to --passes");
     }
+    if strategy.is_none() && args.no_prune {
+        bail!("--no-prune applies to a strategy's tuning, not to --passes");
+    }
     if strategy.is_none() && args.memory_limit.is_some() {
         bail!("--memory-limit applies to a strategy's tuning, not to --passes");
     }
@@ -319,6 +336,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             let tune = autotune::TuneOptions {
                 verify: manager.verify,
                 budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
+                prune: !args.no_prune,
             };
             let choice = autotune::choose_with(info, &job.spec, &batch, &state, &choices, &tune)?;
             args.manager.report_candidate_times(&choice);
@@ -328,7 +346,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                     "" => choice.best().candidate.label.clone(),
                     variant => format!("{},{variant}", choice.best().candidate.label),
                 },
-                candidates: choice.evaluations.len() + choice.skipped,
+                candidates: choice.candidates_offered(),
+                pruned: choice.pruned,
             };
             let mut compiled = choice.compiled;
             slimpack::compile::lower(&mut compiled, &manager, &mut std::io::stderr())?;
@@ -391,6 +410,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 value["strategy"] = chosen.strategy.into();
                 value["candidate"] = chosen.label.clone().into();
                 value["candidates_tried"] = chosen.candidates.into();
+                value["candidates_pruned"] = chosen.pruned.into();
             }
             println!("{}", serde_json::to_string_pretty(&value)?)
         }

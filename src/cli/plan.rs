@@ -59,6 +59,9 @@ pub struct PlanArgs {
     /// Wall-clock budget of the tuning on the first step (see `compile --tune-budget-ms`).
     #[arg(long, value_name = "MS")]
     tune_budget_ms: Option<u64>,
+    /// Compile every candidate when tuning (see `compile --no-prune`).
+    #[arg(long)]
+    no_prune: bool,
     /// The fraction of device memory a step may peak at (default 0.92): tuning keeps the
     /// fastest candidate within it, and a later step over it is re-tuned.
     #[arg(long, value_name = "FRACTION")]
@@ -158,6 +161,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         tune: TuneOptions {
             verify: !args.no_verify,
             budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
+            prune: !args.no_prune,
         },
         max_steps: args.steps,
         threads: args.threads,

@@ -9,13 +9,24 @@
 //! (ties go to the earlier candidate). [`admit`] applies a strategy's admission hook (the steps
 //! a run carries over, e.g. WLB-LLM's delayed outliers) before a batch is compiled.
 //!
+//! Pruning: before compiling anything, [`choose`] bounds every candidate's step time from below
+//! with the machine model ([`candidate_bound`]: the batch's work under the candidate's
+//! recompute mode and layout at the best rates any packing reaches, spread perfectly over the
+//! devices, plus the DP sync tail; no schedule the simulator runs is faster), starts the
+//! candidates in the order of their bounds (the strategy's order among equal bounds), and skips
+//! without compiling every candidate whose bound is above the fastest fitting step simulated
+//! so far. A skipped candidate simulates slower than that step, so it could not have been
+//! chosen: the choice is the one an exhaustive tuning makes (ties still go to the earlier
+//! candidate in the strategy's order, since only a bound strictly above the best prunes).
+//! Which candidates are pruned depends on the order threads finish in; the choice does not.
+//!
 //! [`TuneOptions`] carry what the command line asks of the tuning: whether the candidates'
-//! passes are verified (`--no-verify` reaches here) and an optional wall-clock budget
-//! (`--tune-budget-ms`): once it is spent, candidates not yet started are skipped (the first
-//! candidate always runs). A budget makes the choice depend on the machine's speed; without
-//! one the choice is deterministic.
+//! passes are verified (`--no-verify` reaches here), whether candidates are pruned by their
+//! bounds, and an optional wall-clock budget (`--tune-budget-ms`): once it is spent, candidates
+//! not yet started are skipped (the first one started always runs). A budget makes the choice
+//! depend on the machine's speed; without one the choice is deterministic.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -64,6 +75,9 @@ pub struct TuneOptions {
     pub verify: bool,
     /// Stop starting candidates once this much wall time has passed.
     pub budget: Option<Duration>,
+    /// Skip candidates whose lower bound is above the best fitting step found (see the module
+    /// documentation); off: every candidate is compiled and simulated.
+    pub prune: bool,
 }
 
 impl Default for TuneOptions {
@@ -71,6 +85,7 @@ impl Default for TuneOptions {
         TuneOptions {
             verify: true,
             budget: None,
+            prune: true,
         }
     }
 }
@@ -95,6 +110,8 @@ pub struct Choice {
     pub evaluations: Vec<Evaluation>,
     /// Candidates skipped because the tuning budget was spent.
     pub skipped: usize,
+    /// Candidates skipped because their lower bound was above the best fitting step found.
+    pub pruned: usize,
     /// Index of the chosen candidate in `evaluations`.
     pub chosen: usize,
     /// The chosen candidate's compiled step.
@@ -106,6 +123,41 @@ impl Choice {
     pub fn best(&self) -> &Evaluation {
         &self.evaluations[self.chosen]
     }
+
+    /// Every candidate the strategy offered: evaluated, skipped by the budget or pruned.
+    pub fn candidates_offered(&self) -> usize {
+        self.evaluations.len() + self.skipped + self.pruned
+    }
+}
+
+/// A lower bound on the step time the simulator reports for `candidate` on `batch`, whatever
+/// its passes make of the batch ([`slimpack_machine::cost::CostModel::step_time_lower_bound`]
+/// under the candidate's spec, with the static CP degree its pipelines all start from).
+pub fn candidate_bound(spec: &Spec, batch: &Batch, candidate: &Candidate) -> f64 {
+    let spec = candidate_spec(spec, candidate);
+    let lengths: Vec<u64> = batch.samples.iter().map(|s| u64::from(s.len)).collect();
+    slimpack_machine::machine_model(&spec).step_time_lower_bound(&lengths, static_cp(candidate))
+}
+
+/// The DP replicas every pack of `candidate` runs on at least: the static CP degree its
+/// `assign-dp{cp=K}` takes from the DP pool (the smallest over its pipelines; later passes
+/// only merge replicas), 1 where a pipeline has none or does not parse.
+fn static_cp(candidate: &Candidate) -> u32 {
+    let of = |pipeline: &str| -> u32 {
+        let Ok(entries) = parse_pipeline(pipeline) else {
+            return 1;
+        };
+        entries
+            .iter()
+            .find(|entry| entry.info.name == "assign-dp")
+            .and_then(|entry| entry.options.required_positive::<u32>("cp").ok())
+            .unwrap_or(1)
+    };
+    std::iter::once(&candidate.pipeline)
+        .chain(candidate.variants.iter().map(|variant| &variant.pipeline))
+        .map(|pipeline| of(pipeline))
+        .min()
+        .unwrap_or(1)
 }
 
 /// The spec a candidate runs with: `spec` with the candidate's recompute mode and model
@@ -220,17 +272,19 @@ fn evaluate_verifying(
         verify_result_only,
         ..ManagerOptions::default()
     };
-    let sink = &mut std::io::sink();
     let start = Instant::now();
-    let base = compile_entries(&spec, batch, &pipelines[0].1[..shared], &cx, &options, sink)
-        .map_err(compile_error)?;
-    let prefix = base.passes;
-    let base = base.ir;
-    let mut best: Option<(String, StepIr, Vec<PassRecord>, Metrics)> = None;
-    for (label, entries) in &pipelines {
-        let mut ir = base.clone();
-        let records = run_pipeline_in(&mut ir, &entries[shared..], &cx, &options, sink)
-            .map_err(compile_error)?;
+    let base = compile_entries(
+        &spec,
+        batch,
+        &pipelines[0].1[..shared],
+        &cx,
+        &options,
+        &mut std::io::sink(),
+    )
+    .map_err(compile_error)?;
+    // The best pipeline so far: fitting before not fitting, then faster; ties to the earlier.
+    let mut best: Option<(usize, StepIr, Vec<PassRecord>, Metrics)> = None;
+    let mut keep = |index: usize, ir: StepIr, records: Vec<PassRecord>| {
         let metrics = sim::simulate(&ir, cost)
             .map_err(|source| TuneError::Simulate {
                 strategy: strategy.name,
@@ -238,17 +292,32 @@ fn evaluate_verifying(
                 source: Box::new(source),
             })?
             .metrics;
-        if best
+        let better = best
             .as_ref()
-            .is_none_or(|(_, _, _, current)| preferred(&metrics, current, limit))
-        {
-            best = Some((label.clone(), ir, records, metrics));
+            .is_none_or(|(current, _, _, current_metrics)| {
+                preferred(&metrics, current_metrics, limit)
+                    || (index < *current && !preferred(current_metrics, &metrics, limit))
+            });
+        if better {
+            best = Some((index, ir, records, metrics));
         }
-    }
-    let (variant, ir, records, metrics) = best.expect("a candidate has a pipeline");
+        Ok(())
+    };
+    let tree = PipelineTree {
+        pipelines: &pipelines,
+        cx: &cx,
+        options: &options,
+    };
+    let members: Vec<usize> = (0..pipelines.len()).collect();
+    tree.run(base.ir, shared, &members, base.passes, &mut keep)
+        .map_err(|error| match error {
+            TreeError::Pass(source) => compile_error(source),
+            TreeError::Tune(error) => error,
+        })?;
+    let (index, ir, records, metrics) = best.expect("a candidate has a pipeline");
+    let variant = pipelines[index].0.clone();
     let compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    let mut passes = prefix;
-    passes.extend(records);
+    let passes = records;
     let evaluation = Evaluation {
         candidate: candidate.clone(),
         variant,
@@ -269,13 +338,106 @@ fn shared_prefix(pipelines: &[(String, Vec<PipelineEntry>)]) -> usize {
     let first = &pipelines[0].1;
     (0..first.len())
         .take_while(|&i| {
-            pipelines.iter().all(|(_, entries)| {
-                entries.get(i).is_some_and(|e| {
-                    e.info.name == first[i].info.name && e.options == first[i].options
-                })
-            })
+            pipelines
+                .iter()
+                .all(|(_, entries)| entries.get(i).is_some_and(|e| same_pass(e, &first[i])))
         })
         .count()
+}
+
+/// Why running a [`PipelineTree`] stopped: a pass failed, or what was done with a finished
+/// pipeline's step.
+enum TreeError {
+    Pass(PassError),
+    Tune(TuneError),
+}
+
+/// A candidate's pipelines run as a prefix tree: passes that pipelines share from the start
+/// run once, and the step is copied only where they part (slimpack's variants share the
+/// asymmetric or mirrored `pack-bwd` their eqsat and no-eqsat forms both start from).
+struct PipelineTree<'a> {
+    pipelines: &'a [(String, Vec<PipelineEntry>)],
+    cx: &'a PassContext,
+    options: &'a ManagerOptions,
+}
+
+impl PipelineTree<'_> {
+    /// Runs the pipelines `members` (indices, ascending), whose first `depth` passes made
+    /// `ir` (recorded in `records`), to their ends, handing each finished step to `finish`
+    /// with its index, in the order of `members` where pipelines sharing a pass are adjacent.
+    fn run(
+        &self,
+        ir: StepIr,
+        depth: usize,
+        members: &[usize],
+        records: Vec<PassRecord>,
+        finish: &mut dyn FnMut(usize, StepIr, Vec<PassRecord>) -> Result<(), TuneError>,
+    ) -> Result<(), TreeError> {
+        // Each pipeline that ends here, and each group continuing with the same pass, by its
+        // first member.
+        let mut branches: Vec<Vec<usize>> = Vec::new();
+        for &member in members {
+            let next = self.pipelines[member].1.get(depth);
+            let joins = next.and_then(|entry| {
+                branches.iter().position(|branch| {
+                    self.pipelines[branch[0]]
+                        .1
+                        .get(depth)
+                        .is_some_and(|e| same_pass(e, entry))
+                })
+            });
+            match joins {
+                Some(branch) => branches[branch].push(member),
+                None => branches.push(vec![member]),
+            }
+        }
+        let mut ir = Some(ir);
+        let count = branches.len();
+        for (position, branch) in branches.into_iter().enumerate() {
+            let mut step = if position + 1 == count {
+                ir.take()
+                    .expect("the step is moved to the last branch only")
+            } else {
+                ir.as_ref()
+                    .expect("the step is kept until the last branch")
+                    .clone()
+            };
+            let entries = &self.pipelines[branch[0]].1;
+            if entries.len() == depth {
+                finish(branch[0], step, records.clone()).map_err(TreeError::Tune)?;
+                continue;
+            }
+            // The passes the branch's pipelines share from here, run at once.
+            let end = (depth..entries.len())
+                .take_while(|&at| {
+                    branch.iter().all(|&member| {
+                        self.pipelines[member]
+                            .1
+                            .get(at)
+                            .is_some_and(|e| same_pass(e, &entries[at]))
+                    })
+                })
+                .last()
+                .map_or(depth, |at| at + 1);
+            let run = run_pipeline_in(
+                &mut step,
+                &entries[depth..end],
+                self.cx,
+                self.options,
+                &mut std::io::sink(),
+            )
+            .map_err(TreeError::Pass)?;
+            let mut branch_records = records.clone();
+            branch_records.extend(run);
+            self.run(step, end, &branch, branch_records, finish)?;
+        }
+        Ok(())
+    }
+}
+
+/// Two pipeline entries run the same pass with the same options.
+fn same_pass(a: &PipelineEntry, b: &PipelineEntry) -> bool {
+    a.info.name == b.info.name && a.options == b.options
 }
 
 /// Compiles and simulates every candidate `strategy` offers for `batch` (already admitted) and
@@ -298,7 +460,7 @@ pub fn choose(
     )
 }
 
-/// [`choose`] with the caller's options (verification, budget).
+/// [`choose`] with the caller's options (verification, pruning, budget).
 pub fn choose_with(
     strategy: &StrategyInfo,
     spec: &Spec,
@@ -319,67 +481,128 @@ pub fn choose_with(
             strategy: strategy.name,
         });
     }
+    // Candidates start in the order of their bounds (the strategy's among equal ones), so that
+    // a fast fitting step is found early and prunes the rest.
+    let bounds: Vec<f64> = if tune.prune {
+        candidates
+            .iter()
+            .map(|candidate| candidate_bound(spec, batch, candidate))
+            .collect()
+    } else {
+        vec![0.0; candidates.len()]
+    };
+    let mut order: Vec<usize> = (0..candidates.len()).collect();
+    order.sort_by(|&a, &b| bounds[a].total_cmp(&bounds[b]).then(a.cmp(&b)));
     let start = Instant::now();
-    let within_budget =
-        |index: usize| index == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget);
+    let within_budget = |position: usize| {
+        position == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget)
+    };
     let limit = choices.memory_limit_for(spec);
     // Only the best step so far is kept (a step of a large batch is large, and the candidates
     // are many): the first candidate, in the strategy's order, of those no other is preferred
     // to — what keeping the preferred one over the candidates in order would choose.
     let best: Mutex<Option<(usize, Metrics, Compiled)>> = Mutex::new(None);
-    let outcomes = parallel_map(&candidates, |index, candidate| {
-        if !within_budget(index) {
-            return None;
+    // The fastest fitting step simulated so far (f64 bits; infinity until one fits).
+    let fastest_fitting = AtomicU64::new(f64::INFINITY.to_bits());
+    let outcomes = parallel_map(&order, |position, &index| {
+        if !within_budget(position) {
+            return Outcome::Skipped;
         }
-        Some(
-            evaluate_with(strategy, spec, batch, candidate, limit, tune).map(
-                |(evaluation, compiled)| {
-                    let mut best = best.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                    let better = match &*best {
-                        None => true,
-                        Some((current, metrics, _)) => {
-                            preferred(&evaluation.metrics, metrics, limit)
-                                || (index < *current
-                                    && !preferred(metrics, &evaluation.metrics, limit))
-                        }
-                    };
-                    if better {
-                        *best = Some((index, evaluation.metrics.clone(), compiled));
-                    }
-                    evaluation
-                },
-            ),
-        )
+        if tune.prune && bounds[index] > f64::from_bits(fastest_fitting.load(Ordering::Acquire)) {
+            return Outcome::Pruned;
+        }
+        let evaluated = evaluate_with(strategy, spec, batch, &candidates[index], limit, tune);
+        Outcome::Evaluated(Box::new(evaluated.map(|(evaluation, compiled)| {
+            let metrics = &evaluation.metrics;
+            if within(metrics, limit) {
+                fastest_fitting.fetch_min_f64(metrics.step_time_s, Ordering::AcqRel);
+            }
+            let mut best = best.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let better = match &*best {
+                None => true,
+                Some((current, current_metrics, _)) => {
+                    preferred(metrics, current_metrics, limit)
+                        || (index < *current && !preferred(current_metrics, metrics, limit))
+                }
+            };
+            if better {
+                *best = Some((index, metrics.clone(), compiled));
+            }
+            evaluation
+        })))
     });
-    let mut evaluations = Vec::with_capacity(outcomes.len());
-    let mut skipped = 0;
-    for outcome in outcomes {
-        match outcome {
-            None => skipped += 1,
-            Some(outcome) => evaluations.push(outcome?),
+    // Back to the strategy's order.
+    let mut by_candidate: Vec<Option<Outcome>> = (0..candidates.len()).map(|_| None).collect();
+    for (&index, outcome) in order.iter().zip(outcomes) {
+        by_candidate[index] = Some(outcome);
+    }
+    let mut evaluations = Vec::with_capacity(candidates.len());
+    let mut evaluated = Vec::with_capacity(candidates.len());
+    let (mut skipped, mut pruned) = (0, 0);
+    for (index, outcome) in by_candidate.into_iter().enumerate() {
+        match outcome.expect("every candidate has an outcome") {
+            Outcome::Skipped => skipped += 1,
+            Outcome::Pruned => pruned += 1,
+            Outcome::Evaluated(outcome) => {
+                evaluations.push((*outcome)?);
+                evaluated.push(index);
+            }
         }
     }
-    let (chosen, _, compiled) = best
+    let (chosen_index, _, compiled) = best
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .expect("at least one candidate was evaluated");
+    let chosen = evaluated
+        .iter()
+        .position(|&index| index == chosen_index)
+        .expect("the chosen candidate was evaluated");
     Ok(Choice {
         evaluations,
         skipped,
+        pruned,
         chosen,
         compiled,
     })
 }
 
+/// What became of one candidate in [`choose_with`].
+enum Outcome {
+    Skipped,
+    Pruned,
+    Evaluated(Box<Result<Evaluation, TuneError>>),
+}
+
+/// A step fits: its peak stays within `limit` bytes (and device memory).
+fn within(metrics: &Metrics, limit: u64) -> bool {
+    !metrics.oom && metrics.peak_memory_bytes <= limit
+}
+
+/// `fetch_min` for an `f64` kept as its bits in an [`AtomicU64`].
+trait AtomicMinF64 {
+    fn fetch_min_f64(&self, value: f64, order: Ordering);
+}
+
+impl AtomicMinF64 for AtomicU64 {
+    fn fetch_min_f64(&self, value: f64, order: Ordering) {
+        let mut current = self.load(Ordering::Acquire);
+        while value < f64::from_bits(current) {
+            match self.compare_exchange_weak(current, value.to_bits(), order, Ordering::Acquire) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+}
+
 /// Whether `metrics` beats `current`: fitting (within `limit` bytes) beats not fitting; then
 /// the shorter step (when both fit) or the smaller peak (when neither does).
 fn preferred(metrics: &Metrics, other: &Metrics, limit: u64) -> bool {
-    let over = |m: &Metrics| m.oom || m.peak_memory_bytes > limit;
-    match (over(metrics), over(other)) {
-        (false, true) => true,
-        (true, false) => false,
-        (false, false) => metrics.step_time_s < other.step_time_s,
-        (true, true) => metrics.peak_memory_bytes < other.peak_memory_bytes,
+    match (within(metrics, limit), within(other, limit)) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => metrics.step_time_s < other.step_time_s,
+        (false, false) => metrics.peak_memory_bytes < other.peak_memory_bytes,
     }
 }
 
@@ -460,6 +683,120 @@ pub fn parallel_map_on<T: Sync, R: Send>(
 mod tests {
     use super::*;
     use crate::tune::strategy;
+
+    /// `count` long-tailed lengths (most short, a few near `context`), seeded.
+    fn long_tailed(seed: u64, count: usize, context: u32) -> Vec<u32> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..count)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let unit = (state >> 11) as f64 / (1u64 << 53) as f64;
+                // Cubing skews towards short documents with a tail up to the context.
+                1 + (unit.powi(3) * f64::from(context - 1)) as u32
+            })
+            .collect()
+    }
+
+    /// (spec, context) pairs the pruning tests run on: the CPU machine (a calibrated model),
+    /// an H100 layout whose DP pool allows static CP degrees across nodes, one with model
+    /// chunks, and one without a pipeline (where `hybrid-cp` applies).
+    fn layouts() -> Vec<(Spec, u32)> {
+        vec![
+            (
+                Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=4").unwrap(),
+                256,
+            ),
+            (
+                Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap(),
+                32768,
+            ),
+            (
+                Spec::from_presets("llama-7b", "h100-sxm", "tp=4,pp=4,vpp=2,dp=2").unwrap(),
+                16384,
+            ),
+            (
+                Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=1,dp=4").unwrap(),
+                32768,
+            ),
+        ]
+    }
+
+    /// The bound is a lower bound: over every candidate of every strategy on several layouts
+    /// and batches, no compiled candidate (its fastest pipeline) simulates faster.
+    #[test]
+    fn the_lower_bound_never_exceeds_the_simulated_step() {
+        let mut checked = 0;
+        for (layout, (spec, context)) in layouts().into_iter().enumerate() {
+            for seed in 0..2u64 {
+                let lengths = long_tailed(seed + 10 * layout as u64, 24, context);
+                let drawn = Batch::from_lengths(&lengths, Some(context), "test");
+                for info in strategy::STRATEGIES {
+                    if info.not_applicable(&spec).is_some() {
+                        continue;
+                    }
+                    let mut state = StrategyState::default();
+                    let batch = admit(info, &mut state, &spec, &drawn);
+                    let choices = Choices::all();
+                    for candidate in (info.candidates)(&spec, &batch, &state, &choices) {
+                        let bound = candidate_bound(&spec, &batch, &candidate);
+                        // Every pipeline fits an unbounded limit: the fastest one is kept.
+                        let Ok((evaluation, _)) =
+                            evaluate(info, &spec, &batch, &candidate, u64::MAX)
+                        else {
+                            continue;
+                        };
+                        let step = evaluation.metrics.step_time_s;
+                        assert!(
+                            bound > 0.0 && bound <= step,
+                            "{} {} on {}: bound {bound} s, simulated {step} s",
+                            info.name,
+                            candidate.label,
+                            spec.parallel
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 500, "only {checked} candidates checked");
+    }
+
+    /// Pruning never changes the choice: the same candidate, variant and step as compiling
+    /// every candidate, on several layouts, batches and strategies, and it does prune.
+    #[test]
+    fn pruning_chooses_what_exhaustive_tuning_chooses() {
+        let mut pruned = 0;
+        for (layout, (spec, context)) in layouts().into_iter().enumerate() {
+            for seed in 0..3u64 {
+                let lengths = long_tailed(seed + 100 * layout as u64, 40, context);
+                let batch = Batch::from_lengths(&lengths, Some(context), "test");
+                for name in ["slimpack", "megatron", "kk"] {
+                    let info = strategy::lookup(name).unwrap();
+                    let state = StrategyState::default();
+                    let choices = Choices::all();
+                    let run = |prune| {
+                        let tune = TuneOptions {
+                            prune,
+                            ..TuneOptions::default()
+                        };
+                        choose_with(info, &spec, &batch, &state, &choices, &tune).unwrap()
+                    };
+                    let (with, without) = (run(true), run(false));
+                    let (a, b) = (with.best(), without.best());
+                    let what = format!("{name} on {} (seed {seed})", spec.parallel);
+                    assert_eq!(a.candidate.label, b.candidate.label, "{what}");
+                    assert_eq!(a.variant, b.variant, "{what}");
+                    assert_eq!(a.metrics, b.metrics, "{what}");
+                    assert_eq!(without.pruned, 0, "{what}");
+                    assert_eq!(with.candidates_offered(), without.candidates_offered());
+                    pruned += with.pruned;
+                }
+            }
+        }
+        assert!(pruned > 0, "the test should exercise pruning");
+    }
 
     #[test]
     fn each_step_runs_the_best_variant_of_its_candidate() {

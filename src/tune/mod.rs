@@ -3,8 +3,9 @@
 //! - [`strategy`]: the strategies — the peers reproduced in the step IR and slimpack's own —
 //!   each a table row with its source, deviations and candidate configurations;
 //! - [`method`]: the candidates of the SlimPack method and its ablations;
-//! - [`autotune`]: compiles every candidate of a strategy on a batch, scores each with the
-//!   simulator on the machine model, keeps the fastest that fits memory;
+//! - [`autotune`]: compiles every candidate of a strategy on a batch (but those a lower bound
+//!   from the machine model proves slower than a fitting step already found), scores each
+//!   with the simulator on the machine model, keeps the fastest that fits memory;
 //! - [`run`]: the multi-step run policy, the same for every strategy (tune on the first K
 //!   steps, keep the configuration, re-plan a step over the memory limit, optionally drain what
 //!   a strategy held back) that `slimpack bench` measures.

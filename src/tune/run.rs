@@ -6,6 +6,8 @@
 //!   compiled and simulated on each of the first K batches and scored on them together — the
 //!   least total step time among the candidates whose peak stays within the memory limit
 //!   ([`Choices::memory_limit`], a fraction of HBM) on all K; if none does, the least peak.
+//!   A candidate whose lower bounds over the K steps sum above a fitting trial's total is not
+//!   compiled (it could not be chosen; see [`super::autotune`] for the bound).
 //! - **Keep it**: the chosen configuration runs every step. Within it a step still takes the
 //!   best of the candidate's variants by simulation (slimpack's mirrored or asymmetric backward
 //!   packs, eqsat or not: part of its plan, see [`super::strategy::Variant`]).
@@ -20,6 +22,8 @@
 //! Admissions carry state (wlb), so they run first, in step order, and each step keeps the
 //! state as of its admission (its candidates, and a re-plan's, are generated from it); the
 //! steps are then compiled in parallel.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
@@ -110,8 +114,11 @@ pub struct StrategyRun {
     pub chosen: String,
     /// Steps the configuration was tuned on.
     pub tune_steps: usize,
-    /// Every candidate, scored on the tuning steps.
+    /// Every candidate scored on the tuning steps (those pruned are not: see [`tune`]).
     pub tuning: Vec<Trial>,
+    /// Candidates not compiled because their lower bound over the tuning steps was above the
+    /// total of a fitting trial.
+    pub pruned: usize,
     /// Every step: the drawn ones, then the drain steps.
     pub steps: Vec<StepFigures>,
     /// Samples and tokens still waiting at the end of the run (strategies that delay).
@@ -177,24 +184,29 @@ pub fn run_strategy(
     }
     // Each tuning step's own offer, generated once (not once per candidate).
     let tuning_offers: Vec<Vec<Candidate>> = (0..tune_steps).map(offered_at).collect();
-    let mut trials_work = Vec::with_capacity(offered.len() * tune_steps);
-    for candidate in &offered {
-        for (index, offer) in tuning_offers.iter().enumerate() {
-            trials_work.push((index, kept_for_step(offer, candidate)));
-        }
-    }
-    (progress.grow)((trials_work.len() + steps.len() - tune_steps) as u64);
-    let mut outcomes = evaluate(strategy, spec, &steps, &trials_work, limit).into_iter();
-    (progress.advance)(trials_work.len() as u64);
+    let trials_work: Vec<Vec<(usize, Candidate)>> = offered
+        .iter()
+        .map(|candidate| {
+            tuning_offers
+                .iter()
+                .enumerate()
+                .map(|(index, offer)| (index, kept_for_step(offer, candidate)))
+                .collect()
+        })
+        .collect();
+    let work = (offered.len() * tune_steps) as u64;
+    (progress.grow)(work + (steps.len() - tune_steps) as u64);
+    let (outcomes, pruned) = tune(strategy, spec, &steps, &trials_work, limit);
+    (progress.advance)(work);
     // A candidate that does not compile on every tuning step is out of the running; when none
     // compiles, the first error is the run's.
     let mut tuning = Vec::with_capacity(offered.len());
     let mut first_error = None;
-    for candidate in offered {
-        let results: Vec<_> = outcomes.by_ref().take(tune_steps).collect();
-        match results.into_iter().collect::<Result<Vec<_>, _>>() {
-            Ok(steps) => tuning.push(Trial { candidate, steps }),
-            Err(error) => {
+    for (candidate, outcome) in offered.into_iter().zip(outcomes) {
+        match outcome {
+            None => {}
+            Some(Ok(steps)) => tuning.push(Trial { candidate, steps }),
+            Some(Err(error)) => {
                 first_error.get_or_insert(error);
             }
         }
@@ -248,6 +260,7 @@ pub fn run_strategy(
         chosen,
         tune_steps,
         tuning,
+        pruned,
         steps: figures,
         backlog,
         replanned,
@@ -299,6 +312,74 @@ fn evaluate(
         autotune::evaluate(strategy, spec, &steps[*index].batch, candidate, limit)
             .map(|(evaluation, _)| evaluation)
     })
+}
+
+/// A candidate's evaluations on the tuning steps, `None` where it was pruned.
+type TrialOutcome = Option<Result<Vec<Evaluation>, TuneError>>;
+
+/// Every candidate's evaluations on the tuning steps (`work[c]`: its (step, candidate) pairs),
+/// in candidate order, `None` where pruned; and how many were pruned. Candidates run in
+/// parallel in the order of their lower bounds summed over the tuning steps
+/// ([`autotune::candidate_bound`]); one whose summed bound is above the total of a fitting
+/// trial already scored is skipped: its total could not be the least, so the trial chosen is
+/// the one scoring every candidate chooses.
+fn tune(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    steps: &[Admitted],
+    work: &[Vec<(usize, Candidate)>],
+    limit: u64,
+) -> (Vec<TrialOutcome>, usize) {
+    let bounds: Vec<f64> = work
+        .iter()
+        .map(|pairs| {
+            pairs
+                .iter()
+                .map(|(index, candidate)| {
+                    autotune::candidate_bound(spec, &steps[*index].batch, candidate)
+                })
+                .sum()
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..work.len()).collect();
+    order.sort_by(|&a, &b| bounds[a].total_cmp(&bounds[b]).then(a.cmp(&b)));
+    // The least total of a fitting trial so far (f64 bits; infinity until one fits).
+    let best_fitting = AtomicU64::new(f64::INFINITY.to_bits());
+    let outcomes = autotune::parallel_map(&order, |_, &candidate| {
+        if bounds[candidate] > f64::from_bits(best_fitting.load(Ordering::Acquire)) {
+            return None;
+        }
+        let mut evaluations = Vec::with_capacity(work[candidate].len());
+        for (index, kept) in &work[candidate] {
+            match autotune::evaluate(strategy, spec, &steps[*index].batch, kept, limit) {
+                Ok((evaluation, _)) => evaluations.push(evaluation),
+                Err(error) => return Some(Err(error)),
+            }
+        }
+        if evaluations.iter().all(|e| within(&e.metrics, limit)) {
+            let total: f64 = evaluations.iter().map(|e| e.metrics.step_time_s).sum();
+            let mut current = best_fitting.load(Ordering::Acquire);
+            while total < f64::from_bits(current) {
+                match best_fitting.compare_exchange_weak(
+                    current,
+                    total.to_bits(),
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => break,
+                    Err(actual) => current = actual,
+                }
+            }
+        }
+        Some(Ok(evaluations))
+    });
+    let mut by_candidate: Vec<TrialOutcome> = (0..work.len()).map(|_| None).collect();
+    let mut pruned = 0;
+    for (&candidate, outcome) in order.iter().zip(outcomes) {
+        pruned += usize::from(outcome.is_none());
+        by_candidate[candidate] = outcome;
+    }
+    (by_candidate, pruned)
 }
 
 /// The index of the preferred trial (ties to the earlier candidate).
@@ -561,6 +642,59 @@ mod tests {
         let (a, b) = (useful(&drained), useful(&all));
         assert!((a - b).abs() <= 1e-9 * b, "{a} vs {b}");
         assert!(useful(&held) < b);
+    }
+
+    /// Pruning does not change the kept configuration: the run keeps the trial that scoring
+    /// every candidate on the tuning steps keeps, and it does prune.
+    #[test]
+    fn a_pruned_run_keeps_what_scoring_every_candidate_keeps() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
+        let mut seed = 3u64;
+        let mut draw = || -> Vec<u32> {
+            (0..30)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let unit = (seed >> 11) as f64 / (1u64 << 53) as f64;
+                    1 + (unit.powi(3) * 32767.0) as u32
+                })
+                .collect()
+        };
+        let lengths: Vec<Vec<u32>> = (0..3).map(|_| draw()).collect();
+        let drawn: Vec<Batch> = lengths
+            .iter()
+            .map(|l| Batch::from_lengths(l, Some(32768), "test"))
+            .collect();
+        let choices = Choices::all();
+        let mut pruned = 0;
+        for name in ["slimpack", "megatron"] {
+            let strategy = lookup(name).unwrap();
+            let run =
+                run_strategy(strategy, &spec, &drawn, &choices, rules(2, false), &quiet()).unwrap();
+            let state = StrategyState::default();
+            let offered = (strategy.candidates)(&spec, &drawn[0], &state, &choices);
+            let trials: Vec<Trial> = offered
+                .into_iter()
+                .map(|candidate| {
+                    let steps = drawn[..2]
+                        .iter()
+                        .map(|batch| {
+                            let limit = run.memory_limit_bytes;
+                            autotune::evaluate(strategy, &spec, batch, &candidate, limit)
+                                .unwrap()
+                                .0
+                        })
+                        .collect();
+                    Trial { candidate, steps }
+                })
+                .collect();
+            let exhaustive = &trials[best_trial(&trials, run.memory_limit_bytes)];
+            assert_eq!(run.chosen, exhaustive.candidate.label, "{name}");
+            assert_eq!(run.tuning.len() + run.pruned, trials.len(), "{name}");
+            pruned += run.pruned;
+        }
+        assert!(pruned > 0, "the test should exercise pruning");
     }
 
     #[test]

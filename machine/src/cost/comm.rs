@@ -122,6 +122,19 @@ impl Topology {
         self.group_link(ranks)
     }
 
+    /// The fastest link a group of `devices` devices may use: the inter-node link when they
+    /// cannot fit in one node, else the better of the two links in each of bandwidth and
+    /// latency (a lower bound on any such group's transfer times).
+    pub fn fastest_link_spanning(&self, devices: u64) -> LinkSpec {
+        if devices > self.gpus_per_node {
+            return self.inter_node;
+        }
+        LinkSpec {
+            bandwidth: self.intra_node.bandwidth.max(self.inter_node.bandwidth),
+            latency: self.intra_node.latency.min(self.inter_node.latency),
+        }
+    }
+
     fn link_if_one_node(&self, one_node: bool) -> LinkSpec {
         if one_node {
             self.intra_node

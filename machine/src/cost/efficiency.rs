@@ -289,6 +289,22 @@ impl Throughput {
         }
     }
 
+    /// The highest rate `op` reaches over `tokens` tokens or fewer: the analytic curves rise
+    /// with the tokens; a measured table's interpolation between two points never leaves the
+    /// range of their rates (below its first point it falls to zero, past its last it stays
+    /// there), so its best below `tokens` is at a point below `tokens` or at `tokens` itself.
+    /// A kernel over at most `tokens` tokens runs no faster (`cost::bound` relies on it).
+    pub fn best_rate_up_to(&self, op: OpKind, tokens: f64) -> f64 {
+        match &self.tables[op.index()] {
+            Some(table) => table
+                .points()
+                .iter()
+                .take_while(|point| point.tokens <= tokens)
+                .fold(table.rate_at(tokens), |best, point| best.max(point.rate)),
+            None => self.rate(op, tokens),
+        }
+    }
+
     /// Seconds to do `work` (FLOPs, or bytes for element-wise) in a kernel over `tokens` tokens.
     pub fn time(&self, op: OpKind, work: f64, tokens: f64) -> f64 {
         if work <= 0.0 {

@@ -19,9 +19,12 @@
 //! Under context parallelism (`cp` DP-merged replicas, times the layout's static CP degree) the
 //! pack's tokens and attention work split evenly over the CP group (a load-balanced causal
 //! split, as Megatron's CP does), and the ring K/V exchange runs over the group's link
-//! (`comm.rs`). Memory lives in [`MemoryModel`]. Every constant names its source in the file that
+//! (`comm.rs`). Memory lives in [`MemoryModel`]. `bound.rs` bounds the simulated step time of
+//! any schedule of a batch from below ([`CostModel::step_time_lower_bound`]), for the tuner's
+//! pruning. Every constant names its source in the file that
 //! defines it; [`CostModel::constants`] gathers them for reports.
 
+mod bound;
 mod calibration;
 mod comm;
 mod efficiency;
