@@ -18,6 +18,11 @@
 //! for is preceded, downstream, only by forwards it has already sent (the verifier proves it on
 //! every output).
 //!
+//! Zero bubble (`zb=true`): every stage's 1F1B order is then split by
+//! [`crate::zero_bubble::split_orders`]: each backward runs its input gradient where 1F1B runs
+//! the backward and its weight gradient later, in idle time or after the stage's last
+//! backward, within 1F1B's activation memory (ZB-H1). Not with model chunks (an error).
+//!
 //! Interleaved 1F1B (model chunks, `vpp > 1` in the layout): pipeline device `d` holds stages
 //! `d, d + pp, ...` and runs every pack once per chunk. Where a replica's forward and backward
 //! packs coincide and their count is a multiple of `pp`, every device runs Megatron's
@@ -30,9 +35,9 @@
 //! verifier proves it on every output). With model chunks the warm-up is not reduced for
 //! memory: the tuner's memory check rejects a layout that does not fit.
 
-use crate::error::Result;
-use crate::pass::{Pass, PassContext, PassInfo, Statistics};
-use slimpack_ir::step::{Direction, PackId, Phase, ReplicaId};
+use crate::error::{PassError, Result};
+use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, Statistics};
+use slimpack_ir::step::{Direction, PackId, Part, Phase, ReplicaId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
 
@@ -44,13 +49,24 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   packs. Phase packed -> scheduled.",
     accepts: Phase::Packed..=Phase::Packed,
     produces: Some(Phase::Scheduled),
-    options: &[],
-    create: |_| Ok(Box::new(SchedulePipeline)),
+    options: &[OptionInfo {
+        name: "zb",
+        help: "true: split every backward into its input and weight gradients and defer the \
+               weight gradients into pipeline idle within 1F1B's memory (zero-bubble ZB-H1)",
+        default: Some("false"),
+    }],
+    create: |options| {
+        let zero_bubble = options.get::<bool>("zb", "true or false")?.unwrap_or(false);
+        Ok(Box::new(SchedulePipeline { zero_bubble }))
+    },
 };
 
 /// The pipeline scheduling pass.
 #[derive(Debug, Clone, Copy)]
-pub struct SchedulePipeline;
+pub struct SchedulePipeline {
+    /// Split the backwards (zero-bubble schedule).
+    pub zero_bubble: bool,
+}
 
 /// The 1F1B order of one replica on stage `stage` of `stages`.
 pub(crate) fn one_f_one_b(ir: &StepIr, replica: ReplicaId, warmup: usize) -> Vec<PackId> {
@@ -173,16 +189,27 @@ impl Pass for SchedulePipeline {
     }
 
     fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
-        Ok(schedule(ir, cx.machine()))
+        if self.zero_bubble && ir.spec.parallel.vpp > 1 {
+            return Err(PassError::Failed {
+                pass: INFO.name,
+                message: format!(
+                    "zb=true splits backwards on one model chunk per device; the layout has vpp={}",
+                    ir.spec.parallel.vpp
+                ),
+            });
+        }
+        Ok(schedule(ir, cx.machine(), self.zero_bubble))
     }
 }
 
-/// Sets every replica's per-stage 1F1B orders (memory-aware warm-up); the pass's algorithm,
-/// also run by `eqsat` on a scheduled step whose packs it changed.
-pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel) -> Statistics {
+/// Sets every replica's per-stage 1F1B orders (memory-aware warm-up), split into zero-bubble
+/// orders when `zero_bubble`; the pass's algorithm, also run by `eqsat` on a scheduled step
+/// whose packs it changed.
+pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, zero_bubble: bool) -> Statistics {
     if ir.spec.parallel.vpp > 1 {
         return schedule_interleaved(ir);
     }
+    let mut split_backwards = 0usize;
     let stages = ir.spec.parallel.pp;
     let mut scheduled = 0;
     let mut max_in_flight = 0usize;
@@ -197,18 +224,35 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel) -> Statistics {
             .enumerate()
             .filter(|&(s, &w)| w < (stages - 1) as usize - s)
             .count();
-        for (stage, &warmup) in warmups.iter().enumerate() {
-            let order = one_f_one_b(ir, replica, warmup);
+        let orders: Vec<Vec<PackId>> = warmups
+            .iter()
+            .map(|&warmup| one_f_one_b(ir, replica, warmup))
+            .collect();
+        for order in &orders {
             let directions = order.iter().map(|&pack| ir.pack(pack).direction);
             max_in_flight = max_in_flight.max(most_forwards_in_flight(directions));
-            ir.set_schedule(replica, stage as u32, &order);
+        }
+        if zero_bubble {
+            let split = crate::zero_bubble::split_orders(ir, replica, &orders, cost);
+            for (stage, ops) in split.iter().enumerate() {
+                split_backwards += ops.iter().filter(|op| op.part == Part::WeightGrad).count();
+                ir.set_stage_ops(replica, stage as u32, ops);
+            }
+        } else {
+            for (stage, order) in orders.iter().enumerate() {
+                ir.set_schedule(replica, stage as u32, order);
+            }
         }
         scheduled += 1;
     }
-    Statistics::new()
+    let mut statistics = Statistics::new()
         .with("replicas_scheduled", scheduled)
         .with("max_forwards_in_flight", max_in_flight)
-        .with("memory_limited_stages", memory_limited)
+        .with("memory_limited_stages", memory_limited);
+    if zero_bubble {
+        statistics.set("split_backwards", split_backwards);
+    }
+    statistics
 }
 
 /// Sets every replica's per-device interleaved orders (model chunks, `vpp > 1`).

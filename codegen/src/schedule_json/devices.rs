@@ -61,7 +61,7 @@ pub(super) fn devices(
             let mut ops = Vec::with_capacity(worker.ops.len());
             for op in &worker.ops {
                 match op {
-                    &Op::Forward { pack, chunk } | &Op::Backward { pack, chunk } => {
+                    &Op::Forward { pack, chunk } | &Op::Backward { pack, chunk, .. } => {
                         let pack = &pack;
                         let document = &packs[*pack as usize];
                         if document.cp_size > 1 {
