@@ -18,9 +18,14 @@
 //! `plan=<peer>` candidates), so it never settles for less than theirs on the steps it is
 //! tuned on; the ablations search only the method's own candidates.
 //!
+//! Zero bubble: on a pipeline (`pp > 1`, one model chunk per device), every candidate, the
+//! peers' plans included, has a twin (label `...,zb`) whose `schedule-pipeline{zb=true}` splits
+//! the backwards and defers the weight gradients into pipeline idle (ZB-H1); the simulator
+//! keeps it where it is faster and fits.
+//!
 //! Ablations (`--no-<idea>` on the command line, `slimpack-no-<idea>` as strategy names):
 //! `asymmetric` (backward packs mirror the forward ones), `dp-merge`, `slicing` (whole
-//! samples), `eqsat`.
+//! samples), `eqsat`, `zero-bubble`.
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
@@ -34,6 +39,7 @@ pub struct Ideas {
     pub dp_merge: bool,
     pub slicing: bool,
     pub eqsat: bool,
+    pub zero_bubble: bool,
 }
 
 impl Ideas {
@@ -43,6 +49,7 @@ impl Ideas {
         dp_merge: true,
         slicing: true,
         eqsat: true,
+        zero_bubble: true,
     };
 }
 
@@ -182,7 +189,45 @@ pub fn candidates_with(
             }
         }
     }
-    candidates
+    match ideas.zero_bubble {
+        true => with_zero_bubble(candidates, spec, choices),
+        false => candidates,
+    }
+}
+
+/// `candidates` and, on a pipeline of one model chunk per device where `choices` allow split
+/// backwards, each one's zero-bubble twin (label `...,zb`).
+pub(crate) fn with_zero_bubble(
+    candidates: Vec<Candidate>,
+    spec: &Spec,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let parallel = spec.parallel;
+    if !choices.split_backwards || parallel.pp < 2 || parallel.vpp > 1 {
+        return candidates;
+    }
+    let split =
+        |pipeline: &str| pipeline.replace("schedule-pipeline", "schedule-pipeline{zb=true}");
+    let twins: Vec<Candidate> = candidates
+        .iter()
+        .filter(|candidate| candidate.vpp.is_none_or(|vpp| vpp == 1))
+        .map(|candidate| Candidate {
+            label: format!("{},zb", candidate.label),
+            pipeline: split(&candidate.pipeline),
+            variants: candidate
+                .variants
+                .iter()
+                .map(|variant| Variant {
+                    label: variant.label.clone(),
+                    pipeline: split(&variant.pipeline),
+                })
+                .collect(),
+            ..candidate.clone()
+        })
+        .collect();
+    let mut all = candidates;
+    all.extend(twins);
+    all
 }
 
 macro_rules! variant {
@@ -207,7 +252,8 @@ pub(crate) fn full(
     choices: &Choices,
 ) -> Vec<Candidate> {
     let mut candidates = candidates_with(Ideas::ALL, spec, batch, choices);
-    candidates.extend(super::strategy::peer_plans(spec, batch, choices));
+    let peers = super::strategy::peer_plans(spec, batch, choices);
+    candidates.extend(with_zero_bubble(peers, spec, choices));
     candidates
 }
 variant!(
@@ -235,6 +281,13 @@ variant!(
     no_eqsat,
     Ideas {
         eqsat: false,
+        ..Ideas::ALL
+    }
+);
+variant!(
+    no_zero_bubble,
+    Ideas {
+        zero_bubble: false,
         ..Ideas::ALL
     }
 );
