@@ -490,7 +490,11 @@ fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::R
             json
         }
         Emit::Mlir | Emit::Llvm => {
-            need_schedule(if emit == Emit::Mlir { "mlir" } else { "llvm" })?;
+            let form = if emit == Emit::Mlir { "mlir" } else { "llvm" };
+            need_schedule(form)?;
+            if ir.has_split_backwards() {
+                bail!("--emit {form} runs whole backwards; this step splits them (schedule-pipeline{{zb=true}}): compile it without zb");
+            }
             backend_emitted(emit, ir)?
         }
         Emit::Ptx => backend_emitted(emit, ir)?,

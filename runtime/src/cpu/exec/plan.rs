@@ -75,6 +75,15 @@ impl Plan {
             })
             .collect::<Result<Vec<LayerRange>>>()?;
         LayerRange::check_partition(&stages)?;
+        // The executors run whole backwards; a zero-bubble schedule's split ones they refuse.
+        if ir.has_split_backwards() {
+            return Err(CpuError::Schedule {
+                message: "splits backwards into input and weight gradients (a zero-bubble \
+                          schedule, schedule-pipeline{zb=true}); the executors run whole \
+                          backwards: compile it without zb"
+                    .to_string(),
+            });
+        }
         let sample_index: std::collections::HashMap<_, _> = ir
             .samples()
             .iter()

@@ -163,3 +163,18 @@ fn a_program_of_another_step_or_out_of_order_is_refused() {
         .to_string();
     assert!(message.contains("before receiving its input"), "{message}");
 }
+
+/// The executors run whole backwards: a zero-bubble schedule (split backwards) is refused in
+/// one line.
+#[test]
+fn a_schedule_with_split_backwards_is_refused() {
+    let split = STEP.replace(
+        "schedule %r0 %st0 [%f0, %f1, %b0]",
+        "schedule %r0 %st0 [%f0, %f1, %b0.dx, %b0.dw]",
+    );
+    let ir = slimpack_ir::text::parse(&split, "test").expect("test IR parses");
+    assert!(ir.has_split_backwards());
+    let message = Plan::new(&ir, &config()).unwrap_err().to_string();
+    assert!(message.contains("zero-bubble"), "{message}");
+    assert!(!message.contains('\n'), "{message}");
+}
