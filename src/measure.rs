@@ -325,7 +325,7 @@ pub fn measure(
     let order = match options.interleave {
         Interleave::ReplicaMajor => DeviceOrder::replica_major(&plan),
         Interleave::Simulated => {
-            let starts = compute_task_map(&simulated, |_, span| span.start_s);
+            let starts = task_start_times(&simulated);
             DeviceOrder::by_start_times(&plan, |pack, stage| starts.get(&(pack, stage)).copied())?
         }
     };
@@ -456,6 +456,13 @@ fn with_compiled_driver<R>(_: &Program, _: impl FnOnce(&Driver) -> R) -> Result<
     Err(MeasureError::CompiledDriver(
         compiled_driver_unavailable().to_string(),
     ))
+}
+
+/// When each pack compute task of the simulation starts, by (task, stage), tasks numbered as
+/// the executor's ([`Plan::task_of`]): what [`DeviceOrder::by_start_times`] takes to run a step
+/// interleaved as simulated.
+pub fn task_start_times(simulated: &SimResult) -> HashMap<(usize, usize), f64> {
+    compute_task_map(simulated, |_, span| span.start_s)
 }
 
 /// A value per pack compute task of the simulation, by (task, stage), tasks numbered as the

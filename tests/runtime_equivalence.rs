@@ -92,19 +92,7 @@ fn check(ir: &StepIr, what: &str) -> (usize, usize, bool) {
     let params = Params::init(&config, 3);
     let adamw = AdamWConfig::default();
     let simulated = sim::simulate(ir, &slimpack::machine::machine_model(&ir.spec)).unwrap();
-    // Tasks numbered as the executor's: packs, then deferred weight gradients.
-    let starts: std::collections::HashMap<(usize, usize), f64> = simulated
-        .tasks()
-        .filter_map(|(task, span)| {
-            let pack = task.pack?.0 as usize;
-            let index = match task.kind {
-                sim::TaskKind::Forward | sim::TaskKind::Backward => pack,
-                sim::TaskKind::WeightGrad => simulated.packs.len() + pack,
-                _ => return None,
-            };
-            Some(((index, task.stage as usize), span.start_s))
-        })
-        .collect();
+    let starts = slimpack::measure::task_start_times(&simulated);
     let simulated_order =
         DeviceOrder::by_start_times(&plan, |pack, stage| starts.get(&(pack, stage)).copied())
             .unwrap();

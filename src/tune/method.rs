@@ -16,7 +16,7 @@
 //!
 //! The full method's search also holds the plans the peers would make (megatron's bins, kk:
 //! `plan=<peer>` candidates), so it never settles for less than theirs on the steps it is
-//! tuned on; the ablations search only the method's own candidates.
+//! tuned on; the ablations but `zero-bubble` search only the method's own candidates.
 //!
 //! Zero bubble: on a pipeline (`pp > 1`, one model chunk per device), every candidate, the
 //! peers' plans included, has a twin (label `...,zb`) whose `schedule-pipeline{zb=true}` splits
@@ -25,7 +25,8 @@
 //!
 //! Ablations (`--no-<idea>` on the command line, `slimpack-no-<idea>` as strategy names):
 //! `asymmetric` (backward packs mirror the forward ones), `dp-merge`, `slicing` (whole
-//! samples), `eqsat`, `zero-bubble`.
+//! samples), `eqsat`; and `zero-bubble`, the full search (peers' plans included) with whole
+//! backwards only.
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
@@ -251,9 +252,34 @@ pub(crate) fn full(
     _: &StrategyState,
     choices: &Choices,
 ) -> Vec<Candidate> {
-    let mut candidates = candidates_with(Ideas::ALL, spec, batch, choices);
+    with_peer_plans(Ideas::ALL, spec, batch, choices)
+}
+
+/// The full method's search with whole backwards only: its own candidates and the peers'
+/// plans, without their zero-bubble twins (the zero-bubble ablation keeps the peers, since
+/// zero bubble applies to their plans too).
+pub(crate) fn no_zero_bubble(
+    spec: &Spec,
+    batch: &Batch,
+    _: &StrategyState,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let ideas = Ideas {
+        zero_bubble: false,
+        ..Ideas::ALL
+    };
+    with_peer_plans(ideas, spec, batch, choices)
+}
+
+/// The method's candidates under `ideas` and the peers' plans, each with its zero-bubble twin
+/// where `ideas` keep zero bubble.
+fn with_peer_plans(ideas: Ideas, spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
+    let mut candidates = candidates_with(ideas, spec, batch, choices);
     let peers = super::strategy::peer_plans(spec, batch, choices);
-    candidates.extend(with_zero_bubble(peers, spec, choices));
+    match ideas.zero_bubble {
+        true => candidates.extend(with_zero_bubble(peers, spec, choices)),
+        false => candidates.extend(peers),
+    }
     candidates
 }
 variant!(
@@ -281,13 +307,6 @@ variant!(
     no_eqsat,
     Ideas {
         eqsat: false,
-        ..Ideas::ALL
-    }
-);
-variant!(
-    no_zero_bubble,
-    Ideas {
-        zero_bubble: false,
         ..Ideas::ALL
     }
 );
