@@ -743,6 +743,8 @@ impl GpuRun<'_, '_> {
         let info = &self.worker.plan.packs[task.pack];
         self.tasks.push(TaskRecord {
             pack: task.pack,
+            // The CUDA stage refuses split backwards (`check_inputs`).
+            weight_grad: false,
             name: info.name.clone(),
             direction: info.direction,
             replica: info.replica,
