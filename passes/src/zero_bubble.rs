@@ -105,11 +105,10 @@ pub(crate) fn split_orders(
             let this = cost_of(stage, pack);
             state.run_deferred(ready, bounds[stage], this, forward, |p| cost_of(stage, p));
             let start = state.clock.max(ready);
-            let split = forward || state.fits_split(bounds[stage], this);
-            let duration = if split {
-                this.critical_s
-            } else {
-                this.critical_s + this.weight_s
+            let split = !forward && state.fits_split(bounds[stage], this);
+            let duration = match forward || split {
+                true => this.critical_s,
+                false => this.critical_s + this.weight_s,
             };
             state.clock = start + duration;
             done[stage][index[&pack]] = Some(state.clock);
