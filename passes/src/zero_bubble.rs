@@ -17,8 +17,7 @@
 //!   weight gradient pending stays whole.
 //!
 //! The remaining weight gradients run after the stage's last input gradient, where 1F1B's
-//! drain left the later stages idle. A weight gradient that ends up right after its own input
-//! gradient is no split at all: the two run as one whole backward. The result is a list of stage orders for
+//! drain left the later stages idle. The result is a list of stage orders for
 //! `StepIr::set_stage_ops`; deadlock-free because the forward/backward order is 1F1B's and a
 //! weight gradient only waits for its own input gradient.
 //!
@@ -143,29 +142,9 @@ pub(crate) fn split_orders(
                 pack,
                 part: Part::WeightGrad,
             }));
-            rejoin_adjacent_parts(state.ops)
+            state.ops
         })
         .collect()
-}
-
-/// `ops` with every input gradient directly followed by its own weight gradient run as one
-/// whole backward: deferring nothing, the split would only expose the TP collectives against
-/// the input gradient's shorter GEMMs.
-fn rejoin_adjacent_parts(ops: Vec<StageOp>) -> Vec<StageOp> {
-    let mut joined: Vec<StageOp> = Vec::with_capacity(ops.len());
-    for op in ops {
-        match joined.last_mut() {
-            Some(last)
-                if op.part == Part::WeightGrad
-                    && last.part == Part::InputGrad
-                    && last.pack == op.pack =>
-            {
-                last.part = Part::Whole;
-            }
-            _ => joined.push(op),
-        }
-    }
-    joined
 }
 
 /// One stage while its order is played.
