@@ -325,7 +325,7 @@ pub fn measure(
     let order = match options.interleave {
         Interleave::ReplicaMajor => DeviceOrder::replica_major(&plan),
         Interleave::Simulated => {
-            let starts = compute_task_map(&simulated, |_, span| span.start_s);
+            let starts = task_start_times(&simulated);
             DeviceOrder::by_start_times(&plan, |pack, stage| starts.get(&(pack, stage)).copied())?
         }
     };
@@ -458,19 +458,45 @@ fn with_compiled_driver<R>(_: &Program, _: impl FnOnce(&Driver) -> R) -> Result<
     ))
 }
 
-/// A value per pack compute task of the simulation, by (pack, stage).
+/// When each pack compute task of the simulation starts, by (task, stage), tasks numbered as
+/// the executor's ([`Plan::task_of`]): what [`DeviceOrder::by_start_times`] takes to run a step
+/// interleaved as simulated.
+pub fn task_start_times(simulated: &SimResult) -> HashMap<(usize, usize), f64> {
+    compute_task_map(simulated, |_, span| span.start_s)
+}
+
+/// A value per pack compute task of the simulation, by (task, stage), tasks numbered as the
+/// executor's ([`Plan::task_of`]).
 fn compute_task_map(
     simulated: &SimResult,
     value: impl Fn(&sim::Task, sim::Span) -> f64,
 ) -> HashMap<(usize, usize), f64> {
     simulated
         .tasks()
-        .filter(|(task, _)| matches!(task.kind, TaskKind::Forward | TaskKind::Backward))
-        .filter_map(|(task, span)| {
-            let pack = task.pack?.0 as usize;
-            Some(((pack, task.stage as usize), value(task, span)))
-        })
+        .filter_map(|(task, span)| Some((simulated_task_key(simulated, task)?, value(task, span))))
         .collect()
+}
+
+/// The (task, stage) of a simulated pack compute task: the pack's index, or for a deferred
+/// weight gradient `packs + pack`, as [`Plan::task_of`] numbers the executor's tasks.
+fn simulated_task_key(simulated: &SimResult, task: &sim::Task) -> Option<(usize, usize)> {
+    let pack = task.pack?.0 as usize;
+    let index = match task.kind {
+        TaskKind::Forward | TaskKind::Backward => pack,
+        TaskKind::WeightGrad => simulated.packs.len() + pack,
+        _ => return None,
+    };
+    Some((index, task.stage as usize))
+}
+
+/// The (task, stage) of an executed task, as [`simulated_task_key`] numbers them.
+fn record_key(plan: &Plan, record: &TaskRecord) -> (usize, usize) {
+    let offset = if record.weight_grad {
+        plan.packs.len()
+    } else {
+        0
+    };
+    (record.pack + offset, record.stage)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -496,9 +522,7 @@ fn compare(
     // A DP-Merge group's pack runs on each member: the slowest member is the task's time.
     let mut measured: HashMap<(usize, usize), &TaskRecord> = HashMap::new();
     for record in &execution.tasks {
-        let slot = measured
-            .entry((record.pack, record.stage))
-            .or_insert(record);
+        let slot = measured.entry(record_key(plan, record)).or_insert(record);
         if record.run_s() > slot.run_s() {
             *slot = record;
         }
@@ -512,17 +536,17 @@ fn compare(
             tokens: plan.packs[record.pack].slices.iter().map(|s| s.len).sum(),
             measured_s: record.run_s(),
             cpu_s: record.cpu_s,
-            predicted_s: durations[&(record.pack, record.stage)],
+            predicted_s: durations[&record_key(plan, record)],
             predicted_ops: predicted_ops(
                 cost,
                 plan,
                 record.pack,
                 record.stage,
-                durations[&(record.pack, record.stage)],
+                durations[&record_key(plan, record)],
             ),
             ops: record.ops,
             temporary_bytes: record.memory.map(|m| m.temporary_bytes()),
-            predicted_temporary_bytes: temporaries[&(record.pack, record.stage)],
+            predicted_temporary_bytes: temporaries[&record_key(plan, record)],
         })
         .collect();
     comparisons.sort_by(|a, b| (a.stage, &a.name).cmp(&(b.stage, &b.name)));
@@ -597,8 +621,7 @@ fn memory_terms(
 ) -> Option<MemoryTerms> {
     let effects: HashMap<(usize, usize), MemoryEffect> = simulated
         .tasks()
-        .filter(|(task, _)| matches!(task.kind, TaskKind::Forward | TaskKind::Backward))
-        .filter_map(|(task, _)| Some(((task.pack?.0 as usize, task.stage as usize), task.memory)))
+        .filter_map(|(task, _)| Some((simulated_task_key(simulated, task)?, task.memory)))
         .collect();
     let (mut states, mut held, mut temporary) = (vec![], vec![], vec![]);
     let (mut measured_temporary, mut predicted_temporary) = (0u64, 0u64);
@@ -615,7 +638,7 @@ fn memory_terms(
             .filter(|t| t.rank == device.rank && t.stage == device.stage);
         for record in records {
             let memory = record.memory?;
-            let effect = effects[&(record.pack, record.stage)];
+            let effect = effects[&record_key(plan, record)];
             predicted_held += effect.allocated as i64 - effect.freed as i64;
             let measured_held = memory.after_bytes.saturating_sub(measured_state);
             if predicted_held > 0 && measured_held > 0 {

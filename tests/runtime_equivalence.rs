@@ -1,7 +1,8 @@
 //! The CPU executor runs every strategy's and every pass pipeline's compiled step as a real
 //! training step, and the step equals the plain unsliced single-worker reference: the same
 //! loss and every gradient within 1e-5 (`tensor_diff`), whatever the slicing, the asymmetric
-//! packs, the pipeline stages, the DP ranks and the DP-Merge groups.
+//! packs, the pipeline stages, the DP ranks, the DP-Merge groups and the split backwards of
+//! zero-bubble schedules.
 //!
 //! Small sizes so that CI stays fast: a narrow `tiny`-shaped model (4 layers, hidden 32) and a
 //! few dozen samples; no timing is asserted.
@@ -91,16 +92,7 @@ fn check(ir: &StepIr, what: &str) -> (usize, usize, bool) {
     let params = Params::init(&config, 3);
     let adamw = AdamWConfig::default();
     let simulated = sim::simulate(ir, &slimpack::machine::machine_model(&ir.spec)).unwrap();
-    let starts: std::collections::HashMap<(usize, usize), f64> = simulated
-        .tasks()
-        .filter(|(task, _)| matches!(task.kind, sim::TaskKind::Forward | sim::TaskKind::Backward))
-        .map(|(task, span)| {
-            (
-                (task.pack.unwrap().0 as usize, task.stage as usize),
-                span.start_s,
-            )
-        })
-        .collect();
+    let starts = slimpack::measure::task_start_times(&simulated);
     let simulated_order =
         DeviceOrder::by_start_times(&plan, |pack, stage| starts.get(&(pack, stage)).copied())
             .unwrap();
@@ -166,6 +158,10 @@ fn pass_pipelines_run_equal_to_the_reference() {
         "assign-hybrid-cp{max-tokens-per-rank=32},slice{size=32},pack-fwd,pack-bwd,schedule-pipeline",
         "assign-dp{cp=2},pack-symmetric{policy=ffd},schedule-pipeline",
         "assign-dp,slice{size=32},pack-fwd,pack-bwd,schedule-pipeline,eqsat",
+        // Zero bubble: split backwards, weight gradients deferred (eqsat re-splits its packs).
+        "assign-dp,slice{size=24},pack-fwd{cap=64},pack-bwd{cap=64},schedule-pipeline{zb=true}",
+        "assign-dp,dp-merge{threshold=0.5},slice{size=32},pack-fwd,pack-bwd,schedule-pipeline{zb=true}",
+        "assign-dp,slice{size=32},pack-fwd,pack-bwd,schedule-pipeline{zb=true},eqsat",
     ];
     let mut seen = (false, false, false);
     for parallel in ["tp=1,pp=2,dp=2", "tp=1,pp=1,dp=4"] {
@@ -177,6 +173,11 @@ fn pass_pipelines_run_equal_to_the_reference() {
             };
             let compiled = compile(&spec, &long_tailed(), &options, &mut std::io::sink())
                 .unwrap_or_else(|e| panic!("{pipeline}: {e}"));
+            assert_eq!(
+                compiled.ir.has_split_backwards(),
+                pipeline.contains("zb=true"),
+                "{pipeline}"
+            );
             any(
                 &mut seen,
                 check(&compiled.ir, &format!("{pipeline} on {parallel}")),

@@ -84,16 +84,7 @@ fn steps() -> Vec<(String, StepIr)> {
 /// The program `run` executes by default: replicas interleaved by simulated start times.
 fn simulated_program(ir: &StepIr, plan: &Plan) -> Program {
     let simulated = sim::simulate(ir, &slimpack::machine::machine_model(&ir.spec)).unwrap();
-    let starts: std::collections::HashMap<(usize, usize), f64> = simulated
-        .tasks()
-        .filter(|(task, _)| matches!(task.kind, sim::TaskKind::Forward | sim::TaskKind::Backward))
-        .map(|(task, span)| {
-            (
-                (task.pack.unwrap().0 as usize, task.stage as usize),
-                span.start_s,
-            )
-        })
-        .collect();
+    let starts = slimpack::measure::task_start_times(&simulated);
     DeviceOrder::by_start_times(plan, |pack, stage| starts.get(&(pack, stage)).copied())
         .unwrap()
         .program(plan)

@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use slimpack_ir::batch::Sample;
 use slimpack_ir::spec::Coords;
-use slimpack_ir::step::{Direction, StepIr};
+use slimpack_ir::step::{Direction, Part, StepIr};
 use slimpack_ir::Spec;
 
 /// The value of the `format` field.
@@ -318,6 +318,20 @@ pub struct ScheduleEntry {
     pub replica: u32,
     pub stage: u32,
     pub packs: Vec<u32>,
+    /// Zero-bubble schedules: the backward packs whose weight gradient this stage defers, in
+    /// the order they run (the backward in `packs` then runs its input gradient only); left
+    /// out when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weight_grads: Vec<DeferredWeightGrad>,
+}
+
+/// A deferred weight gradient of a [`ScheduleEntry`]: that of backward pack `pack`, run after
+/// the first `after` entries of the stage's `packs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeferredWeightGrad {
+    pub pack: u32,
+    pub after: u32,
 }
 
 /// One device and its ops in order.
@@ -361,11 +375,17 @@ pub enum DeviceOp {
         #[serde(default, skip_serializing_if = "is_zero")]
         chunk: u32,
     },
-    /// The backward of `pack` on this device's layers (of chunk `chunk`).
+    /// The backward of `pack` on this device's layers (of chunk `chunk`). In a zero-bubble
+    /// schedule `part` says which part it runs (left out when whole): `input-grad`, the
+    /// activation gradients (what a whole backward receives, exchanges and sends is around it;
+    /// its weights' input rows and output gradients stay saved), or later `weight-grad`, the
+    /// weight gradients from those saved rows (no message, no CP exchange).
     Backward {
         pack: u32,
         #[serde(default, skip_serializing_if = "is_zero")]
         chunk: u32,
+        #[serde(default, skip_serializing_if = "Part::is_whole")]
+        part: Part,
     },
     /// The context-parallel exchange of `pack` among `ranks` (the pack's CP group, in member
     /// order), before every forward and backward of a pack whose `cp_size` is above 1: in the

@@ -35,6 +35,9 @@
 //! - `schedule-complete`: for every replica with packs and every stage, the schedule lists each
 //!   of the replica's packs exactly once, forward packs in their order and backward packs in
 //!   theirs.
+//! - `weight-grad-order`: a zero-bubble stage order (see [`crate::step::Part`]) defers the
+//!   weight gradient of a backward pack of the replica at most once per stage, after that
+//!   pack's input gradient on the same stage; splits need one model chunk per device.
 //! - `deadlock-free`: the task graph (each pack on each stage, ordered by the per-stage
 //!   schedules, forward flowing to later stages, backward to earlier ones, and every slice's
 //!   backward after its forward on the last stage, hence after its forward on every later
@@ -59,7 +62,7 @@ use rustc_hash::FxHashMap;
 use petgraph::graph::DiGraph;
 
 use crate::error::{IrError, Result};
-use crate::step::{Direction, PackId, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr};
+use crate::step::{Direction, PackId, Part, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr};
 use crate::text::Names;
 
 /// The invariant a lowered step breaks while its program is not stored yet (what the text
@@ -597,10 +600,63 @@ impl Verifier<'_> {
                     );
                 }
             }
-            if complete && self.interleaves_complete(replica) {
+            let split_ok = self.weight_grads_ordered(replica);
+            if complete && split_ok && self.interleaves_complete(replica) {
                 self.deadlock_free(replica);
             }
         }
+    }
+
+    /// Every deferred weight gradient of the replica (see [`StepIr::weight_grads`]) belongs
+    /// to one of its backward packs, runs once per stage, after that pack's input gradient.
+    fn weight_grads_ordered(&mut self, replica: ReplicaId) -> bool {
+        let ir = self.ir;
+        let mut ordered = true;
+        for &stage_id in ir.stages() {
+            let stage = ir.stage(stage_id).index;
+            let deferred = ir.weight_grads(replica, stage);
+            if deferred.is_empty() {
+                continue;
+            }
+            let location = At::Schedule(replica, stage_id);
+            if ir.spec.parallel.vpp > 1 {
+                self.report(
+                    location,
+                    "weight-grad-order",
+                    "splits backwards into input and weight gradients with model chunks \
+                     (vpp > 1); zero-bubble schedules need one chunk per device"
+                        .to_string(),
+                );
+                ordered = false;
+                continue;
+            }
+            let chain = ir.schedule(replica, stage);
+            let mut seen = HashSet::new();
+            for &(pack, before) in deferred {
+                let position = chain.iter().position(|&p| p == pack);
+                let problem = if ir.pack(pack).direction != Direction::Backward
+                    || ir.replica_of_pack(pack) != Some(replica)
+                {
+                    Some("is not a backward pack of the replica")
+                } else if !seen.insert(pack) {
+                    Some("is listed twice")
+                } else if position.is_none_or(|p| p as u32 >= before) {
+                    Some("does not run after its input gradient")
+                } else {
+                    None
+                };
+                if let Some(problem) = problem {
+                    ordered = false;
+                    let name = self.names().pack(pack).to_string();
+                    self.report(
+                        location,
+                        "weight-grad-order",
+                        format!("the weight gradient {name}.dw {problem}"),
+                    );
+                }
+            }
+        }
+        ordered
     }
 
     /// With model chunks, every pipeline device of the replica has an interleave that runs
@@ -659,11 +715,29 @@ impl Verifier<'_> {
                 graph.add_edge(from, to, ());
             }
         };
+        // A deferred weight gradient is a task of its own, after its input gradient; nothing
+        // on another stage waits for it.
+        let mut weight_task = FxHashMap::default();
         for device in 0..ir.spec.parallel.pp {
             let order = ir.device_schedule(replica, device);
-            for pair in order.windows(2) {
-                let ((a, a_stage), (b, b_stage)) = (pair[0], pair[1]);
-                edge(&mut graph, (a, a_stage as usize), (b, b_stage as usize));
+            let mut previous = None;
+            for &(op, stage) in &order {
+                let node = match op.part {
+                    Part::WeightGrad => {
+                        let node = *weight_task
+                            .entry((op.pack, stage))
+                            .or_insert_with(|| graph.add_node((op.pack, stage as usize)));
+                        if let Some(&input) = task.get(&(op.pack, stage as usize)) {
+                            graph.add_edge(input, node, ());
+                        }
+                        Some(node)
+                    }
+                    _ => task.get(&(op.pack, stage as usize)).copied(),
+                };
+                if let (Some(from), Some(to)) = (previous, node) {
+                    graph.add_edge(from, to, ());
+                }
+                previous = node.or(previous);
             }
         }
         for &pack in &packs {

@@ -32,6 +32,7 @@ pub mod pipeline;
 pub mod registry;
 pub mod schedule_pipeline;
 pub mod slice;
+mod zero_bubble;
 
 pub use error::{PassError, Result};
 pub use manager::{run_pipeline, run_pipeline_in, ManagerOptions, PassRecord, PrintOptions};

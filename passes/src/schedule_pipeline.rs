@@ -18,6 +18,12 @@
 //! for is preceded, downstream, only by forwards it has already sent (the verifier proves it on
 //! every output).
 //!
+//! Zero bubble (`zb=true`): every stage's order (1F1B's or the list schedule's) is then split
+//! by [`crate::zero_bubble::split_orders`]: each backward runs its input gradient where the
+//! order runs the backward and its weight gradient later, in idle time or after the stage's
+//! last backward, within the order's activation memory (ZB-H1). Not with model chunks (an
+//! error).
+//!
 //! Interleaved 1F1B (model chunks, `vpp > 1` in the layout): pipeline device `d` holds stages
 //! `d, d + pp, ...` and runs every pack once per chunk. Where a replica's forward and backward
 //! packs coincide and their count is a multiple of `pp`, every device runs Megatron's
@@ -34,7 +40,7 @@
 
 use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
-use slimpack_ir::step::{Direction, PackId, Phase, ReplicaId};
+use slimpack_ir::step::{Direction, PackId, Part, Phase, ReplicaId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::{CostModel, DEFAULT_MEMORY_LIMIT};
 
@@ -60,6 +66,13 @@ pub(crate) const INFO: PassInfo = PassInfo {
                    in flight may fill",
             default: Some("0.92"),
         },
+        OptionInfo {
+            name: "zb",
+            help: "true: split every backward into its input and weight gradients and defer \
+                   the weight gradients into pipeline idle within the order's memory \
+                   (zero-bubble ZB-H1)",
+            default: Some("false"),
+        },
     ],
     create: |options| Ok(Box::new(SchedulePipeline::from_options(options)?)),
 };
@@ -72,6 +85,8 @@ pub struct SchedulePipeline {
     /// The fraction of device memory the list schedule fills with forwards in flight (the
     /// tuner's default memory limit unless given).
     pub memory: f64,
+    /// Split the backwards (zero-bubble schedule).
+    pub zero_bubble: bool,
 }
 
 impl Default for SchedulePipeline {
@@ -79,6 +94,7 @@ impl Default for SchedulePipeline {
         SchedulePipeline {
             one_f_one_b: false,
             memory: DEFAULT_MEMORY_LIMIT,
+            zero_bubble: false,
         }
     }
 }
@@ -105,19 +121,21 @@ impl SchedulePipeline {
         if !(memory > 0.0 && memory <= 1.0) {
             return Err(bad("memory", memory.to_string()));
         }
+        let zero_bubble: bool = options
+            .get("zb", "true or false")?
+            .expect("declared with a default");
         Ok(SchedulePipeline {
             one_f_one_b,
             memory,
+            zero_bubble,
         })
     }
 }
 
 /// What a replica's 1F1B stage orders depend on, read from the IR once per replica (every
-/// stage's order differs only in its warm-up): its packs in run order, the forwards each
-/// backward pack needs, and the packs' weights.
+/// stage's order differs only in its warm-up): the forwards each backward pack needs, and the
+/// packs' weights (indexed as `packs_on` orders the packs).
 struct ReplicaPacks {
-    forward: Vec<PackId>,
-    backward: Vec<PackId>,
     /// need[b]: forwards that must have run before backward pack b.
     need: Vec<usize>,
     forward_weights: Vec<u64>,
@@ -125,9 +143,7 @@ struct ReplicaPacks {
 }
 
 impl ReplicaPacks {
-    fn new(ir: &StepIr, replica: ReplicaId) -> ReplicaPacks {
-        let forward = ir.packs_on(replica, Direction::Forward);
-        let backward = ir.packs_on(replica, Direction::Backward);
+    fn new(ir: &StepIr, forward: &[PackId], backward: &[PackId]) -> ReplicaPacks {
         let position: std::collections::HashMap<PackId, usize> =
             forward.iter().enumerate().map(|(i, &p)| (p, i)).collect();
         let need: Vec<usize> = backward
@@ -144,13 +160,11 @@ impl ReplicaPacks {
         // In-flight work is counted in packs when the backward packs are the forward packs
         // (1F1B exactly), in tokens otherwise: the stage keeps `warmup + 1` average forward
         // packs' worth of tokens in flight, however the two partitions cut them.
-        let symmetric = symmetric_packs(ir, &forward, &backward);
+        let symmetric = symmetric_packs(ir, forward, backward);
         let weight = |pack: PackId| if symmetric { 1 } else { ir.pack_tokens(pack) };
         let forward_weights: Vec<u64> = forward.iter().map(|&p| weight(p)).collect();
         let backward_weights: Vec<u64> = backward.iter().map(|&p| weight(p)).collect();
         ReplicaPacks {
-            forward,
-            backward,
             need,
             forward_weights,
             backward_weights,
@@ -158,7 +172,7 @@ impl ReplicaPacks {
     }
 
     /// The 1F1B order of a stage with `warmup` forwards of warm-up.
-    fn one_f_one_b(&self, warmup: usize) -> Vec<PackId> {
+    fn stage_ops(&self, warmup: usize) -> Vec<ChunkOp> {
         stage_order(
             &self.need,
             &self.forward_weights,
@@ -166,9 +180,16 @@ impl ReplicaPacks {
             warmup,
         )
         .into_iter()
-        .map(|op| match op {
-            StageOp::Forward(f) => self.forward[f],
-            StageOp::Backward(b) => self.backward[b],
+        .map(|op| {
+            let (direction, micro_batch) = match op {
+                StageOp::Forward(f) => (Direction::Forward, f),
+                StageOp::Backward(b) => (Direction::Backward, b),
+            };
+            ChunkOp {
+                direction,
+                micro_batch,
+                chunk: 0,
+            }
         })
         .collect()
     }
@@ -261,13 +282,23 @@ impl Pass for SchedulePipeline {
     }
 
     fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
+        if self.zero_bubble && ir.spec.parallel.vpp > 1 {
+            return Err(PassError::Failed {
+                pass: INFO.name,
+                message: format!(
+                    "zb=true splits backwards on one model chunk per device; the layout has vpp={}",
+                    ir.spec.parallel.vpp
+                ),
+            });
+        }
         Ok(schedule(ir, cx.machine(), *self))
     }
 }
 
 /// Sets every replica's orders: 1F1B (memory-aware warm-up) or Megatron's interleaved order
-/// where its packs are symmetric, the list schedule in time elsewhere (see the module docs);
-/// the pass's algorithm, also run by `eqsat` on a scheduled step whose packs it changed.
+/// where its packs are symmetric, the list schedule in time elsewhere (see the module docs),
+/// split into zero-bubble orders where asked; the pass's algorithm, also run by `eqsat` on a
+/// scheduled step whose packs it changed.
 pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline) -> Statistics {
     let parallel = ir.spec.parallel;
     let (pp, vpp) = (parallel.pp, parallel.vpp);
@@ -275,6 +306,7 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
     let (mut one_f_one_b_replicas, mut megatron, mut listed) = (0, 0, 0);
     let mut max_in_flight = 0usize;
     let mut memory_limited = 0usize;
+    let mut split_backwards = 0usize;
     for replica in ir.replicas().to_vec() {
         let forward = ir.packs_on(replica, Direction::Forward);
         let backward = ir.packs_on(replica, Direction::Backward);
@@ -283,7 +315,8 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
         }
         scheduled += 1;
         let symmetric = symmetric_packs(ir, &forward, &backward);
-        if vpp == 1 && (symmetric || pass.one_f_one_b) {
+        // Per device, the ops in run order.
+        let orders: Vec<Vec<ChunkOp>> = if vpp == 1 && (symmetric || pass.one_f_one_b) {
             one_f_one_b_replicas += 1;
             let warmups = warmups(ir, replica, cost);
             memory_limited += warmups
@@ -291,50 +324,54 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
                 .enumerate()
                 .filter(|&(s, &w)| w < (pp - 1) as usize - s)
                 .count();
-            let packs = ReplicaPacks::new(ir, replica);
-            for (stage, &warmup) in warmups.iter().enumerate() {
-                let order = packs.one_f_one_b(warmup);
-                let directions = order.iter().map(|&pack| ir.pack(pack).direction);
-                max_in_flight = max_in_flight.max(most_forwards_in_flight(directions));
-                ir.set_schedule(replica, stage as u32, &order);
-            }
-            continue;
-        }
-        let exact: Option<Vec<Vec<ChunkOp>>> = if symmetric {
-            (0..pp)
-                .map(|device| interleaved_order(pp, vpp, device, forward.len()))
+            let packs = ReplicaPacks::new(ir, &forward, &backward);
+            warmups
+                .iter()
+                .map(|&warmup| packs.stage_ops(warmup))
                 .collect()
         } else {
-            None
-        };
-        let orders = match exact {
-            Some(orders) => {
-                megatron += 1;
-                orders
+            let exact: Option<Vec<Vec<ChunkOp>>> = if symmetric {
+                (0..pp)
+                    .map(|device| interleaved_order(pp, vpp, device, forward.len()))
+                    .collect()
+            } else {
+                None
+            };
+            match exact {
+                Some(orders) => {
+                    megatron += 1;
+                    orders
+                }
+                None => {
+                    listed += 1;
+                    list_schedule(ir, replica, &forward, &backward, cost, pass.memory)
+                }
             }
-            None => {
-                listed += 1;
-                list_schedule(ir, replica, &forward, &backward, cost, pass.memory)
-            }
         };
+        let mut stage_orders: Vec<Vec<PackId>> = vec![Vec::new(); (pp * vpp) as usize];
         for (device, order) in orders.iter().enumerate() {
-            let device = device as u32;
             let directions = order.iter().map(|op| op.direction);
             max_in_flight = max_in_flight.max(most_forwards_in_flight(directions));
-            for chunk in 0..vpp {
-                let stage_order: Vec<PackId> = order
-                    .iter()
-                    .filter(|op| op.chunk == chunk)
-                    .map(|op| match op.direction {
-                        Direction::Forward => forward[op.micro_batch],
-                        Direction::Backward => backward[op.micro_batch],
-                    })
-                    .collect();
-                ir.set_schedule(replica, chunk * pp + device, &stage_order);
+            for op in order {
+                stage_orders[(op.chunk * pp) as usize + device].push(match op.direction {
+                    Direction::Forward => forward[op.micro_batch],
+                    Direction::Backward => backward[op.micro_batch],
+                });
             }
             if vpp > 1 {
                 let chunks: Vec<u32> = order.iter().map(|op| op.chunk).collect();
-                ir.set_interleave(replica, device, &chunks);
+                ir.set_interleave(replica, device as u32, &chunks);
+            }
+        }
+        if pass.zero_bubble && vpp == 1 {
+            let split = crate::zero_bubble::split_orders(ir, replica, &stage_orders, cost);
+            for (stage, ops) in split.iter().enumerate() {
+                split_backwards += ops.iter().filter(|op| op.part == Part::WeightGrad).count();
+                ir.set_stage_ops(replica, stage as u32, ops);
+            }
+        } else {
+            for (stage, order) in stage_orders.iter().enumerate() {
+                ir.set_schedule(replica, stage as u32, order);
             }
         }
     }
@@ -344,10 +381,13 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
     } else {
         statistics.set("replicas_one_f_one_b", one_f_one_b_replicas);
     }
+    statistics.set("replicas_list_scheduled", listed);
+    statistics.set("max_forwards_in_flight", max_in_flight);
+    statistics.set("memory_limited_stages", memory_limited);
+    if pass.zero_bubble {
+        statistics.set("split_backwards", split_backwards);
+    }
     statistics
-        .with("replicas_list_scheduled", listed)
-        .with("max_forwards_in_flight", max_in_flight)
-        .with("memory_limited_stages", memory_limited)
 }
 
 /// The interleaved orders of one replica's devices for any packs (see the module docs): a list

@@ -61,10 +61,12 @@ fn choices_of(
     memory_limit: Option<f64>,
     model_chunks: bool,
 ) -> PyResult<Choices> {
+    // slimpack.torch runs whole backwards: no zero-bubble candidates.
     let mut choices = match recompute_fixed {
         true => Choices::fixed(spec.model.recompute),
         false => Choices::all(),
-    };
+    }
+    .whole_backwards();
     if !model_chunks {
         choices = choices.one_chunk_per_device();
     }

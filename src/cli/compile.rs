@@ -203,6 +203,9 @@ pub struct CompileArgs {
     /// slimpack ablation: no e-graph refinement.
     #[arg(long)]
     no_eqsat: bool,
+    /// slimpack ablation: whole backwards (no zero-bubble schedules).
+    #[arg(long)]
+    no_zero_bubble: bool,
     /// Run this explicit pass pipeline instead of a strategy, e.g. 'slice{size=8192}' (see
     /// `slimpack passes`); an empty pipeline (--passes '') gives the logical IR.
     #[arg(long, value_name = "PIPELINE")]
@@ -252,6 +255,7 @@ impl CompileArgs {
             (self.no_dp_merge, "dp-merge"),
             (self.no_slicing, "slicing"),
             (self.no_eqsat, "eqsat"),
+            (self.no_zero_bubble, "zero-bubble"),
         ]
         .iter()
         .filter(|(on, _)| *on)
@@ -326,9 +330,9 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
             let mut choices =
                 super::input::tuning_choices(&args.spec, &job, args.memory_limit.as_deref())?;
-            // The dialect and the C ABI run one model chunk per device.
+            // The dialect and the C ABI run one model chunk per device and whole backwards.
             if matches!(emit, Some(Emit::Mlir | Emit::Llvm)) {
-                choices = choices.one_chunk_per_device();
+                choices = choices.one_chunk_per_device().whole_backwards();
             }
             let mut state = StrategyState::default();
             let batch = autotune::admit(info, &mut state, &job.spec, &batch);
@@ -506,7 +510,11 @@ fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::R
             json
         }
         Emit::Mlir | Emit::Llvm => {
-            need_schedule(if emit == Emit::Mlir { "mlir" } else { "llvm" })?;
+            let form = if emit == Emit::Mlir { "mlir" } else { "llvm" };
+            need_schedule(form)?;
+            if ir.has_split_backwards() {
+                bail!("--emit {form} runs whole backwards; this step splits them (schedule-pipeline{{zb=true}}): compile it without zb");
+            }
             backend_emitted(emit, ir)?
         }
         Emit::Ptx => backend_emitted(emit, ir)?,

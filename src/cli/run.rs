@@ -224,9 +224,12 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
     match (&args.strategy, &args.passes) {
         (Some(name), _) => {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
-            // The executors run without recomputation and one model chunk per device: only
-            // those candidates.
-            let choices = Choices::fixed(job.spec.model.recompute).one_chunk_per_device();
+            // The executors run without recomputation and one model chunk per device, the
+            // CUDA backend whole backwards: only those candidates.
+            let mut choices = Choices::fixed(job.spec.model.recompute).one_chunk_per_device();
+            if args.backend == Backend::Cuda {
+                choices = choices.whole_backwards();
+            }
             let mut state = StrategyState::default();
             let (_, choice) =
                 autotune::compile_step(info, &job.spec, &batch, &mut state, &choices)?;

@@ -19,11 +19,17 @@
 //!
 //! The full method's search also holds the plans the peers would make (megatron's bins, kk:
 //! `plan=<peer>` candidates), so it never settles for less than theirs on the steps it is
-//! tuned on; the ablations search only the method's own candidates.
+//! tuned on; the ablations but `zero-bubble` search only the method's own candidates.
+//!
+//! Zero bubble: on a pipeline (`pp > 1`, one model chunk per device), every candidate, the
+//! peers' plans included, has a twin (label `...,zb`) whose `schedule-pipeline{zb=true}` splits
+//! the backwards and defers the weight gradients into pipeline idle (ZB-H1); the simulator
+//! keeps it where it is faster and fits.
 //!
 //! Ablations (`--no-<idea>` on the command line, `slimpack-no-<idea>` as strategy names):
 //! `asymmetric` (backward packs mirror the forward ones), `dp-merge`, `slicing` (whole
-//! samples), `eqsat`.
+//! samples), `eqsat`; and `zero-bubble`, the full search (peers' plans included) with whole
+//! backwards only.
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
@@ -37,6 +43,7 @@ pub struct Ideas {
     pub dp_merge: bool,
     pub slicing: bool,
     pub eqsat: bool,
+    pub zero_bubble: bool,
 }
 
 impl Ideas {
@@ -46,6 +53,7 @@ impl Ideas {
         dp_merge: true,
         slicing: true,
         eqsat: true,
+        zero_bubble: true,
     };
 }
 
@@ -210,7 +218,47 @@ pub fn candidates_with(
             }
         }
     }
-    candidates
+    match ideas.zero_bubble {
+        true => with_zero_bubble(candidates, spec, choices),
+        false => candidates,
+    }
+}
+
+/// `candidates` and, on a pipeline of one model chunk per device where `choices` allow split
+/// backwards, each one's zero-bubble twin (label `...,zb`).
+pub(crate) fn with_zero_bubble(
+    candidates: Vec<Candidate>,
+    spec: &Spec,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let parallel = spec.parallel;
+    if !choices.split_backwards || parallel.pp < 2 || parallel.vpp > 1 {
+        return candidates;
+    }
+    let split = |pipeline: &str| match pipeline.contains("schedule-pipeline{") {
+        true => pipeline.replace("schedule-pipeline{", "schedule-pipeline{zb=true,"),
+        false => pipeline.replace("schedule-pipeline", "schedule-pipeline{zb=true}"),
+    };
+    let twins: Vec<Candidate> = candidates
+        .iter()
+        .filter(|candidate| candidate.vpp.is_none_or(|vpp| vpp == 1))
+        .map(|candidate| Candidate {
+            label: format!("{},zb", candidate.label),
+            pipeline: split(&candidate.pipeline),
+            variants: candidate
+                .variants
+                .iter()
+                .map(|variant| Variant {
+                    label: variant.label.clone(),
+                    pipeline: split(&variant.pipeline),
+                })
+                .collect(),
+            ..candidate.clone()
+        })
+        .collect();
+    let mut all = candidates;
+    all.extend(twins);
+    all
 }
 
 /// The pipeline orders a step chooses between by simulation: the list schedule in time
@@ -246,8 +294,34 @@ pub(crate) fn full(
     _: &StrategyState,
     choices: &Choices,
 ) -> Vec<Candidate> {
-    let mut candidates = candidates_with(Ideas::ALL, spec, batch, choices);
-    candidates.extend(super::strategy::peer_plans(spec, batch, choices));
+    with_peer_plans(Ideas::ALL, spec, batch, choices)
+}
+
+/// The full method's search with whole backwards only: its own candidates and the peers'
+/// plans, without their zero-bubble twins (the zero-bubble ablation keeps the peers, since
+/// zero bubble applies to their plans too).
+pub(crate) fn no_zero_bubble(
+    spec: &Spec,
+    batch: &Batch,
+    _: &StrategyState,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let ideas = Ideas {
+        zero_bubble: false,
+        ..Ideas::ALL
+    };
+    with_peer_plans(ideas, spec, batch, choices)
+}
+
+/// The method's candidates under `ideas` and the peers' plans, each with its zero-bubble twin
+/// where `ideas` keep zero bubble.
+fn with_peer_plans(ideas: Ideas, spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
+    let mut candidates = candidates_with(ideas, spec, batch, choices);
+    let peers = super::strategy::peer_plans(spec, batch, choices);
+    match ideas.zero_bubble {
+        true => candidates.extend(with_zero_bubble(peers, spec, choices)),
+        false => candidates.extend(peers),
+    }
     candidates
 }
 variant!(

@@ -78,6 +78,10 @@ pub struct Choices {
     /// step goes to an executor or backend that runs one chunk per device (`run`, `--emit
     /// mlir|llvm`).
     pub model_chunks: bool,
+    /// Whether a strategy may split backwards into input and weight gradients (zero-bubble
+    /// schedules); off where the consumer runs whole backwards (`--emit mlir|llvm`, the CUDA
+    /// backend).
+    pub split_backwards: bool,
 }
 
 pub use slimpack_machine::cost::DEFAULT_MEMORY_LIMIT;
@@ -90,6 +94,7 @@ impl Choices {
             block_recompute: true,
             memory_limit: DEFAULT_MEMORY_LIMIT,
             model_chunks: true,
+            split_backwards: true,
         }
     }
 
@@ -100,6 +105,15 @@ impl Choices {
             block_recompute: false,
             memory_limit: DEFAULT_MEMORY_LIMIT,
             model_chunks: true,
+            split_backwards: true,
+        }
+    }
+
+    /// The same choices with whole backwards only (see [`Choices::split_backwards`]).
+    pub fn whole_backwards(self) -> Choices {
+        Choices {
+            split_backwards: false,
+            ..self
         }
     }
 
@@ -383,6 +397,15 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         source: "src/tune/method.rs",
         deviations: "no eqsat pass",
         candidates: method::no_eqsat,
+        admit: None,
+        applies: None,
+    },
+    StrategyInfo {
+        name: "slimpack-no-zero-bubble",
+        summary: "ablation: whole backwards (plain 1F1B orders, no deferred weight gradients)",
+        source: "src/tune/method.rs",
+        deviations: "no schedule-pipeline{zb=true} candidates",
+        candidates: method::no_zero_bubble,
         admit: None,
         applies: None,
     },

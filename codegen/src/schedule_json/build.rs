@@ -15,9 +15,10 @@ use slimpack_ir::step::{Direction, PackId, StepIr};
 use super::devices::devices;
 use super::layout::Layout;
 use super::{
-    BatchDocument, InterleaveEntry, LossDocument, LossNormalization, PackDocument, PackSlice,
-    PackedSeqParams, QkvFormat, ReplicaDocument, ScheduleDocument, ScheduleEntry, ScheduleError,
-    SliceDocument, StageDocument, SubBatch, FORMAT, INT32_MAX, VERSION,
+    BatchDocument, DeferredWeightGrad, InterleaveEntry, LossDocument, LossNormalization,
+    PackDocument, PackSlice, PackedSeqParams, QkvFormat, ReplicaDocument, ScheduleDocument,
+    ScheduleEntry, ScheduleError, SliceDocument, StageDocument, SubBatch, FORMAT, INT32_MAX,
+    VERSION,
 };
 
 /// The document of `ir` (see [`super::document`]).
@@ -58,10 +59,19 @@ pub(super) fn document(
             let stage = ir.stage(stage).index;
             let order = ir.schedule(replica, stage);
             if !order.is_empty() {
+                let weight_grads = ir
+                    .weight_grads(replica, stage)
+                    .iter()
+                    .map(|&(pack, after)| DeferredWeightGrad {
+                        pack: index[&pack],
+                        after,
+                    })
+                    .collect();
                 schedules.push(ScheduleEntry {
                     replica: r as u32,
                     stage,
                     packs: order.into_iter().map(|id| index[&id]).collect(),
+                    weight_grads,
                 });
             }
         }

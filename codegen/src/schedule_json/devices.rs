@@ -10,7 +10,7 @@
 
 use slimpack_ir::program::{Op, Program, Worker};
 use slimpack_ir::spec::Coords;
-use slimpack_ir::step::{Direction, StepIr};
+use slimpack_ir::step::{Direction, Part, StepIr};
 
 use super::layout::Layout;
 use super::{Device, DeviceOp, PackDocument};
@@ -61,9 +61,22 @@ pub(super) fn devices(
             let mut ops = Vec::with_capacity(worker.ops.len());
             for op in &worker.ops {
                 match op {
-                    &Op::Forward { pack, chunk } | &Op::Backward { pack, chunk } => {
+                    &Op::Backward {
+                        pack,
+                        chunk,
+                        part: Part::WeightGrad,
+                    } => ops.push(DeviceOp::Backward {
+                        pack,
+                        chunk,
+                        part: Part::WeightGrad,
+                    }),
+                    &Op::Forward { pack, chunk } | &Op::Backward { pack, chunk, .. } => {
                         let pack = &pack;
                         let document = &packs[*pack as usize];
+                        let part = match op {
+                            Op::Backward { part, .. } => *part,
+                            _ => Part::Whole,
+                        };
                         if document.cp_size > 1 {
                             ops.push(DeviceOp::CpExchange {
                                 pack: *pack,
@@ -74,7 +87,11 @@ pub(super) fn devices(
                         }
                         ops.push(match document.direction {
                             Direction::Forward => DeviceOp::Forward { pack: *pack, chunk },
-                            Direction::Backward => DeviceOp::Backward { pack: *pack, chunk },
+                            Direction::Backward => DeviceOp::Backward {
+                                pack: *pack,
+                                chunk,
+                                part,
+                            },
                         });
                     }
                     // Re-emitted above for every CP group, merged or static.

@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use slimpack_ir::step::{BatchInfo, Pack, Phase, SliceId, Stage, StepIr};
+use slimpack_ir::step::{BatchInfo, Pack, Part, Phase, SliceId, Stage, StageOp, StepIr};
 use slimpack_ir::{program, Spec};
 
 use super::check;
@@ -117,6 +117,19 @@ pub(super) fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
         }
         pack_ids.push(id);
     }
+    let weight_grad_op = |pack: u32| {
+        pack_ids
+            .get(pack as usize)
+            .map(|&pack| StageOp {
+                pack,
+                part: Part::WeightGrad,
+            })
+            .ok_or_else(|| {
+                invalid(format!(
+                    "schedule defers the weight gradient of pack {pack}"
+                ))
+            })
+    };
     for entry in &doc.schedules {
         let replica = *replicas
             .get(entry.replica as usize)
@@ -134,7 +147,27 @@ pub(super) fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
         if entry.stage >= doc.spec.parallel.stages() {
             return Err(invalid(format!("schedule names stage {}", entry.stage)));
         }
-        ir.set_schedule(replica, entry.stage, &order);
+        // The chain with each deferred weight gradient after its first `after` entries.
+        let mut ops: Vec<StageOp> = Vec::with_capacity(order.len() + entry.weight_grads.len());
+        let mut next = entry.weight_grads.iter().peekable();
+        for (position, &pack) in order.iter().enumerate() {
+            while let Some(weight) = next.next_if(|w| w.after as usize <= position) {
+                ops.push(weight_grad_op(weight.pack)?);
+            }
+            ops.push(StageOp::whole(pack));
+        }
+        for weight in next {
+            if weight.after as usize > order.len() {
+                return Err(invalid(format!(
+                    "schedule defers the weight gradient of pack {} after {} of its {} packs",
+                    weight.pack,
+                    weight.after,
+                    order.len()
+                )));
+            }
+            ops.push(weight_grad_op(weight.pack)?);
+        }
+        ir.set_stage_ops(replica, entry.stage, &ops);
     }
     for entry in &doc.interleave {
         let replica = *replicas

@@ -67,6 +67,49 @@ fn reads_back_into_the_same_step() {
     }
 }
 
+/// A zero-bubble schedule (the `schedule-pipeline` filetest's output): each stage's deferred
+/// weight gradients, the split backwards' parts on the devices, and the same step read back.
+#[test]
+fn zero_bubble_schedules_carry_their_weight_gradients_and_read_back() {
+    let filetest = include_str!("../../../tests/filetests/schedule-pipeline/zero-bubble.sir");
+    let (_, scheduled) = filetest
+        .split_once("// ----- expected -----\n")
+        .expect("the filetest has its expected output");
+    let ir = step(scheduled);
+    let doc = document(&ir, None).unwrap();
+    // %r0 on stage 0: [%f0, %f1, %b0.dx, %b0.dw, %f2, %b1.dx, %b2.dx, %b1.dw, %b2.dw]; packs
+    // are numbered per replica, forward then backward (%b0 is pack 3).
+    let entry = &doc.schedules[0];
+    assert_eq!((entry.replica, entry.stage), (0, 0));
+    assert_eq!(entry.packs, vec![0, 1, 3, 2, 4, 5]);
+    let deferred: Vec<(u32, u32)> = entry
+        .weight_grads
+        .iter()
+        .map(|w| (w.pack, w.after))
+        .collect();
+    assert_eq!(deferred, vec![(3, 3), (4, 6), (5, 6)]);
+    let backwards: Vec<(u32, Part)> = doc.devices[0]
+        .ops
+        .iter()
+        .filter_map(|op| match *op {
+            DeviceOp::Backward { pack, part, .. } => Some((pack, part)),
+            _ => None,
+        })
+        .collect();
+    use Part::{InputGrad as B, WeightGrad as W};
+    assert_eq!(
+        backwards,
+        vec![(3, B), (3, W), (4, B), (5, B), (4, W), (5, W)]
+    );
+    let json = serde_json::to_string(&doc).unwrap();
+    assert!(json.contains(r#""part":"weight-grad""#));
+    let back = to_ir(&parse(&json).unwrap()).unwrap();
+    let mut lowered = ir.clone();
+    program::lower_into(&mut lowered).unwrap();
+    lowered.advance(Phase::Lowered);
+    assert_eq!(text::print(&back), text::print(&lowered));
+}
+
 #[test]
 fn the_slice_table_has_packs_targets_and_dkv_order() {
     let doc = doc(HAND);

@@ -209,12 +209,17 @@ pub fn abi_call(dp: i64, pp: i64, op: &Op) -> Call {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::step::Part;
 
     #[test]
     fn every_call_has_one_argument_per_integer_parameter() {
         let ops = [
             Op::Forward { pack: 1, chunk: 0 },
-            Op::Backward { pack: 1, chunk: 0 },
+            Op::Backward {
+                pack: 1,
+                chunk: 0,
+                part: Part::Whole,
+            },
             Op::CpExchange {
                 pack: 1,
                 direction: Direction::Backward,

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use super::{Op, PackLayout, Program, SliceLayout, Worker, WorkerProgram};
-use crate::step::{Direction, PackId, Phase, StepIr};
+use crate::step::{Direction, PackId, Part, Phase, StepIr};
 use crate::text::Names;
 
 /// Lowers `ir` (phase `scheduled` or later) to per-worker op lists. Pure: the same IR always
@@ -79,10 +79,20 @@ pub fn lower(ir: &StepIr) -> Program {
             let order = ir.device_schedule(replica, device);
             for &rank in ranks {
                 let ops = &mut workers[(device * dp + rank) as usize].ops;
-                for &(pack_id, stage) in &order {
+                for &(op, stage) in &order {
+                    let pack_id = op.pack;
                     let pack = pack_index[&pack_id];
                     let chunk = stage / pp;
                     let direction = ir.pack(pack_id).direction;
+                    // A deferred weight gradient needs nothing from another worker.
+                    if op.part == Part::WeightGrad {
+                        ops.push(Op::Backward {
+                            pack,
+                            chunk,
+                            part: op.part,
+                        });
+                        continue;
+                    }
                     // The pipeline stages the pack's input comes from and its output goes to.
                     let (from, to) = match direction {
                         Direction::Forward => (
@@ -116,7 +126,11 @@ pub fn lower(ir: &StepIr) -> Program {
                     }
                     ops.push(match direction {
                         Direction::Forward => Op::Forward { pack, chunk },
-                        Direction::Backward => Op::Backward { pack, chunk },
+                        Direction::Backward => Op::Backward {
+                            pack,
+                            chunk,
+                            part: op.part,
+                        },
                     });
                     if let Some(to) = to {
                         ops.push(Op::Send {

@@ -48,7 +48,7 @@ use std::borrow::Cow;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::step::{Direction, StepIr};
+use crate::step::{Direction, Part, StepIr};
 
 /// The program of a scheduled step: the one it carries when lowered, else its lowering now (a
 /// step compiled by a pipeline that stops at `schedule-pipeline`). Consumers — codegen, the
@@ -95,11 +95,16 @@ pub enum Op {
         #[serde(default, skip_serializing_if = "is_zero")]
         chunk: u32,
     },
-    /// Run the backward of `pack` on this worker's layers (of model chunk `chunk`).
+    /// Run the backward of `pack` on this worker's layers (of model chunk `chunk`): all of it,
+    /// or, in a zero-bubble schedule, its input-gradient or its weight-gradient part (`part`;
+    /// left out of the JSON when whole). The input gradient receives and sends what a whole
+    /// backward does; the weight gradient, later, only adds into the weight gradients.
     Backward {
         pack: u32,
         #[serde(default, skip_serializing_if = "is_zero")]
         chunk: u32,
+        #[serde(default, skip_serializing_if = "Part::is_whole")]
+        part: Part,
     },
     /// Exchange K/V (forward) or K/V and their gradients (backward) of `pack` among the DP ranks
     /// of its DP-Merge group (context parallelism across merged replicas).

@@ -15,8 +15,9 @@ pub fn print_workers(program: &Program, out: &mut String) {
             out.push_str("    ");
             out.push_str(op.keyword());
             let _ = match op {
-                Op::Forward { pack, .. } | Op::Backward { pack, .. } => {
-                    write!(out, " {}", name(*pack))
+                Op::Forward { pack, .. } => write!(out, " {}", name(*pack)),
+                Op::Backward { pack, part, .. } => {
+                    write!(out, " {}{}", name(*pack), part.suffix())
                 }
                 Op::CpExchange {
                     pack,

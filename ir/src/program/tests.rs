@@ -74,7 +74,11 @@ fn stages_exchange_activations_and_gradients() {
                 from: to_last,
                 chunk: 0,
             },
-            Op::Backward { pack: 1, chunk: 0 },
+            Op::Backward {
+                pack: 1,
+                chunk: 0,
+                part: Part::Whole,
+            },
         ]
     );
     assert_eq!(
@@ -87,7 +91,11 @@ fn stages_exchange_activations_and_gradients() {
                 chunk: 0,
             },
             Op::Forward { pack: 0, chunk: 0 },
-            Op::Backward { pack: 1, chunk: 0 },
+            Op::Backward {
+                pack: 1,
+                chunk: 0,
+                part: Part::Whole,
+            },
             Op::Send {
                 pack: 1,
                 direction: Direction::Backward,

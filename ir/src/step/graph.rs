@@ -14,7 +14,9 @@ use petgraph::visit::EdgeRef;
 use petgraph::Direction::{Incoming, Outgoing};
 
 use super::ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
-use super::node::{BatchInfo, Direction, Edge, Node, Pack, Phase, Replica, Sample, Slice, Stage};
+use super::node::{
+    BatchInfo, Direction, Edge, Node, Pack, Part, Phase, Replica, Sample, Slice, Stage, StageOp,
+};
 use crate::program::Program;
 use crate::spec::Spec;
 
@@ -38,6 +40,10 @@ pub struct StepIr {
     /// With model chunks (`vpp > 1`): per (replica, pipeline device), the chunk of each pack
     /// the device runs, in order (see [`StepIr::device_schedule`]).
     interleave: BTreeMap<(ReplicaId, u32), Vec<u32>>,
+    /// Zero-bubble schedules: per (replica, stage), the backward packs whose weight-gradient
+    /// part is deferred, in the order they run, each with the number of ops of the stage's
+    /// order chain that run before it (see [`StepIr::stage_ops`]).
+    weight_grads: BTreeMap<(ReplicaId, u32), Vec<(PackId, u32)>>,
     /// Position of each sample in `samples` (batch order), indexed by node index.
     sample_position: Vec<u32>,
     /// The replica of each sample, indexed by batch position (`None`: not placed).
@@ -75,6 +81,7 @@ impl StepIr {
             pack_counts: HashMap::new(),
             program: None,
             interleave: BTreeMap::new(),
+            weight_grads: BTreeMap::new(),
             sample_position: Vec::new(),
             sample_replica: Vec::new(),
             replica_samples: FxHashMap::default(),
@@ -440,10 +447,12 @@ impl StepIr {
 
     // ---- schedule ----
 
-    /// Sets the order in which the packs of `replica` run on `stage` (replacing any earlier one).
+    /// Sets the order in which the packs of `replica` run on `stage` (replacing any earlier one,
+    /// deferred weight gradients included: every backward runs whole).
     /// Orders are chains of edges, so a schedule has at least two packs: a replica with samples
     /// always has a forward and a backward pack.
     pub fn set_schedule(&mut self, replica: ReplicaId, stage: u32, order: &[PackId]) {
+        self.weight_grads.remove(&(replica, stage));
         let packs: Vec<PackId> = {
             let mut all = self.packs_on(replica, Direction::Forward);
             all.extend(self.packs_on(replica, Direction::Backward));
@@ -501,6 +510,77 @@ impl StepIr {
         order
     }
 
+    /// Sets the order of `replica` on `stage` op by op, with the parts of split backwards (a
+    /// zero-bubble schedule): the ops other than [`Part::WeightGrad`] become the stage's chain
+    /// ([`StepIr::schedule`]), each weight-gradient op is kept with its position after them.
+    /// The part of a chain op is implied: a backward whose weight gradient is listed runs its
+    /// input gradient there, any other runs whole.
+    pub fn set_stage_ops(&mut self, replica: ReplicaId, stage: u32, ops: &[StageOp]) {
+        let chain: Vec<PackId> = ops
+            .iter()
+            .filter(|op| op.part != Part::WeightGrad)
+            .map(|op| op.pack)
+            .collect();
+        self.set_schedule(replica, stage, &chain);
+        let mut deferred = Vec::new();
+        let mut before = 0u32;
+        for op in ops {
+            match op.part {
+                Part::WeightGrad => deferred.push((op.pack, before)),
+                _ => before += 1,
+            }
+        }
+        if !deferred.is_empty() {
+            self.weight_grads.insert((replica, stage), deferred);
+        }
+    }
+
+    /// The deferred weight-gradient ops of `replica` on `stage`: (backward pack, number of chain
+    /// ops before it), in order. Empty unless the stage runs a zero-bubble schedule.
+    pub fn weight_grads(&self, replica: ReplicaId, stage: u32) -> &[(PackId, u32)] {
+        self.weight_grads
+            .get(&(replica, stage))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// True when some stage of some replica defers a weight gradient.
+    pub fn has_split_backwards(&self) -> bool {
+        !self.weight_grads.is_empty()
+    }
+
+    /// The ops `replica` runs on `stage`, in order: the chain of [`StepIr::schedule`] with the
+    /// deferred weight gradients merged in at their positions. A backward in the chain whose
+    /// weight gradient is deferred runs [`Part::InputGrad`]; every other chain op runs whole.
+    pub fn stage_ops(&self, replica: ReplicaId, stage: u32) -> Vec<StageOp> {
+        let chain = self.schedule(replica, stage);
+        let deferred = self.weight_grads(replica, stage);
+        if deferred.is_empty() {
+            return chain.into_iter().map(StageOp::whole).collect();
+        }
+        let split: std::collections::HashSet<PackId> =
+            deferred.iter().map(|&(pack, _)| pack).collect();
+        let mut ops = Vec::with_capacity(chain.len() + deferred.len());
+        let mut next = deferred.iter().peekable();
+        for (index, &pack) in chain.iter().enumerate() {
+            while let Some(&(weight, _)) = next.next_if(|&&(_, before)| before as usize <= index) {
+                ops.push(StageOp {
+                    pack: weight,
+                    part: Part::WeightGrad,
+                });
+            }
+            let part = match split.contains(&pack) {
+                true => Part::InputGrad,
+                false => Part::Whole,
+            };
+            ops.push(StageOp { pack, part });
+        }
+        ops.extend(next.map(|&(pack, _)| StageOp {
+            pack,
+            part: Part::WeightGrad,
+        }));
+        ops
+    }
+
     /// With model chunks (`vpp > 1`), sets the order in which pipeline device `device` runs
     /// `replica`'s packs across its chunks: `chunks[i]` is the chunk (stage `chunk · pp +
     /// device`) of the device's `i`-th pack; each chunk's packs follow that stage's own
@@ -514,17 +594,18 @@ impl StepIr {
         self.interleave.get(&(replica, device)).map(Vec::as_slice)
     }
 
-    /// The order in which pipeline device `device` runs the packs of `replica`, as (pack,
-    /// pipeline stage) pairs: with one chunk per device, that stage's schedule; with `vpp > 1`,
-    /// the stages' schedules merged by the device's interleave. Stops early where the
-    /// interleave and the schedules disagree (the verifier reports it).
-    pub fn device_schedule(&self, replica: ReplicaId, device: u32) -> Vec<(PackId, u32)> {
+    /// The ops pipeline device `device` runs for `replica`, as (op, pipeline stage) pairs: with
+    /// one chunk per device, that stage's [`StepIr::stage_ops`]; with `vpp > 1`, the stages'
+    /// schedules merged by the device's interleave (whole ops: zero-bubble splits need one
+    /// chunk per device, the verifier checks it). Stops early where the interleave and the
+    /// schedules disagree (the verifier reports it).
+    pub fn device_schedule(&self, replica: ReplicaId, device: u32) -> Vec<(StageOp, u32)> {
         let parallel = &self.spec.parallel;
         if parallel.vpp == 1 {
             return self
-                .schedule(replica, device)
+                .stage_ops(replica, device)
                 .into_iter()
-                .map(|pack| (pack, device))
+                .map(|op| (op, device))
                 .collect();
         }
         let Some(chunks) = self.interleave(replica, device) else {
@@ -544,7 +625,7 @@ impl StepIr {
                 break;
             };
             next[chunk as usize] += 1;
-            merged.push((pack, stage(chunk)));
+            merged.push((StageOp::whole(pack), stage(chunk)));
         }
         merged
     }

@@ -4,7 +4,8 @@
 //! replicas (a DP replica, or a DP-Merge group of k replicas acting as one CP group). Edges say
 //! containment (sample -> slice), dependency (slice j -> slice j+1 of the same sample), membership
 //! (slice -> pack, with its position in the pack), placement (pack -> replica; a sample's replica
-//! is kept beside the graph) and schedule order (pack -> next pack on one stage of one replica).
+//! is kept beside the graph) and schedule order (pack -> next pack on one stage of one replica; a zero-bubble
+//! schedule's deferred weight-gradient ops are kept beside the chain, see [`Part`]).
 //!
 //! Every sample always has at least one slice: a freshly built IR has one whole-sample slice per
 //! sample, and `slice` refines them. The [`Phase`] records how far compilation went; it only
@@ -18,4 +19,6 @@ mod node;
 
 pub use graph::StepIr;
 pub use ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
-pub use node::{BatchInfo, Direction, Edge, Node, Pack, Phase, Replica, Sample, Slice, Stage};
+pub use node::{
+    BatchInfo, Direction, Edge, Node, Pack, Part, Phase, Replica, Sample, Slice, Stage, StageOp,
+};

@@ -92,6 +92,67 @@ impl Direction {
     }
 }
 
+/// Which part of a pack's work one op of a stage's order runs. A forward, and a backward that
+/// is not split, run `Whole`. Zero-bubble schedules (Qi et al., "Zero Bubble Pipeline
+/// Parallelism", ICLR 2024) split a backward into its input-gradient part `InputGrad` ("B":
+/// attention backward, every layer's activation-gradient GEMMs, recomputation; the gradients
+/// sent to the previous stage depend only on it) and its weight-gradient part `WeightGrad`
+/// ("W": the weight-gradient GEMMs, deferrable, which the stage runs later on the same stage).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Default,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Part {
+    #[default]
+    Whole,
+    InputGrad,
+    WeightGrad,
+}
+
+impl Part {
+    /// The suffix of a pack's name in a schedule of the text form (`%b0.dx`, `%b0.dw`).
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Part::Whole => "",
+            Part::InputGrad => ".dx",
+            Part::WeightGrad => ".dw",
+        }
+    }
+
+    /// True for the default (an op that is not split), which serialisers leave out.
+    pub fn is_whole(&self) -> bool {
+        *self == Part::Whole
+    }
+}
+
+/// One op of a stage's order: `part` of pack `pack` (see [`Part`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StageOp {
+    pub pack: crate::step::PackId,
+    pub part: Part,
+}
+
+impl StageOp {
+    /// A forward, or a backward that is not split.
+    pub fn whole(pack: crate::step::PackId) -> StageOp {
+        StageOp {
+            pack,
+            part: Part::Whole,
+        }
+    }
+}
+
 /// A slice: tokens `[start, start + len)` of its sample.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Slice {

@@ -13,8 +13,8 @@ use super::lexer::{lex, Spanned, Token};
 use crate::error::{IrError, Result};
 use crate::spec::{ClusterSpec, GpuSpec, LinkSpec, ModelSpec, ParallelSpec, Spec};
 use crate::step::{
-    BatchInfo, Direction, Pack, PackId, Phase, ReplicaId, Sample, SampleId, Slice, SliceId, Stage,
-    StepIr,
+    BatchInfo, Direction, Pack, PackId, Part, Phase, ReplicaId, Sample, SampleId, Slice, SliceId,
+    Stage, StageOp, StepIr,
 };
 
 /// Parses IR text; `source_name` names the input in errors.
@@ -761,25 +761,41 @@ impl Parser<'_> {
         let Value::List(items) = order else {
             return Err(self.error_at(order_at, "expected the schedule's packs [%f0, %b0, ...]"));
         };
-        let mut packs = Vec::with_capacity(items.len());
+        let mut ops = Vec::with_capacity(items.len());
         for (item, at) in items {
-            match item {
-                Value::Name(name) => match body.names.get(&name) {
-                    Some(Named::Pack(pack)) => packs.push(*pack),
-                    Some(_) => return Err(self.error_at(at, format!("'%{name}' is not a pack"))),
-                    None => return Err(self.error_at(at, format!("undefined name '%{name}'"))),
-                },
-                _ => return Err(self.error_at(at, "expected a pack '%name'")),
+            let Value::Name(name) = item else {
+                return Err(self.error_at(at, "expected a pack '%name'"));
+            };
+            // `%b0.dx` / `%b0.dw`: the input- or weight-gradient part of a split backward.
+            let (base, part) = match name.rsplit_once('.') {
+                Some((base, "dx")) => (base, Part::InputGrad),
+                Some((base, "dw")) => (base, Part::WeightGrad),
+                _ => (name.as_str(), Part::Whole),
+            };
+            match body.names.get(base) {
+                Some(Named::Pack(pack)) => ops.push(StageOp { pack: *pack, part }),
+                Some(_) => return Err(self.error_at(at, format!("'%{base}' is not a pack"))),
+                None => return Err(self.error_at(at, format!("undefined name '%{base}'"))),
             }
         }
-        if packs.len() < 2 {
+        if ops.iter().filter(|op| op.part != Part::WeightGrad).count() < 2 {
             return Err(self.error_at(
                 order_at,
                 "a schedule lists at least two packs (a forward and a backward)",
             ));
         }
         self.end_of_statement()?;
-        body.ir_mut().set_schedule(replica, stage, &packs);
+        let ir = body.ir_mut();
+        ir.set_stage_ops(replica, stage, &ops);
+        // The text names each chain op's part; the IR derives it from the deferred weight
+        // gradients, so the two must agree.
+        if ir.stage_ops(replica, stage) != ops {
+            return Err(self.error_at(
+                order_at,
+                "a split backward lists its input gradient `%bN.dx` in the order and its weight \
+                 gradient `%bN.dw` once, later; an unsplit backward is plain `%bN`",
+            ));
+        }
         Ok(())
     }
 

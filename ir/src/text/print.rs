@@ -88,11 +88,14 @@ pub fn print(ir: &StepIr) -> String {
     }
     for &replica in ir.replicas() {
         for &stage_id in ir.stages() {
-            let order = ir.schedule(replica, ir.stage(stage_id).index);
+            let order = ir.stage_ops(replica, ir.stage(stage_id).index);
             if order.is_empty() {
                 continue;
             }
-            let packs: Vec<&str> = order.iter().map(|&p| names.pack(p)).collect();
+            let packs: Vec<String> = order
+                .iter()
+                .map(|op| format!("{}{}", names.pack(op.pack), op.part.suffix()))
+                .collect();
             let _ = writeln!(
                 out,
                 "  schedule {} {} [{}]",

@@ -33,6 +33,16 @@
 //!   sample still needs it. dK/dV accumulators: the same shape in fp32 (4 B), because a
 //!   continuation slice's backward adds a partial sum into every earlier slice's dK/dV and many
 //!   bf16 partial sums would lose precision (as Megatron keeps main gradients in fp32).
+//! - Deferred weight gradients (zero-bubble schedules, [`MemoryModel::weight_grad_bytes`]): a
+//!   backward split into an input-gradient part B and a later weight-gradient part W keeps,
+//!   from B to W, what the weight-gradient GEMMs read, per token per layer `÷ tp`: their
+//!   inputs — both norms' outputs `2h·b`, the attention output `q·b`, the SwiGLU output
+//!   `ffn·b` — and their output gradients — dQKV `(q + 2·kv)·b`, the output projection's and
+//!   the down projection's `2h·b`, gate/up's `2·ffn·b`: `(4h + 2q + 2kv + 3ffn)·b` (the ZB
+//!   paper's "W keeps the layer inputs and output gradients"); on the last stage also the
+//!   final norm's output and the logits' gradient, `(h + vocab)·b`. Kept copies, not views:
+//!   B frees the saved activations as a whole backward does, so the recomputation mode does
+//!   not change them (with recomputation B rematerialises the inputs W needs).
 //! - Temporaries while one pack runs one layer: the sequence-parallel all-gather buffer (the
 //!   pack's full `tokens · h · b`, not divided by tp); with recomputation, the rematerialised
 //!   tensors of one layer; in the backward, the activation gradients of one layer (as large as
@@ -129,6 +139,10 @@ pub struct MemoryModel {
     rematerialised_per_token: u64,
     kv_per_token: u64,
     kv_grad_per_token: u64,
+    /// What a deferred weight gradient keeps per token per layer, times tp.
+    weight_grad_per_token: u64,
+    /// The same for the output projection on the last stage, times tp.
+    head_weight_grad_per_token: u64,
     hidden_row: u64,
     logits_per_token: u64,
     /// The CPU runtime's temporaries, which replace the GPU rule above on `cpu` devices.
@@ -344,6 +358,8 @@ impl MemoryModel {
             rematerialised_per_token,
             kv_per_token: 2 * model.kv_width() * b,
             kv_grad_per_token: 2 * model.kv_width() * KV_GRAD_BYTES,
+            weight_grad_per_token: b * (4 * h + 2 * q + 2 * model.kv_width() + 3 * ffn),
+            head_weight_grad_per_token: b * (h + u64::from(model.vocab)),
             hidden_row: h * b,
             logits_per_token: u64::from(model.vocab) * b,
             cpu_temporaries: cpu.then(|| CpuTemporaries::new(model)),
@@ -404,6 +420,19 @@ impl MemoryModel {
             Some(_) => self.kv_grad_bytes(tokens, stage),
             None => 0,
         }
+    }
+
+    /// What `tokens` tokens of a backward whose weight gradient is deferred (a zero-bubble
+    /// schedule) keep on `stage` from its input-gradient part to its weight-gradient part: the
+    /// inputs and the output gradients of every weight-gradient GEMM. Counted apart from
+    /// [`MemoryModel::activation_bytes`], which the input gradient frees as a whole backward
+    /// does (see the module comment).
+    pub fn weight_grad_bytes(&self, tokens: u64, stage: u32) -> u64 {
+        let mut per_token = self.weight_grad_per_token * self.layers_per_stage;
+        if self.is_last(stage) {
+            per_token += self.head_weight_grad_per_token;
+        }
+        self.per_device(tokens * per_token)
     }
 
     /// [`MemoryModel::pack_temporary_bytes`] of a pack whose slices start their samples.

@@ -58,7 +58,7 @@ use serde::Serialize;
 
 use crate::error::{MachineError, Result};
 use slimpack_ir::spec::{Dtype, LinkSpec, Recompute, RecomputeMix, Spec};
-use slimpack_ir::step::Direction;
+use slimpack_ir::step::{Direction, Part};
 
 /// Compute kernels of one layer's forward in a Megatron-Core + Transformer Engine layer: two
 /// RMSNorms, the QKV GEMM, RoPE, attention, the output-projection GEMM, a residual add, the
@@ -69,6 +69,11 @@ pub const KERNELS_PER_LAYER_FORWARD: f64 = 11.0;
 /// and their weight-gradient reductions (4), RoPE, attention backward with its pre- and
 /// post-processing kernels (3), SwiGLU, two gradient accumulations for the residuals (2).
 pub const KERNELS_PER_LAYER_BACKWARD: f64 = 19.0;
+
+/// Of [`KERNELS_PER_LAYER_BACKWARD`], the weight-gradient GEMMs of one layer (QKV, output
+/// projection, gate/up, down): the kernels a zero-bubble schedule's deferred weight-gradient
+/// part ([`Part::WeightGrad`]) launches; the output projection adds one on the last stage.
+pub const WEIGHT_GRAD_KERNELS_PER_LAYER: f64 = 4.0;
 
 /// Kernels outside the layers: embedding lookup (first stage); final norm, output GEMM and the
 /// cross-entropy's kernels (last stage), in each direction.
@@ -264,6 +269,97 @@ impl CostModel {
             .replicas_link(stage, dp_members.iter().copied());
         let merged = u32::try_from(dp_members.len().max(1)).expect("fewer than 2^32 replicas");
         self.pack_time_with(stage, slices, direction, merged, &link)
+    }
+
+    /// Time of `part` of a pack's work (see [`Part`]) on `stage`, run by the DP replicas
+    /// `dp_members`: [`CostModel::pack_time_on`] for a whole op. A backward splits into its
+    /// weight gradient — the weight-gradient GEMMs (half of the backward's non-recomputed GEMM
+    /// FLOPs, the output projection's included) and their kernel launches — and its input
+    /// gradient, the rest: attention backward, the activation-gradient GEMMs, recomputation,
+    /// the element-wise kernels, the TP collectives and the CP exchange. The input gradient
+    /// exposes its TP collectives against its own GEMMs, so B + W can exceed the whole
+    /// backward by the TP time the weight-gradient GEMMs no longer hide.
+    pub fn pack_part_time_on(
+        &self,
+        stage: u32,
+        slices: &[(u64, u64)],
+        direction: Direction,
+        part: Part,
+        dp_members: &[u32],
+    ) -> PackTime {
+        let whole = self.pack_time_on(stage, slices, direction, dp_members);
+        if part == Part::Whole || direction == Direction::Forward {
+            return whole;
+        }
+        let merged = dp_members.len().max(1) as f64;
+        let split = merged * f64::from(self.spec.parallel.cp_degree());
+        let tokens = slices.iter().map(|&(len, _)| len).sum::<u64>() as f64 / split;
+        let weight = self.weight_grad_time(stage, tokens);
+        match part {
+            Part::WeightGrad => weight,
+            _ => {
+                let gemm_s = whole.gemm_s - weight.gemm_s;
+                PackTime {
+                    compute_s: whole.compute_s - weight.compute_s,
+                    gemm_s,
+                    kernel_overhead_s: whole.kernel_overhead_s - weight.kernel_overhead_s,
+                    tp_exposed_s: exposed_tp_comm(whole.tp_comm_s, gemm_s, self.spec.parallel.tp),
+                    ..whole
+                }
+            }
+        }
+    }
+
+    /// The weight-gradient part of a backward of `tokens` tokens per device on `stage`.
+    fn weight_grad_time(&self, stage: u32, tokens: f64) -> PackTime {
+        let last = self.is_last(stage);
+        let layers = f64::from(self.layers_per_stage);
+        let mut flops = self.flops.linear_per_token() * layers * tokens / self.tp;
+        let mut kernels = WEIGHT_GRAD_KERNELS_PER_LAYER * layers;
+        if last {
+            flops += self.flops.head_per_token() * tokens / self.tp;
+            kernels += 1.0;
+        }
+        let gemm_s = self.throughput.time(OpKind::GemmBackward, flops, tokens);
+        let kernel_overhead_s = kernels * self.throughput.profile().kernel_overhead_s;
+        PackTime {
+            compute_s: gemm_s + kernel_overhead_s,
+            gemm_s,
+            kernel_overhead_s,
+            ..PackTime::default()
+        }
+    }
+
+    /// Executed FLOPs of `part` of a slice's work on `stage` (see
+    /// [`CostModel::pack_part_time_on`]): the weight gradient is one forward's GEMM FLOPs (no
+    /// recomputation), the input gradient the rest of the backward.
+    pub fn stage_part_flops(
+        &self,
+        stage: u32,
+        len: u64,
+        prefix: u64,
+        direction: Direction,
+        part: Part,
+    ) -> Flops {
+        let whole = self.stage_flops(stage, len, prefix, direction);
+        if part == Part::Whole || direction == Direction::Forward {
+            return whole;
+        }
+        let mut weight = self.flops.layer(len, prefix, Direction::Forward).linear
+            * f64::from(self.layers_per_stage);
+        if self.is_last(stage) {
+            weight += self.flops.head(len, Direction::Forward);
+        }
+        match part {
+            Part::WeightGrad => Flops {
+                linear: weight,
+                attention: 0.0,
+            },
+            _ => Flops {
+                linear: whole.linear - weight,
+                attention: whole.attention,
+            },
+        }
     }
 
     /// Pipeline send of a pack's activations (forward) or their gradients (backward) between

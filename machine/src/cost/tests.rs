@@ -244,3 +244,74 @@ fn constants_serialize_for_reports() {
     assert_eq!(json["attention_forward"]["half_tokens"], 600.0);
     assert_eq!(json["backward_attention_factor"], 2.5);
 }
+
+/// A backward splits into its input gradient (B) and its weight gradient (W): W is the
+/// weight-gradient GEMMs — one forward's GEMM FLOPs, the output projection's included, no
+/// recomputation — and B the rest, so the FLOPs and the compute time add up to the whole
+/// backward; only B exposes the TP collectives.
+#[test]
+fn backward_splits_into_input_and_weight_gradients() {
+    for recompute in [Recompute::None, Recompute::Full] {
+        let mut spec = spec("llama-7b", "h100-sxm", "tp=8,pp=2,dp=1");
+        spec.model.recompute = recompute;
+        let model = CostModel::new(&spec);
+        let slices = [(8192u64, 0u64), (4096, 8192)];
+        for stage in [0, 1] {
+            let part =
+                |part| model.pack_part_time_on(stage, &slices, Direction::Backward, part, &[0]);
+            let (whole, input, weight) = (
+                part(Part::Whole),
+                part(Part::InputGrad),
+                part(Part::WeightGrad),
+            );
+            assert!(close(
+                input.compute_s + weight.compute_s,
+                whole.compute_s,
+                1e-12
+            ));
+            assert_eq!(
+                (weight.attention_s, weight.tp_comm_s, weight.cp_comm_s),
+                (0.0, 0.0, 0.0)
+            );
+            assert_eq!(input.attention_s, whole.attention_s);
+            assert_eq!(input.tp_comm_s, whole.tp_comm_s);
+            for &(len, prefix) in &slices {
+                let flops =
+                    |part| model.stage_part_flops(stage, len, prefix, Direction::Backward, part);
+                let forward = model.stage_flops(stage, len, prefix, Direction::Forward);
+                let (whole, input, weight) = (
+                    flops(Part::Whole),
+                    flops(Part::InputGrad),
+                    flops(Part::WeightGrad),
+                );
+                assert_eq!(weight.linear, forward.linear);
+                assert_eq!(weight.attention, 0.0);
+                assert!(close(input.linear + weight.linear, whole.linear, 1e-12));
+                assert_eq!(input.attention, whole.attention);
+            }
+        }
+        // A forward has no parts.
+        let forward = model.pack_time_on(0, &slices, Direction::Forward, &[0]);
+        let part = model.pack_part_time_on(0, &slices, Direction::Forward, Part::WeightGrad, &[0]);
+        assert_eq!(part, forward);
+    }
+}
+
+/// What a deferred weight gradient keeps, by hand for llama-7b (bf16, h = q = kv = 4096, ffn =
+/// 11008): `2 · (4h + 2q + 2kv + 3ffn) = 131,584` bytes per token per layer, 16 layers per
+/// stage at pp = 2, over tp = 8; the last stage adds the final norm's output and the logits'
+/// gradient, `2 · (4096 + 32000)` bytes per token.
+#[test]
+fn a_deferred_weight_gradient_keeps_inputs_and_output_gradients() {
+    let model = CostModel::new(&spec("llama-7b", "h100-sxm", "tp=8,pp=2,dp=1"));
+    let memory = model.memory();
+    let tokens = 1000u64;
+    assert_eq!(
+        memory.weight_grad_bytes(tokens, 0),
+        (tokens * 131_584 * 16).div_ceil(8)
+    );
+    assert_eq!(
+        memory.weight_grad_bytes(tokens, 1),
+        (tokens * (131_584 * 16 + 2 * (4096 + 32000))).div_ceil(8)
+    );
+}

@@ -9,6 +9,12 @@
 //!   backward `p` on `s`; a send holds the communication streams of both ends;
 //! - backward `p` on the last stage after the last-stage forward of every slice it holds (so,
 //!   through the chain of sends, after that forward on every stage);
+//! - zero-bubble schedules (a backward split, see `slimpack_ir::step::Part`): the input
+//!   gradient `B p` takes the backward's place above; the weight gradient `W p` follows it in
+//!   the device's order (and after it), and only the DP sync below waits for it. `B` frees the
+//!   pack's saved activations as a whole backward does less what the deferred weight gradient
+//!   keeps (`MemoryModel::weight_grad_bytes`; the excess, if that is more, is allocated), which
+//!   `W` frees;
 //! - per pipeline device: every backward of its stages, on every replica → gradient
 //!   reduce-scatter → optimizer step → parameter all-gather. A device's sync overlaps the
 //!   backwards still running on other devices.
@@ -25,7 +31,7 @@
 use std::ops::Range;
 
 use crate::cost::{exposed_tp_comm, CostModel, Flops, OpKind, PackTime};
-use slimpack_ir::step::{Direction, SliceId, StepIr};
+use slimpack_ir::step::{Direction, Part, SliceId, StepIr};
 
 use super::layout::{GroupId, Layout};
 use super::memory::MemoryEffect;
@@ -144,6 +150,8 @@ struct Builder<'a> {
     /// Compute task of (pack, pipeline stage): `compute[pack · stages + stage]`.
     stages: u32,
     compute: Vec<TaskId>,
+    /// Deferred weight-gradient task of (pack, pipeline stage), where the backward is split.
+    weight_grads: Vec<TaskId>,
     tasks: TaskGraphBuilder,
     model_flops: f64,
     tokens: u64,
@@ -193,6 +201,7 @@ impl<'a> Builder<'a> {
             forward_of_node: vec![NONE; node_bound],
             stages: ir.spec.parallel.stages(),
             compute: Vec::new(),
+            weight_grads: Vec::new(),
             tasks: TaskGraphBuilder::default(),
             model_flops: 0.0,
             tokens: 0,
@@ -281,12 +290,15 @@ impl<'a> Builder<'a> {
         start..self.earlier_lens.len() as u32
     }
 
-    /// One compute task per (pack, pipeline stage), chained in each device's schedule.
+    /// One compute task per (pack, pipeline stage) — two for a split backward — chained in
+    /// each device's schedule.
     fn compute_tasks(&mut self) -> Result<(), MachineError> {
         let stages = self.stages as usize;
         let pp = self.layout.pp;
         self.tasks = TaskGraphBuilder::with_capacity(self.packs.len() * stages * 2 + 3 * stages);
-        self.compute = vec![TaskId(u32::MAX); self.packs.len() * stages];
+        let unset = TaskId(u32::MAX);
+        self.compute = vec![unset; self.packs.len() * stages];
+        self.weight_grads = vec![unset; self.packs.len() * stages];
         let mut seen = vec![NONE; self.packs.len() * stages];
         let mut pack_count = vec![0usize; self.replicas.len()];
         for pack in &self.packs {
@@ -303,34 +315,52 @@ impl<'a> Builder<'a> {
                 let order = ir.device_schedule(replica_id, device);
                 let stamp = (replica * pp as usize + device as usize) as u32;
                 let mut previous: Option<TaskId> = None;
-                for &(pack_id, stage) in &order {
-                    let pack = self.pack_of_node[pack_id.node().index()];
+                let mut listed = 0;
+                for &(op, stage) in &order {
+                    let pack = self.pack_of_node[op.pack.node().index()];
+                    let schedule_error = |message: &str| MachineError::Schedule {
+                        replica,
+                        stage: device,
+                        message: message.into(),
+                    };
                     let foreign = pack == NONE
                         || self.packs[pack as usize].replica != replica as u32
                         || stage % pp != device
                         || stage >= self.stages;
-                    let slot = pack as usize * stages + stage as usize;
-                    if foreign || seen[slot] == stamp {
-                        return Err(MachineError::Schedule {
-                            replica,
-                            stage: device,
-                            message: "lists a pack twice or a pack of another replica".into(),
-                        });
+                    if foreign {
+                        return Err(schedule_error("lists a pack of another replica"));
                     }
-                    seen[slot] = stamp;
-                    let task = self.compute_task(PackIndex(pack), stage);
+                    let slot = pack as usize * stages + stage as usize;
+                    let task = if op.part == Part::WeightGrad {
+                        let input = self.compute[slot];
+                        let backward = self.packs[pack as usize].direction == Direction::Backward;
+                        if !backward || seen[slot] != stamp || self.weight_grads[slot] != unset {
+                            return Err(schedule_error(
+                                "runs a weight gradient that is not of a backward it ran before, or twice",
+                            ));
+                        }
+                        let task = self.compute_task(PackIndex(pack), stage, op.part);
+                        self.tasks.add_edge(input, task);
+                        task
+                    } else {
+                        if seen[slot] == stamp {
+                            return Err(schedule_error("lists a pack twice"));
+                        }
+                        seen[slot] = stamp;
+                        listed += 1;
+                        self.compute_task(PackIndex(pack), stage, op.part)
+                    };
                     if let Some(previous) = previous {
                         self.tasks.add_edge(previous, task);
                     }
                     previous = Some(task);
                 }
-                if order.len() != expected {
+                if listed != expected {
                     return Err(MachineError::Schedule {
                         replica,
                         stage: device,
                         message: format!(
-                            "lists {} packs, the replica has {expected} (each exactly once per model chunk)",
-                            order.len()
+                            "lists {listed} packs, the replica has {expected} (each exactly once per model chunk)"
                         ),
                     });
                 }
@@ -339,20 +369,25 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
-    fn compute_task(&mut self, pack: PackIndex, stage: u32) -> TaskId {
+    /// The task running `part` of `pack` on `stage`; the compute table keeps a whole op or an
+    /// input gradient, the weight-gradient table a deferred weight gradient.
+    fn compute_task(&mut self, pack: PackIndex, stage: u32, part: Part) -> TaskId {
         let info = self.packs[pack.0 as usize];
         let range = self.pack_slices[pack.0 as usize].clone();
         let pairs = &self.pairs[range.start as usize..range.end as usize];
         let ranks = &self.replicas[info.replica as usize];
-        let time = self.cost.pack_time_on(stage, pairs, info.direction, ranks);
-        let parts = self.compute_parts(pack, stage, &time);
+        let time = self
+            .cost
+            .pack_part_time_on(stage, pairs, info.direction, part, ranks);
+        let parts = self.compute_parts(pack, stage, part, &time);
         let layout = self.layout;
         let groups = self
             .tasks
             .add_groups(ranks.iter().map(|&rank| layout.group(rank, stage)));
-        let kind = match info.direction {
-            Direction::Forward => TaskKind::Forward,
-            Direction::Backward => TaskKind::Backward,
+        let kind = match (info.direction, part) {
+            (Direction::Forward, _) => TaskKind::Forward,
+            (Direction::Backward, Part::WeightGrad) => TaskKind::WeightGrad,
+            (Direction::Backward, _) => TaskKind::Backward,
         };
         let task = self.tasks.add_task(Task {
             kind,
@@ -363,9 +398,13 @@ impl<'a> Builder<'a> {
             duration_s: time.critical_path_s(),
             cp_exchange_s: time.cp_comm_s,
             parts,
-            memory: self.memory_effect(pack, stage),
+            memory: self.memory_effect(pack, stage, part),
         });
-        self.compute[pack.0 as usize * self.stages as usize + stage as usize] = task;
+        let slot = pack.0 as usize * self.stages as usize + stage as usize;
+        match part {
+            Part::WeightGrad => self.weight_grads[slot] = task,
+            _ => self.compute[slot] = task,
+        }
         task
     }
 
@@ -374,16 +413,24 @@ impl<'a> Builder<'a> {
     /// the forward rates), the pad tokens' FLOPs, each at the saturated rates and shared
     /// evenly by the task's devices; the rest of the GEMM and attention time is below
     /// saturation; the other components are the cost model's.
-    fn compute_parts(&self, pack: PackIndex, stage: u32, time: &PackTime) -> ComputeParts {
+    fn compute_parts(
+        &self,
+        pack: PackIndex,
+        stage: u32,
+        part: Part,
+        time: &PackTime,
+    ) -> ComputeParts {
         let info = &self.packs[pack.0 as usize];
         let range = self.pack_slices[pack.0 as usize].clone();
         let (mut useful, mut recompute, mut padding) = (0.0, 0.0, 0.0);
         for position in range {
             let (len, prefix) = self.pairs[position as usize];
-            let executed = self.cost.stage_flops(stage, len, prefix, info.direction);
+            let executed = self
+                .cost
+                .stage_part_flops(stage, len, prefix, info.direction, part);
             let model = self
                 .useful_cost
-                .stage_flops(stage, len, prefix, info.direction);
+                .stage_part_flops(stage, len, prefix, info.direction, part);
             let replayed = Flops {
                 linear: executed.linear - model.linear,
                 attention: executed.attention - model.attention,
@@ -412,13 +459,42 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Per-device memory of a pack on `stage`: each device of a CP group (merged replicas
-    /// times static CP) holds `1 / cp` of every slice's tokens, rounded up.
-    fn memory_effect(&self, pack: PackIndex, stage: u32) -> MemoryEffect {
+    /// Per-device memory of `part` of a pack on `stage`: each device of a CP group (merged
+    /// replicas times static CP) holds `1 / cp` of every slice's tokens, rounded up. A split
+    /// backward's input gradient keeps what its weight gradient needs (it frees that much less,
+    /// or allocates the excess), which the weight gradient frees (its GEMMs add into the main
+    /// gradients: no temporaries counted).
+    fn memory_effect(&self, pack: PackIndex, stage: u32, part: Part) -> MemoryEffect {
         let info = &self.packs[pack.0 as usize];
         let memory = self.cost.memory();
         let split = self.split(info.replica);
         let share = |len: u64| len.div_ceil(split);
+        let deferred = || {
+            let range = self.pack_slices[pack.0 as usize].clone();
+            self.slices[range.start as usize..range.end as usize]
+                .iter()
+                .map(|slice| memory.weight_grad_bytes(share(slice.len), stage))
+                .sum::<u64>()
+        };
+        match part {
+            Part::Whole => {}
+            Part::InputGrad => {
+                // The input gradient turns each layer's saved activations into what its
+                // weight gradient keeps, layer by layer: the net change lands at its end.
+                let mut effect = self.memory_effect(pack, stage, Part::Whole);
+                let kept = deferred();
+                let released = effect.freed.min(kept);
+                effect.freed -= released;
+                effect.allocated += kept - released;
+                return effect;
+            }
+            Part::WeightGrad => {
+                return MemoryEffect {
+                    freed: deferred(),
+                    ..MemoryEffect::default()
+                }
+            }
+        }
         let kept = |len: u64| {
             memory.activation_bytes(share(len), stage) + memory.kv_bytes(share(len), stage)
         };
@@ -567,6 +643,9 @@ impl<'a> Builder<'a> {
                     for chunk_stage in self.ir.spec.parallel.stages_on(stage) {
                         let slot = index * self.stages as usize + chunk_stage as usize;
                         self.tasks.add_edge(self.compute[slot], reduce);
+                        if self.weight_grads[slot] != TaskId(u32::MAX) {
+                            self.tasks.add_edge(self.weight_grads[slot], reduce);
+                        }
                     }
                 }
             }

@@ -3,11 +3,14 @@
 //! both directions, textbook pipeline orders.
 //!
 //! [`one_f_one_b`] builds a whole step from a plan per replica; [`schedule_one_f_one_b`] and
-//! [`schedule_gpipe`] order the packs of an already packed replica.
+//! [`schedule_gpipe`] order the packs of an already packed replica; [`defer_weight_grads`]
+//! splits a scheduled replica's backwards (a zero-bubble order).
 
 use slimpack_ir::batch::Sample;
 use slimpack_ir::spec::Spec;
-use slimpack_ir::step::{BatchInfo, Direction, Pack, PackId, Phase, ReplicaId, StepIr};
+use slimpack_ir::step::{
+    BatchInfo, Direction, Pack, PackId, Part, Phase, ReplicaId, StageOp, StepIr,
+};
 
 /// One replica of a fixture: its DP ranks (several: a DP-Merge group) and its packs, each
 /// given as the lengths of the whole samples it holds.
@@ -104,5 +107,33 @@ pub fn schedule_gpipe(ir: &mut StepIr, replica: ReplicaId) {
     order.extend(ir.packs_on(replica, Direction::Backward));
     for stage in 0..ir.spec.parallel.pp {
         ir.set_schedule(replica, stage, &order);
+    }
+}
+
+/// Splits every backward of a scheduled replica on every stage: its input gradient where the
+/// backward ran, its weight gradient after the stage's last input gradient (all of them in
+/// backward order): the simplest zero-bubble order, which takes the weight gradients off the
+/// pipeline's critical path and runs them in the drain.
+pub fn defer_weight_grads(ir: &mut StepIr, replica: ReplicaId) {
+    for stage in 0..ir.spec.parallel.pp {
+        let order = ir.schedule(replica, stage);
+        let mut ops = Vec::with_capacity(order.len() * 3 / 2);
+        let mut deferred = Vec::new();
+        for pack in order {
+            if ir.pack(pack).direction == Direction::Backward {
+                ops.push(StageOp {
+                    pack,
+                    part: Part::InputGrad,
+                });
+                deferred.push(StageOp {
+                    pack,
+                    part: Part::WeightGrad,
+                });
+            } else {
+                ops.push(StageOp::whole(pack));
+            }
+        }
+        ops.extend(deferred);
+        ir.set_stage_ops(replica, stage, &ops);
     }
 }

@@ -69,13 +69,14 @@ impl SimResult {
         &self.packs[index.0 as usize]
     }
 
-    /// A short label of a task: `F %f3`, `B %b7`, `send %f3`, `dp-sync`, `optimizer`,
+    /// A short label of a task: `F %f3`, `B %b7`, `W %b7`, `send %f3`, `dp-sync`, `optimizer`,
     /// `param-gather`.
     pub fn task_label(&self, task: &Task) -> String {
         let pack = task.pack.map(|p| self.pack(p).name()).unwrap_or_default();
         match task.kind {
             TaskKind::Forward => format!("F {pack}"),
             TaskKind::Backward => format!("B {pack}"),
+            TaskKind::WeightGrad => format!("W {pack}"),
             TaskKind::Send(_) => format!("send {pack}"),
             TaskKind::GradReduceScatter => "dp-sync".to_string(),
             TaskKind::Optimizer => "optimizer".to_string(),

@@ -31,6 +31,7 @@ const STAGE_GAP: f64 = 6.0;
 
 const FORWARD: &str = "#4c78a8";
 const BACKWARD: &str = "#f58518";
+const WEIGHT_GRAD: &str = "#eeca3b";
 const OPTIMIZER: &str = "#e45756";
 const PIPELINE: &str = "#54a24b";
 const DP_SYNC: &str = "#b279a2";
@@ -140,6 +141,7 @@ fn kind_code(kind: TaskKind) -> u8 {
         TaskKind::GradReduceScatter => 3,
         TaskKind::Optimizer => 4,
         TaskKind::ParamAllGather => 5,
+        TaskKind::WeightGrad => 6,
     }
 }
 
@@ -192,6 +194,7 @@ fn header(result: &SimResult, svg: &mut String) {
     let legend = [
         (FORWARD, "forward"),
         (BACKWARD, "backward"),
+        (WEIGHT_GRAD, "weight gradient"),
         (OPTIMIZER, "optimizer"),
         (IDLE, "idle"),
         (PIPELINE, "pipeline send/recv"),
@@ -350,6 +353,7 @@ fn bars(
             let (colour, lane_y, lane_h) = match (task.kind.stream(), task.kind) {
                 (Stream::Compute, TaskKind::Forward) => (FORWARD, y, h),
                 (Stream::Compute, TaskKind::Backward) => (BACKWARD, y, h),
+                (Stream::Compute, TaskKind::WeightGrad) => (WEIGHT_GRAD, y, h),
                 (Stream::Compute, _) => (OPTIMIZER, y, h),
                 (Stream::Comm, TaskKind::Send(_)) => (PIPELINE, cy, ch),
                 (Stream::Comm, _) => (DP_SYNC, cy, ch),

@@ -37,8 +37,12 @@ pub struct PackIndex(pub u32);
 pub enum TaskKind {
     /// A pack's forward on one stage.
     Forward,
-    /// A pack's backward on one stage.
+    /// A pack's backward on one stage: all of it, or (zero-bubble schedules) its
+    /// input-gradient part, which the pipeline waits for.
     Backward,
+    /// The deferred weight-gradient part of a pack's backward on one stage: after that
+    /// pack's input gradient on the same devices; nothing but the stage's DP sync waits for it.
+    WeightGrad,
     /// A pack's activations (forward) or activation gradients (backward) sent to the next
     /// (forward) or previous (backward) stage.
     Send(Direction),
@@ -54,16 +58,21 @@ impl TaskKind {
     /// The stream the task occupies.
     pub fn stream(self) -> Stream {
         match self {
-            TaskKind::Forward | TaskKind::Backward | TaskKind::Optimizer => Stream::Compute,
+            TaskKind::Forward | TaskKind::Backward | TaskKind::WeightGrad | TaskKind::Optimizer => {
+                Stream::Compute
+            }
             TaskKind::Send(_) | TaskKind::GradReduceScatter | TaskKind::ParamAllGather => {
                 Stream::Comm
             }
         }
     }
 
-    /// True for a pack's forward or backward.
+    /// True for a pack's forward or backward (or a part of it).
     pub fn is_pack_compute(self) -> bool {
-        matches!(self, TaskKind::Forward | TaskKind::Backward)
+        matches!(
+            self,
+            TaskKind::Forward | TaskKind::Backward | TaskKind::WeightGrad
+        )
     }
 }
 

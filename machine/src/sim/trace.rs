@@ -149,6 +149,7 @@ fn label(result: &SimResult, task: &Task) -> (String, &'static str) {
     let category = match task.kind {
         TaskKind::Forward => "forward",
         TaskKind::Backward => "backward",
+        TaskKind::WeightGrad => "weight-grad",
         TaskKind::Send(_) => "pipeline",
         TaskKind::GradReduceScatter | TaskKind::ParamAllGather => "dp",
         TaskKind::Optimizer => "optimizer",

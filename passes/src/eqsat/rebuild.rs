@@ -204,8 +204,13 @@ pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)], cost: &Cos
     }
     new.advance(Phase::Packed);
     if ir.phase() >= Phase::Scheduled {
-        // The step keeps its phase: a scheduled input gets the 1F1B orders of its new packs.
-        crate::schedule_pipeline::schedule(&mut new, cost, Default::default());
+        // The step keeps its phase: a scheduled input gets the orders of its new packs, split
+        // again where the input's were (a zero-bubble schedule).
+        let pass = crate::schedule_pipeline::SchedulePipeline {
+            zero_bubble: ir.has_split_backwards(),
+            ..Default::default()
+        };
+        crate::schedule_pipeline::schedule(&mut new, cost, pass);
         new.advance(Phase::Scheduled);
     }
     new

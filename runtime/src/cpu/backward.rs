@@ -27,6 +27,7 @@ use super::params::{Grads, Params};
 use super::profile;
 use super::saved::SavedLayer;
 use super::stage_state::StageState;
+use super::weight_grad::{DeferredWeightGrads, WeightGrads};
 
 impl StageState {
     /// Runs the backward of the pack `slices` on this stage: adds the gradients of this stage's
@@ -61,6 +62,39 @@ impl StageState {
         slices: &[TokenSlice],
         padding: usize,
         grad_out: &[Vec<f32>],
+    ) -> Result<Vec<Vec<f32>>> {
+        let now = &mut WeightGrads::Now;
+        self.backward_with(params, grads, batch, slices, padding, grad_out, now)
+    }
+
+    /// The input-gradient part of [`StageState::backward_padded_pack`] (a zero-bubble
+    /// schedule's split backward): the same, but the layers' weight-gradient GEMMs are kept
+    /// for [`DeferredWeightGrads::add_into`] instead of run (see [`super::weight_grad`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_input_padded_pack(
+        &mut self,
+        params: &Params,
+        grads: &mut Grads,
+        batch: &TokenBatch,
+        slices: &[TokenSlice],
+        padding: usize,
+        grad_out: &[Vec<f32>],
+    ) -> Result<(Vec<Vec<f32>>, DeferredWeightGrads)> {
+        let mut kept = WeightGrads::deferred();
+        let out = self.backward_with(params, grads, batch, slices, padding, grad_out, &mut kept)?;
+        Ok((out, kept.into_deferred()))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward_with(
+        &mut self,
+        params: &Params,
+        grads: &mut Grads,
+        batch: &TokenBatch,
+        slices: &[TokenSlice],
+        padding: usize,
+        grad_out: &[Vec<f32>],
+        weight_grads: &mut WeightGrads,
     ) -> Result<Vec<Vec<f32>>> {
         self.check_tensors(params)?;
         self.check_tensors(grads)?;
@@ -114,7 +148,14 @@ impl StageState {
                 .layers
                 .pop()
                 .expect("bug: saved activations of every layer");
-            dy = self.layer_backward(params, grads, local, &layout, layer_saved, &dy)?;
+            dy = self.layer_backward(
+                params,
+                grads,
+                (local, weight_grads),
+                &layout,
+                layer_saved,
+                &dy,
+            )?;
         }
         self.finish_backward(&layout);
         drop(padding_kv);
@@ -160,7 +201,7 @@ impl StageState {
         &mut self,
         params: &Params,
         grads: &mut Grads,
-        local: usize,
+        (local, weight_grads): (usize, &mut WeightGrads),
         layout: &PackLayout,
         saved: SavedLayer,
         dy: &[f32],
@@ -170,6 +211,7 @@ impl StageState {
             &self.config,
             layer,
             layer_grads,
+            (local, &mut *weight_grads),
             &saved.attn,
             &saved.post,
             dy,
@@ -181,6 +223,7 @@ impl StageState {
             &self.config,
             layer,
             layer_grads,
+            (local, weight_grads),
             &saved.x,
             &saved.inv_rms,
             &saved.normed,

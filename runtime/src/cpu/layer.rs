@@ -7,11 +7,12 @@
 //! [`super::reference`] for whole samples).
 
 use super::config::ModelConfig;
-use super::ops::linear::{linear, linear_input_grad_add, linear_weight_grad};
+use super::ops::linear::{linear, linear_input_grad_add};
 use super::ops::rmsnorm::{rmsnorm_backward, rmsnorm_forward};
 use super::ops::rope::{rope_backward, rope_forward};
 use super::ops::swiglu::{swiglu_backward, swiglu_forward};
 use super::params::LayerParams;
+use super::weight_grad::{GemmOperands, LinearWeight, WeightGrads};
 
 /// Output of the pre-attention half: the normed input and the attention's Q, K, V (after RoPE).
 pub(crate) struct PreAttention {
@@ -58,12 +59,14 @@ pub(crate) fn pre_attention_forward(
 }
 
 /// Backward of [`pre_attention_forward`] from the gradients of Q, K, V (after RoPE): adds the
-/// weight gradients into `grads`, returns the gradient of `x` through this branch only.
+/// gradients of local layer `local` into `grads` (its projections' through `weight_grads`),
+/// returns the gradient of `x` through this branch only.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn pre_attention_backward(
     config: &ModelConfig,
     layer: &LayerParams,
     grads: &mut LayerParams,
+    (local, weight_grads): (usize, &mut WeightGrads),
     x: &[f32],
     saved_inv_rms: &[f32],
     saved_normed: &[f32],
@@ -75,9 +78,17 @@ pub(crate) fn pre_attention_backward(
     let (h, qw, kvw) = (config.hidden, config.q_width(), config.kv_width());
     rope_backward(&mut dq, qw, config.head_dim, positions, config.rope_theta);
     rope_backward(&mut dk, kvw, config.head_dim, positions, config.rope_theta);
-    linear_weight_grad(saved_normed, &dq, h, qw, &mut grads.wq);
-    linear_weight_grad(saved_normed, &dk, h, kvw, &mut grads.wk);
-    linear_weight_grad(saved_normed, &dv, h, kvw, &mut grads.wv);
+    let gemm = |weight, d_out, out_dim| GemmOperands {
+        layer: local,
+        weight,
+        input: saved_normed,
+        d_out,
+        in_dim: h,
+        out_dim,
+    };
+    weight_grads.add(grads, gemm(LinearWeight::Query, &dq, qw));
+    weight_grads.add(grads, gemm(LinearWeight::Key, &dk, kvw));
+    weight_grads.add(grads, gemm(LinearWeight::Value, &dv, kvw));
     let mut d_normed = vec![0.0; x.len()];
     linear_input_grad_add(&dq, &layer.wq, h, qw, &mut d_normed);
     linear_input_grad_add(&dk, &layer.wk, h, kvw, &mut d_normed);
@@ -119,24 +130,37 @@ pub(crate) fn post_attention_forward(
     (y, saved)
 }
 
-/// Backward of [`post_attention_forward`] from the output gradient `dy`: adds the weight
-/// gradients into `grads` and returns `(d_attn, d_x)`, where `d_x` is the gradient reaching the
-/// layer input through the residual (the pre-attention branch adds its own).
+/// Backward of [`post_attention_forward`] from the output gradient `dy`: adds the gradients of
+/// local layer `local` into `grads` (its projections' through `weight_grads`) and returns
+/// `(d_attn, d_x)`, where `d_x` is the gradient reaching the layer input through the residual
+/// (the pre-attention branch adds its own).
 pub(crate) fn post_attention_backward(
     config: &ModelConfig,
     layer: &LayerParams,
     grads: &mut LayerParams,
+    (local, weight_grads): (usize, &mut WeightGrads),
     attn: &[f32],
     saved: &PostAttention,
     dy: &[f32],
 ) -> (Vec<f32>, Vec<f32>) {
     let (h, f, qw) = (config.hidden, config.ffn, config.q_width());
-    linear_weight_grad(&saved.activation, dy, f, h, &mut grads.w_down);
+    let gemm = |weight, input, d_out, in_dim, out_dim| GemmOperands {
+        layer: local,
+        weight,
+        input,
+        d_out,
+        in_dim,
+        out_dim,
+    };
+    weight_grads.add(grads, gemm(LinearWeight::Down, &saved.activation, dy, f, h));
     let mut d_activation = vec![0.0; saved.activation.len()];
     linear_input_grad_add(dy, &layer.w_down, f, h, &mut d_activation);
     let (d_gate, d_up) = swiglu_backward(&saved.gate, &saved.up, &d_activation);
-    linear_weight_grad(&saved.normed, &d_gate, h, f, &mut grads.w_gate);
-    linear_weight_grad(&saved.normed, &d_up, h, f, &mut grads.w_up);
+    weight_grads.add(
+        grads,
+        gemm(LinearWeight::Gate, &saved.normed, &d_gate, h, f),
+    );
+    weight_grads.add(grads, gemm(LinearWeight::Up, &saved.normed, &d_up, h, f));
     let mut d_normed = vec![0.0; dy.len()];
     linear_input_grad_add(&d_gate, &layer.w_gate, h, f, &mut d_normed);
     linear_input_grad_add(&d_up, &layer.w_up, h, f, &mut d_normed);
@@ -148,7 +172,7 @@ pub(crate) fn post_attention_backward(
         &mut grads.mlp_norm,
     );
     d_mid.iter_mut().zip(dy).for_each(|(d, &g)| *d += g);
-    linear_weight_grad(attn, &d_mid, qw, h, &mut grads.wo);
+    weight_grads.add(grads, gemm(LinearWeight::Output, attn, &d_mid, qw, h));
     let mut d_attn = vec![0.0; attn.len()];
     linear_input_grad_add(&d_mid, &layer.wo, qw, h, &mut d_attn);
     (d_attn, d_mid)

@@ -16,7 +16,9 @@
 //!   &[])`, then on each next stage `forward_pack(.., &previous.hidden)`; the last stage returns
 //!   the pack's share of the loss in [`ForwardOutput::loss`] (add them up);
 //! - backward of a pack: on the last stage `backward_pack(params, grads, batch, slices, &[])`,
-//!   then on each earlier stage with the gradients the later stage returned;
+//!   then on each earlier stage with the gradients the later stage returned; a zero-bubble
+//!   schedule's split backward runs `backward_input_pack` (the same, its weight-gradient GEMMs
+//!   kept) and later [`DeferredWeightGrads::add_into`];
 //! - the order rules (per sample: forwards increasing, backwards decreasing and only after the
 //!   sample's forward finished on that stage) are checked; forward and backward packs can be any
 //!   two partitions of the same slices;
@@ -53,6 +55,7 @@ mod saved;
 mod saved_store;
 mod stage;
 mod stage_state;
+mod weight_grad;
 
 #[cfg(test)]
 mod tests;
@@ -83,3 +86,4 @@ pub use reference::reference_step;
 pub use rendezvous::{Aborted, Rendezvous};
 pub use stage::LayerRange;
 pub use stage_state::{LiveBytes, StageState};
+pub use weight_grad::DeferredWeightGrads;

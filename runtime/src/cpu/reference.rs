@@ -18,6 +18,7 @@ use super::ops::embedding::{embed, embed_backward};
 use super::ops::gemm::{gemm, Mat, MatMut};
 use super::params::{Grads, LayerParams, Params};
 use super::stage::LayerRange;
+use super::weight_grad::WeightGrads;
 
 /// Loss (mean over the batch's predicted tokens) and gradients of one training step over
 /// `batch`, computed sample by sample without slicing. `params` must be the whole model.
@@ -114,14 +115,23 @@ fn layer_backward(
     positions: &[usize],
     dy: &[f32],
 ) -> Vec<f32> {
-    let (d_attn, mut dx) =
-        post_attention_backward(config, layer, grads, &record.attn, &record.post, dy);
+    let now = &mut WeightGrads::Now;
+    let (d_attn, mut dx) = post_attention_backward(
+        config,
+        layer,
+        grads,
+        (0, now),
+        &record.attn,
+        &record.post,
+        dy,
+    );
     let (dq, dk, dv) = causal_attention_backward(config, &record.pre, &d_attn);
     let pre = &record.pre;
     let dx_pre = pre_attention_backward(
         config,
         layer,
         grads,
+        (0, now),
         &record.x,
         &pre.inv_rms,
         &pre.normed,

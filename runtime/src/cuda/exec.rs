@@ -168,6 +168,17 @@ fn check_inputs(plan: &Plan, program: &Program, batch: &TokenBatch, params: &Par
         .into());
     }
     plan.check_program(program)?;
+    // The CUDA stage runs whole backwards (the CPU executor also splits them).
+    let split = program.workers.iter().flat_map(|w| &w.ops).any(
+        |op| matches!(op, slimpack_ir::program::Op::Backward { part, .. } if !part.is_whole()),
+    );
+    if split {
+        return Err(CudaError::Unsupported {
+            what: "split backwards (a zero-bubble schedule: compile it without zb, or run it on \
+                   the CPU backend)"
+                .to_string(),
+        });
+    }
     Ok(())
 }
 
@@ -732,6 +743,8 @@ impl GpuRun<'_, '_> {
         let info = &self.worker.plan.packs[task.pack];
         self.tasks.push(TaskRecord {
             pack: task.pack,
+            // The CUDA stage refuses split backwards (`check_inputs`).
+            weight_grad: false,
             name: info.name.clone(),
             direction: info.direction,
             replica: info.replica,

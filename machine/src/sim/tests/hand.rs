@@ -3,9 +3,9 @@
 use crate::cost::causal_pairs;
 use slimpack_ir::batch::Sample;
 use slimpack_ir::spec::Spec;
-use slimpack_ir::step::{BatchInfo, Direction, Pack, Phase, StepIr};
+use slimpack_ir::step::{BatchInfo, Direction, Pack, Part, Phase, StepIr};
 
-use super::super::fixture::{schedule_gpipe, ReplicaPlan};
+use super::super::fixture::{defer_weight_grads, schedule_gpipe, ReplicaPlan};
 use super::super::{simulate, TaskKind};
 use super::{assert_close, checked_run, plain, run, spec, unequal_replicas};
 use crate::MachineError;
@@ -102,6 +102,55 @@ fn two_stage_pipeline_bubble_is_pp_minus_one_over_m_plus_pp_minus_one() {
         );
         assert!((m.pp_imbalance - 1.0).abs() < 2e-3, "{}", m.pp_imbalance);
     }
+}
+
+/// Zero bubble on 4 equal stages: with every weight gradient W deferred to the end of its
+/// stage, the pipeline's critical path carries only forwards and input gradients, so the
+/// 1F1B step `(m + pp − 1)(F + B + W)` becomes `(m + pp − 1)(F + B) + m·W` on the first
+/// stage: the drain shrinks by `(pp − 1)·W`.
+#[test]
+fn deferred_weight_gradients_shrink_the_drain_by_pp_minus_one_weight_gradients() {
+    let micro_batches = 6;
+    let spec = frictionless("tp=1,pp=4,dp=1");
+    let packs = vec![vec![4096]; micro_batches];
+    let (ir, cost, fused) = run(spec, &plain(&[packs]));
+    let mut split = ir.clone();
+    let replica = split.replicas()[0];
+    defer_weight_grads(&mut split, replica);
+    let (_, _, zero_bubble) = checked_run(split);
+    let weight_s = cost
+        .pack_part_time_on(0, &[(4096, 0)], Backward, Part::WeightGrad, &[0])
+        .critical_path_s();
+    let input_s = cost
+        .pack_part_time_on(0, &[(4096, 0)], Backward, Part::InputGrad, &[0])
+        .critical_path_s();
+    let whole_s = cost
+        .pack_time_on(0, &[(4096, 0)], Backward, &[0])
+        .critical_path_s();
+    // tp = 1: no TP collective to expose, so the parts add up to the backward.
+    assert_close(input_s + weight_s, whole_s, "B + W");
+    let saved = fused.metrics.step_time_s - zero_bubble.metrics.step_time_s;
+    // Left over: the first and last stages' extra kernel launches (3 µs each).
+    assert!(
+        (saved - 3.0 * weight_s).abs() < 1e-3 * fused.metrics.step_time_s,
+        "saved {saved} s, expected 3 W = {} s",
+        3.0 * weight_s
+    );
+    let (before, after) = (&fused.metrics.losses, &zero_bubble.metrics.losses);
+    assert!(after.pipeline_idle_drain_s < before.pipeline_idle_drain_s);
+    // The same work in both: only the idle time changes.
+    assert_close(
+        after.useful_compute_s,
+        before.useful_compute_s,
+        "useful compute",
+    );
+    let weight_grads = zero_bubble
+        .graph
+        .tasks
+        .iter()
+        .filter(|task| task.kind == TaskKind::WeightGrad)
+        .count();
+    assert_eq!(weight_grads, 4 * micro_batches);
 }
 
 #[test]

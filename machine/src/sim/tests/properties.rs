@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use slimpack_ir::batch::Sample;
 use slimpack_ir::step::{BatchInfo, Direction, Pack, Phase, SliceId, StepIr};
 
-use super::super::fixture::{one_f_one_b, schedule_gpipe, ReplicaPlan};
+use super::super::fixture::{defer_weight_grads, one_f_one_b, schedule_gpipe, ReplicaPlan};
 use super::super::{SimResult, Stream};
 use super::{checked_run, spec};
 
@@ -226,6 +226,21 @@ proptest! {
     #[test]
     fn sliced_asymmetric_steps_hold_the_invariants(case in case(), cuts in 0u32..4, width in 1usize..4) {
         let (_, _, result) = checked_run(sliced_step(&case, cuts, width));
+        check(&result)?;
+    }
+
+    /// The same with every backward split and its weight gradient deferred (zero bubble): the
+    /// deferred weight gradients' memory is freed, the time still adds up.
+    #[test]
+    fn split_backward_steps_hold_the_invariants(case in case(), cuts in 0u32..4, width in 1usize..4, sliced: bool) {
+        let mut ir = match sliced {
+            true => sliced_step(&case, cuts, width),
+            false => whole_sample_step(&case),
+        };
+        for replica in ir.replicas().to_vec() {
+            defer_weight_grads(&mut ir, replica);
+        }
+        let (_, _, result) = checked_run(ir);
         check(&result)?;
     }
 }

@@ -22,7 +22,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
 
 use slimpack_ir::program::{Op, Worker as ProgramWorker};
-use slimpack_ir::step::Direction;
+use slimpack_ir::step::{Direction, Part};
 
 use crate::abi::Call;
 use crate::cpu::adamw::ShardedAdamW;
@@ -32,6 +32,7 @@ use crate::cpu::error::{CpuError, Result};
 use crate::cpu::params::{Grads, Params};
 use crate::cpu::profile::{self, OpTimes};
 use crate::cpu::stage_state::StageState;
+use crate::cpu::weight_grad::DeferredWeightGrads;
 
 use super::cursor::{direction_keyword, neighbour, ProgramCursor};
 use super::mailbox::{Tag, Tensors};
@@ -55,6 +56,7 @@ enum Failure {
 
 /// The pack task in progress: its first op's time and the worker's state then.
 struct OpenTask {
+    /// The task ([`super::Plan::task_of`]).
     pack: usize,
     start_s: f64,
     wait_s: f64,
@@ -83,6 +85,8 @@ pub(super) struct DeviceRun<'w, 'a> {
     output: Option<(Tag, Tensors)>,
     /// The pack whose DP-Merge group the last `cp-exchange` joined.
     joined: Option<Tag>,
+    /// Split backwards whose weight gradient has not run yet, by pack.
+    deferred_weight_grads: BTreeMap<usize, DeferredWeightGrads>,
     task: Option<OpenTask>,
     tasks: Vec<TaskRecord>,
     trace: Vec<Call>,
@@ -122,6 +126,7 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
             input: None,
             output: None,
             joined: None,
+            deferred_weight_grads: BTreeMap::new(),
             task: None,
             tasks: Vec::new(),
             trace,
@@ -173,11 +178,12 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
 
     fn run_call(&mut self, call: &Call) -> Result<()> {
         let op = self.cursor.advance(call).map_err(schedule_error)?;
-        let pack = op.pack().map(|p| p as usize);
-        if pack != self.task.as_ref().map(|t| t.pack) {
+        // A task is the run of ops on one pack; a deferred weight gradient is one of its own.
+        let task = self.worker.plan.task_of(op);
+        if task != self.task.as_ref().map(|t| t.pack) {
             self.close_task();
-            if let Some(pack) = pack {
-                self.open_task(pack);
+            if let Some(task) = task {
+                self.open_task(task);
             }
         }
         match *op {
@@ -193,8 +199,17 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
                 ref group,
                 ..
             } => self.cp_exchange(pack as usize, direction, group),
-            Op::Forward { pack, .. } => self.compute(pack as usize, Direction::Forward),
-            Op::Backward { pack, .. } => self.compute(pack as usize, Direction::Backward),
+            Op::Forward { pack, .. } => {
+                self.compute(pack as usize, Direction::Forward, Part::Whole)
+            }
+            Op::Backward {
+                pack,
+                part: Part::WeightGrad,
+                ..
+            } => self.weight_grad(pack as usize),
+            Op::Backward { pack, part, .. } => {
+                self.compute(pack as usize, Direction::Backward, part)
+            }
             Op::Send {
                 pack,
                 direction,
@@ -262,7 +277,10 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
         Ok(())
     }
 
-    fn compute(&mut self, pack: usize, direction: Direction) -> Result<()> {
+    /// Runs `part` of `pack`'s work in `direction`: a forward, a whole backward, or a split
+    /// backward's input gradient, whose weight-gradient GEMMs it keeps for
+    /// [`Self::weight_grad`].
+    fn compute(&mut self, pack: usize, direction: Direction, part: Part) -> Result<()> {
         let worker = &mut *self.worker;
         let plan = worker.plan;
         let info = &plan.packs[pack];
@@ -319,14 +337,29 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
                         info.name
                     ))
                 })?;
-                state.backward_padded_pack(
-                    &self.params,
-                    grads,
-                    worker.batch,
-                    &info.slices,
-                    info.padding,
-                    &input,
-                )?
+                let (params, batch) = (&self.params, worker.batch);
+                match part {
+                    Part::InputGrad => {
+                        let (output, kept) = state.backward_input_padded_pack(
+                            params,
+                            grads,
+                            batch,
+                            &info.slices,
+                            info.padding,
+                            &input,
+                        )?;
+                        self.deferred_weight_grads.insert(pack, kept);
+                        output
+                    }
+                    _ => state.backward_padded_pack(
+                        params,
+                        grads,
+                        batch,
+                        &info.slices,
+                        info.padding,
+                        &input,
+                    )?,
+                }
             }
         };
         drop(input);
@@ -391,6 +424,25 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
             .map_err(schedule_error)
     }
 
+    /// Runs the weight-gradient GEMMs the input gradient of `pack` kept (a zero-bubble
+    /// schedule's `bwd %bN.dw`).
+    fn weight_grad(&mut self, pack: usize) -> Result<()> {
+        let kept = self.deferred_weight_grads.remove(&pack).ok_or_else(|| {
+            schedule_error(format!(
+                "bwd {}.dw before (or without) its input gradient",
+                self.pack_name(pack)
+            ))
+        })?;
+        let grads = self.grads.as_mut().ok_or_else(|| {
+            schedule_error(format!(
+                "bwd {}.dw after the gradients were reduce-scattered",
+                self.worker.plan.packs[pack].name
+            ))
+        })?;
+        kept.add_into(grads);
+        Ok(())
+    }
+
     fn reduce_scatter(&mut self) -> Result<()> {
         self.collective_in_order(0, "reduce-scatter")?;
         self.check_drained()?;
@@ -449,6 +501,12 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
                 self.pack_name(tag.pack)
             )));
         }
+        if let Some(&pack) = self.deferred_weight_grads.keys().next() {
+            return Err(schedule_error(format!(
+                "the weight gradient of {} never runs",
+                self.pack_name(pack)
+            )));
+        }
         if let Some(state) = self.states.values().find(|s| !s.is_drained()) {
             return Err(schedule_error(format!(
                 "the device still holds {:?} at the end of the step",
@@ -489,9 +547,11 @@ impl<'w, 'a> DeviceRun<'w, 'a> {
             }
             _ => None,
         };
-        let info = &self.worker.plan.packs[task.pack];
+        let plan = self.worker.plan;
+        let info = plan.task_pack(task.pack);
         self.tasks.push(TaskRecord {
-            pack: task.pack,
+            pack: task.pack % plan.packs.len(),
+            weight_grad: task.pack >= plan.packs.len(),
             name: info.name.clone(),
             direction: info.direction,
             replica: info.replica,

@@ -11,7 +11,8 @@
 //!
 //! The executor runs programs: [`DeviceOrder::program`] reorders the step's lowered program
 //! (replica-major) so that each worker runs its pack tasks — a pack's `recv`, `cp-exchange`,
-//! compute and `send` — in this order, before the step's collectives. The order is checked: on
+//! compute and `send`, and a zero-bubble schedule's deferred weight gradients ([`Plan::task_of`])
+//! — in this order, before the step's collectives. The order is checked: on
 //! every device it must keep each replica's schedule, and the program must be able to run to
 //! the end ([`program::check`]: no worker waits forever for a message or its DP-Merge group).
 
@@ -43,8 +44,9 @@ impl DeviceOrder {
         DeviceOrder { per_device }
     }
 
-    /// Every device's tasks sorted by `start(pack, stage)` (ties by pack index); fails unless
-    /// `start` knows every task and the order is executable.
+    /// Every device's tasks sorted by `start(task, stage)` (ties by task index; tasks as
+    /// [`Plan::task_of`] numbers them); fails unless `start` knows every task and the order is
+    /// executable.
     pub fn by_start_times(
         plan: &Plan,
         start: impl Fn(usize, usize) -> Option<f64>,
@@ -56,7 +58,8 @@ impl DeviceOrder {
                 let time = start(pack, device.stage).ok_or_else(|| CpuError::Schedule {
                     message: format!(
                         "no start time for {} on stage {}",
-                        plan.packs[pack].name, device.stage
+                        plan.task_pack(pack).name,
+                        device.stage
                     ),
                 })?;
                 keyed.push((time, pack));
@@ -84,7 +87,7 @@ impl DeviceOrder {
         self.check_schedules(plan)?;
         let mut ordered = plan.lowered.clone();
         for (index, worker) in ordered.workers.iter_mut().enumerate() {
-            worker.ops = reorder(&worker.ops, &self.per_device[index]).ok_or_else(|| {
+            worker.ops = reorder(plan, &worker.ops, &self.per_device[index]).ok_or_else(|| {
                 CpuError::Schedule {
                     message: format!(
                         "device (rank {}, stage {}): the order does not list the program's pack tasks",
@@ -110,7 +113,7 @@ impl DeviceOrder {
                 let kept: Vec<usize> = self.per_device[index]
                     .iter()
                     .copied()
-                    .filter(|&p| plan.packs[p].replica == replica)
+                    .filter(|&task| plan.task_pack(task).replica == replica)
                     .collect();
                 if kept != expected {
                     return Err(CpuError::Schedule {
@@ -128,12 +131,12 @@ impl DeviceOrder {
 
 /// `ops` with its pack tasks (the runs of consecutive ops on one pack) in the order `packs`,
 /// followed by its other ops; `None` unless `packs` lists every task exactly once.
-fn reorder(ops: &[Op], packs: &[usize]) -> Option<Vec<Op>> {
+fn reorder(plan: &Plan, ops: &[Op], packs: &[usize]) -> Option<Vec<Op>> {
     let mut tasks: HashMap<usize, &[Op]> = HashMap::new();
     let mut rest = Vec::new();
     let mut start = 0;
     while start < ops.len() {
-        let Some(pack) = ops[start].pack() else {
+        let Some(task) = plan.task_of(&ops[start]) else {
             rest.push(ops[start].clone());
             start += 1;
             continue;
@@ -141,9 +144,9 @@ fn reorder(ops: &[Op], packs: &[usize]) -> Option<Vec<Op>> {
         let end = start
             + ops[start..]
                 .iter()
-                .take_while(|op| op.pack() == Some(pack))
+                .take_while(|op| plan.task_of(op) == Some(task))
                 .count();
-        if tasks.insert(pack as usize, &ops[start..end]).is_some() {
+        if tasks.insert(task, &ops[start..end]).is_some() {
             return None;
         }
         start = end;

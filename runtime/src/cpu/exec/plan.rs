@@ -2,8 +2,8 @@
 //! slices in the core's terms, each replica's per-stage schedule, and the step's lowered
 //! program (replica-major, `slimpack_ir::program::lower`).
 
-use slimpack_ir::program::{self, Program};
-use slimpack_ir::step::{Direction, Phase, StepIr};
+use slimpack_ir::program::{self, Op, Program};
+use slimpack_ir::step::{Direction, Part, Phase, StepIr};
 
 use crate::cpu::batch::{SampleId, TokenBatch, TokenSlice};
 use crate::cpu::config::ModelConfig;
@@ -35,7 +35,8 @@ pub struct Plan {
     pub replicas: Vec<Vec<usize>>,
     /// Every pack, in the IR's canonical order (per replica, forward packs then backward).
     pub packs: Vec<PlanPack>,
-    /// `schedules[replica][stage]`: the order of the replica's packs (indices into `packs`).
+    /// `schedules[replica][stage]`: the order of the replica's tasks ([`Plan::task_of`]: pack
+    /// indices into `packs`, and the deferred weight gradients of a zero-bubble schedule).
     pub schedules: Vec<Vec<Vec<usize>>>,
     /// Sample lengths in batch order.
     pub sample_lens: Vec<usize>,
@@ -139,11 +140,18 @@ impl Plan {
                     numbers[slot] += 1;
                 }
             }
+        }
+        // Tasks: packs by index, deferred weight gradients after all packs (see `task_of`).
+        let packs = plan.packs.len();
+        for &replica_id in ir.replicas() {
             let schedules = (0..plan.stages.len() as u32)
                 .map(|stage| {
-                    ir.schedule(replica_id, stage)
+                    ir.stage_ops(replica_id, stage)
                         .into_iter()
-                        .map(|pack| pack_index[&pack])
+                        .map(|op| match op.part {
+                            Part::WeightGrad => packs + pack_index[&op.pack],
+                            _ => pack_index[&op.pack],
+                        })
                         .collect()
                 })
                 .collect();
@@ -151,6 +159,25 @@ impl Plan {
         }
         plan.check_schedules()?;
         Ok(plan)
+    }
+
+    /// The task an op belongs to: the runs of a worker's ops on one pack, its index into
+    /// `packs`, except a split backward's deferred weight gradient (`bwd %bN.dw`), a task of its
+    /// own numbered `packs.len() + pack`.
+    pub fn task_of(&self, op: &Op) -> Option<usize> {
+        match *op {
+            Op::Backward {
+                pack,
+                part: Part::WeightGrad,
+                ..
+            } => Some(self.packs.len() + pack as usize),
+            _ => op.pack().map(|pack| pack as usize),
+        }
+    }
+
+    /// The pack a task works on (see [`Plan::task_of`]).
+    pub fn task_pack(&self, task: usize) -> &PlanPack {
+        &self.packs[task % self.packs.len()]
     }
 
     /// Pipeline stages.
@@ -234,7 +261,11 @@ impl Plan {
                 .collect();
             expected.sort_unstable();
             for (stage, order) in schedules.iter().enumerate() {
-                let mut listed = order.clone();
+                let mut listed: Vec<usize> = order
+                    .iter()
+                    .copied()
+                    .filter(|&task| task < self.packs.len())
+                    .collect();
                 listed.sort_unstable();
                 if listed != expected {
                     return Err(CpuError::Schedule {

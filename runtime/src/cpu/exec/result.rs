@@ -13,6 +13,9 @@ use crate::cpu::profile::OpTimes;
 pub struct TaskRecord {
     /// Index into [`super::Plan::packs`].
     pub pack: usize,
+    /// A zero-bubble schedule's deferred weight gradient of the pack (its other ops are a task
+    /// of their own).
+    pub weight_grad: bool,
     /// The pack's name in the printed IR.
     pub name: String,
     pub direction: Direction,

@@ -3,6 +3,7 @@
 
 use slimpack_ir::program::Op;
 use slimpack_ir::spec::ModelSpec;
+use slimpack_ir::step::Part;
 
 use super::{execute_program, CompiledDriver, DeviceOrder, Driver, Execution, Plan};
 use crate::abi::Call;
@@ -162,4 +163,74 @@ fn a_program_of_another_step_or_out_of_order_is_refused() {
         .unwrap_err()
         .to_string();
     assert!(message.contains("before receiving its input"), "{message}");
+}
+
+/// A zero-bubble schedule (every backward split, weight gradients deferred, the DP-Merge
+/// group's too) runs to the same loss and the same gradients, bit for bit: each weight still
+/// receives one weight-gradient GEMM per pack, in the stage's backward order. Its deferred
+/// weight gradients are tasks of their own.
+#[test]
+fn split_backwards_run_to_the_same_step() {
+    let split = STEP
+        .replace(
+            "schedule %r0 %st0 [%f0, %f1, %b0]",
+            "schedule %r0 %st0 [%f0, %f1, %b0.dx, %b0.dw]",
+        )
+        .replace(
+            "schedule %r1 %st0 [%f2, %f3, %b1, %b2]",
+            "schedule %r1 %st0 [%f2, %f3, %b1.dx, %b2.dx, %b1.dw, %b2.dw]",
+        )
+        .replace(
+            "schedule %r1 %st1 [%f2, %f3, %b1, %b2]",
+            "schedule %r1 %st1 [%f2, %f3, %b1.dx, %b1.dw, %b2.dx, %b2.dw]",
+        );
+    let ir = slimpack_ir::text::parse(&split, "test").expect("test IR parses");
+    assert!(ir.has_split_backwards());
+    let split_plan = Plan::new(&ir, &config()).unwrap();
+    let whole_plan = plan();
+    let whole = run(&whole_plan, &whole_plan.lowered, &Driver::Interpreted).unwrap();
+    let program = DeviceOrder::replica_major(&split_plan)
+        .program(&split_plan)
+        .unwrap();
+    assert_eq!(program, split_plan.lowered);
+    let split = run(&split_plan, &program, &Driver::Interpreted).unwrap();
+    assert_eq!(split.loss, whole.loss);
+    assert_eq!(split.grads, whole.grads);
+    assert_eq!(split.params, whole.params);
+    // Ranks 0 and 1 run %b1 and %b2 split on stage 0 and 1, rank 0 %b0 on stage 0: ten
+    // weight-gradient tasks.
+    let weight_grads = split.tasks.iter().filter(|t| t.weight_grad).count();
+    assert_eq!(weight_grads, 2 * 2 * 2 + 1);
+    assert_eq!(split.tasks.len(), whole.tasks.len() + weight_grads);
+}
+
+/// A weight gradient that runs before its input gradient fails the step in one line.
+#[test]
+fn a_weight_gradient_before_its_input_gradient_fails() {
+    let split = STEP.replace(
+        "schedule %r0 %st0 [%f0, %f1, %b0]",
+        "schedule %r0 %st0 [%f0, %f1, %b0.dx, %b0.dw]",
+    );
+    let ir = slimpack_ir::text::parse(&split, "test").expect("test IR parses");
+    let plan = Plan::new(&ir, &config()).unwrap();
+    let mut swapped = plan.lowered.clone();
+    let ops = &mut swapped.workers[0].ops;
+    let input = ops
+        .iter()
+        .position(|op| {
+            matches!(
+                op,
+                Op::Backward {
+                    part: Part::InputGrad,
+                    ..
+                }
+            )
+        })
+        .unwrap();
+    let weight = ops.remove(input + 1);
+    ops.insert(input, weight);
+    let message = run(&plan, &swapped, &Driver::Interpreted)
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains(".dw before"), "{message}");
 }
