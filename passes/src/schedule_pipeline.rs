@@ -42,7 +42,10 @@ use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use slimpack_ir::step::{Direction, PackId, Part, Phase, ReplicaId};
 use slimpack_ir::StepIr;
-use slimpack_machine::cost::{CostModel, DEFAULT_MEMORY_LIMIT};
+use slimpack_machine::cost::{CostModel, MemoryModel, DEFAULT_MEMORY_LIMIT};
+
+mod list;
+use list::list_schedule;
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "schedule-pipeline",
@@ -143,7 +146,7 @@ struct ReplicaPacks {
 }
 
 impl ReplicaPacks {
-    fn new(ir: &StepIr, forward: &[PackId], backward: &[PackId]) -> ReplicaPacks {
+    fn new(ir: &StepIr, forward: &[PackId], backward: &[PackId], symmetric: bool) -> ReplicaPacks {
         let position: std::collections::HashMap<PackId, usize> =
             forward.iter().enumerate().map(|(i, &p)| (p, i)).collect();
         let need: Vec<usize> = backward
@@ -160,7 +163,6 @@ impl ReplicaPacks {
         // In-flight work is counted in packs when the backward packs are the forward packs
         // (1F1B exactly), in tokens otherwise: the stage keeps `warmup + 1` average forward
         // packs' worth of tokens in flight, however the two partitions cut them.
-        let symmetric = symmetric_packs(ir, forward, backward);
         let weight = |pack: PackId| if symmetric { 1 } else { ir.pack_tokens(pack) };
         let forward_weights: Vec<u64> = forward.iter().map(|&p| weight(p)).collect();
         let backward_weights: Vec<u64> = backward.iter().map(|&p| weight(p)).collect();
@@ -315,6 +317,7 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
         }
         scheduled += 1;
         let symmetric = symmetric_packs(ir, &forward, &backward);
+        let packs = ReplicaPacks::new(ir, &forward, &backward, symmetric);
         // Per device, the ops in run order.
         let orders: Vec<Vec<ChunkOp>> = if vpp == 1 && (symmetric || pass.one_f_one_b) {
             one_f_one_b_replicas += 1;
@@ -324,7 +327,6 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
                 .enumerate()
                 .filter(|&(s, &w)| w < (pp - 1) as usize - s)
                 .count();
-            let packs = ReplicaPacks::new(ir, &forward, &backward);
             warmups
                 .iter()
                 .map(|&warmup| packs.stage_ops(warmup))
@@ -344,7 +346,15 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
                 }
                 None => {
                     listed += 1;
-                    list_schedule(ir, replica, &forward, &backward, cost, pass.memory)
+                    list_schedule(
+                        ir,
+                        replica,
+                        &forward,
+                        &backward,
+                        &packs.need,
+                        cost,
+                        pass.memory,
+                    )
                 }
             }
         };
@@ -390,240 +400,6 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
     statistics
 }
 
-/// The interleaved orders of one replica's devices for any packs (see the module docs): a list
-/// schedule of the pipeline's dependencies in time, every op lasting its pack's time on the
-/// machine model. `ChunkOp::micro_batch` indexes `forward` or `backward` by direction.
-fn list_schedule(
-    ir: &StepIr,
-    replica: ReplicaId,
-    forward: &[PackId],
-    backward: &[PackId],
-    cost: &CostModel,
-    memory: f64,
-) -> Vec<Vec<ChunkOp>> {
-    let parallel = ir.spec.parallel;
-    let (pp, vpp) = (parallel.pp as usize, parallel.vpp as usize);
-    let stages = pp * vpp;
-    let position: std::collections::HashMap<PackId, usize> =
-        forward.iter().enumerate().map(|(i, &p)| (p, i)).collect();
-    // The forwards each backward pack needs on the last stage.
-    let needs: Vec<Vec<usize>> = backward
-        .iter()
-        .map(|&b| {
-            let mut needed: Vec<usize> = ir
-                .pack_slices(b)
-                .iter()
-                .filter_map(|&s| ir.pack_of(s, Direction::Forward))
-                .map(|f| position[&f])
-                .collect();
-            needed.sort_unstable();
-            needed.dedup();
-            needed
-        })
-        .collect();
-    // A pack's time on one chunk (every chunk holds the same layers, to the embedding and head).
-    let ranks = &ir.replica(replica).ranks;
-    let seconds = |pack: PackId, direction: Direction| {
-        let slices: Vec<(u64, u64)> = ir
-            .pack_slices(pack)
-            .iter()
-            .map(|&s| {
-                let slice = ir.slice(s);
-                (u64::from(slice.len), u64::from(slice.start))
-            })
-            .collect();
-        cost.pack_time_on(0, &slices, direction, ranks)
-            .critical_path_s()
-    };
-    let forward_s: Vec<f64> = forward
-        .iter()
-        .map(|&p| seconds(p, Direction::Forward))
-        .collect();
-    let backward_s: Vec<f64> = backward
-        .iter()
-        .map(|&p| seconds(p, Direction::Backward))
-        .collect();
-    let forward_tokens: Vec<u64> = forward.iter().map(|&p| ir.pack_tokens(p)).collect();
-    let backward_tokens: Vec<u64> = backward.iter().map(|&p| ir.pack_tokens(p)).collect();
-    let windows: Vec<i64> = (0..pp as u32)
-        .map(|device| memory_window(ir, replica, device, &forward_tokens, cost, memory))
-        .collect();
-    // Per stage, in pack order: when each forward and backward finished (NaN: not yet run).
-    let mut forward_end = vec![vec![f64::NAN; forward.len()]; stages];
-    let mut backward_end = vec![vec![f64::NAN; backward.len()]; stages];
-    let mut forwards_done = vec![0usize; stages];
-    let mut backwards_done = vec![0usize; stages];
-    let mut in_flight = vec![0i64; pp];
-    let mut free_at = vec![0.0f64; pp];
-    let mut orders: Vec<Vec<ChunkOp>> = vec![Vec::new(); pp];
-    let total = (forward.len() + backward.len()) * stages;
-    // When the next op of `direction` on `stage` may start on its device (None: an input has
-    // not run yet).
-    let ready_at = |forward_end: &[Vec<f64>],
-                    backward_end: &[Vec<f64>],
-                    forwards_done: &[usize],
-                    backwards_done: &[usize],
-                    stage: usize,
-                    direction: Direction|
-     -> Option<f64> {
-        match direction {
-            Direction::Forward => {
-                let next = forwards_done[stage];
-                if next >= forward.len() {
-                    return None;
-                }
-                let input = if stage == 0 {
-                    0.0
-                } else {
-                    forward_end[stage - 1][next]
-                };
-                (!input.is_nan()).then_some(input)
-            }
-            Direction::Backward => {
-                let next = backwards_done[stage];
-                if next >= backward.len() {
-                    return None;
-                }
-                let input =
-                    if stage + 1 == stages {
-                        // NaN (a needed forward not run yet) must win: `f64::max` would drop it.
-                        needs[next].iter().map(|&f| forward_end[stage][f]).fold(
-                            0.0,
-                            |latest, end| if end.is_nan() { end } else { latest.max(end) },
-                        )
-                    } else {
-                        backward_end[stage + 1][next]
-                    };
-                (!input.is_nan()).then_some(input)
-            }
-        }
-    };
-    while orders.iter().map(Vec::len).sum::<usize>() < total {
-        // Each device's choice: (start, op), by the 1F1B rule at the time it could start.
-        let mut best: Option<(f64, usize, ChunkOp)> = None;
-        let mut past_window: Option<(f64, usize, ChunkOp)> = None;
-        for device in 0..pp {
-            let window = windows[device];
-            // The earliest-ready op of each direction; the deepest chunk wins ties, to reach
-            // the backwards soonest (forwards) and to free memory soonest (backwards).
-            let earliest = |direction: Direction| {
-                (0..vpp)
-                    .rev()
-                    .filter_map(|chunk| {
-                        let stage = chunk * pp + device;
-                        ready_at(
-                            &forward_end,
-                            &backward_end,
-                            &forwards_done,
-                            &backwards_done,
-                            stage,
-                            direction,
-                        )
-                        .map(|ready| (ready.max(free_at[device]), chunk))
-                    })
-                    .min_by(|a, b| a.0.total_cmp(&b.0))
-            };
-            let op_of = |direction: Direction, (start, chunk): (f64, usize)| {
-                let stage = chunk * pp + device;
-                let micro_batch = match direction {
-                    Direction::Forward => forwards_done[stage],
-                    Direction::Backward => backwards_done[stage],
-                };
-                (
-                    start,
-                    device,
-                    ChunkOp {
-                        direction,
-                        micro_batch,
-                        chunk: chunk as u32,
-                    },
-                )
-            };
-            let next_forward = earliest(Direction::Forward).map(|f| op_of(Direction::Forward, f));
-            let next_backward =
-                earliest(Direction::Backward).map(|b| op_of(Direction::Backward, b));
-            // At its window a device waits for a backward, as a 1F1B stage does; below it the
-            // op that can start first runs (a backward on a tie).
-            let choice = if in_flight[device] >= window {
-                if next_backward.is_none() {
-                    past_window = [past_window, next_forward]
-                        .into_iter()
-                        .flatten()
-                        .min_by(|a, b| a.0.total_cmp(&b.0));
-                }
-                next_backward
-            } else {
-                [next_backward, next_forward]
-                    .into_iter()
-                    .flatten()
-                    .min_by(|a, b| a.0.total_cmp(&b.0))
-            };
-            if let Some(choice) = choice {
-                if best.is_none_or(|b| choice.0 < b.0) {
-                    best = Some(choice);
-                }
-            }
-        }
-        // When every device waits at its window, the earliest ready forward runs past it (a
-        // backward pack may need forwards beyond it), so the schedule always completes.
-        let (start, device, op) = best
-            .or(past_window)
-            .expect("the pipeline's dependencies are acyclic, so some op is always ready (bug)");
-        let stage = op.chunk as usize * pp + device;
-        let end = match op.direction {
-            Direction::Forward => {
-                forwards_done[stage] += 1;
-                in_flight[device] += forward_tokens[op.micro_batch] as i64;
-                let end = start + forward_s[op.micro_batch];
-                forward_end[stage][op.micro_batch] = end;
-                end
-            }
-            Direction::Backward => {
-                backwards_done[stage] += 1;
-                in_flight[device] -= backward_tokens[op.micro_batch] as i64;
-                let end = start + backward_s[op.micro_batch];
-                backward_end[stage][op.micro_batch] = end;
-                end
-            }
-        };
-        free_at[device] = end;
-        orders[device].push(op);
-    }
-    orders
-}
-
-/// The forward tokens (summed over model chunks) device `device` of `replica` may hold in
-/// flight under the interleaved list schedule: what the memory model says their activations
-/// and K/V may take of the `fraction` of device memory the model states and workspace leave,
-/// less one largest pack's activations, backward temporaries and dK/dV accumulators as
-/// headroom; never below one largest pack.
-fn memory_window(
-    ir: &StepIr,
-    replica: ReplicaId,
-    device: u32,
-    forward_tokens: &[u64],
-    cost: &CostModel,
-    fraction: f64,
-) -> i64 {
-    let memory = cost.memory();
-    let cp = ir.replica(replica).ranks.len().max(1) as u64;
-    let largest = forward_tokens.iter().copied().max().unwrap_or(1).max(1);
-    let held = |tokens: u64| {
-        let tokens = tokens.div_ceil(cp);
-        memory.activation_bytes(tokens, device) + memory.kv_bytes(tokens, device)
-    };
-    let fixed = memory.model_state_bytes(device) + memory.workspace_bytes();
-    let largest_per_rank = largest.div_ceil(cp);
-    let headroom = held(largest)
-        + memory.temporary_bytes(largest_per_rank, device, Direction::Backward)
-        + memory.kv_grad_bytes(largest_per_rank, device);
-    let usable = (memory.capacity_bytes() as f64 * fraction) as u64;
-    let free = usable.saturating_sub(fixed).saturating_sub(headroom);
-    let per_token = held(largest) as f64 / largest as f64;
-    let window = (free as f64 / per_token.max(f64::MIN_POSITIVE)).floor();
-    window.clamp(largest as f64, i64::MAX as f64 / 2.0) as i64
-}
-
 /// Warm-up forwards of each stage of one replica: `pp - 1 - s`, reduced to what fits in
 /// memory, and never larger than the previous stage's.
 fn warmups(ir: &StepIr, replica: ReplicaId, cost: &CostModel) -> Vec<usize> {
@@ -639,12 +415,8 @@ fn warmups(ir: &StepIr, replica: ReplicaId, cost: &CostModel) -> Vec<usize> {
         .div_ceil(cp);
     let mut result: Vec<usize> = Vec::with_capacity(stages as usize);
     for stage in 0..stages {
-        let fixed = memory.model_state_bytes(stage) + memory.workspace_bytes();
-        let per_pack = memory.activation_bytes(largest, stage) + memory.kv_bytes(largest, stage);
-        let fits = memory
-            .capacity_bytes()
-            .saturating_sub(fixed)
-            .checked_div(per_pack)
+        let fits = activation_budget(memory, stage, 1.0)
+            .checked_div(held_bytes(memory, largest, stage))
             .unwrap_or(u64::MAX);
         let by_memory = fits.saturating_sub(1) as usize;
         let mut warmup = ((stages - 1 - stage) as usize).min(by_memory);
@@ -654,6 +426,19 @@ fn warmups(ir: &StepIr, replica: ReplicaId, cost: &CostModel) -> Vec<usize> {
         result.push(warmup);
     }
     result
+}
+
+/// What a forward of `tokens` tokens (a CP rank's share) keeps on `stage` until its backward:
+/// saved activations and K/V.
+fn held_bytes(memory: &MemoryModel, tokens: u64, stage: u32) -> u64 {
+    memory.activation_bytes(tokens, stage) + memory.kv_bytes(tokens, stage)
+}
+
+/// What the forwards in flight on pipeline device `device` may take: `fraction` of device
+/// memory, less the model states and workspace.
+fn activation_budget(memory: &MemoryModel, device: u32, fraction: f64) -> u64 {
+    let usable = (memory.capacity_bytes() as f64 * fraction) as u64;
+    usable.saturating_sub(memory.model_state_bytes(device) + memory.workspace_bytes())
 }
 
 /// One op of an interleaved 1F1B order: `direction` of micro-batch `micro_batch` through model
