@@ -10,25 +10,31 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STEPS=${STEPS:-5}
-DATA=../shared/data
-HELDOUT=target/heldout
-# scenario -> "job flags|assign and grouping passes|slice|cap|recompute" (the configuration
-# scripts/bench-scenarios.sh's slimpack kept at commit e2a1577; see the scoreboard).
-declare -A JOBS=(
-    [S1]="--model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 8388608 --batch $DATA/wikipedia.lengths.txt|assign-dp{cp=2}|32768|65536|none"
-    [S4]="--model llama-70b --parallel tp=8,pp=8,dp=4 --context 262144 --global-batch-tokens 16777216 --batch $DATA/wikipedia.lengths.txt|assign-dp{cp=4}|32768|65536|none"
-    [S5]="--model llama-150b --parallel tp=8,pp=16,dp=2 --context 262144 --global-batch-tokens 16777216 --batch $DATA/wikipedia.lengths.txt|assign-dp{cp=2}|32768|65536|full"
-    [S6]="--model llama-70b --parallel tp=8,pp=8,dp=4 --context 262144 --global-batch-tokens 16777216 --batch $DATA/wlbllm_like.lengths.txt|assign-dp{cp=4}|32768|65536|none"
-    [S7]="--model llama-7b --parallel tp=8,pp=1,dp=16 --context 131072 --global-batch-tokens 16777216 --batch $DATA/prolong_like.lengths.txt|assign-dp,dp-merge{memory=0.5}|16384|32768|none"
-    [H4]="--model llama-7b --parallel tp=4,pp=2,dp=16 --context 65536 --global-batch-tokens 8388608 --batch $HELDOUT/man-pages.lengths.txt|assign-dp{cp=2}|32768|65536|none"
+source scripts/scenarios.sh
+# scenario -> "assign and grouping passes|slice|cap|recompute": the configuration
+# scripts/bench-scenarios.sh's slimpack kept at commit e2a1577 (see the scoreboard).
+declare -A KEPT=(
+    [S1]="assign-dp{cp=2}|32768|65536|none"
+    [S4]="assign-dp{cp=4}|32768|65536|none"
+    [S5]="assign-dp{cp=2}|32768|65536|full"
+    [S6]="assign-dp{cp=4}|32768|65536|none"
+    [S7]="assign-dp,dp-merge{memory=0.5}|16384|32768|none"
+    [H4]="assign-dp{cp=2}|32768|65536|none"
 )
 ids=("$@")
 [ ${#ids[@]} -gt 0 ] || ids=(S1 S4 S5 S6 S7 H4)
+for id in "${ids[@]}"; do
+    if [ -z "${KEPT[$id]+set}" ]; then
+        echo "error: no kept configuration for scenario '$id' (valid: ${!KEPT[*]})" >&2
+        exit 2
+    fi
+done
 S=${CARGO_TARGET_DIR:-target}/release/slimpack
 printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' scenario step "step s eqsat" "ranks=false" "no eqsat" \
     "compile ms eqsat" "ranks=false" "no eqsat"
 for id in "${ids[@]}"; do
-    IFS='|' read -r job grouping size cap recompute <<<"${JOBS[$id]}"
+    IFS='|' read -r grouping size cap recompute <<<"${KEPT[$id]}"
+    job=${SCENARIOS[$id]/--dataset/--batch}
     base="$grouping,slice{size=$size},pack-fwd{cap=$cap},pack-bwd{cap=$cap}"
     for step in $(seq 1 "$STEPS"); do
         row=("$id" "$step")
