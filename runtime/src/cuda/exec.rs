@@ -37,8 +37,8 @@ use slimpack_ir::step::Direction;
 
 use crate::abi::{self, Call};
 use crate::cpu::exec::{
-    assemble, direction_keyword, neighbour, shard_range, Device, Driver, Execution, Outcome, Plan,
-    ProgramCursor, SyncTimes, TaskRecord, WorkerReport,
+    assemble, collect_outcomes, direction_keyword, neighbour, shard_range, Device, Driver,
+    Execution, Outcome, Plan, ProgramCursor, SyncTimes, TaskRecord, WorkerReport,
 };
 use crate::cpu::pack_layout::PackLayout;
 use crate::cpu::profile::OpTimes;
@@ -142,7 +142,10 @@ pub fn execute_program(
         }
         handles.into_iter().map(|h| h.join()).collect()
     });
-    let outcomes = collect_outcomes(&devices, outcomes)?;
+    let is_abort = |error: &CudaError| matches!(error, CudaError::WorkerFailed { worker, .. } if worker == "peer");
+    let outcomes = collect_outcomes(&devices, outcomes, is_abort, |worker, message| {
+        CudaError::WorkerFailed { worker, message }
+    })?;
     Ok(assemble(plan, &config, outcomes)?)
 }
 
@@ -180,44 +183,6 @@ fn check_inputs(plan: &Plan, program: &Program, batch: &TokenBatch, params: &Par
         });
     }
     Ok(())
-}
-
-/// The workers' outcomes, or the first real failure (not the aborts it caused), naming the
-/// worker.
-fn collect_outcomes(
-    devices: &[Device],
-    outcomes: Vec<std::thread::Result<Result<Outcome>>>,
-) -> Result<Vec<Outcome>> {
-    let mut ok = Vec::with_capacity(outcomes.len());
-    let mut errors = Vec::new();
-    for (device, outcome) in devices.iter().zip(outcomes) {
-        let worker = format!("rank {}, stage {}", device.rank, device.stage);
-        match outcome {
-            Ok(Ok(outcome)) => ok.push(outcome),
-            Ok(Err(CudaError::WorkerFailed { worker, message })) if worker == "peer" => {
-                errors.push((true, CudaError::WorkerFailed { worker, message }))
-            }
-            Ok(Err(error)) => errors.push((
-                false,
-                CudaError::WorkerFailed {
-                    worker,
-                    message: error.to_string(),
-                },
-            )),
-            Err(_) => errors.push((
-                false,
-                CudaError::WorkerFailed {
-                    worker,
-                    message: "panicked (a bug in slimpack; the panic message is above)".to_string(),
-                },
-            )),
-        }
-    }
-    if errors.is_empty() {
-        return Ok(ok);
-    }
-    let root = errors.iter().position(|(abort, _)| !abort).unwrap_or(0);
-    Err(errors.swap_remove(root).1)
 }
 
 /// Everything a worker thread starts with.

@@ -144,7 +144,9 @@ pub fn execute_program(
         }
         handles.into_iter().map(|h| h.join()).collect()
     });
-    let outcomes = collect_outcomes(&devices, outcomes)?;
+    let outcomes = collect_outcomes(&devices, outcomes, is_abort, |worker, message| {
+        CpuError::WorkerFailed { worker, message }
+    })?;
     assemble(plan, &config, outcomes)
 }
 
@@ -188,11 +190,14 @@ fn merged_group_exchanges(
 }
 
 /// The workers' outcomes, or the error of the worker that failed first (not the aborts its
-/// failure caused in the others), naming the worker.
-fn collect_outcomes(
+/// failure caused in the others, told by `is_abort`), naming the worker with `failed(worker,
+/// message)`: the CPU and CUDA executors' rule.
+pub(crate) fn collect_outcomes<T, E: std::fmt::Display>(
     devices: &[Device],
-    outcomes: Vec<std::thread::Result<Result<Outcome>>>,
-) -> Result<Vec<Outcome>> {
+    outcomes: Vec<std::thread::Result<std::result::Result<T, E>>>,
+    is_abort: impl Fn(&E) -> bool,
+    failed: impl Fn(String, String) -> E,
+) -> std::result::Result<Vec<T>, E> {
     let mut ok = Vec::with_capacity(outcomes.len());
     let mut errors = Vec::new();
     for (device, outcome) in devices.iter().zip(outcomes) {
@@ -200,19 +205,13 @@ fn collect_outcomes(
         match outcome {
             Ok(Ok(outcome)) => ok.push(outcome),
             Ok(Err(error)) if is_abort(&error) => errors.push((true, error)),
-            Ok(Err(error)) => errors.push((
-                false,
-                CpuError::WorkerFailed {
-                    worker,
-                    message: error.to_string(),
-                },
-            )),
+            Ok(Err(error)) => errors.push((false, failed(worker, error.to_string()))),
             Err(_) => errors.push((
                 false,
-                CpuError::WorkerFailed {
+                failed(
                     worker,
-                    message: "panicked (a bug in slimpack; the panic message is above)".to_string(),
-                },
+                    "panicked (a bug in slimpack; the panic message is above)".to_string(),
+                ),
             )),
         }
     }
