@@ -432,26 +432,17 @@ impl GpuRun<'_, '_> {
     /// group of two or more), and the worker's next compute op is that pack's, in that
     /// direction. The exchange itself happens inside the compute op, per slice and layer.
     fn cp_exchange(&mut self, pack: usize, direction: Direction, group: &[u32]) -> Result<()> {
-        let ranks = &self.worker.plan.replicas[self.worker.plan.packs[pack].replica];
-        let named: Vec<usize> = group.iter().map(|&rank| rank as usize).collect();
-        if ranks.len() < 2 || named != *ranks {
-            return Err(schedule_error(format!(
-                "cp-exchange of {} names the group {named:?}, but its replica runs on DP ranks {ranks:?}",
-                self.pack_name(pack)
-            )));
+        if let Some(why) = self.worker.plan.cp_exchange_error(pack, group) {
+            return Err(schedule_error(why));
         }
         self.joined = Some((pack, direction));
         Ok(())
     }
 
     fn recv(&mut self, pack: usize, direction: Direction, from: ProgramWorker) -> Result<()> {
-        if self.neighbour(direction, true) != Some(from) {
-            return Err(schedule_error(format!(
-                "{} cannot come from dp={} pp={}",
-                self.pack_name(pack),
-                from.dp,
-                from.pp
-            )));
+        let plan = self.worker.plan;
+        if let Some(why) = plan.recv_error(self.worker.device, pack, direction, from) {
+            return Err(schedule_error(why));
         }
         if let Some(unused) = &self.input {
             return Err(schedule_error(format!(

@@ -185,6 +185,37 @@ impl Plan {
         self.stages.len()
     }
 
+    /// The executors' rule for a `cp-exchange` of `pack` naming `group`: the DP ranks of the
+    /// pack's replica, a DP-Merge group of two or more. `Some(why)` where it is broken.
+    pub(crate) fn cp_exchange_error(&self, pack: usize, group: &[u32]) -> Option<String> {
+        let info = &self.packs[pack];
+        let ranks = &self.replicas[info.replica];
+        let named: Vec<usize> = group.iter().map(|&rank| rank as usize).collect();
+        (ranks.len() < 2 || named != *ranks).then(|| {
+            format!(
+                "cp-exchange of {} names the group {named:?}, but its replica runs on DP ranks {ranks:?}",
+                info.name
+            )
+        })
+    }
+
+    /// The executors' rule for `device` receiving `pack` in `direction` from `from`: the same
+    /// DP rank's previous stage (forward) or next stage (backward). `Some(why)` where broken.
+    pub(crate) fn recv_error(
+        &self,
+        device: Device,
+        pack: usize,
+        direction: Direction,
+        from: program::Worker,
+    ) -> Option<String> {
+        (super::neighbour(device, self.pp(), direction, true) != Some(from)).then(|| {
+            format!(
+                "{} cannot come from dp={} pp={}",
+                self.packs[pack].name, from.dp, from.pp
+            )
+        })
+    }
+
     /// Every device, by index (`stage · dp + rank`, the simulator's group order).
     pub fn devices(&self) -> Vec<Device> {
         (0..self.pp())
