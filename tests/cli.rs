@@ -466,6 +466,21 @@ fn memory_limit_is_a_fraction_for_a_strategy() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    // A limit no candidate fits is exit 3 with one line naming the peak and the limit, not a
+    // plan written as if it fitted; --allow-oom writes it anyway.
+    let mut tight = compile_with(&["--batch", &lengths, "--memory-limit", "0.000001"]);
+    let refs: Vec<&str> = tight.iter().map(String::as_str).collect();
+    let output = slimpack(&refs);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("memory limit") && stderr.contains("--memory-limit 0.000001"),
+        "{stderr}"
+    );
+    tight.push("--allow-oom".to_string());
+    let refs: Vec<&str> = tight.iter().map(String::as_str).collect();
+    assert!(slimpack(&refs).status.success());
 }
 
 /// `--calibration FILE` makes `compile` and `simulate` price kernels with a `slimpack

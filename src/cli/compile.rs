@@ -210,7 +210,8 @@ pub struct CompileArgs {
     /// `slimpack passes`); an empty pipeline (--passes '') gives the logical IR.
     #[arg(long, value_name = "PIPELINE")]
     passes: Option<String>,
-    /// Write the plan and exit 0 even when it does not fit device memory (otherwise: exit 3).
+    /// Write the plan and exit 0 even when it does not fit device memory or, for a strategy, the
+    /// memory limit (otherwise: exit 3).
     #[arg(long)]
     allow_oom: bool,
     /// Compile the N-th global batch of the seeded stream (1: the first, as `plan` numbers its
@@ -325,6 +326,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     if strategy.is_none() && args.memory_limit.is_some() {
         bail!("--memory-limit applies to a strategy's tuning, not to --passes");
     }
+    // The bytes a tuned plan may peak at (`--memory-limit`, default 0.92 of HBM) and the fraction.
+    let mut memory_limit: Option<(u64, f64)> = None;
     let (compiled, chosen) = match &strategy {
         Some(name) => {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
@@ -334,6 +337,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             if matches!(emit, Some(Emit::Mlir | Emit::Llvm)) {
                 choices = choices.one_chunk_per_device().whole_backwards();
             }
+            memory_limit = Some((choices.memory_limit_for(&job.spec), choices.memory_limit));
             let mut state = StrategyState::default();
             let batch = autotune::admit(info, &mut state, &job.spec, &batch);
             delayed = state.wlb.as_ref().map(|wlb| wlb.delay.backlog());
@@ -380,9 +384,16 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         None
     };
     if let Some((result, _)) = &simulation {
+        let candidates = chosen.as_ref().map_or(1, |c| c.candidates);
         if result.metrics.oom && !args.allow_oom {
-            let candidates = chosen.as_ref().map_or(1, |c| c.candidates);
             return Err(does_not_fit(&compiled.ir, &result.metrics, candidates).into());
+        }
+        // Tuning keeps the fastest candidate within the limit, or the least memory-hungry when
+        // none is: then the plan the user asked for does not exist.
+        if let Some((limit, fraction)) = memory_limit {
+            if result.metrics.peak_memory_bytes > limit && !args.allow_oom {
+                return Err(over_limit(&result.metrics, candidates, limit, fraction).into());
+            }
         }
     }
     if let Some(emit) = emit {
@@ -485,6 +496,29 @@ fn does_not_fit(ir: &StepIr, metrics: &sim::Metrics, candidates: usize) -> super
         metrics.oom_device.unwrap_or(0),
         super::report::gib(capacity),
         ir.spec.cluster.gpu.name
+    ))
+}
+
+/// The exit-3 error: no candidate of the strategy peaks within the memory limit.
+fn over_limit(
+    metrics: &sim::Metrics,
+    candidates: usize,
+    limit: u64,
+    fraction: f64,
+) -> super::exit::Failure {
+    let device = metrics
+        .peak_memory_per_device
+        .iter()
+        .position(|&bytes| bytes == metrics.peak_memory_bytes)
+        .unwrap_or(0);
+    let tried = match candidates {
+        1 => "the one candidate".to_string(),
+        n => format!("the least memory-hungry of {n} candidates"),
+    };
+    super::exit::Failure::DoesNotFit(format!(
+        "no configuration fits the memory limit: {tried} peaks at {} on device {device}, over the limit {} (--memory-limit {fraction} of device memory; --allow-oom writes it anyway)",
+        super::report::gib(metrics.peak_memory_bytes),
+        super::report::gib(limit),
     ))
 }
 
