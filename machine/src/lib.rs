@@ -8,7 +8,8 @@
 //! - [`machine_model`]: the one cost model of a spec, with the calibration slimpack ships for
 //!   its device where there is one (`machine/calibration/`). The pass manager hands it to every
 //!   pass and the driver simulates with it, so planning and judging use the same machine.
-//!   [`use_calibration`] replaces it with one the user measured (`--calibration FILE`).
+//!   [`use_calibration`] replaces it with one the user measured (`--calibration FILE`,
+//!   [`use_calibration_file`]).
 //!
 //! `slimpack-passes` depends on this crate for [`cost`] only; it never runs the simulator.
 
@@ -52,6 +53,16 @@ pub fn use_calibration(calibration: Calibration) {
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     given.retain(|known| known.device != calibration.device);
     given.push(calibration);
+}
+
+/// Reads a `slimpack calibrate` table from `path`, checks that it was measured on `spec`'s
+/// device (the rule of [`CostModel::with_calibration`]), and uses it ([`use_calibration`]):
+/// what `--calibration FILE` and the Python package's `calibration=` do.
+pub fn use_calibration_file(path: &std::path::Path, spec: &Spec) -> Result<()> {
+    let calibration = Calibration::load(path)?;
+    CostModel::with_calibration(spec, calibration.clone())?;
+    use_calibration(calibration);
+    Ok(())
 }
 
 /// The calibration [`machine_model`] uses for `device`: a given one, else the shipped one.

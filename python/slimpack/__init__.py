@@ -60,6 +60,7 @@ def plan(
     passes: Optional[str] = None,
     verify: bool = True,
     model_chunks: bool = False,
+    calibration: Optional[Union[str, "os.PathLike[str]"]] = None,
 ) -> Schedule:
     """Plans one global batch with one sample per length (documents longer than `context` are
     cut into context-length samples), as `slimpack compile --strategy STRATEGY` does: every
@@ -73,7 +74,9 @@ def plan(
     returned all the same, with `schedule.metrics["oom"]` true (the command line exits 3).
     `model_chunks=True` lets a strategy choose interleaved 1F1B (`vpp=2` in
     `schedule.parallel`), which the trainer must then run with its layers in `pp · vpp` chunks
-    (`slimpack.torch` runs one chunk per device).
+    (`slimpack.torch` runs one chunk per device). `calibration` is the path of a `slimpack
+    calibrate` table measured on the cluster's device (`--calibration FILE`): from then on it
+    prices that device's kernels for every plan of this process.
     """
     document, candidate, tried = _native.plan(
         _lengths(lengths),
@@ -88,6 +91,7 @@ def plan(
         passes=passes,
         verify=verify,
         model_chunks=model_chunks,
+        calibration=None if calibration is None else os.fspath(calibration),
     )
     return Schedule(document, candidate, tried)
 
@@ -104,7 +108,7 @@ class Planner(Iterator[Schedule]):
 
     A background thread plans up to `prefetch` steps ahead of the consumer, so step N+1 is
     planned while step N trains. Each item is a `Schedule` whose `step` attribute numbers it
-    from 1 and whose `sample_documents` index `source`.
+    from 1 and whose `sample_documents` index `source`. `calibration` is as for `plan`.
     """
 
     def __init__(
@@ -125,6 +129,7 @@ class Planner(Iterator[Schedule]):
         prefetch: int = 1,
         verify: bool = True,
         model_chunks: bool = False,
+        calibration: Optional[Union[str, "os.PathLike[str]"]] = None,
     ):
         lengths, path = None, None
         if isinstance(source, (str, os.PathLike)):
@@ -153,6 +158,7 @@ class Planner(Iterator[Schedule]):
             prefetch=prefetch,
             verify=verify,
             model_chunks=model_chunks,
+            calibration=None if calibration is None else os.fspath(calibration),
         )
 
     def __iter__(self) -> "Planner":

@@ -18,6 +18,7 @@ def plan(
     passes: Optional[str] = None,
     verify: bool = True,
     model_chunks: bool = False,
+    calibration: Optional[str] = None,
 ) -> Tuple[str, str, int]:
     """`(schedule_json, candidate, candidates_tried)`; raises ValueError on bad input."""
 
@@ -45,6 +46,7 @@ class EpochPlanner:
         prefetch: int = 1,
         verify: bool = True,
         model_chunks: bool = False,
+        calibration: Optional[str] = None,
     ) -> None: ...
     def next(self) -> Optional[Tuple[int, str]]:
         """The next `(step, schedule_json)`, waiting without the GIL; None once done."""

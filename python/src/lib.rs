@@ -33,8 +33,16 @@ fn bad_input(message: impl std::fmt::Display) -> PyErr {
 }
 
 /// The spec of `model`, `cluster`, `parallel` and an optional recompute mode, checked as the
-/// command line checks its `--model/--cluster/--parallel/--recompute` flags.
-fn spec_of(model: &str, cluster: &str, parallel: &str, recompute: Option<&str>) -> PyResult<Spec> {
+/// command line checks its `--model/--cluster/--parallel/--recompute` flags; `calibration`, a
+/// `slimpack calibrate` table of the cluster's device, prices its kernels from then on in this
+/// process (`--calibration FILE`).
+fn spec_of(
+    model: &str,
+    cluster: &str,
+    parallel: &str,
+    recompute: Option<&str>,
+    calibration: Option<&str>,
+) -> PyResult<Spec> {
     let mut model = ModelSpec::preset(model).map_err(|e| bad_input(format!("--model: {e}")))?;
     let cluster = ClusterSpec::preset(cluster).map_err(|e| bad_input(format!("--cluster: {e}")))?;
     let parallel: ParallelSpec = parallel.parse().map_err(bad_input)?;
@@ -49,6 +57,10 @@ fn spec_of(model: &str, cluster: &str, parallel: &str, recompute: Option<&str>) 
         parallel,
     };
     spec.validate().map_err(bad_input)?;
+    if let Some(path) = calibration {
+        slimpack::machine::use_calibration_file(std::path::Path::new(path), &spec)
+            .map_err(|e| bad_input(format!("calibration {path}: {e}")))?;
+    }
     Ok(spec)
 }
 
@@ -104,7 +116,7 @@ fn document_json(step: &PlannedStep) -> PyResult<String> {
 #[pyfunction]
 #[pyo3(signature = (lengths, *, model, cluster, parallel, strategy = "slimpack", context = None,
                     recompute = None, memory_limit = None, tune_budget_ms = None, passes = None,
-                    verify = true, model_chunks = false))]
+                    verify = true, model_chunks = false, calibration = None))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
     py: Python<'_>,
@@ -120,8 +132,9 @@ fn plan(
     passes: Option<&str>,
     verify: bool,
     model_chunks: bool,
+    calibration: Option<&str>,
 ) -> PyResult<(String, String, usize)> {
-    let spec = spec_of(model, cluster, parallel, recompute)?;
+    let spec = spec_of(model, cluster, parallel, recompute, calibration)?;
     let choices = choices_of(&spec, recompute.is_some(), memory_limit, model_chunks)?;
     let strategy = strategy_of(strategy)?;
     let dataset = Dataset::from_lengths("lengths", &lengths).map_err(bad_input)?;
@@ -174,7 +187,7 @@ impl EpochPlanner {
                         strategy = "slimpack", context = None, global_batch = None,
                         global_batch_tokens = None, seed = 0, recompute = None,
                         memory_limit = None, max_steps = None, prefetch = 1, verify = true,
-                        model_chunks = false))]
+                        model_chunks = false, calibration = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         lengths: Option<Vec<i64>>,
@@ -193,8 +206,9 @@ impl EpochPlanner {
         prefetch: usize,
         verify: bool,
         model_chunks: bool,
+        calibration: Option<&str>,
     ) -> PyResult<EpochPlanner> {
-        let spec = spec_of(model, cluster, parallel, recompute)?;
+        let spec = spec_of(model, cluster, parallel, recompute, calibration)?;
         let choices = choices_of(&spec, recompute.is_some(), memory_limit, model_chunks)?;
         let strategy = strategy_of(strategy)?;
         let dataset = match (lengths, path) {

@@ -1,6 +1,7 @@
 """slimpack.plan / Planner / Schedule: the Python API over the Rust planner."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,6 +136,28 @@ def test_bad_input_raises_value_error_with_the_command_lines_message(call, messa
         call()
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_a_calibration_table_of_the_clusters_device_is_used_and_any_other_refused(tmp_path):
+    # The shipped table of the `cpu` preset's device (the registry is process-wide, so this
+    # test gives only the table the cpu cluster already uses).
+    shipped = Path(__file__).resolve().parents[2] / "machine" / "calibration" / "cpu.json"
+    plain = slimpack.plan(LENGTHS, model="tiny", cluster="cpu", parallel="dp=2")
+    calibrated = slimpack.plan(
+        LENGTHS, model="tiny", cluster="cpu", parallel="dp=2", calibration=shipped
+    )
+    assert calibrated.metrics["step_time_s"] == plain.metrics["step_time_s"]
+    for call, message in [
+        (
+            lambda: slimpack.plan([10], cluster="h100-sxm", model="llama-7b", calibration=shipped),
+            "measured on 'cpu-2core'",
+        ),
+        (lambda: slimpack.plan([10], calibration=tmp_path / "none.json"), "none.json"),
+        (lambda: slimpack.Planner([5, 6], calibration=tmp_path), str(tmp_path)),
+    ]:
+        with pytest.raises(ValueError) as error:
+            call()
+        assert message in str(error.value) and "\n" not in str(error.value)
 
 
 def test_a_version_1_document_is_refused_with_one_line():

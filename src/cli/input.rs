@@ -12,7 +12,6 @@ use slimpack_ir::batch::{
 };
 use slimpack_ir::spec::{ClusterSpec, ConfigFile, ModelSpec, ParallelSpec, Recompute};
 use slimpack_ir::Spec;
-use slimpack_machine::cost::{Calibration, CostModel};
 
 use slimpack::tune::strategy::Choices;
 
@@ -165,12 +164,8 @@ impl SpecArgs {
 /// Reads a `slimpack calibrate` table and makes the machine model use it; it must have been
 /// measured on the spec's device.
 pub fn use_calibration_file(path: &Path, spec: &Spec) -> anyhow::Result<()> {
-    let flag = || format!("--calibration {}", path.display());
-    let calibration = Calibration::load(path).with_context(flag)?;
-    // The machine model's own check that the table was measured on the cluster's device.
-    CostModel::with_calibration(spec, calibration.clone()).with_context(flag)?;
-    slimpack_machine::use_calibration(calibration);
-    Ok(())
+    slimpack_machine::use_calibration_file(path, spec)
+        .with_context(|| format!("--calibration {}", path.display()))
 }
 
 impl Job {
