@@ -174,6 +174,22 @@ fn schedule_json_references_out_of_range() {
     document["schedules"][0]["packs"] = serde_json::json!([99999]);
     let path = write(dir.path(), "pack.json", &document.to_string());
     bad_input(&["simulate", &path], &["schedule names pack 99999"]);
+    let mut document = original.clone();
+    document["groups"][0]["runs"][0]["first"] = serde_json::json!(1000);
+    let path = write(dir.path(), "group.json", &document.to_string());
+    bad_input(
+        &["simulate", &path],
+        &["group.json", "group 0: runs[0]", "goes past rank 3"],
+    );
+    let mut document = original.clone();
+    let ops = document["devices"][0]["ops"].as_array_mut().unwrap();
+    let all_gather = ops.len() - 1;
+    ops[all_gather]["group"] = serde_json::json!(99);
+    let path = write(dir.path(), "index.json", &document.to_string());
+    bad_input(
+        &["run", "--backend", "cpu", "--schedule", &path],
+        &["devices (rank 0)", "names group 99"],
+    );
     let mut document = original;
     document["devices"] = serde_json::json!([]);
     let path = write(dir.path(), "devices.json", &document.to_string());

@@ -1,4 +1,4 @@
-//! `compile --emit json` and `simulate schedule.json`: the version 2 document validates against
+//! `compile --emit json` and `simulate schedule.json`: the version 3 document validates against
 //! the shipped schema's required fields, reads back, simulates to exactly compile's figures,
 //! states the layout it runs (a chosen static CP degree included), pairs its point-to-point ops,
 //! and refuses edits to its derived fields (pack metadata, tied-embedding op) with one line.

@@ -1,4 +1,4 @@
-//! The schedule JSON (`compile --emit json`), version 2: a lowered step, self-contained, for
+//! The schedule JSON (`compile --emit json`), version 3: a lowered step, self-contained, for
 //! trainers.
 //!
 //! A document holds everything a PyTorch or Megatron trainer needs to run the step without
@@ -17,10 +17,17 @@
 //!   `PackedSeqParams` fields, RoPE positions and, for a forward pack, its sub-batches along the
 //!   backward packs ([`PackDocument`]);
 //! - `schedules`: per replica and stage, the order of its packs;
+//! - `groups`: every distinct group of global ranks a collective runs over, each written once as
+//!   strided runs of ranks ([`RankGroup`]; a stage's DP sync group is one run);
 //! - `devices`: per global rank (Megatron order: tp fastest, then cp, dp, pp) its coordinates and
-//!   its ops in order, peers as global ranks ([`DeviceOp`]: compute, non-blocking point-to-point,
-//!   CP exchanges, the tied-embedding gradient sum, the DP gradient sync);
+//!   its ops in order, peers as global ranks and collectives' ranks as indices into `groups`
+//!   ([`DeviceOp`]: compute, non-blocking point-to-point, CP exchanges, the tied-embedding
+//!   gradient sum, the DP gradient sync);
 //! - `predicted`: the simulator's metrics for this schedule, when compile simulated it.
+//!
+//! The document's size, and the cost of reading and checking it, are linear in its devices,
+//! ops, packs and slices: no list of ranks is repeated per device (version 2 listed every rank
+//! of a stage's DP group in every device's `reduce_scatter` and `all_gather`, quadratic in dp).
 //!
 //! Everything but `spec`, `batch`, `samples`, `stages`, the replicas' DP ranks, the packs'
 //! slice lists and `schedules` is derived from those; [`to_ir`] re-derives it and refuses a
@@ -41,7 +48,7 @@ use slimpack_ir::Spec;
 /// The value of the `format` field.
 pub const FORMAT: &str = "slimpack.schedule";
 /// The document version this build writes and reads.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// The largest value of an int32 field (Megatron's `cu_seqlens`, RoPE positions).
 pub const INT32_MAX: u32 = i32::MAX as u32;
 
@@ -51,8 +58,8 @@ pub const INT32_MAX: u32 = i32::MAX as u32;
 pub struct ScheduleDocument {
     /// Always `"slimpack.schedule"`.
     pub format: String,
-    /// The document version: 2. Readers refuse any other version.
-    #[schemars(range(min = 2, max = 2))]
+    /// The document version: 3. Readers refuse any other version.
+    #[schemars(range(min = 3, max = 3))]
     pub version: u32,
     /// Model, cluster and the parallel layout the step runs on. `parallel.cp` is always present:
     /// the static CP degree every replica runs with (1: none), also when the strategy chose it
@@ -76,6 +83,11 @@ pub struct ScheduleDocument {
     /// Per replica and pipeline device, how it interleaves its model chunks (`vpp > 1` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interleave: Vec<InterleaveEntry>,
+    /// Every group of ranks a collective op runs over, each distinct group once, in the order
+    /// the devices (by rank, each op in order) first name them; ops refer to them by index.
+    /// Creating one process group per entry in this order (`torch.distributed.new_group`, on
+    /// every process, as it requires) gives a trainer every communicator the step uses.
+    pub groups: Vec<RankGroup>,
     pub devices: Vec<Device>,
     /// The simulator's metrics for this schedule (step time, memory, ...), when known; the one
     /// open object of the document (its fields are those of `compile --report json`).
@@ -387,15 +399,16 @@ pub enum DeviceOp {
         #[serde(default, skip_serializing_if = "Part::is_whole")]
         part: Part,
     },
-    /// The context-parallel exchange of `pack` among `ranks` (the pack's CP group, in member
-    /// order), before every forward and backward of a pack whose `cp_size` is above 1: in the
-    /// forward, per slice and layer, the members all-gather the K/V rows they own of the
-    /// slice's prefix and own rows; in the backward they gather them again and sum each
+    /// The context-parallel exchange of `pack` among the ranks of `group` (the pack's CP group,
+    /// in member order), before every forward and backward of a pack whose `cp_size` is above
+    /// 1: in the forward, per slice and layer, the members all-gather the K/V rows they own of
+    /// the slice's prefix and own rows; in the backward they gather them again and sum each
     /// other's dK/dV contributions into the owners' accumulators, in member order.
     CpExchange {
         pack: u32,
         direction: Direction,
-        ranks: Vec<u64>,
+        /// Index into `groups`.
+        group: u32,
         #[serde(default, skip_serializing_if = "is_zero")]
         chunk: u32,
     },
@@ -420,17 +433,68 @@ pub enum DeviceOp {
         chunk: u32,
     },
     /// Sum the tied embedding's gradient between the first stage (input embedding) and the
-    /// last stage (output projection): `ranks` are those two devices (same tp, cp and dp); both
-    /// get the sum. Only when the model ties its embeddings and has more than one stage (with
-    /// untied embeddings, or one stage, there is no such op).
-    TiedEmbeddingAllReduce { ranks: Vec<u64> },
-    /// Reduce-scatter (sum) the stage's gradients among `ranks`: every device of the stage with
-    /// this tp coordinate (its DP and CP peers).
-    ReduceScatter { ranks: Vec<u64> },
+    /// last stage (output projection): `group` holds those two devices (same tp, cp and dp);
+    /// both get the sum. Only when the model ties its embeddings and has more than one stage
+    /// (with untied embeddings, or one stage, there is no such op).
+    TiedEmbeddingAllReduce {
+        /// Index into `groups`.
+        group: u32,
+    },
+    /// Reduce-scatter (sum) the stage's gradients among the ranks of `group`: every device of
+    /// the stage with this tp coordinate (its DP and CP peers), in rank order.
+    ReduceScatter {
+        /// Index into `groups`.
+        group: u32,
+    },
     /// The optimizer step on this device's shard.
     Optimizer,
-    /// All-gather the stage's updated parameters among `ranks`.
-    AllGather { ranks: Vec<u64> },
+    /// All-gather the stage's updated parameters among the ranks of `group` (the
+    /// `reduce_scatter`'s).
+    AllGather {
+        /// Index into `groups`.
+        group: u32,
+    },
+}
+
+impl DeviceOp {
+    /// The index into `groups` of a collective op's ranks.
+    pub fn group(&self) -> Option<u32> {
+        match *self {
+            DeviceOp::CpExchange { group, .. }
+            | DeviceOp::TiedEmbeddingAllReduce { group }
+            | DeviceOp::ReduceScatter { group }
+            | DeviceOp::AllGather { group } => Some(group),
+            DeviceOp::Forward { .. }
+            | DeviceOp::Backward { .. }
+            | DeviceOp::Send { .. }
+            | DeviceOp::Recv { .. }
+            | DeviceOp::Optimizer => None,
+        }
+    }
+}
+
+/// A group of global ranks that collectives run over: the ranks of its `runs`, one run after
+/// the other, in member order (`[r.first + i * r.stride for r in runs for i in
+/// range(r.count)]`). Regular groups are one run: a stage's DP sync group is every `tp`-th rank
+/// from its first, a CP group of consecutive DP ranks too. Runs are written greedily (each the
+/// longest run with a positive stride starting after the previous one; a lone rank has stride
+/// 1), and every rank is below the layout's world size.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RankGroup {
+    #[schemars(length(min = 1))]
+    pub runs: Vec<RankRun>,
+}
+
+/// `count` ranks from `first`, `stride` apart: `first, first + stride, ...`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RankRun {
+    pub first: u64,
+    #[schemars(range(min = 1))]
+    pub stride: u64,
+    #[schemars(range(min = 1))]
+    pub count: u64,
 }
 
 fn is_zero(value: &u32) -> bool {
@@ -475,7 +539,9 @@ pub fn document(
 }
 
 /// Reads a document from JSON text, checking its format and version first (a document of
-/// another version gets one line naming both versions, not a field error).
+/// another version gets one line naming both versions, not a field error), then that its
+/// layout is valid and every group of ranks, and every op's group index, is in range (so that
+/// a reader may expand the groups; [`to_ir`] checks the rest).
 pub fn parse(text: &str) -> Result<ScheduleDocument, ScheduleError> {
     #[derive(Deserialize)]
     struct Header {
@@ -488,7 +554,11 @@ pub fn parse(text: &str) -> Result<ScheduleDocument, ScheduleError> {
         return Err(ScheduleError::Format(format));
     }
     match header.version {
-        Some(VERSION) => Ok(serde_json::from_str(text)?),
+        Some(VERSION) => {
+            let doc = serde_json::from_str(text)?;
+            check::groups(&doc)?;
+            Ok(doc)
+        }
         other => Err(ScheduleError::Version(other.unwrap_or(0))),
     }
 }
@@ -511,6 +581,7 @@ pub fn schema() -> String {
 mod build;
 mod check;
 mod devices;
+mod groups;
 mod layout;
 mod read;
 #[cfg(test)]

@@ -1,8 +1,9 @@
 """`Schedule` and `Pack`: a planned training step as Python objects.
 
 A `Schedule` wraps one schedule JSON document (`slimpack compile --emit json`,
-docs/schedule.schema.json): the spec, the samples, every pack with its varlen layout, and per
-global rank the ops in order. Pack metadata comes as numpy int32 arrays (the dtype
+docs/schedule.schema.json, version 3): the spec, the samples, every pack with its varlen layout,
+per global rank the ops in order, and the groups of ranks its collectives run over (each op
+names one by index; `Schedule.ranks(op)` gives its ranks). Pack metadata comes as numpy int32 arrays (the dtype
 FlashAttention and Megatron-Core want for `cu_seqlens`); `.metrics` is the simulator's report
 of the step; `.to_json()` gives the document back unchanged.
 """
@@ -16,6 +17,14 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import _native
+
+
+def group_ranks(group: Dict[str, Any]) -> List[int]:
+    """The global ranks of one entry of the document's `groups`, in member order: its runs of
+    `count` ranks from `first`, `stride` apart, one after the other."""
+    return [
+        run["first"] + i * run["stride"] for run in group["runs"] for i in range(run["count"])
+    ]
 
 
 def _int32(values) -> np.ndarray:
@@ -130,6 +139,7 @@ class Schedule:
         self.sample_lengths = _int32([s["len"] for s in samples])
         self.sample_documents = np.asarray([s["doc"] for s in samples], dtype=np.int64)
         self.sample_pieces = _int32([s.get("piece", 0) for s in samples])
+        self._groups: Dict[int, List[int]] = {}
 
     @classmethod
     def from_json(cls, text: str) -> "Schedule":
@@ -182,6 +192,24 @@ class Schedule:
 
     def coords(self, rank: int) -> Dict[str, int]:
         return self.document["devices"][rank]["coords"]
+
+    def group(self, index: int) -> List[int]:
+        """The global ranks of group `index` of the document's `groups`, in member order."""
+        if index not in self._groups:
+            self._groups[index] = group_ranks(self.document["groups"][index])
+        return self._groups[index]
+
+    @property
+    def groups(self) -> List[List[int]]:
+        """Every group of ranks the schedule's collectives run over, in the document's order:
+        creating one process group per entry in this order (on every process) gives each
+        collective its communicator."""
+        return [self.group(i) for i in range(len(self.document["groups"]))]
+
+    def ranks(self, op: Dict[str, Any]) -> List[int]:
+        """The global ranks a collective op (`cp_exchange`, `tied_embedding_all_reduce`,
+        `reduce_scatter`, `all_gather`) runs over, in member order."""
+        return self.group(op["group"])
 
     @property
     def forward_packs(self) -> List[Pack]:

@@ -313,7 +313,8 @@ impl EpochPlanner {
 }
 
 /// Checks a schedule document as `slimpack simulate` reads one (format, version, every field
-/// of the closed schema); raises `ValueError` with the one-line message otherwise.
+/// of the closed schema, every rank group and group index in range); raises `ValueError` with
+/// the one-line message otherwise.
 #[pyfunction]
 fn check_schedule(py: Python<'_>, text: &str) -> PyResult<()> {
     py.allow_threads(|| schedule_json::parse(text).map(drop))

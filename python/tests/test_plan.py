@@ -160,18 +160,56 @@ def test_a_calibration_table_of_the_clusters_device_is_used_and_any_other_refuse
         assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def test_a_version_1_document_is_refused_with_one_line():
+def test_a_version_2_document_is_refused_with_one_line():
     import pathlib
 
-    v1 = pathlib.Path(__file__).parents[2] / "codegen/tests/data/tiny-pp2-dp4.v1.schedule.json"
+    v2 = pathlib.Path(__file__).parents[2] / "codegen/tests/data/tiny-pp2-dp4.v2.schedule.json"
     with pytest.raises(
-        ValueError, match=r"^schedule version 1 is not supported: this build reads and writes version 2 "
+        ValueError, match=r"^schedule version 2 is not supported: this build reads and writes version 3 "
     ):
-        slimpack.Schedule.from_json(v1.read_text())
+        slimpack.Schedule.from_json(v2.read_text())
     with pytest.raises(ValueError, match="unknown field `surprise`"):
         document = json.loads(slimpack.plan([5, 9]).to_json())
         document["packs"][0]["surprise"] = 1
         slimpack.Schedule.from_json(json.dumps(document))
+
+
+def test_collectives_name_their_ranks_through_the_group_table():
+    schedule = slimpack.plan(LENGTHS, model="tiny", cluster="cpu", parallel="tp=2,pp=2,dp=2")
+    parallel = schedule.parallel
+    tp, cp, dp = parallel["tp"], parallel["cp"], parallel["dp"]
+    for rank in range(schedule.world):
+        coords = schedule.coords(rank)
+        sync = [op for op in schedule.ops(rank) if op["op"] in ("reduce_scatter", "all_gather")]
+        assert len(sync) == 2
+        # Every device of its stage with its tp coordinate, in rank order.
+        expected = [
+            coords["tp"] + tp * (c + cp * (d + dp * coords["pp"])) for d in range(dp) for c in range(cp)
+        ]
+        for op in sync:
+            assert schedule.ranks(op) == expected
+    # Each distinct group is listed once.
+    groups = [tuple(g) for g in schedule.groups]
+    assert len(groups) == len(set(groups))
+    assert slimpack.schedule.group_ranks({"runs": [{"first": 1, "stride": 4, "count": 3}]}) == [1, 5, 9]
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: d["devices"][0]["ops"][-1].update(group=10**6), "names group 1000000, but there are"),
+        (lambda d: d["groups"][0]["runs"][0].update(first=10**6), "goes past rank"),
+        (lambda d: d["groups"][0]["runs"][0].update(stride=0), "has stride 0"),
+        (lambda d: d["groups"][0].update(runs=[]), "group 0 has no runs of ranks"),
+    ],
+)
+def test_malformed_groups_are_one_line_value_errors(edit, message):
+    document = json.loads(slimpack.plan(LENGTHS, model="tiny", cluster="cpu", parallel="pp=2,dp=2").to_json())
+    edit(document)
+    with pytest.raises(ValueError) as error:
+        slimpack.Schedule.from_json(json.dumps(document))
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
 
 
 def test_planning_releases_the_gil():

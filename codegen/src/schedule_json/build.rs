@@ -100,7 +100,7 @@ pub(super) fn document(
             }
         })
         .collect();
-    let devices = devices(ir, &layout, &program, &packs);
+    let (devices, groups) = devices(ir, &layout, &program, &packs);
     Ok(ScheduleDocument {
         format: FORMAT.to_string(),
         version: VERSION,
@@ -139,6 +139,7 @@ pub(super) fn document(
         packs,
         schedules,
         interleave,
+        groups,
         devices,
         predicted,
     })

@@ -2,17 +2,61 @@
 //!
 //! A document is input: a hand-written or truncated one must give a one-line error, never a
 //! panic deeper down. These checks make every index in the document resolve (stages, replicas,
-//! samples, packs, DP ranks, device ranks) and bound its size; the verifier then checks the
-//! step's invariants as it does for any IR, and the reader compares every derived field with
-//! its derivation.
+//! samples, packs, DP ranks, device ranks, rank groups) and bound its size; the verifier then
+//! checks the step's invariants as it does for any IR, and the reader compares every derived
+//! field with its derivation.
 
 use slimpack_ir::batch::{MAX_SAMPLES, MAX_TOKENS};
 
 use super::{ScheduleDocument, ScheduleError};
 
+/// Checks that `doc`'s layout is valid, every run of its rank groups stays below the world size,
+/// and every op's group index is in range: what a reader needs to expand the groups. Linear in
+/// the runs and ops (a group is never expanded).
+pub(super) fn groups(doc: &ScheduleDocument) -> Result<(), ScheduleError> {
+    let invalid = |message: String| Err(ScheduleError::Invalid(message));
+    let parallel = &doc.spec.parallel;
+    parallel.validate()?;
+    let world = parallel.world();
+    for (index, group) in doc.groups.iter().enumerate() {
+        if group.runs.is_empty() {
+            return invalid(format!("group {index} has no runs of ranks"));
+        }
+        for (r, run) in group.runs.iter().enumerate() {
+            if run.stride == 0 || run.count == 0 {
+                return invalid(format!(
+                    "group {index}: runs[{r}] has stride {} and count {} (both must be at least 1)",
+                    run.stride, run.count
+                ));
+            }
+            if run.last().is_none_or(|last| last >= world) {
+                return invalid(format!(
+                    "group {index}: runs[{r}] ({} ranks from {}, {} apart) goes past rank {}, the last of the layout {parallel}",
+                    run.count,
+                    run.first,
+                    run.stride,
+                    world - 1
+                ));
+            }
+        }
+    }
+    for (rank, device) in doc.devices.iter().enumerate() {
+        for (at, op) in device.ops.iter().enumerate() {
+            if let Some(group) = op.group().filter(|&g| g as usize >= doc.groups.len()) {
+                return invalid(format!(
+                    "devices (rank {rank}): ops[{at}] names group {group}, but there are {}",
+                    doc.groups.len()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks that every reference in `doc` is in range and its stages tile the model's layers.
 pub(super) fn check(doc: &ScheduleDocument) -> Result<(), ScheduleError> {
     let invalid = |message: String| Err(ScheduleError::Invalid(message));
+    groups(doc)?;
     let parallel = &doc.spec.parallel;
     let stages = parallel.stages() as usize;
     if doc.stages.len() != stages {

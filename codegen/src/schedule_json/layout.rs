@@ -59,7 +59,7 @@ impl Layout {
     pub fn of_document(parallel: ParallelSpec, cp_chosen: bool) -> Result<Layout, ScheduleError> {
         if parallel.cp.is_none() {
             return Err(ScheduleError::Invalid(
-                "spec.parallel: cp is missing (a version 2 document states the CP degree it runs)"
+                "spec.parallel: cp is missing (a schedule document states the CP degree it runs)"
                     .to_string(),
             ));
         }

@@ -255,6 +255,7 @@ fn describe(path: &[String]) -> String {
                 "devices" => format!("devices (rank {index})"),
                 "slices" => format!("slice {index}"),
                 "replicas" => format!("replica {index}"),
+                "groups" => format!("group {index}"),
                 other => format!("{other}[{index}]"),
             }
         }

@@ -4,7 +4,8 @@
 //!   of 7 tokens split over a CP group of 2;
 //! - `tiny-pp2-dp4.sir`: two stages, TP 2, four DP ranks with a DP-Merge group (read-back,
 //!   golden file);
-//! - one-stage steps with a static CP degree, chosen from the DP pool or fixed by the layout.
+//! - one-stage steps with a static CP degree, chosen from the DP pool or fixed by the layout;
+//! - the rank-group table: its runs, and one-line errors for groups and indices out of range.
 
 use serde_json::{json, Value};
 
@@ -15,7 +16,7 @@ use slimpack_ir::text;
 
 const TINY: &str = include_str!("../../tests/data/tiny-pp2-dp4.sir");
 const HAND: &str = include_str!("../../tests/data/hand-pp2-dp2.sir");
-const V1: &str = include_str!("../../tests/data/tiny-pp2-dp4.v1.schedule.json");
+const V2: &str = include_str!("../../tests/data/tiny-pp2-dp4.v2.schedule.json");
 
 fn step(source: &str) -> StepIr {
     text::parse(source, "step.sir").unwrap()
@@ -23,6 +24,30 @@ fn step(source: &str) -> StepIr {
 
 fn doc(source: &str) -> ScheduleDocument {
     document(&step(source), None).unwrap()
+}
+
+/// The ranks of the group a collective op names.
+fn ranks(doc: &ScheduleDocument, op: &DeviceOp) -> Vec<u64> {
+    doc.groups[op.group().expect("a collective op") as usize]
+        .ranks()
+        .collect()
+}
+
+/// Every op of `doc` with its group's ranks in place of the group index, as JSON.
+fn ops_with_ranks(doc: &ScheduleDocument, rank: usize) -> Value {
+    doc.devices[rank]
+        .ops
+        .iter()
+        .map(|op| {
+            let mut json = serde_json::to_value(op).unwrap();
+            if op.group().is_some() {
+                let object = json.as_object_mut().unwrap();
+                object.remove("group");
+                object.insert("ranks".into(), json!(ranks(doc, op)));
+            }
+            json
+        })
+        .collect()
 }
 
 /// A one-stage step of two samples (16 and 9 tokens, one slice each) on `replicas`, in the
@@ -234,11 +259,6 @@ fn every_rank_has_its_ops_with_p2p_cp_exchanges_and_the_tied_embedding_sum() {
     assert_eq!(doc.spec.parallel.cp, Some(1));
     assert!(doc.cp_chosen);
     // Rank = dp + 2 pp.
-    let rank0: Vec<Value> = doc.devices[0]
-        .ops
-        .iter()
-        .map(|op| serde_json::to_value(op).unwrap())
-        .collect();
     let expected = json!([
         {"op": "forward", "pack": 0},
         {"op": "send", "pack": 0, "direction": "forward", "to": 2},
@@ -259,9 +279,25 @@ fn every_rank_has_its_ops_with_p2p_cp_exchanges_and_the_tied_embedding_sum() {
         {"op": "optimizer"},
         {"op": "all_gather", "ranks": [0, 1]}
     ]);
-    assert_eq!(Value::Array(rank0), expected);
-    let last_stage = &doc.devices[3].ops;
-    assert!(last_stage.contains(&DeviceOp::TiedEmbeddingAllReduce { ranks: vec![1, 3] }));
+    assert_eq!(ops_with_ranks(&doc, 0), expected);
+    let tied: Vec<Vec<u64>> = doc.devices[3]
+        .ops
+        .iter()
+        .filter(|op| matches!(op, DeviceOp::TiedEmbeddingAllReduce { .. }))
+        .map(|op| ranks(&doc, op))
+        .collect();
+    assert_eq!(tied, [vec![1, 3]]);
+    // Each group once, in order of first mention: rank 0's CP group [0, 1] is also stage 0's
+    // sync group; then the tied pairs of ranks 0 and 1, and [2, 3] (stage 1's CP and sync
+    // group, first named by rank 2).
+    let groups: Vec<Vec<u64>> = doc.groups.iter().map(|g| g.ranks().collect()).collect();
+    assert_eq!(groups, [vec![0, 1], vec![0, 2], vec![1, 3], vec![2, 3]]);
+    assert_eq!(
+        serde_json::to_value(&doc.groups[1]).unwrap(),
+        json!({"runs": [{"first": 0, "stride": 2, "count": 2}]})
+    );
+    let json = serde_json::to_value(&doc.devices[0].ops).unwrap();
+    assert_eq!(json[15], json!({"op": "reduce_scatter", "group": 0}));
 
     // Untied embeddings: no such op anywhere.
     let mut untied = step(HAND);
@@ -342,15 +378,12 @@ fn a_static_cp_degree_chosen_from_the_dp_pool_shows_in_the_layout_and_coordinate
     );
     assert_eq!(doc.packs[2].dp_ranks, [1]);
     assert_eq!(doc.packs[2].cp_size, 2);
-    assert!(doc.devices[3].ops.contains(&DeviceOp::CpExchange {
-        pack: 2,
-        direction: Direction::Forward,
-        ranks: vec![2, 3],
-        chunk: 0,
-    }));
-    assert!(doc.devices[3].ops.contains(&DeviceOp::ReduceScatter {
-        ranks: vec![0, 1, 2, 3]
-    }));
+    let ops = ops_with_ranks(&doc, 3);
+    let ops = ops.as_array().unwrap();
+    assert!(ops.contains(
+        &json!({"op": "cp_exchange", "pack": 2, "direction": "forward", "ranks": [2, 3]})
+    ));
+    assert!(ops.contains(&json!({"op": "reduce_scatter", "ranks": [0, 1, 2, 3]})));
     // It reads back into the pool layout the IR was compiled in.
     let back = to_ir(&doc).unwrap();
     assert_eq!(back.spec.parallel.cp, None);
@@ -365,23 +398,15 @@ fn a_static_cp_degree_fixed_by_the_layout_gets_cp_exchanges_and_cp_peers_in_the_
     assert_eq!(doc.replicas[1].cp_size, 2);
     // Rank 3: cp 1 of DP rank 1.
     assert_eq!((doc.devices[3].coords.cp, doc.devices[3].coords.dp), (1, 1));
+    let ops = ops_with_ranks(&doc, 3);
     assert_eq!(
-        doc.devices[3].ops[..2],
-        [
-            DeviceOp::CpExchange {
-                pack: 2,
-                direction: Direction::Forward,
-                ranks: vec![2, 3],
-                chunk: 0,
-            },
-            DeviceOp::Forward { pack: 2, chunk: 0 }
-        ]
+        ops[0],
+        json!({"op": "cp_exchange", "pack": 2, "direction": "forward", "ranks": [2, 3]})
     );
+    assert_eq!(ops[1], json!({"op": "forward", "pack": 2}));
     assert_eq!(
-        doc.devices[3].ops.last(),
-        Some(&DeviceOp::AllGather {
-            ranks: vec![0, 1, 2, 3]
-        })
+        ops.as_array().unwrap().last(),
+        Some(&json!({"op": "all_gather", "ranks": [0, 1, 2, 3]}))
     );
     // 9 tokens over 2 members: chunks at 0, 2, 4, 6, 9.
     assert_eq!(
@@ -403,19 +428,23 @@ fn padded_offsets_round_each_segment_and_extend_the_last() {
 
 #[test]
 fn other_versions_get_one_line_naming_both() {
-    let error = parse(V1).unwrap_err().to_string();
-    assert!(
-        error.contains("version 1 is not supported") && error.contains("version 2"),
-        "{error}"
+    // A version 2 document (this step's, as the previous build wrote it).
+    let error = parse(V2).unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "schedule version 2 is not supported: this build reads and writes version 3 (compile the step again to get a version 3 document)"
     );
-    assert_eq!(error.lines().count(), 1);
     let mut json: Value = serde_json::to_value(doc(TINY)).unwrap();
-    json["version"] = 3.into();
-    let error = parse(&json.to_string()).unwrap_err().to_string();
-    assert!(
-        error.contains("version 3") && error.contains("version 2"),
-        "{error}"
-    );
+    for other in [1, 4] {
+        json["version"] = other.into();
+        let error = parse(&json.to_string()).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("version {other} is not supported"))
+                && error.contains("version 3"),
+            "{error}"
+        );
+        assert_eq!(error.lines().count(), 1);
+    }
     let error = parse("{\"format\": \"other\"}").unwrap_err().to_string();
     assert!(error.contains("not a slimpack schedule"), "{error}");
 }
@@ -423,8 +452,10 @@ fn other_versions_get_one_line_naming_both() {
 #[test]
 fn unknown_fields_are_rejected_everywhere() {
     let original = serde_json::to_value(doc(HAND)).unwrap();
-    let places: [&[&str]; 9] = [
+    let places: [&[&str]; 11] = [
         &[],
+        &["groups", "0"],
+        &["groups", "0", "runs", "0"],
         &["spec", "model"],
         &["spec", "parallel"],
         &["loss"],
@@ -455,7 +486,25 @@ fn unknown_fields_are_rejected_everywhere() {
 #[test]
 fn edited_derived_fields_are_named() {
     let original = serde_json::to_value(doc(HAND)).unwrap();
-    let cases: [(&[&str], Value, &str); 8] = [
+    let cases: [(&[&str], Value, &str); 11] = [
+        // Stage 1's sync group [2, 3] made [2]: in range, but not what the layout gives.
+        (
+            &["groups", "3", "runs", "0", "count"],
+            json!(1),
+            "group 3: runs[0].count is 1, but the schedule gives 2",
+        ),
+        // Rank 0's reduce-scatter (ops[15]) over the tied pair instead of its stage's group.
+        (
+            &["devices", "0", "ops", "15", "group"],
+            json!(1),
+            "devices (rank 0): ops[15].group is 1, but the schedule gives 0",
+        ),
+        // The same ranks written as two runs.
+        (
+            &["groups", "0", "runs"],
+            json!([{"first": 0, "stride": 1, "count": 1}, {"first": 1, "stride": 1, "count": 1}]),
+            "group 0: runs",
+        ),
         (
             &["packs", "1", "packed_seq_params", "cu_seqlens_kv"],
             json!([0, 4]),
@@ -568,8 +617,11 @@ fn the_schema_is_closed_and_bounds_its_integers() {
     );
     assert_eq!(params["cu_seqlens_kv"]["items"]["minimum"], json!(0));
     assert_eq!(params["max_seqlen_q"]["maximum"], json!(2147483647));
-    assert_eq!(schema["properties"]["version"]["minimum"], json!(2));
-    assert_eq!(schema["properties"]["version"]["maximum"], json!(2));
+    assert_eq!(schema["properties"]["version"]["minimum"], json!(3));
+    assert_eq!(schema["properties"]["version"]["maximum"], json!(3));
+    let run = &schema["$defs"]["RankRun"]["properties"];
+    assert_eq!(run["stride"]["minimum"], json!(1));
+    assert_eq!(run["count"]["minimum"], json!(1));
     let op = serde_json::to_string(&schema["$defs"]["DeviceOp"]).unwrap();
     assert!(op.contains("tied_embedding_all_reduce"));
 }
@@ -599,4 +651,105 @@ fn golden_document() {
         golden == json,
         "{path} differs from the emitted document (SLIMPACK_BLESS=1 rewrites it; review the diff)"
     );
+}
+
+#[test]
+fn rank_groups_are_greedy_strided_runs() {
+    let runs = |ranks: &[u64]| -> Vec<(u64, u64, u64)> {
+        let group = RankGroup::of_ranks(ranks);
+        assert_eq!(group.ranks().collect::<Vec<_>>(), ranks, "round trip");
+        assert_eq!(group.size(), ranks.len() as u64);
+        group
+            .runs
+            .iter()
+            .map(|r| (r.first, r.stride, r.count))
+            .collect()
+    };
+    assert_eq!(runs(&[5]), [(5, 1, 1)]);
+    assert_eq!(runs(&[0, 8, 16, 24]), [(0, 8, 4)]);
+    assert_eq!(runs(&[0, 1, 2, 3, 8, 9]), [(0, 1, 4), (8, 1, 2)]);
+    assert_eq!(runs(&[3, 7]), [(3, 4, 2)]);
+    // Decreasing ranks start a new run; member order is kept.
+    assert_eq!(runs(&[4, 2, 0]), [(4, 1, 1), (2, 1, 1), (0, 1, 1)]);
+    assert_eq!(runs(&[0, 5, 6, 7]), [(0, 5, 2), (6, 1, 2)]);
+    assert!(RankGroup::of_ranks(&[]).runs.is_empty());
+}
+
+/// A one-stage step on `dp` DP ranks of `tp` devices each, one replica per rank.
+fn wide(tp: u32, dp: u32) -> ScheduleDocument {
+    let ranks: Vec<String> = (0..dp).map(|r| r.to_string()).collect();
+    let replicas: Vec<&str> = ranks.iter().map(String::as_str).collect();
+    doc(&one_stage(&format!("tp={tp} cp=1 pp=1 dp={dp}"), &replicas))
+}
+
+#[test]
+fn the_sync_group_is_one_run_so_the_document_grows_linearly_with_dp() {
+    let doc = wide(2, 64);
+    // One group per tp coordinate: every second rank, 64 of them.
+    assert_eq!(doc.groups.len(), 2);
+    assert_eq!(
+        doc.groups[1].runs,
+        [RankRun {
+            first: 1,
+            stride: 2,
+            count: 64
+        }]
+    );
+    assert!(doc.devices[127]
+        .ops
+        .contains(&DeviceOp::ReduceScatter { group: 1 }));
+    to_ir(&doc).unwrap();
+    // Twice the DP ranks, twice the text (give or take the digits of larger numbers).
+    let size = |dp: u32| serde_json::to_string(&wide(1, dp)).unwrap().len() as f64;
+    let growth = size(512) / size(256);
+    assert!((1.9..2.2).contains(&growth), "{growth}");
+}
+
+/// `parse`'s one-line error for the document of `HAND` after `edit`.
+fn parse_edited(edit: impl FnOnce(&mut Value)) -> String {
+    let mut json = serde_json::to_value(doc(HAND)).unwrap();
+    edit(&mut json);
+    let error = parse(&json.to_string()).unwrap_err().to_string();
+    assert_eq!(error.lines().count(), 1, "{error}");
+    error
+}
+
+#[test]
+fn groups_and_group_indices_out_of_range_are_one_line_errors() {
+    // pp=2 dp=2: 4 devices.
+    let error = parse_edited(|json| json["devices"][0]["ops"][17]["group"] = 4.into());
+    assert_eq!(
+        error,
+        "devices (rank 0): ops[17] names group 4, but there are 4"
+    );
+    let error = parse_edited(|json| json["devices"][0]["ops"][15]["group"] = (-1).into());
+    assert!(error.contains("invalid value: integer `-1`"), "{error}");
+    let error = parse_edited(|json| json["groups"][3]["runs"][0]["first"] = 3.into());
+    assert_eq!(
+        error,
+        "group 3: runs[0] (2 ranks from 3, 1 apart) goes past rank 3, the last of the layout tp=1,cp=1,pp=2,dp=2"
+    );
+    let error = parse_edited(|json| {
+        json["groups"][0]["runs"][0] = json!({"first": 1, "stride": u64::MAX, "count": 3})
+    });
+    assert!(
+        error.contains("group 0: runs[0] (3 ranks from 1"),
+        "{error}"
+    );
+    let error = parse_edited(|json| json["groups"][2]["runs"][0]["stride"] = 0.into());
+    assert!(
+        error.contains("group 2: runs[0] has stride 0 and count 2"),
+        "{error}"
+    );
+    let error = parse_edited(|json| json["groups"][2]["runs"][0]["count"] = 0.into());
+    assert!(error.contains("count 0"), "{error}");
+    let error = parse_edited(|json| json["groups"][1]["runs"] = json!([]));
+    assert_eq!(error, "group 1 has no runs of ranks");
+    let error = parse_edited(|json| json["groups"] = json!([]));
+    assert!(error.contains("names group 0, but there are 0"), "{error}");
+    // A structurally valid document built in code is checked by `to_ir` too.
+    let mut edited = doc(HAND);
+    edited.groups.truncate(2);
+    let error = to_ir(&edited).unwrap_err().to_string();
+    assert!(error.contains("names group 2, but there are 2"), "{error}");
 }

@@ -30,7 +30,7 @@ Each global rank follows its op list (`Schedule.ops(rank)`) in order:
   checks.
 
 The groups of a forward pack, each slice's backward pack and the CP split are read from the
-schedule (version 2: `sub_batches`, `slices`, `cp_runs`), as is the loss normalizer
+schedule (version 3: `sub_batches`, `slices`, `cp_runs`), as is the loss normalizer
 (`loss.target_tokens`). Multi-rank schedules run one process per rank with torch.distributed
 (gloo, CPU): `run()` spawns them. Only `tp=1` is executed (TP shards the layers' matrices,
 which this reference does not model).
@@ -447,12 +447,13 @@ class RankExecutor:
         for work, _ in self.pending:
             work.wait()
         self.pending = []
-        if len(op["ranks"]) > 1:
-            self._all_reduce_grads(list(self.leaves), op["ranks"])
+        ranks = self.schedule.ranks(op)
+        if len(ranks) > 1:
+            self._all_reduce_grads(list(self.leaves), ranks)
 
     def op_tied_embedding_all_reduce(self, op):
         if self.options.tied_embedding_sync:
-            self._all_reduce_grads(["embedding"], op["ranks"])
+            self._all_reduce_grads(["embedding"], self.schedule.ranks(op))
 
     def op_optimizer(self, op):
         """The executor stops at the gradients (see the module documentation)."""
@@ -466,13 +467,10 @@ def _tag(op) -> int:
 
 
 def process_groups(schedule) -> List[Tuple[int, ...]]:
-    """Every rank set a collective of the schedule runs over, in one order for all processes."""
-    sets = set()
-    for device in schedule.document["devices"]:
-        for op in device["ops"]:
-            if len(op.get("ranks", ())) > 1:
-                sets.add(tuple(sorted(int(r) for r in op["ranks"])))
-    return sorted(sets)
+    """Every rank set a collective of the schedule runs over (the document's `groups` of more
+    than one rank, as sorted tuples: torch orders a group by rank), in one order for all
+    processes."""
+    return sorted({tuple(sorted(ranks)) for ranks in schedule.groups if len(ranks) > 1})
 
 
 def _worker(rank: int, world: int, job_dir: str) -> None:
