@@ -17,9 +17,11 @@
 //! variants, [`pipeline_orders`]).
 //! Then `lower` (run by the compile driver on the chosen candidate only) emits the op lists.
 //!
-//! The full method's search also holds the plans the peers would make (megatron's bins, kk:
-//! `plan=<peer>` candidates), so it never settles for less than theirs on the steps it is
-//! tuned on; the ablations but `zero-bubble` search only the method's own candidates.
+//! The full method's search also holds the plans the peers would make (megatron's bins, kk,
+//! wlb's packs without delay: `plan=<peer>` candidates), so it never settles for less than
+//! theirs on the steps it is tuned on, and a run keeps the best of each beside the tuned
+//! configuration and picks per step ([`super::kept`]); the ablations but `zero-bubble` search
+//! only the method's own candidates.
 //!
 //! Zero bubble: on a pipeline (`pp > 1`, one model chunk per device), every candidate, the
 //! peers' plans included, has a twin (label `...,zb`) whose `schedule-pipeline{zb=true}` splits

@@ -8,12 +8,16 @@
 //!   ([`Choices::memory_limit`], a fraction of HBM) on all K; if none does, the least peak.
 //!   A candidate whose lower bounds over the K steps sum above a fitting trial's total is not
 //!   compiled (it could not be chosen; see [`super::autotune`] for the bound).
-//! - **Keep it**: the chosen configuration runs every step. Within it a step still takes the
-//!   best of the candidate's variants by simulation (slimpack's mirrored or asymmetric backward
-//!   packs, eqsat or not: part of its plan, see [`super::strategy::Variant`]).
-//! - **Re-plan a step that does not fit**: a step whose predicted peak exceeds the memory limit
-//!   is re-tuned on its own batch (every candidate; the fastest within the limit, else the least
-//!   peak) and counted in [`StrategyRun::replanned`].
+//! - **Keep it**, with the best fitting configuration of each other family of the strategy's
+//!   candidates ([`super::kept`]: slimpack keeps its best own pipeline and each peer's best
+//!   plan; a peer, one configuration): every step runs the best of the kept configurations by
+//!   simulation (on the tuning steps from their trials, later compiled anew; one whose lower
+//!   bound is above a fitting kept step is not compiled). Within a configuration a step still
+//!   takes the best of its variants (slimpack's mirrored or asymmetric backward packs, eqsat
+//!   or not, see [`super::strategy::Variant`]).
+//! - **Re-plan a step that does not fit**: a step whose best kept configuration exceeds the
+//!   memory limit (or none compiles) is re-tuned on its own batch (every candidate; the fastest
+//!   within the limit, else the least peak) and counted in [`StrategyRun::replanned`].
 //! - **Drain** ([`RunRules::drain`]): after the drawn steps, a strategy that left documents
 //!   waiting (wlb's outlier queues) runs steps that draw nothing new until nothing waits
 //!   ([`StrategyState::drain_step`]), so every strategy trains exactly the drawn tokens and runs
@@ -29,7 +33,8 @@ use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 use slimpack_machine::sim::Metrics;
 
-use super::autotune::{self, Evaluation, TuneError};
+use super::autotune::{self, Evaluation, TuneError, TuneOptions};
+use super::kept::{self, Score};
 use super::strategy::{kept_for_step, Candidate, Choices, StrategyInfo, StrategyState};
 
 /// The rules of a run besides the memory limit (which is part of [`Choices`]).
@@ -55,6 +60,8 @@ pub struct StepFigures {
     pub replanned: bool,
     /// A drain step (nothing new drawn).
     pub drain: bool,
+    /// The configuration the step ran (a kept one, or the re-plan's), with its variant.
+    pub configuration: String,
 }
 
 /// One candidate configuration scored on the tuning steps.
@@ -112,6 +119,8 @@ pub struct StrategyRun {
     pub strategy: &'static StrategyInfo,
     /// The label of the configuration the run kept.
     pub chosen: String,
+    /// The labels of every configuration the run kept, the chosen one first.
+    pub kept: Vec<String>,
     /// Steps the configuration was tuned on.
     pub tune_steps: usize,
     /// Every candidate scored on the tuning steps (those pruned are not: see [`tune`]).
@@ -216,39 +225,61 @@ pub fn run_strategy(
     }
     let best = best_trial(&tuning, limit);
     let chosen = tuning[best].candidate.label.clone();
-
-    let later_work: Vec<(usize, Candidate)> = (tune_steps..steps.len())
-        .map(|index| {
-            (
-                index,
-                kept_for_step(&offered_at(index), &tuning[best].candidate),
-            )
+    let scores: Vec<Score> = tuning
+        .iter()
+        .map(|trial| Score {
+            label: &trial.candidate.label,
+            time_s: trial.time_s(),
+            fits: trial.fits(limit),
         })
         .collect();
-    let later = evaluate(strategy, spec, &steps, &later_work, limit);
-    (progress.advance)(later_work.len() as u64);
-
-    let kept_steps = tuning[best]
-        .steps
+    let kept_trials = kept::keep(&scores, best);
+    let kept: Vec<Candidate> = kept_trials
         .iter()
-        .map(|e| Some((e.metrics.clone(), e.compile_ms)));
-    let later_steps = later
-        .into_iter()
-        .map(|outcome| outcome.ok().map(|e| (e.metrics, e.compile_ms)));
+        .map(|&trial| tuning[trial].candidate.clone())
+        .collect();
+
+    let later_steps: Vec<usize> = (tune_steps..steps.len()).collect();
+    let later = autotune::parallel_map(&later_steps, |_, &index| {
+        let batch = &steps[index].batch;
+        let offered = offered_at(index);
+        let tune = TuneOptions::default();
+        kept::choose_for_step(strategy, spec, batch, &offered, &kept, limit, &tune)
+    });
+    (progress.advance)(later_steps.len() as u64);
+
+    // A tuning step runs the best of the kept trials' evaluations of it.
+    let tuned_steps = (0..tune_steps).map(|index| {
+        let evaluations: Vec<&Evaluation> = kept_trials
+            .iter()
+            .map(|&trial| &tuning[trial].steps[index])
+            .collect();
+        let pick = kept::preferred_step(evaluations.iter().map(|e| &e.metrics), limit);
+        let compile_ms = evaluations.iter().map(|e| e.compile_ms).sum();
+        Some((evaluations[pick].clone(), compile_ms))
+    });
+    let later_steps = later.into_iter().map(|outcome| match outcome {
+        Ok(Some(choice)) => Some((choice.evaluation, choice.compile_ms)),
+        _ => None,
+    });
     let mut figures = Vec::with_capacity(steps.len());
     let mut replanned = 0;
-    for (outcome, step) in kept_steps.chain(later_steps).zip(&steps) {
-        let (metrics, compile_ms, replan) = match outcome {
-            Some((metrics, compile_ms)) if within(&metrics, limit) => (metrics, compile_ms, false),
+    for (outcome, step) in tuned_steps.into_iter().chain(later_steps).zip(&steps) {
+        let (evaluation, compile_ms, replan) = match outcome {
+            Some((evaluation, compile_ms)) if within(&evaluation.metrics, limit) => {
+                (evaluation, compile_ms, false)
+            }
             _ => {
                 replanned += 1;
-                let choice = replan(strategy, spec, step, choices, progress)?;
-                let best = choice.best();
-                (best.metrics.clone(), best.compile_ms, true)
+                let mut choice = replan(strategy, spec, step, choices, progress)?;
+                let compile_ms = choice.best().compile_ms;
+                let evaluation = choice.evaluations.swap_remove(choice.chosen);
+                (evaluation, compile_ms, true)
             }
         };
         figures.push(StepFigures {
-            metrics,
+            configuration: configuration_label(&evaluation),
+            metrics: evaluation.metrics,
             compile_ms,
             tokens: step.batch.tokens(),
             replanned: replan,
@@ -258,6 +289,7 @@ pub fn run_strategy(
     Ok(StrategyRun {
         strategy,
         chosen,
+        kept: kept.into_iter().map(|candidate| candidate.label).collect(),
         tune_steps,
         tuning,
         pruned,
@@ -299,19 +331,12 @@ fn admit_all(
     (steps, state.backlog())
 }
 
-/// Compiles and simulates `(step index, candidate)` pairs in parallel, fitting within `limit`
-/// bytes; evaluations in order.
-fn evaluate(
-    strategy: &StrategyInfo,
-    spec: &Spec,
-    steps: &[Admitted],
-    work: &[(usize, Candidate)],
-    limit: u64,
-) -> Vec<Result<Evaluation, TuneError>> {
-    autotune::parallel_map(work, |_, (index, candidate)| {
-        autotune::evaluate(strategy, spec, &steps[*index].batch, candidate, limit)
-            .map(|(evaluation, _)| evaluation)
-    })
+/// The label of the configuration an evaluation ran, with its variant.
+fn configuration_label(evaluation: &Evaluation) -> String {
+    match evaluation.variant.as_str() {
+        "" => evaluation.candidate.label.clone(),
+        variant => format!("{},{variant}", evaluation.candidate.label),
+    }
 }
 
 /// A candidate's evaluations on the tuning steps, `None` where it was pruned.

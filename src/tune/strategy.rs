@@ -358,8 +358,10 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "phase 2 is a chain-constrained balanced-partition heuristic with local \
                      search and e-graph refinement instead of the paper's MILP; slice size, pack \
                      cap and recompute are searched with the simulator (see src/tune/method.rs); \
-                     the plans megatron and kk would make are candidates too (labelled \
-                     plan=<peer>), so the search contains theirs.",
+                     the plans megatron, kk and wlb (without its outlier delay) would make \
+                     are candidates too (labelled plan=<peer>), so the search contains theirs; \
+                     a run keeps the best of each beside the tuned configuration and runs \
+                     the fastest per step (src/tune/kept.rs).",
         candidates: method::full,
         admit: None,
         applies: None,
@@ -616,10 +618,12 @@ fn wlb_candidates(spec: &Spec, b: &Batch, state: &StrategyState, c: &Choices) ->
 }
 
 /// The plans the peers would make, as candidates of slimpack's own search (labelled
-/// `plan=<peer>,...`): megatron's tuned bins with its recompute modes, and Karmarkar-Karp
-/// micro-batches. The simulator picks one where it beats the SlimPack pipelines, so
-/// slimpack's search contains those peers'. (WLB-LLM's packing is not among them: without its
-/// outlier delay, a batch can hold a document none of its micro-batches fits.)
+/// `plan=<peer>,...`): megatron's tuned bins with its recompute modes, Karmarkar-Karp
+/// micro-batches, and WLB-LLM's workload-balanced variable-length packs without its outlier
+/// delay (slimpack does not change which documents a step trains on): the fewest micro-batches
+/// of the context that hold every document of the step ([`wlb_without_delay`]). The simulator
+/// picks one where it beats the SlimPack pipelines — at tuning, and per step among the
+/// configurations a run keeps ([`super::kept`]) — so slimpack's search contains those peers'.
 pub(crate) fn peer_plans(spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
     let state = StrategyState::default();
     let plans = [
@@ -628,6 +632,7 @@ pub(crate) fn peer_plans(spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<C
             megatron_candidates(spec, batch, &state, choices),
         ),
         ("kk", kk_candidates(spec, batch, &state, choices)),
+        ("wlb", wlb_without_delay(spec, batch, choices)),
     ];
     plans
         .into_iter()
@@ -638,6 +643,15 @@ pub(crate) fn peer_plans(spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<C
             })
         })
         .collect()
+}
+
+/// WLB-LLM's packing of a whole step, without the outlier delay: `pack-symmetric{policy=wlb}`
+/// without a micro-batch count fills the fewest micro-batches of the context (a multiple of the
+/// replicas) that hold every document (WLB-LLM's `N` is the tokens' count at the context; a
+/// batch whose long documents it would delay gets more micro-batches instead), static CP and
+/// recompute searched as for `wlb`.
+fn wlb_without_delay(spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
+    global_packing(spec, choices, "wlb", capacity(batch))
 }
 
 /// WLB-LLM's admission: outlier queues and delays, with `N` micro-batches for the drawn batch's
