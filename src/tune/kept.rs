@@ -53,13 +53,21 @@ pub fn keep(scores: &[Score], chosen: usize) -> Vec<usize> {
         if !score.fits || own == chosen_family {
             continue;
         }
-        match best.iter_mut().find(|kept| family(scores[**kept].label) == own) {
+        match best
+            .iter_mut()
+            .find(|kept| family(scores[**kept].label) == own)
+        {
             Some(kept) if score.time_s < scores[*kept].time_s => *kept = index,
             Some(_) => {}
             None => best.push(index),
         }
     }
-    best.sort_by(|&a, &b| scores[a].time_s.total_cmp(&scores[b].time_s).then(a.cmp(&b)));
+    best.sort_by(|&a, &b| {
+        scores[a]
+            .time_s
+            .total_cmp(&scores[b].time_s)
+            .then(a.cmp(&b))
+    });
     std::iter::once(chosen).chain(best).collect()
 }
 

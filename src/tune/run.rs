@@ -722,6 +722,62 @@ mod tests {
         assert!(pruned > 0, "the test should exercise pruning");
     }
 
+    /// slimpack keeps the tuned configuration and each other family's best (its own pipelines,
+    /// the peers' plans), and every step runs the fastest of them: no step is slower than what
+    /// a kept peer plan, compiled on its own, makes of that step; the tuning steps are those of
+    /// the kept trials' best.
+    #[test]
+    fn no_step_is_slower_than_a_kept_peer_plan() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
+        let mut seed = 11u64;
+        let mut draw = || -> Vec<u32> {
+            (0..40)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let unit = (seed >> 11) as f64 / (1u64 << 53) as f64;
+                    1 + (unit.powi(3) * 32767.0) as u32
+                })
+                .collect()
+        };
+        let drawn: Vec<Batch> = (0..5)
+            .map(|_| Batch::from_lengths(&draw(), Some(32768), "test"))
+            .collect();
+        let strategy = lookup("slimpack").unwrap();
+        let choices = Choices::all();
+        let run =
+            run_strategy(strategy, &spec, &drawn, &choices, rules(2, false), &quiet()).unwrap();
+        assert_eq!(run.kept[0], run.chosen);
+        let peers: Vec<&String> = run.kept.iter().filter(|l| l.starts_with("plan=")).collect();
+        assert!(peers.len() >= 2, "kept {:?}", run.kept);
+        let limit = run.memory_limit_bytes;
+        let state = StrategyState::default();
+        let mut other = 0;
+        for (index, (step, batch)) in run.steps.iter().zip(&drawn).enumerate() {
+            if step.replanned {
+                continue;
+            }
+            let offered = (strategy.candidates)(&spec, batch, &state, &choices);
+            for label in &peers {
+                let tuned = offered.iter().find(|c| &&c.label == label).unwrap();
+                let (peer, _) = autotune::evaluate(strategy, &spec, batch, tuned, limit).unwrap();
+                if within(&peer.metrics, limit) {
+                    assert!(
+                        step.metrics.step_time_s <= peer.metrics.step_time_s,
+                        "step {index}: {} ran {} s, {label} {} s",
+                        step.configuration,
+                        step.metrics.step_time_s,
+                        peer.metrics.step_time_s
+                    );
+                }
+            }
+            other += usize::from(!step.configuration.starts_with(run.chosen.as_str()));
+        }
+        // The tuned configuration alone would not do: some step runs another kept one.
+        assert!(other > 0, "every step ran {}", run.chosen);
+    }
+
     #[test]
     fn hybrid_cp_runs_only_without_pipeline_parallelism() {
         let hybrid = lookup("hybrid-cp").unwrap();
