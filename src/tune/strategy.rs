@@ -411,6 +411,19 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         admit: None,
         applies: None,
     },
+    StrategyInfo {
+        name: "slimpack-outlier-delay",
+        summary: "opt-in: slimpack's search with WLB-LLM's outlier delay (long documents trained in later steps)",
+        source: "src/tune/method.rs; the admission of wlb (WLB-LLM, OSDI'25, Algorithm 1)",
+        deviations: "not slimpack's default, and not one of its ablations: it changes which step \
+                     trains a document (outliers above a quarter of the context wait until a \
+                     micro-batch each can take one; a run drains what still waits), which a \
+                     user opts into by naming it; slimpack's full search (its own pipelines \
+                     and the peers' plans) compiles the admitted steps.",
+        candidates: method::full,
+        admit: Some(wlb_admit),
+        applies: None,
+    },
 ];
 
 /// A run's kept configuration for a later step, given what the strategy offers that step: the
