@@ -98,10 +98,11 @@ pub struct StepChoice {
 
 /// A step's best kept configuration: each of `kept` (the tuned one first) re-derived from the
 /// step's `offered` candidates, compiled and simulated unless its lower bound is above the
-/// fastest fitting step so far, the preferred one returned with its compiled step. A kept
-/// configuration that does not compile on the step (a document longer than megatron's bins) is
-/// passed over; `Ok(None)` when none compiles (the caller re-plans the step). Other errors are
-/// returned.
+/// fastest fitting step so far, the preferred one returned with its compiled step. `Ok(None)`
+/// when the tuned configuration does not compile on the step (a document longer than
+/// megatron's bins: the step is unlike the tuning steps, and the caller re-plans it, as it
+/// would without the other kept configurations); another kept configuration that does not
+/// compile is passed over. Other errors are returned.
 pub fn choose_for_step(
     strategy: &StrategyInfo,
     spec: &Spec,
@@ -113,7 +114,7 @@ pub fn choose_for_step(
 ) -> Result<Option<StepChoice>, TuneError> {
     let mut best: Option<(Evaluation, Compiled)> = None;
     let mut compile_ms = 0.0;
-    for tuned in kept {
+    for (position, tuned) in kept.iter().enumerate() {
         let candidate = kept_for_step(offered, tuned);
         if let Some((current, _)) = &best {
             let fits = autotune::within(&current.metrics, limit);
@@ -132,6 +133,7 @@ pub fn choose_for_step(
                     best = Some((evaluation, compiled));
                 }
             }
+            Err(TuneError::Compile { .. }) if position == 0 => return Ok(None),
             Err(TuneError::Compile { .. }) => {}
             Err(error) => return Err(error),
         }
