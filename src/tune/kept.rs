@@ -14,8 +14,10 @@
 //!
 //! Bounded: a kept configuration whose lower bound on the step
 //! ([`autotune::candidate_bound`]) is above the fastest fitting step already simulated is not
-//! compiled (it could not be chosen), and a strategy whose candidates form one family (every
-//! peer, the ablations without peer plans) keeps only its tuned configuration, as before.
+//! compiled (it could not be chosen); under a tuning budget (`--tune-budget-ms`), once a
+//! step's choice has spent it the kept configurations not yet started are skipped (the tuned
+//! one always runs); and a strategy whose candidates form one family (every peer, the
+//! ablations without peer plans) keeps only its tuned configuration, as before.
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
@@ -114,7 +116,11 @@ pub fn choose_for_step(
 ) -> Result<Option<StepChoice>, TuneError> {
     let mut best: Option<(Evaluation, Compiled)> = None;
     let mut compile_ms = 0.0;
+    let start = std::time::Instant::now();
     for (position, tuned) in kept.iter().enumerate() {
+        if position > 0 && tune.budget.is_some_and(|budget| start.elapsed() >= budget) {
+            break;
+        }
         let candidate = kept_for_step(offered, tuned);
         if let Some((current, _)) = &best {
             let fits = autotune::within(&current.metrics, limit);
