@@ -293,10 +293,10 @@ macro_rules! variant {
 pub(crate) fn full(
     spec: &Spec,
     batch: &Batch,
-    _: &StrategyState,
+    state: &StrategyState,
     choices: &Choices,
 ) -> Vec<Candidate> {
-    with_peer_plans(Ideas::ALL, spec, batch, choices)
+    with_peer_plans(Ideas::ALL, spec, batch, state, choices)
 }
 
 /// The full method's search with whole backwards only: its own candidates and the peers'
@@ -305,21 +305,27 @@ pub(crate) fn full(
 pub(crate) fn no_zero_bubble(
     spec: &Spec,
     batch: &Batch,
-    _: &StrategyState,
+    state: &StrategyState,
     choices: &Choices,
 ) -> Vec<Candidate> {
     let ideas = Ideas {
         zero_bubble: false,
         ..Ideas::ALL
     };
-    with_peer_plans(ideas, spec, batch, choices)
+    with_peer_plans(ideas, spec, batch, state, choices)
 }
 
 /// The method's candidates under `ideas` and the peers' plans, each with its zero-bubble twin
 /// where `ideas` keep zero bubble.
-fn with_peer_plans(ideas: Ideas, spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
+fn with_peer_plans(
+    ideas: Ideas,
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+) -> Vec<Candidate> {
     let mut candidates = candidates_with(ideas, spec, batch, choices);
-    let peers = super::strategy::peer_plans(spec, batch, choices);
+    let peers = super::strategy::peer_plans(spec, batch, state, choices);
     match ideas.zero_bubble {
         true => candidates.extend(with_zero_bubble(peers, spec, choices)),
         false => candidates.extend(peers),

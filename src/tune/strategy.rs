@@ -634,18 +634,29 @@ fn wlb_candidates(spec: &Spec, b: &Batch, state: &StrategyState, c: &Choices) ->
 /// `plan=<peer>,...`): megatron's tuned bins with its recompute modes, Karmarkar-Karp
 /// micro-batches, and WLB-LLM's workload-balanced variable-length packs without its outlier
 /// delay (slimpack does not change which documents a step trains on): the fewest micro-batches
-/// of the context that hold every document of the step ([`wlb_without_delay`]). The simulator
+/// of the context that hold every document of the step ([`wlb_without_delay`]); on a step
+/// WLB-LLM's admission made (`slimpack-outlier-delay`, whose `state` has wlb's), wlb's own
+/// plan, with its micro-batch count. The simulator
 /// picks one where it beats the SlimPack pipelines — at tuning, and per step among the
 /// configurations a run keeps ([`super::kept`]) — so slimpack's search contains those peers'.
-pub(crate) fn peer_plans(spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
-    let state = StrategyState::default();
+pub(crate) fn peer_plans(
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let wlb = match state.wlb {
+        Some(_) => wlb_candidates(spec, batch, state, choices),
+        None => wlb_without_delay(spec, batch, choices),
+    };
+    let fresh = StrategyState::default();
     let plans = [
         (
             "megatron",
-            megatron_candidates(spec, batch, &state, choices),
+            megatron_candidates(spec, batch, &fresh, choices),
         ),
-        ("kk", kk_candidates(spec, batch, &state, choices)),
-        ("wlb", wlb_without_delay(spec, batch, choices)),
+        ("kk", kk_candidates(spec, batch, &fresh, choices)),
+        ("wlb", wlb),
     ];
     plans
         .into_iter()
@@ -797,6 +808,41 @@ mod tests {
         }
         assert_eq!(drawn, trained + state.backlog().1);
         assert!(state.backlog().0 > 0, "the test should exercise the delay");
+    }
+
+    /// slimpack's `plan=wlb` is WLB-LLM's packing without delay (no micro-batch count: the
+    /// fewest that hold every sample); on the steps of the opt-in `slimpack-outlier-delay`,
+    /// admitted as wlb admits them, it is wlb's own plan, candidate for candidate.
+    #[test]
+    fn plan_wlb_is_wlb_without_delay_unless_the_delay_is_opted_into() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=4").unwrap();
+        let choices = Choices::all();
+        let plans = |strategy: &StrategyInfo, state: &StrategyState, batch: &Batch| {
+            (strategy.candidates)(&spec, batch, state, &choices)
+                .into_iter()
+                .filter(|c| c.label.starts_with("plan=wlb,"))
+                .collect::<Vec<_>>()
+        };
+        let slimpack = lookup("slimpack").unwrap();
+        let fresh = StrategyState::default();
+        let own = plans(slimpack, &fresh, &batch());
+        assert!(!own.is_empty());
+        assert!(own
+            .iter()
+            .all(|c| c.pipeline.contains("policy=wlb,scope=global,cap=64}")));
+
+        let delayed = lookup("slimpack-outlier-delay").unwrap();
+        let wlb = lookup("wlb").unwrap();
+        let mut state = StrategyState::default();
+        let admitted = (delayed.admit.unwrap())(&mut state, &spec, &batch());
+        let peer = (wlb.candidates)(&spec, &admitted, &state, &choices);
+        let offered = plans(delayed, &state, &admitted);
+        for candidate in &peer {
+            let label = format!("plan=wlb,{}", candidate.label);
+            let plan = offered.iter().find(|c| c.label == label).unwrap();
+            assert_eq!(plan.pipeline, candidate.pipeline, "{label}");
+            assert!(plan.pipeline.contains("micro-batches="), "{label}");
+        }
     }
 
     #[test]
