@@ -16,8 +16,9 @@
 //!   takes the best of its variants (slimpack's mirrored or asymmetric backward packs, eqsat
 //!   or not, see [`super::strategy::Variant`]).
 //! - **Re-plan a step that does not fit**: a step whose best kept configuration exceeds the
-//!   memory limit (or none compiles) is re-tuned on its own batch (every candidate; the fastest
-//!   within the limit, else the least peak) and counted in [`StrategyRun::replanned`].
+//!   memory limit, or that the tuned configuration cannot compile (a document longer than
+//!   megatron's tuned bins), is re-tuned on its own batch (every candidate; the fastest within
+//!   the limit, else the least peak) and counted in [`StrategyRun::replanned`].
 //! - **Drain** ([`RunRules::drain`]): after the drawn steps, a strategy that left documents
 //!   waiting (wlb's outlier queues) runs steps that draw nothing new until nothing waits
 //!   ([`StrategyState::drain_step`]), so every strategy trains exactly the drawn tokens and runs
