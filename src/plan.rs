@@ -3,8 +3,10 @@
 //! [`plan_epoch`] walks the dataset in seeded global batches ([`Dataset::batch_stream`], the
 //! same batches `compile` and `bench` draw), tunes the strategy once on the first step (every
 //! candidate compiled and simulated, as `compile --strategy` does), then plans every later step
-//! with the chosen configuration — a step that configuration takes over the memory limit
-//! is re-tuned on its own batch, for every strategy, as a run does ([`crate::tune::run`]). Each step is lowered and given to the
+//! with the best of the configurations the tuning kept (the chosen one and the best fitting of
+//! each other family, [`crate::tune::kept`]) — a step whose best kept configuration is over the
+//! memory limit is re-tuned on its own batch, for every strategy, as a run does
+//! ([`crate::tune::run`]). Each step is lowered and given to the
 //! caller's sink with its predicted metrics, in step order, then dropped: memory holds the
 //! dataset and at most one step per worker thread, whatever the number of steps.
 //!
@@ -25,6 +27,7 @@ use slimpack_passes::ManagerOptions;
 
 use crate::compile::{lower, Compiled};
 use crate::tune::autotune::{self, TuneOptions};
+use crate::tune::kept::{self, Score};
 use crate::tune::strategy::{self, Choices, StrategyInfo, StrategyState};
 
 /// One planned step, handed to the sink.
@@ -133,8 +136,8 @@ pub fn plan_epoch(
     summary.tune_ms = start.elapsed().as_secs_f64() * 1e3;
     summary.candidates_tried = tuned.candidates_tried;
     summary.candidates_pruned = tuned.candidates_pruned;
-    let chosen = tuned.candidate;
-    summary.candidate = chosen.label.clone();
+    let kept = tuned.kept;
+    summary.candidate = tuned.candidate.label.clone();
     let PlannedStep {
         batch,
         compiled,
@@ -156,12 +159,13 @@ pub fn plan_epoch(
             let step = summary.steps + round.len() + 1;
             let batch = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
             let offered = (strategy.candidates)(spec, &batch, &state, options.choices);
-            let candidate = strategy::kept_for_step(&offered, &chosen);
-            round.push((step, batch, candidate));
+            round.push((step, batch, offered));
         }
-        let planned = autotune::parallel_map_on(threads, &round, |_, (_, batch, candidate)| {
-            let kept = (batch, candidate);
-            plan_step(strategy, spec, kept, &state, options, &manager, limit)
+        let planned = autotune::parallel_map_on(threads, &round, |_, (_, batch, offered)| {
+            let step = (batch, offered.as_slice());
+            plan_step(
+                strategy, spec, step, &kept, &state, options, &manager, limit,
+            )
         });
         for ((step, batch, _), outcome) in round.into_iter().zip(planned) {
             let (compiled, metrics, replanned) = outcome?;
@@ -187,6 +191,9 @@ pub struct TunedStep {
     pub planned: PlannedStep,
     /// The configuration the tuning chose.
     pub candidate: strategy::Candidate,
+    /// The configurations later steps choose among: the chosen one first, then the best
+    /// fitting of each other family ([`crate::tune::kept`]).
+    pub kept: Vec<strategy::Candidate>,
     /// The chosen configuration's label with its variant, as `compile` reports it.
     pub label: String,
     /// Candidates offered (evaluated, skipped by the budget or pruned).
@@ -267,6 +274,20 @@ fn tune_step(
         variant => format!("{},{variant}", candidate.label),
     };
     let metrics = best.metrics.clone();
+    let limit = choices.memory_limit_for(spec);
+    let scores: Vec<Score> = choice
+        .evaluations
+        .iter()
+        .map(|evaluation| Score {
+            label: &evaluation.candidate.label,
+            time_s: evaluation.metrics.step_time_s,
+            fits: autotune::within(&evaluation.metrics, limit),
+        })
+        .collect();
+    let kept = kept::keep(&scores, choice.chosen)
+        .into_iter()
+        .map(|index| choice.evaluations[index].candidate.clone())
+        .collect();
     let candidates_tried = choice.candidates_offered();
     let candidates_pruned = choice.pruned;
     let mut compiled = choice.compiled;
@@ -279,30 +300,34 @@ fn tune_step(
             metrics,
         },
         candidate,
+        kept,
         label,
         candidates_tried,
         candidates_pruned,
     })
 }
 
-/// One later step with the kept candidate (re-tuned when its peak is over the memory limit),
-/// lowered. Returns the step, its metrics and whether it was re-tuned.
+/// One later step with the best of the kept configurations (re-tuned when none compiles or
+/// the best is over the memory limit), lowered. Returns the step, its metrics and whether it
+/// was re-tuned.
+#[allow(clippy::too_many_arguments)]
 fn plan_step(
     strategy: &'static StrategyInfo,
     spec: &Spec,
-    (batch, candidate): (&Batch, &strategy::Candidate),
+    (batch, offered): (&Batch, &[strategy::Candidate]),
+    kept: &[strategy::Candidate],
     state: &StrategyState,
     options: &PlanOptions,
     manager: &ManagerOptions,
     limit: u64,
 ) -> Result<(Compiled, Metrics, bool), PlanError> {
-    // The bench's rule, for every strategy: a step the kept configuration cannot compile (a
-    // document longer than its bins) or takes over the memory limit is re-tuned on its own
-    // batch (and kept re-tuned only where that fits).
-    let kept = autotune::evaluate_with(strategy, spec, batch, candidate, limit, &options.tune);
-    let (mut compiled, mut metrics, mut replanned) = match kept {
-        Ok((evaluation, compiled)) => (compiled, evaluation.metrics, false),
-        Err(autotune::TuneError::Compile { .. }) => {
+    // The bench's rule, for every strategy: a step no kept configuration compiles (a document
+    // longer than megatron's bins) or whose best is over the memory limit is re-tuned on its
+    // own batch (and kept re-tuned only where that fits).
+    let step = kept::choose_for_step(strategy, spec, batch, offered, kept, limit, &options.tune)?;
+    let (mut compiled, mut metrics, mut replanned) = match step {
+        Some(choice) => (choice.compiled, choice.evaluation.metrics, false),
+        None => {
             let choice = autotune::choose_with(
                 strategy,
                 spec,
@@ -314,7 +339,6 @@ fn plan_step(
             let metrics = choice.evaluations[choice.chosen].metrics.clone();
             (choice.compiled, metrics, true)
         }
-        Err(error) => return Err(error.into()),
     };
     if !replanned && (metrics.oom || metrics.peak_memory_bytes > limit) {
         let choice =

@@ -122,6 +122,12 @@ struct Backlog {
 }
 
 #[derive(Debug, Serialize)]
+struct Kept {
+    configurations: Vec<String>,
+    steps_run: BTreeMap<String, usize>,
+}
+
+#[derive(Debug, Serialize)]
 struct Config {
     model: String,
     cluster: String,
@@ -146,6 +152,10 @@ struct Config {
     best_peer: Option<&'static str>,
     /// The configuration each strategy ran with.
     chosen: BTreeMap<&'static str, String>,
+    /// Where a strategy kept more than its chosen configuration from tuning (slimpack: the best
+    /// of each other family, see `slimpack::tune::kept`): the kept ones, the chosen first, and
+    /// how many steps ran each (label with variant; re-planned steps under their re-plan's).
+    kept: BTreeMap<&'static str, Kept>,
     /// Samples and tokens still waiting at the end of the run (strategies that delay).
     backlog: BTreeMap<&'static str, Backlog>,
     /// Strategies the layout does not support, and what they need.
@@ -261,6 +271,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             chosen: runs
                 .iter()
                 .map(|r| (r.strategy.name, r.chosen.clone()))
+                .collect(),
+            kept: runs
+                .iter()
+                .filter(|r| r.kept.len() > 1)
+                .map(|r| {
+                    let mut steps_run = BTreeMap::new();
+                    for step in &r.steps {
+                        *steps_run.entry(step.configuration.clone()).or_insert(0) += 1;
+                    }
+                    let configurations = r.kept.clone();
+                    (
+                        r.strategy.name,
+                        Kept {
+                            configurations,
+                            steps_run,
+                        },
+                    )
+                })
                 .collect(),
             backlog: runs
                 .iter()

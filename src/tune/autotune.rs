@@ -91,7 +91,7 @@ impl Default for TuneOptions {
 }
 
 /// One candidate compiled and simulated.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Evaluation {
     pub candidate: Candidate,
     /// The label of the candidate's variant the step runs (empty: its own pipeline).
@@ -574,7 +574,7 @@ enum Outcome {
 }
 
 /// A step fits: its peak stays within `limit` bytes (and device memory).
-fn within(metrics: &Metrics, limit: u64) -> bool {
+pub(crate) fn within(metrics: &Metrics, limit: u64) -> bool {
     !metrics.oom && metrics.peak_memory_bytes <= limit
 }
 
@@ -597,7 +597,7 @@ impl AtomicMinF64 for AtomicU64 {
 
 /// Whether `metrics` beats `current`: fitting (within `limit` bytes) beats not fitting; then
 /// the shorter step (when both fit) or the smaller peak (when neither does).
-fn preferred(metrics: &Metrics, other: &Metrics, limit: u64) -> bool {
+pub(crate) fn preferred(metrics: &Metrics, other: &Metrics, limit: u64) -> bool {
     match (within(metrics, limit), within(other, limit)) {
         (true, false) => true,
         (false, true) => false,

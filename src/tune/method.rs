@@ -17,9 +17,11 @@
 //! variants, [`pipeline_orders`]).
 //! Then `lower` (run by the compile driver on the chosen candidate only) emits the op lists.
 //!
-//! The full method's search also holds the plans the peers would make (megatron's bins, kk:
-//! `plan=<peer>` candidates), so it never settles for less than theirs on the steps it is
-//! tuned on; the ablations but `zero-bubble` search only the method's own candidates.
+//! The full method's search also holds the plans the peers would make (megatron's bins, kk,
+//! wlb's packs without delay: `plan=<peer>` candidates), so it never settles for less than
+//! theirs on the steps it is tuned on, and a run keeps the best of each beside the tuned
+//! configuration and picks per step ([`super::kept`]); the ablations but `zero-bubble` search
+//! only the method's own candidates.
 //!
 //! Zero bubble: on a pipeline (`pp > 1`, one model chunk per device), every candidate, the
 //! peers' plans included, has a twin (label `...,zb`) whose `schedule-pipeline{zb=true}` splits
@@ -291,10 +293,10 @@ macro_rules! variant {
 pub(crate) fn full(
     spec: &Spec,
     batch: &Batch,
-    _: &StrategyState,
+    state: &StrategyState,
     choices: &Choices,
 ) -> Vec<Candidate> {
-    with_peer_plans(Ideas::ALL, spec, batch, choices)
+    with_peer_plans(Ideas::ALL, spec, batch, state, choices)
 }
 
 /// The full method's search with whole backwards only: its own candidates and the peers'
@@ -303,21 +305,27 @@ pub(crate) fn full(
 pub(crate) fn no_zero_bubble(
     spec: &Spec,
     batch: &Batch,
-    _: &StrategyState,
+    state: &StrategyState,
     choices: &Choices,
 ) -> Vec<Candidate> {
     let ideas = Ideas {
         zero_bubble: false,
         ..Ideas::ALL
     };
-    with_peer_plans(ideas, spec, batch, choices)
+    with_peer_plans(ideas, spec, batch, state, choices)
 }
 
 /// The method's candidates under `ideas` and the peers' plans, each with its zero-bubble twin
 /// where `ideas` keep zero bubble.
-fn with_peer_plans(ideas: Ideas, spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
+fn with_peer_plans(
+    ideas: Ideas,
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+) -> Vec<Candidate> {
     let mut candidates = candidates_with(ideas, spec, batch, choices);
-    let peers = super::strategy::peer_plans(spec, batch, choices);
+    let peers = super::strategy::peer_plans(spec, batch, state, choices);
     match ideas.zero_bubble {
         true => candidates.extend(with_zero_bubble(peers, spec, choices)),
         false => candidates.extend(peers),

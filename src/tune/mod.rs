@@ -6,6 +6,9 @@
 //! - [`autotune`]: compiles every candidate of a strategy on a batch (but those a lower bound
 //!   from the machine model proves slower than a fitting step already found), scores each
 //!   with the simulator on the machine model, keeps the fastest that fits memory;
+//! - [`kept`]: the configurations a run keeps from tuning (the tuned one and the best of each
+//!   other family: slimpack's own pipelines, each peer's plan) and each step's choice among
+//!   them by simulation;
 //! - [`run`]: the multi-step run policy, the same for every strategy (tune on the first K
 //!   steps, keep the configuration, re-plan a step over the memory limit, optionally drain what
 //!   a strategy held back) that `slimpack bench` measures.
@@ -14,6 +17,7 @@
 //! pipelines by simulating them happens here only.
 
 pub mod autotune;
+pub mod kept;
 pub mod method;
 pub mod run;
 pub mod strategy;

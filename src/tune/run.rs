@@ -8,12 +8,17 @@
 //!   ([`Choices::memory_limit`], a fraction of HBM) on all K; if none does, the least peak.
 //!   A candidate whose lower bounds over the K steps sum above a fitting trial's total is not
 //!   compiled (it could not be chosen; see [`super::autotune`] for the bound).
-//! - **Keep it**: the chosen configuration runs every step. Within it a step still takes the
-//!   best of the candidate's variants by simulation (slimpack's mirrored or asymmetric backward
-//!   packs, eqsat or not: part of its plan, see [`super::strategy::Variant`]).
-//! - **Re-plan a step that does not fit**: a step whose predicted peak exceeds the memory limit
-//!   is re-tuned on its own batch (every candidate; the fastest within the limit, else the least
-//!   peak) and counted in [`StrategyRun::replanned`].
+//! - **Keep it**, with the best fitting configuration of each other family of the strategy's
+//!   candidates ([`super::kept`]: slimpack keeps its best own pipeline and each peer's best
+//!   plan; a peer, one configuration): every step runs the best of the kept configurations by
+//!   simulation (on the tuning steps from their trials, later compiled anew; one whose lower
+//!   bound is above a fitting kept step is not compiled). Within a configuration a step still
+//!   takes the best of its variants (slimpack's mirrored or asymmetric backward packs, eqsat
+//!   or not, see [`super::strategy::Variant`]).
+//! - **Re-plan a step that does not fit**: a step whose best kept configuration exceeds the
+//!   memory limit, or that the tuned configuration cannot compile (a document longer than
+//!   megatron's tuned bins), is re-tuned on its own batch (every candidate; the fastest within
+//!   the limit, else the least peak) and counted in [`StrategyRun::replanned`].
 //! - **Drain** ([`RunRules::drain`]): after the drawn steps, a strategy that left documents
 //!   waiting (wlb's outlier queues) runs steps that draw nothing new until nothing waits
 //!   ([`StrategyState::drain_step`]), so every strategy trains exactly the drawn tokens and runs
@@ -29,7 +34,8 @@ use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 use slimpack_machine::sim::Metrics;
 
-use super::autotune::{self, Evaluation, TuneError};
+use super::autotune::{self, Evaluation, TuneError, TuneOptions};
+use super::kept::{self, Score};
 use super::strategy::{kept_for_step, Candidate, Choices, StrategyInfo, StrategyState};
 
 /// The rules of a run besides the memory limit (which is part of [`Choices`]).
@@ -55,6 +61,8 @@ pub struct StepFigures {
     pub replanned: bool,
     /// A drain step (nothing new drawn).
     pub drain: bool,
+    /// The configuration the step ran (a kept one, or the re-plan's), with its variant.
+    pub configuration: String,
 }
 
 /// One candidate configuration scored on the tuning steps.
@@ -112,6 +120,8 @@ pub struct StrategyRun {
     pub strategy: &'static StrategyInfo,
     /// The label of the configuration the run kept.
     pub chosen: String,
+    /// The labels of every configuration the run kept, the chosen one first.
+    pub kept: Vec<String>,
     /// Steps the configuration was tuned on.
     pub tune_steps: usize,
     /// Every candidate scored on the tuning steps (those pruned are not: see [`tune`]).
@@ -216,39 +226,61 @@ pub fn run_strategy(
     }
     let best = best_trial(&tuning, limit);
     let chosen = tuning[best].candidate.label.clone();
-
-    let later_work: Vec<(usize, Candidate)> = (tune_steps..steps.len())
-        .map(|index| {
-            (
-                index,
-                kept_for_step(&offered_at(index), &tuning[best].candidate),
-            )
+    let scores: Vec<Score> = tuning
+        .iter()
+        .map(|trial| Score {
+            label: &trial.candidate.label,
+            time_s: trial.time_s(),
+            fits: trial.fits(limit),
         })
         .collect();
-    let later = evaluate(strategy, spec, &steps, &later_work, limit);
-    (progress.advance)(later_work.len() as u64);
-
-    let kept_steps = tuning[best]
-        .steps
+    let kept_trials = kept::keep(&scores, best);
+    let kept: Vec<Candidate> = kept_trials
         .iter()
-        .map(|e| Some((e.metrics.clone(), e.compile_ms)));
-    let later_steps = later
-        .into_iter()
-        .map(|outcome| outcome.ok().map(|e| (e.metrics, e.compile_ms)));
+        .map(|&trial| tuning[trial].candidate.clone())
+        .collect();
+
+    let later_steps: Vec<usize> = (tune_steps..steps.len()).collect();
+    let later = autotune::parallel_map(&later_steps, |_, &index| {
+        let batch = &steps[index].batch;
+        let offered = offered_at(index);
+        let tune = TuneOptions::default();
+        kept::choose_for_step(strategy, spec, batch, &offered, &kept, limit, &tune)
+    });
+    (progress.advance)(later_steps.len() as u64);
+
+    // A tuning step runs the best of the kept trials' evaluations of it.
+    let tuned_steps = (0..tune_steps).map(|index| {
+        let evaluations: Vec<&Evaluation> = kept_trials
+            .iter()
+            .map(|&trial| &tuning[trial].steps[index])
+            .collect();
+        let pick = kept::preferred_step(evaluations.iter().map(|e| &e.metrics), limit);
+        let compile_ms = evaluations.iter().map(|e| e.compile_ms).sum();
+        Some((evaluations[pick].clone(), compile_ms))
+    });
+    let later_steps = later.into_iter().map(|outcome| match outcome {
+        Ok(Some(choice)) => Some((choice.evaluation, choice.compile_ms)),
+        _ => None,
+    });
     let mut figures = Vec::with_capacity(steps.len());
     let mut replanned = 0;
-    for (outcome, step) in kept_steps.chain(later_steps).zip(&steps) {
-        let (metrics, compile_ms, replan) = match outcome {
-            Some((metrics, compile_ms)) if within(&metrics, limit) => (metrics, compile_ms, false),
+    for (outcome, step) in tuned_steps.into_iter().chain(later_steps).zip(&steps) {
+        let (evaluation, compile_ms, replan) = match outcome {
+            Some((evaluation, compile_ms)) if within(&evaluation.metrics, limit) => {
+                (evaluation, compile_ms, false)
+            }
             _ => {
                 replanned += 1;
-                let choice = replan(strategy, spec, step, choices, progress)?;
-                let best = choice.best();
-                (best.metrics.clone(), best.compile_ms, true)
+                let mut choice = replan(strategy, spec, step, choices, progress)?;
+                let compile_ms = choice.best().compile_ms;
+                let evaluation = choice.evaluations.swap_remove(choice.chosen);
+                (evaluation, compile_ms, true)
             }
         };
         figures.push(StepFigures {
-            metrics,
+            configuration: configuration_label(&evaluation),
+            metrics: evaluation.metrics,
             compile_ms,
             tokens: step.batch.tokens(),
             replanned: replan,
@@ -258,6 +290,7 @@ pub fn run_strategy(
     Ok(StrategyRun {
         strategy,
         chosen,
+        kept: kept.into_iter().map(|candidate| candidate.label).collect(),
         tune_steps,
         tuning,
         pruned,
@@ -299,19 +332,12 @@ fn admit_all(
     (steps, state.backlog())
 }
 
-/// Compiles and simulates `(step index, candidate)` pairs in parallel, fitting within `limit`
-/// bytes; evaluations in order.
-fn evaluate(
-    strategy: &StrategyInfo,
-    spec: &Spec,
-    steps: &[Admitted],
-    work: &[(usize, Candidate)],
-    limit: u64,
-) -> Vec<Result<Evaluation, TuneError>> {
-    autotune::parallel_map(work, |_, (index, candidate)| {
-        autotune::evaluate(strategy, spec, &steps[*index].batch, candidate, limit)
-            .map(|(evaluation, _)| evaluation)
-    })
+/// The label of the configuration an evaluation ran, with its variant.
+fn configuration_label(evaluation: &Evaluation) -> String {
+    match evaluation.variant.as_str() {
+        "" => evaluation.candidate.label.clone(),
+        variant => format!("{},{variant}", evaluation.candidate.label),
+    }
 }
 
 /// A candidate's evaluations on the tuning steps, `None` where it was pruned.
@@ -695,6 +721,62 @@ mod tests {
             pruned += run.pruned;
         }
         assert!(pruned > 0, "the test should exercise pruning");
+    }
+
+    /// slimpack keeps the tuned configuration and each other family's best (its own pipelines,
+    /// the peers' plans), and every step runs the fastest of them: no step is slower than what
+    /// a kept peer plan, compiled on its own, makes of that step; the tuning steps are those of
+    /// the kept trials' best.
+    #[test]
+    fn no_step_is_slower_than_a_kept_peer_plan() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
+        let mut seed = 11u64;
+        let mut draw = || -> Vec<u32> {
+            (0..40)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let unit = (seed >> 11) as f64 / (1u64 << 53) as f64;
+                    1 + (unit.powi(3) * 32767.0) as u32
+                })
+                .collect()
+        };
+        let drawn: Vec<Batch> = (0..5)
+            .map(|_| Batch::from_lengths(&draw(), Some(32768), "test"))
+            .collect();
+        let strategy = lookup("slimpack").unwrap();
+        let choices = Choices::all();
+        let run =
+            run_strategy(strategy, &spec, &drawn, &choices, rules(2, false), &quiet()).unwrap();
+        assert_eq!(run.kept[0], run.chosen);
+        let peers: Vec<&String> = run.kept.iter().filter(|l| l.starts_with("plan=")).collect();
+        assert!(peers.len() >= 2, "kept {:?}", run.kept);
+        let limit = run.memory_limit_bytes;
+        let state = StrategyState::default();
+        let mut other = 0;
+        for (index, (step, batch)) in run.steps.iter().zip(&drawn).enumerate() {
+            if step.replanned {
+                continue;
+            }
+            let offered = (strategy.candidates)(&spec, batch, &state, &choices);
+            for label in &peers {
+                let tuned = offered.iter().find(|c| &&c.label == label).unwrap();
+                let (peer, _) = autotune::evaluate(strategy, &spec, batch, tuned, limit).unwrap();
+                if within(&peer.metrics, limit) {
+                    assert!(
+                        step.metrics.step_time_s <= peer.metrics.step_time_s,
+                        "step {index}: {} ran {} s, {label} {} s",
+                        step.configuration,
+                        step.metrics.step_time_s,
+                        peer.metrics.step_time_s
+                    );
+                }
+            }
+            other += usize::from(!step.configuration.starts_with(run.chosen.as_str()));
+        }
+        // The tuned configuration alone would not do: some step runs another kept one.
+        assert!(other > 0, "every step ran {}", run.chosen);
     }
 
     #[test]

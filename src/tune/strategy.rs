@@ -358,8 +358,10 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "phase 2 is a chain-constrained balanced-partition heuristic with local \
                      search and e-graph refinement instead of the paper's MILP; slice size, pack \
                      cap and recompute are searched with the simulator (see src/tune/method.rs); \
-                     the plans megatron and kk would make are candidates too (labelled \
-                     plan=<peer>), so the search contains theirs.",
+                     the plans megatron, kk and wlb (without its outlier delay) would make \
+                     are candidates too (labelled plan=<peer>), so the search contains theirs; \
+                     a run keeps the best of each beside the tuned configuration and runs \
+                     the fastest per step (src/tune/kept.rs).",
         candidates: method::full,
         admit: None,
         applies: None,
@@ -407,6 +409,19 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         deviations: "no schedule-pipeline{zb=true} candidates",
         candidates: method::no_zero_bubble,
         admit: None,
+        applies: None,
+    },
+    StrategyInfo {
+        name: "slimpack-outlier-delay",
+        summary: "opt-in: slimpack's search with WLB-LLM's outlier delay (long documents trained in later steps)",
+        source: "src/tune/method.rs; the admission of wlb (WLB-LLM, OSDI'25, Algorithm 1)",
+        deviations: "not slimpack's default, and not one of its ablations: it changes which step \
+                     trains a document (outliers above a quarter of the context wait until a \
+                     micro-batch each can take one; a run drains what still waits), which a \
+                     user opts into by naming it; slimpack's full search (its own pipelines \
+                     and the peers' plans) compiles the admitted steps.",
+        candidates: method::full,
+        admit: Some(wlb_admit),
         applies: None,
     },
 ];
@@ -616,18 +631,32 @@ fn wlb_candidates(spec: &Spec, b: &Batch, state: &StrategyState, c: &Choices) ->
 }
 
 /// The plans the peers would make, as candidates of slimpack's own search (labelled
-/// `plan=<peer>,...`): megatron's tuned bins with its recompute modes, and Karmarkar-Karp
-/// micro-batches. The simulator picks one where it beats the SlimPack pipelines, so
-/// slimpack's search contains those peers'. (WLB-LLM's packing is not among them: without its
-/// outlier delay, a batch can hold a document none of its micro-batches fits.)
-pub(crate) fn peer_plans(spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
-    let state = StrategyState::default();
+/// `plan=<peer>,...`): megatron's tuned bins with its recompute modes, Karmarkar-Karp
+/// micro-batches, and WLB-LLM's workload-balanced variable-length packs without its outlier
+/// delay (slimpack does not change which documents a step trains on): the fewest micro-batches
+/// of the context that hold every document of the step ([`wlb_without_delay`]); on a step
+/// WLB-LLM's admission made (`slimpack-outlier-delay`, whose `state` has wlb's), wlb's own
+/// plan, with its micro-batch count. The simulator
+/// picks one where it beats the SlimPack pipelines — at tuning, and per step among the
+/// configurations a run keeps ([`super::kept`]) — so slimpack's search contains those peers'.
+pub(crate) fn peer_plans(
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let wlb = match state.wlb {
+        Some(_) => wlb_candidates(spec, batch, state, choices),
+        None => wlb_without_delay(spec, batch, choices),
+    };
+    let fresh = StrategyState::default();
     let plans = [
         (
             "megatron",
-            megatron_candidates(spec, batch, &state, choices),
+            megatron_candidates(spec, batch, &fresh, choices),
         ),
-        ("kk", kk_candidates(spec, batch, &state, choices)),
+        ("kk", kk_candidates(spec, batch, &fresh, choices)),
+        ("wlb", wlb),
     ];
     plans
         .into_iter()
@@ -638,6 +667,15 @@ pub(crate) fn peer_plans(spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<C
             })
         })
         .collect()
+}
+
+/// WLB-LLM's packing of a whole step, without the outlier delay: `pack-symmetric{policy=wlb}`
+/// without a micro-batch count fills the fewest micro-batches of the context (a multiple of the
+/// replicas) that hold every document (WLB-LLM's `N` is the tokens' count at the context; a
+/// batch whose long documents it would delay gets more micro-batches instead), static CP and
+/// recompute searched as for `wlb`.
+fn wlb_without_delay(spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
+    global_packing(spec, choices, "wlb", capacity(batch))
 }
 
 /// WLB-LLM's admission: outlier queues and delays, with `N` micro-batches for the drawn batch's
@@ -770,6 +808,41 @@ mod tests {
         }
         assert_eq!(drawn, trained + state.backlog().1);
         assert!(state.backlog().0 > 0, "the test should exercise the delay");
+    }
+
+    /// slimpack's `plan=wlb` is WLB-LLM's packing without delay (no micro-batch count: the
+    /// fewest that hold every sample); on the steps of the opt-in `slimpack-outlier-delay`,
+    /// admitted as wlb admits them, it is wlb's own plan, candidate for candidate.
+    #[test]
+    fn plan_wlb_is_wlb_without_delay_unless_the_delay_is_opted_into() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=2,dp=4").unwrap();
+        let choices = Choices::all();
+        let plans = |strategy: &StrategyInfo, state: &StrategyState, batch: &Batch| {
+            (strategy.candidates)(&spec, batch, state, &choices)
+                .into_iter()
+                .filter(|c| c.label.starts_with("plan=wlb,"))
+                .collect::<Vec<_>>()
+        };
+        let slimpack = lookup("slimpack").unwrap();
+        let fresh = StrategyState::default();
+        let own = plans(slimpack, &fresh, &batch());
+        assert!(!own.is_empty());
+        assert!(own
+            .iter()
+            .all(|c| c.pipeline.contains("policy=wlb,scope=global,cap=64}")));
+
+        let delayed = lookup("slimpack-outlier-delay").unwrap();
+        let wlb = lookup("wlb").unwrap();
+        let mut state = StrategyState::default();
+        let admitted = (delayed.admit.unwrap())(&mut state, &spec, &batch());
+        let peer = (wlb.candidates)(&spec, &admitted, &state, &choices);
+        let offered = plans(delayed, &state, &admitted);
+        for candidate in &peer {
+            let label = format!("plan=wlb,{}", candidate.label);
+            let plan = offered.iter().find(|c| c.label == label).unwrap();
+            assert_eq!(plan.pipeline, candidate.pipeline, "{label}");
+            assert!(plan.pipeline.contains("micro-batches="), "{label}");
+        }
     }
 
     #[test]

@@ -28,7 +28,9 @@
 //! - `kk` ([`karmarkar_karp`]): verl's Karmarkar–Karp on `a·L + L²` — globally, the DP split and
 //!   then each rank's micro-batches; per replica, the micro-batches only;
 //! - `wlb` ([`wlb`]): WLB-LLM's workload-balanced fill of `micro-batches` micro-batches of at
-//!   most `cap` tokens (the outlier delay runs before the IR is built).
+//!   most `cap` tokens (the outlier delay runs before the IR is built); without
+//!   `micro-batches`, the fewest micro-batches (a multiple of the replicas) the fill places
+//!   every sample in — WLB-LLM's packing without its delay.
 //!
 //! `cap` defaults to the batch's context length; it is recorded on the packs of the policies
 //! that enforce it (`ffd`, `bfd`, `first-fit`, `wlb`).
@@ -84,7 +86,7 @@ pub(crate) const INFO: PassInfo = PassInfo {
         OptionInfo {
             name: "micro-batches",
             help: "wlb: micro-batches of the step (global) or of each replica (replica scope); \
-                   default: enough for the tokens at cap, a multiple of the replicas",
+                   default: the fewest, a multiple of the replicas, that hold every sample",
             default: None,
         },
     ],
@@ -260,28 +262,50 @@ impl PackSymmetric {
             Policy::FirstFit { bin_size } => {
                 first_fit::pack(&items.lengths, cap, bin_size).map_err(oversize)
             }
-            Policy::Wlb { micro_batches } => {
-                let count = micro_batches.unwrap_or_else(|| default_count(items.tokens(), cap, 1));
-                self.wlb(cost, items, count, cap)
-            }
+            Policy::Wlb { micro_batches } => self.wlb(cost, items, micro_batches, cap, 1),
             Policy::KarmarkarKarp { .. } => {
                 unreachable!("kk packs replicas jointly; this is a bug")
             }
         }
     }
 
+    /// WLB-LLM's fill of `items` into `micro_batches` micro-batches (an error naming the
+    /// admission if a sample fits in none), or, without a count, into the fewest — a multiple
+    /// of `replicas`, from enough for the tokens at `cap` (and one per sample above `cap / 2`,
+    /// no two of which share one) upwards — in which the fill places every sample.
     fn wlb(
         &self,
         cost: &CostModel,
         items: &Items,
-        count: usize,
+        micro_batches: Option<usize>,
         cap: u32,
+        replicas: usize,
     ) -> Result<Vec<Vec<usize>>> {
         let workloads: Vec<f64> = items
             .lengths
             .iter()
             .map(|&l| wlb::workload(cost, l))
             .collect();
+        let Some(count) = micro_batches else {
+            if let Some(&len) = items.lengths.iter().find(|&&len| len > cap) {
+                return Err(PassError::Failed {
+                    pass: INFO.name,
+                    message: format!("a sample of {len} tokens exceeds cap={cap}"),
+                });
+            }
+            let replicas = replicas.max(1);
+            let halves = items.lengths.iter().filter(|&&len| len > cap / 2).count();
+            let mut count = default_count(items.tokens(), cap, replicas)
+                .max(halves.div_ceil(replicas) * replicas);
+            // Terminates: at one micro-batch per sample every sample fits (none exceeds cap).
+            loop {
+                let fill = wlb::fill(&items.lengths, &workloads, count, cap);
+                if fill.delayed.is_empty() {
+                    return Ok(fill.micro_batches);
+                }
+                count += replicas;
+            }
+        };
         let fill = wlb::fill(&items.lengths, &workloads, count, cap);
         if let Some(&first) = fill.delayed.first() {
             return Err(PassError::Failed {
@@ -367,9 +391,8 @@ impl PackSymmetric {
             }
             (Scope::Global, Policy::Wlb { micro_batches }) => {
                 let all = Items::new(ir, ir.samples().to_vec());
-                let count = micro_batches
-                    .unwrap_or_else(|| default_count(all.tokens(), cap, replicas.len()));
-                Ok(deal(all.resolve(self.wlb(cost, &all, count, cap)?)))
+                let packs = self.wlb(cost, &all, micro_batches, cap, replicas.len())?;
+                Ok(deal(all.resolve(packs)))
             }
             (Scope::Global, _) => {
                 let all = Items::new(ir, ir.samples().to_vec());

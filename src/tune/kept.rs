@@ -1,0 +1,189 @@
+//! The configurations a run keeps from tuning, and each step's choice among them.
+//!
+//! Tuning scores every candidate of a strategy ([`super::run`] on the first K steps, `plan` on
+//! the first step). A run keeps the preferred configuration and, beside it, the best fitting
+//! configuration of every other *family* of the strategy's candidates: slimpack's own pipelines,
+//! and each plan a peer would make (`plan=megatron`, `plan=kk`, `plan=wlb`, zero-bubble twins
+//! included; see [`super::strategy::peer_plans`]) — at most one per family, so a handful. Every
+//! step compiles the kept configurations re-derived for its batch
+//! ([`super::strategy::kept_for_step`]), simulates each (with its own per-step variants) and
+//! runs the preferred: fitting the memory limit before not fitting, then the faster, ties to
+//! the configuration kept first (the tuned one). So a step where a peer's plan is faster than
+//! the tuned configuration runs the peer's plan: slimpack is never slower on a step than a kept
+//! peer plan.
+//!
+//! Bounded: a kept configuration whose lower bound on the step
+//! ([`autotune::candidate_bound`]) is above the fastest fitting step already simulated is not
+//! compiled (it could not be chosen); under a tuning budget (`--tune-budget-ms`), once a
+//! step's choice has spent it the kept configurations not yet started are skipped (the tuned
+//! one always runs); and a strategy whose candidates form one family (every peer, the
+//! ablations without peer plans) keeps only its tuned configuration, as before.
+
+use slimpack_ir::batch::Batch;
+use slimpack_ir::Spec;
+
+use super::autotune::{self, Evaluation, TuneError, TuneOptions};
+use super::strategy::{kept_for_step, Candidate, StrategyInfo};
+use crate::compile::Compiled;
+
+/// A configuration's family: `plan=<peer>` for the plans a peer would make, empty for the
+/// strategy's own pipelines.
+pub fn family(label: &str) -> &str {
+    match label.starts_with("plan=") {
+        true => label.split(',').next().unwrap_or(label),
+        false => "",
+    }
+}
+
+/// How tuning scored one configuration: its label, its time (summed over the tuning steps)
+/// and whether it fit the memory limit on every tuning step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Score<'a> {
+    pub label: &'a str,
+    pub time_s: f64,
+    pub fits: bool,
+}
+
+/// The indices (into `scores`) of the configurations a run keeps: `chosen` first, then, for
+/// every other family, its fastest fitting configuration, fastest first (ties to the earlier
+/// index). A family with no fitting configuration keeps none.
+pub fn keep(scores: &[Score], chosen: usize) -> Vec<usize> {
+    let chosen_family = family(scores[chosen].label);
+    let mut best: Vec<usize> = Vec::new();
+    for (index, score) in scores.iter().enumerate() {
+        let own = family(score.label);
+        if !score.fits || own == chosen_family {
+            continue;
+        }
+        match best
+            .iter_mut()
+            .find(|kept| family(scores[**kept].label) == own)
+        {
+            Some(kept) if score.time_s < scores[*kept].time_s => *kept = index,
+            Some(_) => {}
+            None => best.push(index),
+        }
+    }
+    best.sort_by(|&a, &b| {
+        scores[a]
+            .time_s
+            .total_cmp(&scores[b].time_s)
+            .then(a.cmp(&b))
+    });
+    std::iter::once(chosen).chain(best).collect()
+}
+
+/// The position in `metrics` of the preferred step (fitting `limit` before not fitting, then
+/// faster; ties to the earlier).
+pub fn preferred_step<'a>(
+    metrics: impl IntoIterator<Item = &'a slimpack_machine::sim::Metrics>,
+    limit: u64,
+) -> usize {
+    let mut best: Option<(usize, &slimpack_machine::sim::Metrics)> = None;
+    for (index, step) in metrics.into_iter().enumerate() {
+        if best.is_none_or(|(_, current)| autotune::preferred(step, current, limit)) {
+            best = Some((index, step));
+        }
+    }
+    best.map_or(0, |(index, _)| index)
+}
+
+/// A step's choice among the kept configurations.
+pub struct StepChoice {
+    /// The preferred kept configuration's evaluation.
+    pub evaluation: Evaluation,
+    /// Its compiled step.
+    pub compiled: Compiled,
+    /// Wall time of compiling and simulating every kept configuration the step compiled.
+    pub compile_ms: f64,
+}
+
+/// A step's best kept configuration: each of `kept` (the tuned one first) re-derived from the
+/// step's `offered` candidates, compiled and simulated unless its lower bound is above the
+/// fastest fitting step so far, the preferred one returned with its compiled step. `Ok(None)`
+/// when the tuned configuration does not compile on the step (a document longer than
+/// megatron's bins: the step is unlike the tuning steps, and the caller re-plans it, as it
+/// would without the other kept configurations); another kept configuration that does not
+/// compile is passed over. Other errors are returned.
+pub fn choose_for_step(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    offered: &[Candidate],
+    kept: &[Candidate],
+    limit: u64,
+    tune: &TuneOptions,
+) -> Result<Option<StepChoice>, TuneError> {
+    let mut best: Option<(Evaluation, Compiled)> = None;
+    let mut compile_ms = 0.0;
+    let start = std::time::Instant::now();
+    for (position, tuned) in kept.iter().enumerate() {
+        if position > 0 && tune.budget.is_some_and(|budget| start.elapsed() >= budget) {
+            break;
+        }
+        let candidate = kept_for_step(offered, tuned);
+        if let Some((current, _)) = &best {
+            let fits = autotune::within(&current.metrics, limit);
+            let bound = autotune::candidate_bound(spec, batch, &candidate);
+            if fits && bound > current.metrics.step_time_s {
+                continue;
+            }
+        }
+        match autotune::evaluate_with(strategy, spec, batch, &candidate, limit, tune) {
+            Ok((evaluation, compiled)) => {
+                compile_ms += evaluation.compile_ms;
+                let better = best.as_ref().is_none_or(|(current, _)| {
+                    autotune::preferred(&evaluation.metrics, &current.metrics, limit)
+                });
+                if better {
+                    best = Some((evaluation, compiled));
+                }
+            }
+            Err(TuneError::Compile { .. }) if position == 0 => return Ok(None),
+            Err(TuneError::Compile { .. }) => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(best.map(|(evaluation, compiled)| StepChoice {
+        evaluation,
+        compiled,
+        compile_ms,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn score(label: &str, time_s: f64, fits: bool) -> Score<'_> {
+        Score {
+            label,
+            time_s,
+            fits,
+        }
+    }
+
+    #[test]
+    fn families_are_the_peer_plans_and_the_own_pipelines() {
+        assert_eq!(family("plan=kk,cp=2,recompute=none,zb"), "plan=kk");
+        assert_eq!(family("plan=wlb"), "plan=wlb");
+        assert_eq!(family("cp=2,slice=8192,cap=16384,recompute=none"), "");
+    }
+
+    /// The chosen one first, then the fastest fitting of each other family, fastest first; a
+    /// family without a fitting configuration is left out.
+    #[test]
+    fn keeps_the_chosen_and_the_best_fitting_of_every_other_family() {
+        let scores = [
+            score("cp=1,slice=4096", 10.0, true),
+            score("plan=kk,cp=2", 12.0, true),
+            score("plan=kk,cp=1", 11.0, true),
+            score("cp=2,slice=4096", 9.0, true),
+            score("plan=megatron,bin=4096", 10.5, true),
+            score("plan=wlb,cp=1", 8.0, false),
+        ];
+        assert_eq!(keep(&scores, 3), vec![3, 4, 2]);
+        // Chosen from a peer's family: the own pipelines' best is kept beside it.
+        assert_eq!(keep(&scores, 2), vec![2, 3, 4]);
+    }
+}
