@@ -183,3 +183,108 @@ fn device_peaks(ir: &StepIr, cost: &CostModel) -> Result<Vec<u64>> {
     }
     Ok(peaks)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slimpack_ir::Spec;
+    use slimpack_machine::sim::fixture::{one_f_one_b, ReplicaPlan};
+
+    /// llama-7b on a 40 GiB H100 at tp=2, pp=4: eight 16K-token samples in 1F1B, where stage
+    /// 0 holds four forwards and the last stage one — so the uniform mode that fits stage 0
+    /// recomputes on the last stage what its memory does not need.
+    fn step(recompute: Recompute) -> StepIr {
+        let mut spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=2,pp=4,dp=1").unwrap();
+        spec.cluster.gpu.hbm_bytes = 40 << 30;
+        spec.model.recompute = recompute;
+        let plan = ReplicaPlan {
+            ranks: vec![0],
+            packs: vec![vec![16384]; 8],
+        };
+        one_f_one_b(spec, &[plan])
+    }
+
+    fn assigned(recompute: Recompute) -> (StepIr, Statistics) {
+        let mut ir = step(recompute);
+        let cx = PassContext::for_spec(&ir.spec);
+        let statistics = AssignRecompute::default().run(&mut ir, &cx).unwrap();
+        (ir, statistics)
+    }
+
+    fn limit(ir: &StepIr) -> u64 {
+        let capacity = slimpack_machine::machine_model(&ir.spec)
+            .memory()
+            .capacity_bytes();
+        (capacity as f64 * DEFAULT_MEMORY_LIMIT) as u64
+    }
+
+    #[test]
+    fn per_stage_modes_fit_and_recompute_less_than_the_uniform_mode() {
+        let none = step(Recompute::None);
+        let cost = slimpack_machine::machine_model(&none.spec);
+        let none_peaks = device_peaks(&none, &cost).unwrap();
+        assert!(
+            none_peaks[0] > limit(&none),
+            "the test needs a step whose first stage does not fit without recomputation"
+        );
+        let full = step(Recompute::Full);
+        let full_sim = sim::simulate(&full, &slimpack_machine::machine_model(&full.spec)).unwrap();
+        assert!(full_sim.metrics.peak_memory_bytes <= limit(&full));
+
+        let (ir, statistics) = assigned(Recompute::Full);
+        let cost = slimpack_machine::machine_model(&ir.spec);
+        let peaks = device_peaks(&ir, &cost).unwrap();
+        assert!(peaks.iter().all(|&peak| peak <= limit(&ir)), "{peaks:?}");
+        let modes: Vec<Recompute> = (0..4).map(|stage| ir.stage_recompute(stage)).collect();
+        // Fewer forwards in flight, less recomputation: never more on a later stage.
+        let layers = |mode: Recompute| mode.mix(8).full * 8.0;
+        assert!(
+            modes.windows(2).all(|w| layers(w[0]) >= layers(w[1])),
+            "{modes:?}"
+        );
+        assert_eq!(modes[3], Recompute::None, "{modes:?}");
+        assert_ne!(modes[0], Recompute::None, "{modes:?}");
+        let per_stage = sim::simulate(&ir, &cost).unwrap().metrics;
+        assert!(per_stage.losses.recompute_s < full_sim.metrics.losses.recompute_s);
+        assert!(per_stage.step_time_s < full_sim.metrics.step_time_s);
+        assert!(statistics.get("simulations").is_some());
+    }
+
+    #[test]
+    fn each_device_runs_the_least_rung_that_fits() {
+        let (ir, _) = assigned(Recompute::Full);
+        let cost = slimpack_machine::machine_model(&ir.spec);
+        let top = ir.spec.layers_per_chunk();
+        let rung = |mode: Recompute| match mode {
+            Recompute::None => 0,
+            Recompute::Block(k) => k,
+            _ => top,
+        };
+        let levels: Vec<u32> = (0..4)
+            .map(|stage| rung(ir.stage_recompute(stage)))
+            .collect();
+        for device in 0..4 {
+            if levels[device] == 0 {
+                continue;
+            }
+            let mut lower = ir.clone();
+            let mut less = levels.clone();
+            less[device] -= 1;
+            set_levels(&mut lower, &less, top);
+            let peaks = device_peaks(&lower, &cost).unwrap();
+            assert!(
+                peaks[device] > limit(&ir),
+                "device {device} fits one rung lower than {levels:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_step_that_fits_without_recomputation_recomputes_nothing() {
+        let mut ir = step(Recompute::Full);
+        ir.spec.cluster.gpu.hbm_bytes = 80 << 30;
+        let cx = PassContext::for_spec(&ir.spec);
+        AssignRecompute::default().run(&mut ir, &cx).unwrap();
+        assert!((0..4).all(|stage| ir.stage_recompute(stage) == Recompute::None));
+    }
+}
