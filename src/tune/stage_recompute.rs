@@ -106,6 +106,55 @@ mod tests {
         assert_eq!(least_recompute(&all[1]), Recompute::Full);
     }
 
+    /// On a pipeline whose first stage must recompute (llama-7b on 40 GiB devices, pp=4), each
+    /// per-stage twin of slimpack's candidates fits wherever its uniform `full` original fits,
+    /// and recomputes less (never more).
+    #[test]
+    fn per_stage_twins_fit_where_full_fits_and_recompute_less() {
+        use super::super::autotune::evaluate;
+        use super::super::strategy::{lookup, StrategyState};
+        use slimpack_ir::batch::Batch;
+        use slimpack_ir::Spec;
+
+        let mut spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=2,pp=4,dp=1").unwrap();
+        spec.cluster.gpu.hbm_bytes = 40 << 30;
+        let lengths: Vec<u32> = (0..12).map(|i| 4096 + 2048 * (i % 5)).collect();
+        let batch = Batch::from_lengths(&lengths, Some(16384), "test");
+        let info = lookup("slimpack").unwrap();
+        let choices = Choices::all();
+        let limit = choices.memory_limit_for(&spec);
+        let candidates = (info.candidates)(&spec, &batch, &StrategyState::default(), &choices);
+        let mut compared = 0;
+        for twin in candidates
+            .iter()
+            .filter(|c| c.label.contains("recompute=per-stage"))
+        {
+            if compared == 4 {
+                break;
+            }
+            let label = twin.label.replace("recompute=per-stage", "recompute=full");
+            let original = candidates.iter().find(|c| c.label == label).unwrap();
+            let (uniform, _) = evaluate(info, &spec, &batch, original, limit).unwrap();
+            let (per_stage, _) = evaluate(info, &spec, &batch, twin, limit).unwrap();
+            if uniform.metrics.oom || uniform.metrics.peak_memory_bytes > limit {
+                continue;
+            }
+            assert!(
+                per_stage.metrics.peak_memory_bytes <= limit,
+                "{}: {} > {limit}",
+                twin.label,
+                per_stage.metrics.peak_memory_bytes
+            );
+            assert!(
+                per_stage.metrics.losses.recompute_s < uniform.metrics.losses.recompute_s,
+                "{}",
+                twin.label
+            );
+            compared += 1;
+        }
+        assert_eq!(compared, 4, "too few fitting pairs compared");
+    }
+
     #[test]
     fn a_fixed_mode_gets_no_twin_and_a_limit_reaches_the_pass() {
         let candidates = vec![candidate(Recompute::Full)];
