@@ -325,8 +325,8 @@ pub(crate) fn no_zero_bubble(
     with_peer_plans(ideas, spec, batch, choices)
 }
 
-/// The method's candidates under `ideas` and the peers' plans, each with its zero-bubble twin
-/// where `ideas` keep zero bubble.
+/// The method's candidates under `ideas` and the peers' plans, each with its zero-bubble and
+/// per-stage recomputation twins where `ideas` keep them.
 fn with_peer_plans(ideas: Ideas, spec: &Spec, batch: &Batch, choices: &Choices) -> Vec<Candidate> {
     let mut candidates = candidates_with(ideas, spec, batch, choices);
     let mut peers = super::strategy::peer_plans(spec, batch, choices);
