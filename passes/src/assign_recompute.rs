@@ -19,6 +19,10 @@
 //! `full`. The schedule itself was built by `schedule-pipeline` under the model's mode (run
 //! the step with `recompute=full` so that its warm-ups are not cut for memory, and let this
 //! pass give the memory back where it is not needed).
+//!
+//! Per pack (a forward's own number of recomputed layers) is not modelled: with asymmetric
+//! packs a backward pack would replay slices saved under several modes, which the cost model
+//! prices per stage, not per slice.
 
 use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
