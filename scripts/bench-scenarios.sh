@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-20}
-STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-asymmetric,slimpack-no-dp-merge,slimpack-no-slicing,slimpack-no-eqsat,slimpack-no-zero-bubble
+STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-asymmetric,slimpack-no-dp-merge,slimpack-no-slicing,slimpack-no-eqsat,slimpack-no-zero-bubble,slimpack-no-stage-recompute
 # The held-out scenarios run the strategies without slimpack's ablations.
 HELDOUT_STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack
 source scripts/scenarios.sh

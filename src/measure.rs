@@ -314,6 +314,14 @@ pub fn measure(
             ir.spec.model.recompute
         )));
     }
+    let stages = ir.spec.parallel.stages();
+    if let Some(stage) = (0..stages).find(|&stage| ir.stage_recompute(stage) != Recompute::None) {
+        return Err(MeasureError::Unsupported(format!(
+            "the runtimes run recompute=none only; stage {stage} of the step recomputes with \
+             recompute={}",
+            ir.stage_recompute(stage)
+        )));
+    }
     let cost = slimpack_machine::machine_model(&ir.spec);
     let calibrated = slimpack_machine::is_calibrated(&ir.spec);
     let simulated = sim::simulate(ir, &cost)?;

@@ -979,3 +979,57 @@ fn clap_usage_errors_keep_their_form() {
     assert!(stderr.contains("Usage:"), "{stderr}");
     assert!(output.stdout.is_empty());
 }
+
+/// Consumers that run one recomputation mode per step refuse a step whose stages carry their
+/// own (`assign-recompute`): `--emit mlir` and the runtimes, each with one line.
+#[test]
+fn per_stage_recomputation_where_one_mode_runs() {
+    // llama-7b at tp=1, pp=4 holds too much on its first stages to keep every activation.
+    bad_input(
+        &[
+            "compile",
+            "--model",
+            "llama-7b",
+            "--cluster",
+            "h100-sxm",
+            "--parallel",
+            "tp=1,pp=4,dp=1",
+            "--context",
+            "32768",
+            "--synthetic",
+            "lognormal:median=16384,sigma=0.3,count=16,max=32768",
+            "--recompute",
+            "full",
+            "--passes",
+            "assign-dp,pack-symmetric,schedule-pipeline,assign-recompute",
+            "--allow-oom",
+            "--emit",
+            "mlir",
+        ],
+        &[
+            "--emit mlir runs one recomputation mode per step",
+            "assign-recompute",
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let ir = dir.path().join("step.sir");
+    let (text, _) = ok(&tiny(
+        "tp=1,pp=2,dp=2",
+        &["--batch", LENGTHS, "--emit", "ir"],
+    ));
+    let edited = text.replacen(
+        "%st0 = stage layers=0..2",
+        "%st0 = stage layers=0..2 recompute=block:1",
+        1,
+    );
+    assert_ne!(
+        edited, text,
+        "the tiny step has a first stage of two layers"
+    );
+    std::fs::write(&ir, edited).unwrap();
+    refused(
+        2,
+        &["run", "--backend", "cpu", "--ir", ir.to_str().unwrap()],
+        &["stage 0 of the step recomputes with recompute=block:1"],
+    );
+}

@@ -41,7 +41,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use slimpack_ir::batch::Sample;
-use slimpack_ir::spec::Coords;
+use slimpack_ir::spec::{Coords, Recompute};
 use slimpack_ir::step::{Direction, Part, StepIr};
 use slimpack_ir::Spec;
 
@@ -174,6 +174,10 @@ pub struct StageDocument {
     pub first_layer: u32,
     #[schemars(range(min = 1))]
     pub layers: u32,
+    /// The stage's own activation recomputation (`none`, `selective`, `full`, `block:K`),
+    /// replacing `spec.model.recompute` for its layers; absent: the model's mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recompute: Option<Recompute>,
 }
 
 /// A replica: the DP ranks that run its samples and the size of its CP group.

@@ -6,6 +6,8 @@
 //! Always:
 //! - `stages`: there are `pp` stages; their layer ranges are non-empty, contiguous from layer 0,
 //!   and cover every layer of the model.
+//! - `stage-recompute`: a stage's own recomputation (`recompute=` on the stage, chosen by
+//!   `assign-recompute`) of `block:K` recomputes at most the stage's layers (`K <= layers`).
 //! - `sample-len`: every sample has at least one token, and no more than the context length
 //!   when the batch was cut to one.
 //! - `slice-cover`: the slices of a sample are disjoint and cover `[0, len)` exactly: no token
@@ -62,6 +64,7 @@ use rustc_hash::FxHashMap;
 use petgraph::graph::DiGraph;
 
 use crate::error::{IrError, Result};
+use crate::spec::Recompute;
 use crate::step::{Direction, PackId, Part, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr};
 use crate::text::Names;
 
@@ -275,6 +278,19 @@ impl Verifier<'_> {
                 );
             }
             next_layer = stage.first_layer + stage.layers;
+            if let Some(Recompute::Block(recomputed)) = stage.recompute {
+                if recomputed > stage.layers {
+                    self.report(
+                        At::Stage(id),
+                        "stage-recompute",
+                        format!(
+                            "recompute=block:{recomputed} names more layers than the stage's {} \
+                             (all of them is recompute=full)",
+                            stage.layers
+                        ),
+                    );
+                }
+            }
         }
         if next_layer != ir.spec.model.layers {
             self.report(

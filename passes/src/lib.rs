@@ -7,14 +7,18 @@
 //! - [`pipeline`]: pipeline strings (`slice{size=8192},...`);
 //! - [`manager`]: runs a pipeline, verifying, timing, printing and dumping;
 //! - one file per pass: [`assign_dp`], [`assign_hybrid_cp`], [`dp_merge`], [`slice`],
-//!   [`pack_fwd`], [`pack_bwd`], [`eqsat`], [`pack_symmetric`], [`schedule_pipeline`], [`lower`];
+//!   [`pack_fwd`], [`pack_bwd`], [`eqsat`], [`pack_symmetric`], [`schedule_pipeline`],
+//!   [`assign_recompute`], [`lower`];
 //!   what several passes share is plain functions ([`micropack`], `balance`).
 //!
 //! Passes plan with the machine model's cost functions; choosing among pipelines by simulation
-//! is the tuner's job (the facade's `tune` module), never a pass's.
+//! is the tuner's job (the facade's `tune` module), never a pass's. (`assign-recompute` reads
+//! the simulated memory timeline of the one schedule it is given, the machine crate's memory
+//! model over time, to size each stage's recomputation.)
 
 pub mod assign_dp;
 pub mod assign_hybrid_cp;
+pub mod assign_recompute;
 mod balance;
 pub mod dp_merge;
 pub mod eqsat;

@@ -17,6 +17,7 @@ pub static PASSES: &[PassInfo] = &[
     crate::eqsat::INFO,
     crate::pack_symmetric::INFO,
     crate::schedule_pipeline::INFO,
+    crate::assign_recompute::INFO,
     crate::lower::INFO,
 ];
 

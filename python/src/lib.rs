@@ -73,12 +73,14 @@ fn choices_of(
     memory_limit: Option<f64>,
     model_chunks: bool,
 ) -> PyResult<Choices> {
-    // slimpack.torch runs whole backwards: no zero-bubble candidates.
+    // slimpack.torch runs whole backwards and one recomputation mode per step: no zero-bubble
+    // or per-stage recomputation candidates.
     let mut choices = match recompute_fixed {
         true => Choices::fixed(spec.model.recompute),
         false => Choices::all(),
     }
-    .whole_backwards();
+    .whole_backwards()
+    .one_mode_per_step();
     if !model_chunks {
         choices = choices.one_chunk_per_device();
     }

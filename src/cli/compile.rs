@@ -206,6 +206,9 @@ pub struct CompileArgs {
     /// slimpack ablation: whole backwards (no zero-bubble schedules).
     #[arg(long)]
     no_zero_bubble: bool,
+    /// slimpack ablation: one recomputation mode per step (no per-stage modes).
+    #[arg(long)]
+    no_stage_recompute: bool,
     /// Run this explicit pass pipeline instead of a strategy, e.g. 'slice{size=8192}' (see
     /// `slimpack passes`); an empty pipeline (--passes '') gives the logical IR.
     #[arg(long, value_name = "PIPELINE")]
@@ -257,6 +260,7 @@ impl CompileArgs {
             (self.no_slicing, "slicing"),
             (self.no_eqsat, "eqsat"),
             (self.no_zero_bubble, "zero-bubble"),
+            (self.no_stage_recompute, "stage-recompute"),
         ]
         .iter()
         .filter(|(on, _)| *on)
@@ -333,9 +337,13 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
             let mut choices =
                 super::input::tuning_choices(&args.spec, &job, args.memory_limit.as_deref())?;
-            // The dialect and the C ABI run one model chunk per device and whole backwards.
+            // The dialect and the C ABI run one model chunk per device, whole backwards and
+            // one recomputation mode per step.
             if matches!(emit, Some(Emit::Mlir | Emit::Llvm)) {
-                choices = choices.one_chunk_per_device().whole_backwards();
+                choices = choices
+                    .one_chunk_per_device()
+                    .whole_backwards()
+                    .one_mode_per_step();
             }
             memory_limit = Some((choices.memory_limit_for(&job.spec), choices.memory_limit));
             let mut state = StrategyState::default();
@@ -548,6 +556,9 @@ fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::R
             need_schedule(form)?;
             if ir.has_split_backwards() {
                 bail!("--emit {form} runs whole backwards; this step splits them (schedule-pipeline{{zb=true}}): compile it without zb");
+            }
+            if ir.has_stage_recompute() {
+                bail!("--emit {form} runs one recomputation mode per step; this step gives its stages their own (assign-recompute): compile it without");
             }
             backend_emitted(emit, ir)?
         }

@@ -134,7 +134,8 @@ impl Choice {
 /// its passes make of the batch ([`slimpack_machine::cost::CostModel::step_time_lower_bound`]
 /// under the candidate's spec, with the static CP degree its pipelines all start from).
 pub fn candidate_bound(spec: &Spec, batch: &Batch, candidate: &Candidate) -> f64 {
-    let spec = candidate_spec(spec, candidate);
+    let mut spec = candidate_spec(spec, candidate);
+    spec.model.recompute = super::stage_recompute::least_recompute(candidate);
     let lengths: Vec<u64> = batch.samples.iter().map(|s| u64::from(s.len)).collect();
     slimpack_machine::machine_model(&spec).step_time_lower_bound(&lengths, static_cp(candidate))
 }

@@ -28,14 +28,19 @@
 //! the backwards and defers the weight gradients into pipeline idle (ZB-H1); the simulator
 //! keeps it where it is faster and fits.
 //!
+//! Per-stage recomputation: every candidate that recomputes fully, the peers' plans included,
+//! has a twin (label `recompute=per-stage`) whose `assign-recompute` gives each pipeline device
+//! the least recomputation its simulated memory allows ([`super::stage_recompute`]).
+//!
 //! Ablations (`--no-<idea>` on the command line, `slimpack-no-<idea>` as strategy names):
 //! `asymmetric` (backward packs mirror the forward ones), `dp-merge`, `slicing` (whole
-//! samples), `eqsat`; and `zero-bubble`, the full search (peers' plans included) with whole
-//! backwards only.
+//! samples), `eqsat`; `zero-bubble`, the full search (peers' plans included) with whole
+//! backwards only; and `stage-recompute`, the full search with one mode per step.
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 
+use super::stage_recompute::with_stage_recompute;
 use super::strategy::{capacity, cp_degrees, Candidate, Choices, StrategyState, Variant};
 
 /// Which ideas a variant keeps.
@@ -46,6 +51,8 @@ pub struct Ideas {
     pub slicing: bool,
     pub eqsat: bool,
     pub zero_bubble: bool,
+    /// Per-stage recomputation twins ([`super::stage_recompute`]).
+    pub stage_recompute: bool,
 }
 
 impl Ideas {
@@ -56,6 +63,7 @@ impl Ideas {
         slicing: true,
         eqsat: true,
         zero_bubble: true,
+        stage_recompute: true,
     };
 }
 
@@ -220,8 +228,12 @@ pub fn candidates_with(
             }
         }
     }
-    match ideas.zero_bubble {
+    let candidates = match ideas.zero_bubble {
         true => with_zero_bubble(candidates, spec, choices),
+        false => candidates,
+    };
+    match ideas.stage_recompute {
+        true => with_stage_recompute(candidates, choices),
         false => candidates,
     }
 }
@@ -315,8 +327,8 @@ pub(crate) fn no_zero_bubble(
     with_peer_plans(ideas, spec, batch, state, choices)
 }
 
-/// The method's candidates under `ideas` and the peers' plans, each with its zero-bubble twin
-/// where `ideas` keep zero bubble.
+/// The method's candidates under `ideas` and the peers' plans, each with its zero-bubble and
+/// per-stage recomputation twins where `ideas` keep them.
 fn with_peer_plans(
     ideas: Ideas,
     spec: &Spec,
@@ -325,11 +337,14 @@ fn with_peer_plans(
     choices: &Choices,
 ) -> Vec<Candidate> {
     let mut candidates = candidates_with(ideas, spec, batch, choices);
-    let peers = super::strategy::peer_plans(spec, batch, state, choices);
-    match ideas.zero_bubble {
-        true => candidates.extend(with_zero_bubble(peers, spec, choices)),
-        false => candidates.extend(peers),
+    let mut peers = super::strategy::peer_plans(spec, batch, state, choices);
+    if ideas.zero_bubble {
+        peers = with_zero_bubble(peers, spec, choices);
     }
+    if ideas.stage_recompute {
+        peers = with_stage_recompute(peers, choices);
+    }
+    candidates.extend(peers);
     candidates
 }
 variant!(
@@ -353,6 +368,19 @@ variant!(
         ..Ideas::ALL
     }
 );
+/// The full method's search with one recomputation mode per step (no per-stage twins).
+pub(crate) fn no_stage_recompute(
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let ideas = Ideas {
+        stage_recompute: false,
+        ..Ideas::ALL
+    };
+    with_peer_plans(ideas, spec, batch, state, choices)
+}
 variant!(
     no_eqsat,
     Ideas {

@@ -3,6 +3,7 @@
 //! - [`strategy`]: the strategies — the peers reproduced in the step IR and slimpack's own —
 //!   each a table row with its source, deviations and candidate configurations;
 //! - [`method`]: the candidates of the SlimPack method and its ablations;
+//! - [`stage_recompute`]: the per-stage recomputation twins of its candidates;
 //! - [`autotune`]: compiles every candidate of a strategy on a batch (but those a lower bound
 //!   from the machine model proves slower than a fitting step already found), scores each
 //!   with the simulator on the machine model, keeps the fastest that fits memory;
@@ -20,4 +21,5 @@ pub mod autotune;
 pub mod kept;
 pub mod method;
 pub mod run;
+pub mod stage_recompute;
 pub mod strategy;

@@ -82,6 +82,10 @@ pub struct Choices {
     /// schedules); off where the consumer runs whole backwards (`--emit mlir|llvm`, the CUDA
     /// backend).
     pub split_backwards: bool,
+    /// Whether slimpack may give each pipeline stage its own recomputation
+    /// (`assign-recompute`, see [`super::stage_recompute`]); off when the user fixed the mode
+    /// and where the consumer runs one mode per step (`--emit mlir|llvm`, `slimpack.torch`).
+    pub stage_recompute: bool,
 }
 
 pub use slimpack_machine::cost::DEFAULT_MEMORY_LIMIT;
@@ -95,6 +99,7 @@ impl Choices {
             memory_limit: DEFAULT_MEMORY_LIMIT,
             model_chunks: true,
             split_backwards: true,
+            stage_recompute: true,
         }
     }
 
@@ -106,6 +111,7 @@ impl Choices {
             memory_limit: DEFAULT_MEMORY_LIMIT,
             model_chunks: true,
             split_backwards: true,
+            stage_recompute: false,
         }
     }
 
@@ -113,6 +119,15 @@ impl Choices {
     pub fn whole_backwards(self) -> Choices {
         Choices {
             split_backwards: false,
+            ..self
+        }
+    }
+
+    /// The same choices with one recomputation mode per step (see
+    /// [`Choices::stage_recompute`]).
+    pub fn one_mode_per_step(self) -> Choices {
+        Choices {
+            stage_recompute: false,
             ..self
         }
     }
@@ -408,6 +423,15 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         source: "src/tune/method.rs",
         deviations: "no schedule-pipeline{zb=true} candidates",
         candidates: method::no_zero_bubble,
+        admit: None,
+        applies: None,
+    },
+    StrategyInfo {
+        name: "slimpack-no-stage-recompute",
+        summary: "ablation: one recomputation mode for the whole step (no per-stage modes)",
+        source: "src/tune/method.rs, src/tune/stage_recompute.rs",
+        deviations: "no assign-recompute candidates",
+        candidates: method::no_stage_recompute,
         admit: None,
         applies: None,
     },

@@ -132,6 +132,7 @@ pub(super) fn document(
                 StageDocument {
                     first_layer: stage.first_layer,
                     layers: stage.layers,
+                    recompute: stage.recompute,
                 }
             })
             .collect(),

@@ -33,6 +33,7 @@ pub(super) fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
             index: index as u32,
             first_layer: s.first_layer,
             layers: s.layers,
+            recompute: s.recompute,
         })
         .collect();
     let batch = BatchInfo {

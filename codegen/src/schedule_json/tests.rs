@@ -92,6 +92,32 @@ fn reads_back_into_the_same_step() {
     }
 }
 
+/// Per-stage recomputation (the `assign-recompute` filetest's output): each stage's own mode
+/// rides on its stage entry, the stages that run the model's have none, and it reads back.
+#[test]
+fn stage_recomputation_rides_on_the_stages_and_reads_back() {
+    let filetest = include_str!("../../../tests/filetests/assign-recompute/per-stage.sir");
+    let (_, scheduled) = filetest
+        .split_once("// ----- expected -----\n")
+        .expect("the filetest has its expected output");
+    let ir = step(scheduled);
+    let doc = document(&ir, None).unwrap();
+    let modes: Vec<Option<String>> = doc
+        .stages
+        .iter()
+        .map(|stage| stage.recompute.map(|mode| mode.to_string()))
+        .collect();
+    let expected = ["block:5", "block:3", "none", "none"].map(|mode| Some(mode.to_string()));
+    assert_eq!(modes, expected);
+    let json = serde_json::to_string(&doc).unwrap();
+    assert!(json.contains(r#""recompute":"none""#));
+    let back = to_ir(&parse(&json).unwrap()).unwrap();
+    let mut lowered = ir.clone();
+    program::lower_into(&mut lowered).unwrap();
+    lowered.advance(Phase::Lowered);
+    assert_eq!(text::print(&back), text::print(&lowered));
+}
+
 /// A zero-bubble schedule (the `schedule-pipeline` filetest's output): each stage's deferred
 /// weight gradients, the split backwards' parts on the devices, and the same step read back.
 #[test]

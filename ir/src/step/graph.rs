@@ -18,7 +18,7 @@ use super::node::{
     BatchInfo, Direction, Edge, Node, Pack, Part, Phase, Replica, Sample, Slice, Stage, StageOp,
 };
 use crate::program::Program;
-use crate::spec::Spec;
+use crate::spec::{Recompute, Spec};
 
 /// One training step, from samples to schedule.
 #[derive(Debug, Clone)]
@@ -62,6 +62,7 @@ impl StepIr {
                 index,
                 first_layer: index * per_stage,
                 layers: per_stage,
+                recompute: None,
             })
             .collect();
         StepIr::with_stages(spec, batch, &stages)
@@ -259,6 +260,30 @@ impl StepIr {
     pub fn stage(&self, id: StageId) -> &Stage {
         match &self.graph[id.0] {
             Node::Stage(stage) => stage,
+            other => panic!("{id:?} is not a stage but {other:?}; this is a bug"),
+        }
+    }
+
+    /// The activation recomputation stage `index` (in pipeline order) runs: its own mode where
+    /// one was assigned ([`Stage::recompute`]), the model's otherwise.
+    pub fn stage_recompute(&self, index: u32) -> Recompute {
+        let stage = self.stage(self.stages[index as usize]);
+        stage.recompute.unwrap_or(self.spec.model.recompute)
+    }
+
+    /// True when some stage runs a recomputation of its own, other than the model's.
+    pub fn has_stage_recompute(&self) -> bool {
+        (0..self.stages.len() as u32)
+            .any(|index| self.stage_recompute(index) != self.spec.model.recompute)
+    }
+
+    /// Sets the recomputation of stage `index` (`None`: the model's mode). A mode equal to the
+    /// model's is stored as `None`, so that a step prints the same whichever way it was reached.
+    pub fn set_stage_recompute(&mut self, index: u32, mode: Option<Recompute>) {
+        let mode = mode.filter(|&mode| mode != self.spec.model.recompute);
+        let id = self.stages[index as usize];
+        match &mut self.graph[id.0] {
+            Node::Stage(stage) => stage.recompute = mode,
             other => panic!("{id:?} is not a stage but {other:?}; this is a bug"),
         }
     }

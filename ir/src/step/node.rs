@@ -1,5 +1,6 @@
 //! Node and edge payloads of the step IR, and the compilation phase.
 
+use crate::spec::Recompute;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -181,6 +182,11 @@ pub struct Stage {
     pub index: u32,
     pub first_layer: u32,
     pub layers: u32,
+    /// The stage's own activation recomputation, where a pass chose one (`assign-recompute`):
+    /// it replaces the model's mode (`spec.model.recompute`) for this stage's layers, so that
+    /// a stage holding few forwards in flight need not recompute what memory does not force.
+    /// `None`: the model's mode. Read it through [`crate::StepIr::stage_recompute`].
+    pub recompute: Option<Recompute>,
 }
 
 /// A replica: one DP rank, or a DP-Merge group of several acting as one context-parallel group.

@@ -12,7 +12,7 @@
 //!   cluster name="..." gpus_per_node=N intra_bandwidth=F intra_latency=F inter_bandwidth=F inter_latency=F
 //!   parallel tp=N [cp=N] pp=N dp=N
 //!   batch source="..." [context=N] documents=N documents_cut=N
-//!   %st0 = stage layers=A..B
+//!   %st0 = stage layers=A..B [recompute=none|selective|full|block:K]   (the stage's own mode)
 //!   %r0 = replica dp=[i, j]
 //!   %d0 = sample len=N doc=N piece=N [on %r0]
 //!     %d0.0 = slice A..B                      (belongs to the sample above)

@@ -609,12 +609,17 @@ impl Parser<'_> {
                 }
                 let mut a = self.attributes("stage", kind_at)?;
                 let (first, end) = self.range(self.take(&mut a, "layers")?)?;
-                self.finish(a, &["layers"])?;
+                let recompute = match self.take_optional(&mut a, "recompute")? {
+                    Some(value) => Some(self.word(value)?),
+                    None => None,
+                };
+                self.finish(a, &["layers", "recompute"])?;
                 let index = body.stages.len() as u32;
                 body.stages.push(Stage {
                     index,
                     first_layer: first,
                     layers: end.saturating_sub(first),
+                    recompute,
                 });
                 Named::Stage(index)
             }

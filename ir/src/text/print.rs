@@ -14,13 +14,19 @@ pub fn print(ir: &StepIr) -> String {
     header(ir, &mut out);
     for &stage_id in ir.stages() {
         let stage = ir.stage(stage_id);
-        let _ = writeln!(
+        let _ = write!(
             out,
             "  {} = stage layers={}..{}",
             names.stage(stage_id),
             stage.first_layer,
             stage.first_layer + stage.layers
         );
+        match stage.recompute {
+            Some(mode) => {
+                let _ = writeln!(out, " recompute={mode}");
+            }
+            None => out.push('\n'),
+        }
     }
     for &replica in ir.replicas() {
         let ranks: Vec<String> = ir

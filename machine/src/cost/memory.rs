@@ -26,7 +26,10 @@
 //!   Selective recomputation drops the attention output and log-sum-exp (recomputed from Q, K, V
 //!   in the backward); full recomputation keeps only the layer input, `h·b`; block
 //!   recomputation (`block:K`, Megatron's `--recompute-method block`) keeps `h·b` for the first
-//!   `K` layers of each model chunk and everything for the rest. The last stage also
+//!   `K` layers of each model chunk and everything for the rest. A stage that runs a mode of
+//!   its own (`assign-recompute`) is sized by the model of that mode
+//!   ([`super::CostModel::with_recompute`]), so its forwards save, and its backwards free, what
+//!   its mode keeps. The last stage also
 //!   keeps the final norm's input and output (`2h·b`) and the fp32 softmax of the loss
 //!   (`4·vocab`, all `÷ tp`).
 //! - K/V retention: `2 · kv_heads · head_dim · b / tp` per token per layer while any slice of the

@@ -182,8 +182,15 @@ impl CostModel {
     /// included): what a step's work costs when nothing is recomputed. The simulator's useful
     /// ideal and floor are priced with it.
     pub fn without_recompute(&self) -> CostModel {
+        self.with_recompute(Recompute::None)
+    }
+
+    /// This model with the recomputation `mode` in place of the model's (the same rates,
+    /// measured ones included): how the simulator prices and sizes a stage that runs a mode
+    /// of its own (`slimpack_ir::step::Stage::recompute`).
+    pub fn with_recompute(&self, mode: Recompute) -> CostModel {
         let mut spec = self.spec.clone();
-        spec.model.recompute = Recompute::None;
+        spec.model.recompute = mode;
         CostModel {
             throughput: self.throughput.clone(),
             ..CostModel::new(&spec)

@@ -19,7 +19,8 @@
 //!   reduce-scatter → optimizer step → parameter all-gather. A device's sync overlaps the
 //!   backwards still running on other devices.
 //!
-//! Durations come from [`CostModel`]: a pack's critical path (compute, exposed TP collectives,
+//! Durations come from [`CostModel`] — under each stage's own recomputation where a pass
+//! assigned one (`StepIr::stage_recompute`, [`CostModel::with_recompute`]): a pack's critical path (compute, exposed TP collectives,
 //! the part of a merged group's CP exchange that the attention kernels cannot hide), sends,
 //! the two halves of the DP sync, the optimizer step. Nothing here computes a cost itself.
 //!
@@ -128,6 +129,18 @@ pub(super) fn build(ir: &StepIr, cost: &CostModel, layout: Layout) -> Result<Bui
     Ok(builder.finish())
 }
 
+/// Per stage of `ir`, `cost` under the stage's own recomputation where it differs from the
+/// model's.
+fn stage_costs(ir: &StepIr, cost: &CostModel) -> Vec<Option<CostModel>> {
+    let model = ir.spec.model.recompute;
+    (0..ir.spec.parallel.stages())
+        .map(|stage| {
+            let mode = ir.stage_recompute(stage);
+            (mode != model).then(|| cost.with_recompute(mode))
+        })
+        .collect()
+}
+
 struct Builder<'a> {
     ir: &'a StepIr,
     cost: &'a CostModel,
@@ -135,6 +148,9 @@ struct Builder<'a> {
     rates: SaturatedRates,
     /// The same machine without recomputation: prices the useful FLOPs and the floor.
     useful_cost: CostModel,
+    /// Per stage, the machine under the stage's own recomputation where it has one other
+    /// than the model's (`StepIr::stage_recompute`); `None`: `cost`.
+    stage_costs: Vec<Option<CostModel>>,
     replicas: Vec<Vec<u32>>,
     packs: Vec<PackInfo>,
     /// Slices of each pack, as positions in `slices` / `pairs`.
@@ -191,6 +207,7 @@ impl<'a> Builder<'a> {
             layout,
             rates: SaturatedRates::new(cost),
             useful_cost: cost.without_recompute(),
+            stage_costs: stage_costs(ir, cost),
             replicas,
             packs: Vec::new(),
             pack_slices: Vec::new(),
@@ -376,9 +393,9 @@ impl<'a> Builder<'a> {
         let range = self.pack_slices[pack.0 as usize].clone();
         let pairs = &self.pairs[range.start as usize..range.end as usize];
         let ranks = &self.replicas[info.replica as usize];
-        let time = self
-            .cost
-            .pack_part_time_on(stage, pairs, info.direction, part, ranks);
+        let time =
+            self.stage_cost(stage)
+                .pack_part_time_on(stage, pairs, info.direction, part, ranks);
         let parts = self.compute_parts(pack, stage, part, &time);
         let layout = self.layout;
         let groups = self
@@ -425,9 +442,9 @@ impl<'a> Builder<'a> {
         let (mut useful, mut recompute, mut padding) = (0.0, 0.0, 0.0);
         for position in range {
             let (len, prefix) = self.pairs[position as usize];
-            let executed = self
-                .cost
-                .stage_part_flops(stage, len, prefix, info.direction, part);
+            let executed =
+                self.stage_cost(stage)
+                    .stage_part_flops(stage, len, prefix, info.direction, part);
             let model = self
                 .useful_cost
                 .stage_part_flops(stage, len, prefix, info.direction, part);
@@ -466,7 +483,7 @@ impl<'a> Builder<'a> {
     /// gradients: no temporaries counted).
     fn memory_effect(&self, pack: PackIndex, stage: u32, part: Part) -> MemoryEffect {
         let info = &self.packs[pack.0 as usize];
-        let memory = self.cost.memory();
+        let memory = self.stage_cost(stage).memory();
         let split = self.split(info.replica);
         let share = |len: u64| len.div_ceil(split);
         let deferred = || {
@@ -531,6 +548,13 @@ impl<'a> Builder<'a> {
             }
         }
         effect
+    }
+
+    /// The machine `stage` runs on: the model's, under the stage's own recomputation.
+    fn stage_cost(&self, stage: u32) -> &CostModel {
+        self.stage_costs[stage as usize]
+            .as_ref()
+            .unwrap_or(self.cost)
     }
 
     /// CP degree of a replica: its merged DP ranks times the static CP degree.

@@ -261,3 +261,41 @@ fn calibrated_kernels_never_beat_the_saturated_rates() {
     assert!(m.efficiency <= m.schedule_efficiency && m.schedule_efficiency <= 1.0);
     assert_sums_to_step(m);
 }
+
+#[test]
+fn a_stage_of_its_own_recomputation_is_priced_and_sized_as_that_mode() {
+    // Two stages under recompute=full; stage 1 alone switched to none. Stage 1's tasks take
+    // the times of a none model, stage 0's stay full's; stage 1's device peak grows by what
+    // its forwards keep more, stage 0's does not move; the recompute loss shrinks.
+    let mut full = spec("llama-7b", "h100-sxm", "tp=8,pp=2,dp=1");
+    full.model.recompute = Recompute::Full;
+    let mut none = full.clone();
+    none.model.recompute = Recompute::None;
+    let plans = plain(&[vec![vec![8192], vec![4096], vec![8192]]]);
+    let (_, cost, uniform) = run(full.clone(), &plans);
+    let mut ir = one_f_one_b(full, &plans);
+    ir.set_stage_recompute(1, Some(Recompute::None));
+    assert_eq!(ir.stage_recompute(0), Recompute::Full);
+    assert_eq!(ir.stage_recompute(1), Recompute::None);
+    let (_, _, mixed) = checked_run(ir);
+    let none_cost = CostModel::new(&none);
+    for (task, span) in mixed.tasks() {
+        let Some(pack) = task.pack else { continue };
+        if !matches!(task.kind, super::super::TaskKind::Backward) {
+            continue;
+        }
+        let tokens = mixed.pack(pack).tokens;
+        let model = if task.stage == 1 { &none_cost } else { &cost };
+        let expected = model
+            .pack_time_on(task.stage, &[(tokens, 0)], Backward, &[0])
+            .critical_path_s();
+        assert_close(span.end_s - span.start_s, expected, "backward time");
+    }
+    let peak = |result: &super::super::SimResult, stage: u32| {
+        result.memory[result.layout.group(0, stage).index()].peak_bytes
+    };
+    assert_eq!(peak(&mixed, 0), peak(&uniform, 0));
+    assert!(peak(&mixed, 1) > peak(&uniform, 1));
+    assert!(mixed.metrics.losses.recompute_s < uniform.metrics.losses.recompute_s);
+    assert_sums_to_step(&mixed.metrics);
+}

@@ -1,0 +1,304 @@
+//! `assign-recompute`: per pipeline device, the least activation recomputation that keeps the
+//! device's simulated peak memory within the limit.
+//!
+//! Phase in and out: `scheduled` (the packs and orders are not changed; only the stages'
+//! `recompute=` attribute, [`slimpack_ir::step::Stage::recompute`]).
+//!
+//! Why per stage: one recomputation mode for the whole step is sized for the device that holds
+//! the most. In a 1F1B pipeline, stage `s` of `pp` holds up to `pp - s` forwards' activations
+//! while the last stage holds about one, so a mode that makes stage 0 fit recomputes on every
+//! later stage what their memory never forced.
+//!
+//! The ladder of modes a device may take, from the least recomputation to the most: `none`,
+//! `block:1`, ..., `block:L-1`, `full` (`L` the layers of a model chunk) — each step keeps
+//! less and replays more. Every stage (model chunk) of a pipeline device takes the device's
+//! mode. The choice is made on the simulator's memory timeline, not on an estimate: a binary
+//! search per device over the ladder, all devices at once (one simulation per round), and
+//! then, since a device's peak also moves a little with the others' timing, a check that
+//! raises any device still over the limit one rung at a time until every device fits or runs
+//! `full`. The schedule itself was built by `schedule-pipeline` under the model's mode (run
+//! the step with `recompute=full` so that its warm-ups are not cut for memory, and let this
+//! pass give the memory back where it is not needed).
+//!
+//! Per pack (a forward's own number of recomputed layers) is not modelled: with asymmetric
+//! packs a backward pack would replay slices saved under several modes, which the cost model
+//! prices per stage, not per slice.
+
+use crate::error::{PassError, Result};
+use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
+use slimpack_ir::spec::Recompute;
+use slimpack_ir::step::Phase;
+use slimpack_ir::StepIr;
+use slimpack_machine::cost::{CostModel, DEFAULT_MEMORY_LIMIT};
+use slimpack_machine::sim::{self, GroupId};
+
+pub(crate) const INFO: PassInfo = PassInfo {
+    name: "assign-recompute",
+    summary: "per pipeline stage, the least block recomputation that fits memory (simulated)",
+    description: "Per pipeline device, the least recomputation on the ladder none, block:1, \
+                  ..., full whose simulated peak memory stays within the `memory` fraction of \
+                  the device; written on the stages as recompute=<mode>. Phase scheduled -> \
+                  scheduled (packs and orders unchanged).",
+    accepts: Phase::Scheduled..=Phase::Scheduled,
+    produces: None,
+    options: &[OptionInfo {
+        name: "memory",
+        help: "the fraction of device memory each device's simulated peak may reach",
+        default: Some("0.92"),
+    }],
+    create: |options| Ok(Box::new(AssignRecompute::from_options(options)?)),
+};
+
+/// The per-stage recomputation pass.
+#[derive(Debug, Clone, Copy)]
+pub struct AssignRecompute {
+    /// The fraction of device memory a device's peak may reach (the tuner's limit unless
+    /// given).
+    pub memory: f64,
+}
+
+impl Default for AssignRecompute {
+    fn default() -> AssignRecompute {
+        AssignRecompute {
+            memory: DEFAULT_MEMORY_LIMIT,
+        }
+    }
+}
+
+impl AssignRecompute {
+    fn from_options(options: &PassOptions) -> Result<AssignRecompute> {
+        let memory: f64 = options
+            .get("memory", "a fraction in (0, 1]")?
+            .expect("declared with a default");
+        if !(memory > 0.0 && memory <= 1.0) {
+            return Err(PassError::BadOption {
+                pass: INFO.name,
+                option: "memory".into(),
+                value: memory.to_string(),
+                message: "out of range".into(),
+            });
+        }
+        Ok(AssignRecompute { memory })
+    }
+}
+
+impl Pass for AssignRecompute {
+    fn info(&self) -> &'static PassInfo {
+        &INFO
+    }
+
+    fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
+        let cost = cx.machine();
+        let limit = (cost.memory().capacity_bytes() as f64 * self.memory) as u64;
+        let top = ir.spec.layers_per_chunk();
+        let pp = ir.spec.parallel.pp as usize;
+        let mut simulations = 0u64;
+        // The levels last simulated and their peaks: the check's first round is usually the
+        // search's last probe, which needs no second simulation.
+        let mut last: Option<(Vec<u32>, Vec<u64>)> = None;
+        let mut peaks = |ir: &mut StepIr, levels: &[u32]| -> Result<Vec<u64>> {
+            if let Some((simulated, peaks)) = &last {
+                if simulated == levels {
+                    return Ok(peaks.clone());
+                }
+            }
+            simulations += 1;
+            set_levels(ir, levels, top);
+            let peaks = device_peaks(ir, cost)?;
+            last = Some((levels.to_vec(), peaks.clone()));
+            Ok(peaks)
+        };
+        // Binary search per device for the lowest rung that fits: `high` fits (or is the top).
+        let (mut low, mut high) = (vec![0u32; pp], vec![top; pp]);
+        while low.iter().zip(&high).any(|(l, h)| l < h) {
+            let probe: Vec<u32> = low
+                .iter()
+                .zip(&high)
+                .map(|(&l, &h)| if l < h { (l + h) / 2 } else { h })
+                .collect();
+            let device_peaks = peaks(ir, &probe)?;
+            for device in 0..pp {
+                if low[device] >= high[device] {
+                    continue;
+                }
+                match device_peaks[device] <= limit {
+                    true => high[device] = probe[device],
+                    false => low[device] = probe[device] + 1,
+                }
+            }
+        }
+        // The check: a device over the limit (its neighbours' modes moved its timeline) goes
+        // one rung up until every device fits or recomputes everything.
+        let mut levels = high;
+        loop {
+            let device_peaks = peaks(ir, &levels)?;
+            let mut raised = false;
+            for device in 0..pp {
+                if device_peaks[device] > limit && levels[device] < top {
+                    levels[device] += 1;
+                    raised = true;
+                }
+            }
+            if !raised {
+                break;
+            }
+        }
+        let mut statistics = Statistics::new();
+        statistics.set("simulations", simulations);
+        statistics.set(
+            "devices_recomputing",
+            levels.iter().filter(|&&level| level > 0).count() as u64,
+        );
+        statistics.set(
+            "recomputed_layers_per_replica",
+            u64::from(ir.spec.parallel.vpp) * levels.iter().map(|&l| u64::from(l)).sum::<u64>(),
+        );
+        statistics.set(
+            "modes",
+            levels
+                .iter()
+                .map(|&level| ladder_mode(level, top).to_string())
+                .collect::<Vec<_>>()
+                .join(" "),
+        );
+        Ok(statistics)
+    }
+}
+
+/// Rung `level` of the ladder over a chunk of `top` layers: `none`, `block:level`, `full`.
+pub fn ladder_mode(level: u32, top: u32) -> Recompute {
+    match level {
+        0 => Recompute::None,
+        level if level >= top => Recompute::Full,
+        level => Recompute::Block(level),
+    }
+}
+
+/// Sets every stage of pipeline device `d` to rung `levels[d]`.
+fn set_levels(ir: &mut StepIr, levels: &[u32], top: u32) {
+    let parallel = ir.spec.parallel;
+    for (device, &level) in levels.iter().enumerate() {
+        for stage in parallel.stages_on(device as u32) {
+            ir.set_stage_recompute(stage, Some(ladder_mode(level, top)));
+        }
+    }
+}
+
+/// The simulated peak memory of each pipeline device (its highest device group).
+fn device_peaks(ir: &StepIr, cost: &CostModel) -> Result<Vec<u64>> {
+    let result = sim::simulate(ir, cost).map_err(|error| PassError::Failed {
+        pass: INFO.name,
+        message: format!("simulating the step: {error}"),
+    })?;
+    let mut peaks = vec![0u64; ir.spec.parallel.pp as usize];
+    for (group, memory) in result.memory.iter().enumerate() {
+        let device = result.layout.stage_of(GroupId(group as u32)) as usize;
+        peaks[device] = peaks[device].max(memory.peak_bytes);
+    }
+    Ok(peaks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slimpack_ir::Spec;
+    use slimpack_machine::sim::fixture::{one_f_one_b, ReplicaPlan};
+
+    /// llama-7b on a 40 GiB H100 at tp=2, pp=4: eight 16K-token samples in 1F1B, where stage
+    /// 0 holds four forwards and the last stage one — so the uniform mode that fits stage 0
+    /// recomputes on the last stage what its memory does not need.
+    fn step(recompute: Recompute) -> StepIr {
+        let mut spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=2,pp=4,dp=1").unwrap();
+        spec.cluster.gpu.hbm_bytes = 40 << 30;
+        spec.model.recompute = recompute;
+        let plan = ReplicaPlan {
+            ranks: vec![0],
+            packs: vec![vec![16384]; 8],
+        };
+        one_f_one_b(spec, &[plan])
+    }
+
+    fn assigned(recompute: Recompute) -> (StepIr, Statistics) {
+        let mut ir = step(recompute);
+        let cx = PassContext::for_spec(&ir.spec);
+        let statistics = AssignRecompute::default().run(&mut ir, &cx).unwrap();
+        (ir, statistics)
+    }
+
+    fn limit(ir: &StepIr) -> u64 {
+        let capacity = slimpack_machine::machine_model(&ir.spec)
+            .memory()
+            .capacity_bytes();
+        (capacity as f64 * DEFAULT_MEMORY_LIMIT) as u64
+    }
+
+    #[test]
+    fn per_stage_modes_fit_and_recompute_less_than_the_uniform_mode() {
+        let none = step(Recompute::None);
+        let cost = slimpack_machine::machine_model(&none.spec);
+        let none_peaks = device_peaks(&none, &cost).unwrap();
+        assert!(
+            none_peaks[0] > limit(&none),
+            "the test needs a step whose first stage does not fit without recomputation"
+        );
+        let full = step(Recompute::Full);
+        let full_sim = sim::simulate(&full, &slimpack_machine::machine_model(&full.spec)).unwrap();
+        assert!(full_sim.metrics.peak_memory_bytes <= limit(&full));
+
+        let (ir, statistics) = assigned(Recompute::Full);
+        let cost = slimpack_machine::machine_model(&ir.spec);
+        let peaks = device_peaks(&ir, &cost).unwrap();
+        assert!(peaks.iter().all(|&peak| peak <= limit(&ir)), "{peaks:?}");
+        let modes: Vec<Recompute> = (0..4).map(|stage| ir.stage_recompute(stage)).collect();
+        // Fewer forwards in flight, less recomputation: never more on a later stage.
+        let layers = |mode: Recompute| mode.mix(8).full * 8.0;
+        assert!(
+            modes.windows(2).all(|w| layers(w[0]) >= layers(w[1])),
+            "{modes:?}"
+        );
+        assert_eq!(modes[3], Recompute::None, "{modes:?}");
+        assert_ne!(modes[0], Recompute::None, "{modes:?}");
+        let per_stage = sim::simulate(&ir, &cost).unwrap().metrics;
+        assert!(per_stage.losses.recompute_s < full_sim.metrics.losses.recompute_s);
+        assert!(per_stage.step_time_s < full_sim.metrics.step_time_s);
+        assert!(statistics.get("simulations").is_some());
+    }
+
+    #[test]
+    fn each_device_runs_the_least_rung_that_fits() {
+        let (ir, _) = assigned(Recompute::Full);
+        let cost = slimpack_machine::machine_model(&ir.spec);
+        let top = ir.spec.layers_per_chunk();
+        let rung = |mode: Recompute| match mode {
+            Recompute::None => 0,
+            Recompute::Block(k) => k,
+            _ => top,
+        };
+        let levels: Vec<u32> = (0..4)
+            .map(|stage| rung(ir.stage_recompute(stage)))
+            .collect();
+        for device in 0..4 {
+            if levels[device] == 0 {
+                continue;
+            }
+            let mut lower = ir.clone();
+            let mut less = levels.clone();
+            less[device] -= 1;
+            set_levels(&mut lower, &less, top);
+            let peaks = device_peaks(&lower, &cost).unwrap();
+            assert!(
+                peaks[device] > limit(&ir),
+                "device {device} fits one rung lower than {levels:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_step_that_fits_without_recomputation_recomputes_nothing() {
+        let mut ir = step(Recompute::Full);
+        ir.spec.cluster.gpu.hbm_bytes = 80 << 30;
+        let cx = PassContext::for_spec(&ir.spec);
+        AssignRecompute::default().run(&mut ir, &cx).unwrap();
+        assert!((0..4).all(|stage| ir.stage_recompute(stage) == Recompute::None));
+    }
+}

@@ -1,0 +1,175 @@
+//! Per-stage recomputation in the search: a twin of every candidate that recomputes fully,
+//! whose pipeline ends in `assign-recompute` (see `slimpack_passes::assign_recompute`).
+//!
+//! The twin compiles and schedules the step as its original does — under `recompute=full`, so
+//! that `schedule-pipeline` cuts no warm-up for memory — and then gives each pipeline device
+//! the least recomputation its simulated peak memory allows (`none` on the stages that hold
+//! few forwards, `block:K` or `full` where memory forces it). The originals stay in the
+//! search, so it only grows; the simulator decides. Labels say `recompute=per-stage`.
+//!
+//! Only where the choices allow it (`Choices::stage_recompute`: not when the user fixed a mode,
+//! nor for consumers that run one mode per step).
+
+use slimpack_ir::spec::Recompute;
+use slimpack_passes::parse_pipeline;
+
+use super::strategy::{Candidate, Choices, Variant, DEFAULT_MEMORY_LIMIT};
+
+/// The pass that assigns the stages' recomputation.
+const PASS: &str = "assign-recompute";
+
+/// `candidates` and, where `choices` let the strategy choose its recomputation, the per-stage
+/// twin of each one that recomputes fully (after them, in their order).
+pub fn with_stage_recompute(candidates: Vec<Candidate>, choices: &Choices) -> Vec<Candidate> {
+    if !choices.stage_recompute {
+        return candidates;
+    }
+    let pass = match choices.memory_limit == DEFAULT_MEMORY_LIMIT {
+        true => PASS.to_string(),
+        false => format!("{PASS}{{memory={}}}", choices.memory_limit),
+    };
+    let assign = |pipeline: &str| format!("{pipeline},{pass}");
+    let twins: Vec<Candidate> = candidates
+        .iter()
+        .filter(|candidate| candidate.recompute == Recompute::Full)
+        .map(|candidate| Candidate {
+            label: candidate
+                .label
+                .replace("recompute=full", "recompute=per-stage"),
+            pipeline: assign(&candidate.pipeline),
+            variants: candidate
+                .variants
+                .iter()
+                .map(|variant| Variant {
+                    label: variant.label.clone(),
+                    pipeline: assign(&variant.pipeline),
+                })
+                .collect(),
+            ..candidate.clone()
+        })
+        .collect();
+    let mut all = candidates;
+    all.extend(twins);
+    all
+}
+
+/// The recomputation that bounds `candidate`'s work from below: its own mode, or `none` where
+/// its pipeline assigns the stages theirs (a stage may then recompute less than the
+/// candidate's mode).
+pub fn least_recompute(candidate: &Candidate) -> Recompute {
+    let assigns = |pipeline: &str| {
+        parse_pipeline(pipeline)
+            .map(|entries| entries.iter().any(|entry| entry.info.name == PASS))
+            .unwrap_or(false)
+    };
+    let any = std::iter::once(&candidate.pipeline)
+        .chain(candidate.variants.iter().map(|variant| &variant.pipeline))
+        .any(|pipeline| assigns(pipeline));
+    match any {
+        true => Recompute::None,
+        false => candidate.recompute,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(recompute: Recompute) -> Candidate {
+        Candidate {
+            label: format!("cp=1,recompute={recompute}"),
+            pipeline: "assign-dp,pack-fwd{cap=8},pack-bwd{cap=8},schedule-pipeline".into(),
+            variants: vec![Variant {
+                label: "order=1f1b".into(),
+                pipeline: "assign-dp,pack-fwd{cap=8},pack-bwd{cap=8},schedule-pipeline{order=1f1b}"
+                    .into(),
+            }],
+            recompute,
+            vpp: None,
+        }
+    }
+
+    #[test]
+    fn full_candidates_get_a_per_stage_twin() {
+        let candidates = vec![candidate(Recompute::None), candidate(Recompute::Full)];
+        let all = with_stage_recompute(candidates.clone(), &Choices::all());
+        assert_eq!(all.len(), 3);
+        assert_eq!(&all[..2], &candidates[..]);
+        let twin = &all[2];
+        assert_eq!(twin.label, "cp=1,recompute=per-stage");
+        assert_eq!(twin.recompute, Recompute::Full);
+        assert!(twin.pipeline.ends_with(",assign-recompute"));
+        assert!(twin.variants[0]
+            .pipeline
+            .ends_with("order=1f1b},assign-recompute"));
+        assert_eq!(least_recompute(twin), Recompute::None);
+        assert_eq!(least_recompute(&all[1]), Recompute::Full);
+    }
+
+    /// On a pipeline whose first stage must recompute (llama-7b on 40 GiB devices, pp=4), each
+    /// per-stage twin of slimpack's candidates fits wherever its uniform `full` original fits,
+    /// and recomputes less (never more).
+    #[test]
+    fn per_stage_twins_fit_where_full_fits_and_recompute_less() {
+        use super::super::autotune::evaluate;
+        use super::super::strategy::{lookup, StrategyState};
+        use slimpack_ir::batch::Batch;
+        use slimpack_ir::Spec;
+
+        let mut spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=2,pp=4,dp=1").unwrap();
+        spec.cluster.gpu.hbm_bytes = 40 << 30;
+        let lengths: Vec<u32> = (0..12).map(|i| 4096 + 2048 * (i % 5)).collect();
+        let batch = Batch::from_lengths(&lengths, Some(16384), "test");
+        let info = lookup("slimpack").unwrap();
+        let choices = Choices::all();
+        let limit = choices.memory_limit_for(&spec);
+        let candidates = (info.candidates)(&spec, &batch, &StrategyState::default(), &choices);
+        let mut compared = 0;
+        for twin in candidates
+            .iter()
+            .filter(|c| c.label.contains("recompute=per-stage"))
+        {
+            if compared == 4 {
+                break;
+            }
+            let label = twin.label.replace("recompute=per-stage", "recompute=full");
+            let original = candidates.iter().find(|c| c.label == label).unwrap();
+            let (uniform, _) = evaluate(info, &spec, &batch, original, limit).unwrap();
+            let (per_stage, _) = evaluate(info, &spec, &batch, twin, limit).unwrap();
+            if uniform.metrics.oom || uniform.metrics.peak_memory_bytes > limit {
+                continue;
+            }
+            assert!(
+                per_stage.metrics.peak_memory_bytes <= limit,
+                "{}: {} > {limit}",
+                twin.label,
+                per_stage.metrics.peak_memory_bytes
+            );
+            assert!(
+                per_stage.metrics.losses.recompute_s < uniform.metrics.losses.recompute_s,
+                "{}",
+                twin.label
+            );
+            compared += 1;
+        }
+        assert_eq!(compared, 4, "too few fitting pairs compared");
+    }
+
+    #[test]
+    fn a_fixed_mode_gets_no_twin_and_a_limit_reaches_the_pass() {
+        let candidates = vec![candidate(Recompute::Full)];
+        let fixed = Choices::fixed(Recompute::Full);
+        assert_eq!(with_stage_recompute(candidates.clone(), &fixed), candidates);
+        let one_mode = Choices::all().one_mode_per_step();
+        assert_eq!(
+            with_stage_recompute(candidates.clone(), &one_mode),
+            candidates
+        );
+        let tight = Choices {
+            memory_limit: 0.8,
+            ..Choices::all()
+        };
+        let all = with_stage_recompute(candidates, &tight);
+        assert!(all[1].pipeline.ends_with(",assign-recompute{memory=0.8}"));
+    }
+}
