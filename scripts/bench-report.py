@@ -137,6 +137,19 @@ def main():
             off = rows.get(f"slimpack-no-{idea}")
             cells.append(f"{ratio(s['useful_flops_per_s'], off['useful_flops_per_s']):.2f}x" if off else "")
         w(f"| {sid} | " + " | ".join(cells) + " |")
+    optin = [(sid, config, rows) for sid, config, rows in runs if "slimpack-outlier-delay" in rows]
+    if optin:
+        w("")
+        w("Opt-in `slimpack-outlier-delay` (WLB-LLM's outlier delay, then slimpack's search; it "
+          "changes which step trains a document, so it is never the default) against the best peer:")
+        w("")
+        w("| scenario | useful PF/s | vs best peer | vs slimpack | re-plans |")
+        w("|---|---|---|---|---|")
+        for sid, config, rows in optin:
+            d, s, best = rows["slimpack-outlier-delay"], rows.get("slimpack"), config.get("best_peer")
+            w(f"| {sid} | {d['useful_flops_per_s'] / 1e15:.1f}{'' if fits(d) else '*'} "
+              f"| {ratio(d['useful_flops_per_s'], rows[best]['useful_flops_per_s']) if best else float('nan'):.2f}x ({best}) "
+              f"| {ratio(d['useful_flops_per_s'], s['useful_flops_per_s']) if s else float('nan'):.2f}x | {d['replans']} |")
     print("\n".join(out))
 
 
