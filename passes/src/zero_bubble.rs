@@ -30,7 +30,7 @@ use std::collections::{HashMap, VecDeque};
 
 use slimpack_ir::step::{Direction, PackId, Part, ReplicaId, StageOp};
 use slimpack_ir::StepIr;
-use slimpack_machine::cost::CostModel;
+use slimpack_machine::cost::{CostModel, PackWork};
 
 /// Durations and memory of one pack on one stage.
 #[derive(Debug, Clone, Copy, Default)]
@@ -226,23 +226,32 @@ fn pack_costs(
 ) -> Vec<Vec<PackCost>> {
     let ranks = &ir.replica(replica).ranks;
     let split = ranks.len() as u64 * u64::from(ir.spec.parallel.cp_degree());
+    let merged = ranks.len() as u32;
     let memory = cost.memory();
+    // Each pack's slices and the sums its time needs, read once for every stage.
+    let shapes: Vec<(Direction, Vec<(u64, u64)>, PackWork)> = packs
+        .iter()
+        .map(|&pack| {
+            let direction = ir.pack(pack).direction;
+            let pairs: Vec<(u64, u64)> = ir
+                .pack_slices(pack)
+                .iter()
+                .map(|&s| {
+                    let slice = ir.slice(s);
+                    (u64::from(slice.len), u64::from(slice.start))
+                })
+                .collect();
+            let work = cost.pack_work(&pairs, direction, merged);
+            (direction, pairs, work)
+        })
+        .collect();
     (0..stages as u32)
         .map(|stage| {
-            packs
+            shapes
                 .iter()
-                .map(|&pack| {
-                    let direction = ir.pack(pack).direction;
-                    let pairs: Vec<(u64, u64)> = ir
-                        .pack_slices(pack)
-                        .iter()
-                        .map(|&s| {
-                            let slice = ir.slice(s);
-                            (u64::from(slice.len), u64::from(slice.start))
-                        })
-                        .collect();
+                .map(|(direction, pairs, work)| {
                     let time = |part| {
-                        cost.pack_part_time_on(stage, &pairs, direction, part, ranks)
+                        cost.work_part_time_on(stage, work, part, ranks)
                             .critical_path_s()
                     };
                     let share = |len: u64| len.div_ceil(split);

@@ -104,6 +104,21 @@ pub struct PackTime {
     pub cp_comm_s: f64,
 }
 
+/// The sums over a pack's slices that its time depends on, on any stage: its tokens, its keys
+/// (prefix plus length of every slice) and one layer's attention seconds on one device. A pack
+/// runs on every stage of its replica with the same slices, so [`CostModel::pack_work`] walks
+/// the slices once and [`CostModel::work_part_time_on`] times each stage from the sums, the
+/// same figures as [`CostModel::pack_part_time_on`] to the bit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PackWork {
+    direction: Direction,
+    /// DP replicas merged into the CP group that runs the pack (1: no merge).
+    merged: u32,
+    tokens: u64,
+    keys: u64,
+    attention_layer_s: f64,
+}
+
 impl PackTime {
     /// Compute plus the exposed TP collectives plus whatever CP exchange the attention kernels
     /// cannot hide.
@@ -267,8 +282,7 @@ impl CostModel {
             .comm
             .topology()
             .replicas_link(stage, dp_members.iter().copied());
-        let merged = u32::try_from(dp_members.len().max(1)).expect("fewer than 2^32 replicas");
-        self.pack_time_with(stage, slices, direction, merged, &link)
+        self.pack_time_with(stage, slices, direction, merged_count(dp_members), &link)
     }
 
     /// Time of `part` of a pack's work (see [`Part`]) on `stage`, run by the DP replicas
@@ -287,13 +301,59 @@ impl CostModel {
         part: Part,
         dp_members: &[u32],
     ) -> PackTime {
-        let whole = self.pack_time_on(stage, slices, direction, dp_members);
+        let work = self.pack_work(slices, direction, merged_count(dp_members));
+        self.work_part_time_on(stage, &work, part, dp_members)
+    }
+
+    /// The sums over `slices` a pack's time needs on every stage (see [`PackWork`]), for a
+    /// pack run by `merged` DP replicas merged into one CP group.
+    pub fn pack_work(&self, slices: &[(u64, u64)], direction: Direction, merged: u32) -> PackWork {
+        let merged = merged.max(1);
+        let split = f64::from(merged * self.spec.parallel.cp_degree());
+        let (mut tokens, mut keys) = (0u64, 0u64);
+        let mut attention_layer_s = 0.0;
+        for &(len, prefix) in slices {
+            tokens += len;
+            keys += prefix + len;
+            let work = self.flops.attention_per_pair() * causal_pairs(len, prefix) as f64;
+            attention_layer_s +=
+                self.attention_time(work / (self.tp * split), len as f64 / split, direction);
+        }
+        PackWork {
+            direction,
+            merged,
+            tokens,
+            keys,
+            attention_layer_s,
+        }
+    }
+
+    /// [`CostModel::pack_part_time_on`] of a pack whose slices `work` sums, run by the DP
+    /// replicas `dp_members` (as many as `work` was summed for).
+    pub fn work_part_time_on(
+        &self,
+        stage: u32,
+        work: &PackWork,
+        part: Part,
+        dp_members: &[u32],
+    ) -> PackTime {
+        debug_assert_eq!(
+            work.merged,
+            merged_count(dp_members),
+            "a pack's work is summed for the replicas that run it (bug in the caller)"
+        );
+        let link = self
+            .comm
+            .topology()
+            .replicas_link(stage, dp_members.iter().copied());
+        let whole = self.work_time_with(stage, work, &link);
+        let direction = work.direction;
         if part == Part::Whole || direction == Direction::Forward {
             return whole;
         }
         let merged = dp_members.len().max(1) as f64;
         let split = merged * f64::from(self.spec.parallel.cp_degree());
-        let tokens = slices.iter().map(|&(len, _)| len).sum::<u64>() as f64 / split;
+        let tokens = work.tokens as f64 / split;
         let weight = self.weight_grad_time(stage, tokens);
         match part {
             Part::WeightGrad => weight,
@@ -446,17 +506,16 @@ impl CostModel {
         merged: u32,
         cp_link: &LinkSpec,
     ) -> PackTime {
-        let cp = merged * self.spec.parallel.cp_degree();
+        let work = self.pack_work(slices, direction, merged);
+        self.work_time_with(stage, &work, cp_link)
+    }
+
+    /// A whole pack's time on `stage` from its slices' sums, its CP ring over `cp_link`.
+    fn work_time_with(&self, stage: u32, work: &PackWork, cp_link: &LinkSpec) -> PackTime {
+        let direction = work.direction;
+        let cp = work.merged * self.spec.parallel.cp_degree();
         let split = f64::from(cp);
-        let (mut tokens, mut keys) = (0u64, 0u64);
-        let mut attention_layer_s = 0.0;
-        for &(len, prefix) in slices {
-            tokens += len;
-            keys += prefix + len;
-            let work = self.flops.attention_per_pair() * causal_pairs(len, prefix) as f64;
-            attention_layer_s +=
-                self.attention_time(work / (self.tp * split), len as f64 / split, direction);
-        }
+        let (tokens, keys, attention_layer_s) = (work.tokens, work.keys, work.attention_layer_s);
         let layers = f64::from(self.layers_per_stage);
         let tokens = tokens as f64 / split;
         let (first, last) = (stage == 0, self.is_last(stage));
@@ -609,4 +668,9 @@ pub struct CostConstants {
     pub workspace_bytes: u64,
     /// Op kinds whose analytic curve a calibration table replaced.
     pub calibrated: Vec<OpKind>,
+}
+
+/// How many DP replicas a pack run by `dp_members` merges into its CP group (1: no merge).
+fn merged_count(dp_members: &[u32]) -> u32 {
+    u32::try_from(dp_members.len().max(1)).expect("fewer than 2^32 replicas")
 }

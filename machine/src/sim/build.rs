@@ -30,7 +30,7 @@
 
 use std::ops::Range;
 
-use crate::cost::{exposed_tp_comm, CostModel, Flops, OpKind, PackTime};
+use crate::cost::{exposed_tp_comm, CostModel, Flops, OpKind, PackTime, PackWork};
 use slimpack_ir::step::{Direction, Part, SliceId, StepIr};
 
 use super::layout::{GroupId, Layout};
@@ -137,6 +137,8 @@ struct Builder<'a> {
     useful_cost: CostModel,
     replicas: Vec<Vec<u32>>,
     packs: Vec<PackInfo>,
+    /// The sums over each pack's slices its time needs on every stage.
+    works: Vec<PackWork>,
     /// Slices of each pack, as positions in `slices` / `pairs`.
     pack_slices: Vec<Range<u32>>,
     slices: Vec<SliceInfo>,
@@ -193,6 +195,7 @@ impl<'a> Builder<'a> {
             useful_cost: cost.without_recompute(),
             replicas,
             packs: Vec::new(),
+            works: Vec::new(),
             pack_slices: Vec::new(),
             slices: Vec::new(),
             pairs: Vec::new(),
@@ -262,6 +265,10 @@ impl<'a> Builder<'a> {
                         tokens = padded;
                     }
                     self.pack_slices.push(first..self.slices.len() as u32);
+                    let merged = self.replicas[replica].len() as u32;
+                    let pairs = &self.pairs[first as usize..];
+                    self.works
+                        .push(self.cost.pack_work(pairs, direction, merged));
                     self.packs.push(PackInfo {
                         direction,
                         number: numbers[slot],
@@ -373,12 +380,10 @@ impl<'a> Builder<'a> {
     /// input gradient, the weight-gradient table a deferred weight gradient.
     fn compute_task(&mut self, pack: PackIndex, stage: u32, part: Part) -> TaskId {
         let info = self.packs[pack.0 as usize];
-        let range = self.pack_slices[pack.0 as usize].clone();
-        let pairs = &self.pairs[range.start as usize..range.end as usize];
         let ranks = &self.replicas[info.replica as usize];
         let time = self
             .cost
-            .pack_part_time_on(stage, pairs, info.direction, part, ranks);
+            .work_part_time_on(stage, &self.works[pack.0 as usize], part, ranks);
         let parts = self.compute_parts(pack, stage, part, &time);
         let layout = self.layout;
         let groups = self
