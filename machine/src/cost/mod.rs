@@ -104,6 +104,24 @@ pub struct PackTime {
     pub cp_comm_s: f64,
 }
 
+/// Where a stage sits in the pipeline: the first holds the embedding, the last the output
+/// projection and the loss, and every stage holds the same number of layers. A slice's FLOPs
+/// on a stage ([`CostModel::stage_part_flops`]) and a pack's memory on it (the per-stage
+/// functions of [`MemoryModel`]) depend on the stage through its ends only, so callers may
+/// compute them once per pack for all the stages with the same ends (a test checks it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StageEnds {
+    pub first: bool,
+    pub last: bool,
+}
+
+impl StageEnds {
+    /// A dense index in `0..4`.
+    pub fn index(self) -> usize {
+        usize::from(self.first) * 2 + usize::from(self.last)
+    }
+}
+
 /// The sums over a pack's slices that its time depends on, on any stage: its tokens, its keys
 /// (prefix plus length of every slice) and one layer's attention seconds on one device. A pack
 /// runs on every stage of its replica with the same slices, so [`CostModel::pack_work`] walks
@@ -622,6 +640,14 @@ impl CostModel {
 
     fn is_last(&self, stage: u32) -> bool {
         stage + 1 == self.spec.parallel.stages()
+    }
+
+    /// The ends of the pipeline `stage` holds (see [`StageEnds`]).
+    pub fn stage_ends(&self, stage: u32) -> StageEnds {
+        StageEnds {
+            first: stage == 0,
+            last: self.is_last(stage),
+        }
     }
 }
 

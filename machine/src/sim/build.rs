@@ -76,6 +76,14 @@ struct SliceInfo {
     padding: bool,
 }
 
+/// What a pack's part does on a stage that depends on the stage through its ends only.
+#[derive(Debug, Clone, Copy)]
+struct StageShare {
+    /// Useful, recomputed and padding FLOP seconds at the saturated rates, over all devices.
+    flop_seconds: [f64; 3],
+    memory: MemoryEffect,
+}
+
 /// The kernel rates at saturation (`Throughput::saturated_rate`), which price FLOPs for the
 /// ideal times.
 struct SaturatedRates {
@@ -139,6 +147,9 @@ struct Builder<'a> {
     packs: Vec<PackInfo>,
     /// The sums over each pack's slices its time needs on every stage.
     works: Vec<PackWork>,
+    /// Per (pack, stage ends, part), its FLOP seconds and memory effect, computed for the
+    /// first stage with those ends and read for the others ([`crate::cost::StageEnds`]).
+    stage_shares: Vec<Option<StageShare>>,
     /// Slices of each pack, as positions in `slices` / `pairs`.
     pack_slices: Vec<Range<u32>>,
     slices: Vec<SliceInfo>,
@@ -196,6 +207,7 @@ impl<'a> Builder<'a> {
             replicas,
             packs: Vec::new(),
             works: Vec::new(),
+            stage_shares: Vec::new(),
             pack_slices: Vec::new(),
             slices: Vec::new(),
             pairs: Vec::new(),
@@ -306,6 +318,7 @@ impl<'a> Builder<'a> {
         let unset = TaskId(u32::MAX);
         self.compute = vec![unset; self.packs.len() * stages];
         self.weight_grads = vec![unset; self.packs.len() * stages];
+        self.stage_shares = vec![None; self.packs.len() * 4 * 3];
         let mut seen = vec![NONE; self.packs.len() * stages];
         let mut pack_count = vec![0usize; self.replicas.len()];
         for pack in &self.packs {
@@ -380,11 +393,12 @@ impl<'a> Builder<'a> {
     /// input gradient, the weight-gradient table a deferred weight gradient.
     fn compute_task(&mut self, pack: PackIndex, stage: u32, part: Part) -> TaskId {
         let info = self.packs[pack.0 as usize];
+        let share = self.stage_share(pack, stage, part);
         let ranks = &self.replicas[info.replica as usize];
         let time = self
             .cost
             .work_part_time_on(stage, &self.works[pack.0 as usize], part, ranks);
-        let parts = self.compute_parts(pack, stage, part, &time);
+        let parts = self.compute_parts(pack, &share, &time);
         let layout = self.layout;
         let groups = self
             .tasks
@@ -403,7 +417,7 @@ impl<'a> Builder<'a> {
             duration_s: time.critical_path_s(),
             cp_exchange_s: time.cp_comm_s,
             parts,
-            memory: self.memory_effect(pack, stage, part),
+            memory: share.memory,
         });
         let slot = pack.0 as usize * self.stages as usize + stage as usize;
         match part {
@@ -418,13 +432,48 @@ impl<'a> Builder<'a> {
     /// the forward rates), the pad tokens' FLOPs, each at the saturated rates and shared
     /// evenly by the task's devices; the rest of the GEMM and attention time is below
     /// saturation; the other components are the cost model's.
-    fn compute_parts(
-        &self,
-        pack: PackIndex,
-        stage: u32,
-        part: Part,
-        time: &PackTime,
-    ) -> ComputeParts {
+    fn compute_parts(&self, pack: PackIndex, share: &StageShare, time: &PackTime) -> ComputeParts {
+        let info = &self.packs[pack.0 as usize];
+        let [useful, recompute, padding] = share.flop_seconds;
+        let devices = (self.split(info.replica) * u64::from(self.layout.tp)) as f64;
+        let (useful_s, recompute_s, padding_s) =
+            (useful / devices, recompute / devices, padding / devices);
+        ComputeParts {
+            useful_s,
+            recompute_s,
+            padding_s,
+            below_saturation_s: time.gemm_s + time.attention_s - useful_s - recompute_s - padding_s,
+            memory_bound_s: time.elementwise_s,
+            launch_overhead_s: time.kernel_overhead_s,
+            exposed_tp_s: time.tp_exposed_s,
+            exposed_cp_s: time.cp_exposed_s(),
+        }
+    }
+
+    /// What `part` of `pack` does on `stage` that depends on the stage through its ends only:
+    /// computed once per (pack, ends, part).
+    fn stage_share(&mut self, pack: PackIndex, stage: u32, part: Part) -> StageShare {
+        let ends = self.cost.stage_ends(stage);
+        let part_index = match part {
+            Part::Whole => 0,
+            Part::InputGrad => 1,
+            Part::WeightGrad => 2,
+        };
+        let slot = (pack.0 as usize * 4 + ends.index()) * 3 + part_index;
+        if let Some(share) = self.stage_shares[slot] {
+            return share;
+        }
+        let share = StageShare {
+            flop_seconds: self.flop_seconds(pack, stage, part),
+            memory: self.memory_effect(pack, stage, part),
+        };
+        self.stage_shares[slot] = Some(share);
+        share
+    }
+
+    /// The seconds of `part` of `pack`'s FLOPs on `stage` at the saturated rates, summed over
+    /// its devices: useful, recomputed and padding work (see [`Builder::compute_parts`]).
+    fn flop_seconds(&self, pack: PackIndex, stage: u32, part: Part) -> [f64; 3] {
         let info = &self.packs[pack.0 as usize];
         let range = self.pack_slices[pack.0 as usize].clone();
         let (mut useful, mut recompute, mut padding) = (0.0, 0.0, 0.0);
@@ -449,19 +498,7 @@ impl<'a> Builder<'a> {
                 recompute += replayed_s;
             }
         }
-        let devices = (self.split(info.replica) * u64::from(self.layout.tp)) as f64;
-        let (useful_s, recompute_s, padding_s) =
-            (useful / devices, recompute / devices, padding / devices);
-        ComputeParts {
-            useful_s,
-            recompute_s,
-            padding_s,
-            below_saturation_s: time.gemm_s + time.attention_s - useful_s - recompute_s - padding_s,
-            memory_bound_s: time.elementwise_s,
-            launch_overhead_s: time.kernel_overhead_s,
-            exposed_tp_s: time.tp_exposed_s,
-            exposed_cp_s: time.cp_exposed_s(),
-        }
+        [useful, recompute, padding]
     }
 
     /// Per-device memory of `part` of a pack on `stage`: each device of a CP group (merged
