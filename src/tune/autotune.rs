@@ -102,6 +102,9 @@ pub struct Evaluation {
     pub compile_ms: f64,
     /// The passes of the pipeline the step runs, with their wall and verifier times.
     pub passes: Vec<PassRecord>,
+    /// The candidate's pipelines not run because another ran the same passes on the same step
+    /// (see [`PipelineTree`]).
+    pub variants_shared: usize,
 }
 
 /// The outcome of [`choose`].
@@ -285,8 +288,9 @@ fn evaluate_verifying(
     .map_err(compile_error)?;
     // The best pipeline so far: fitting before not fitting, then faster; ties to the earlier.
     let mut best: Option<(usize, StepIr, Vec<PassRecord>, Metrics)> = None;
-    // The metrics of every pipeline finished so far.
+    // The metrics of every pipeline finished so far, and how many were shared.
     let mut scored: Vec<Option<Metrics>> = vec![None; pipelines.len()];
+    let mut shared_count = 0;
     let mut keep = |index: usize, finished: Finished| {
         let (metrics, ir, records, same_as) = match finished {
             Finished::Ran { ir, records } => {
@@ -316,13 +320,17 @@ fn evaluate_verifying(
             Some(ir) => ir,
             None if !better => {
                 scored[index] = Some(metrics);
+                shared_count += 1;
                 return Ok(true);
             }
             // Preferred to the best step: where that is the step of the pipeline it is the
             // same as (equal metrics, an earlier index), it takes that step; otherwise (a tie
             // with a third pipeline) it is run after all.
             None => match best.take() {
-                Some((current, ir, _, _)) if current == same_as => ir,
+                Some((current, ir, _, _)) if current == same_as => {
+                    shared_count += 1;
+                    ir
+                }
                 other => {
                     best = other;
                     return Ok(false);
@@ -352,6 +360,7 @@ fn evaluate_verifying(
         metrics,
         compile_ms,
         passes: passes.clone(),
+        variants_shared: shared_count,
     };
     let compiled = Compiled {
         ir,
@@ -455,20 +464,9 @@ impl<'a> PipelineTree<'a> {
         let mut path = path.to_vec();
         path.push((step, depth));
         // Each pipeline that ends here, and each group continuing with the same pass, by its
-        // first member; pipelines whose rest another ran on this step are finished at once.
+        // first member.
         let mut branches: Vec<Vec<usize>> = Vec::new();
         for &member in members {
-            if let Some((same_as, rest)) = self.ran_the_same(member, step, depth) {
-                let mut same_records = records.clone();
-                same_records.extend(rest);
-                let finished = Finished::Same {
-                    same_as,
-                    records: same_records,
-                };
-                if finish(member, finished).map_err(TreeError::Tune)? {
-                    continue;
-                }
-            }
             let next = self.pipelines[member].1.get(depth);
             let joins = next.and_then(|entry| {
                 branches.iter().position(|branch| {
@@ -485,7 +483,28 @@ impl<'a> PipelineTree<'a> {
         }
         let mut ir = Some(ir);
         let count = branches.len();
-        for (position, branch) in branches.into_iter().enumerate() {
+        for (position, mut branch) in branches.into_iter().enumerate() {
+            // Pipelines whose rest another ran on this step (an earlier branch) are finished
+            // at once.
+            let mut to_run = Vec::with_capacity(branch.len());
+            for member in branch {
+                if let Some((same_as, rest)) = self.ran_the_same(member, step, depth) {
+                    let mut same_records = records.clone();
+                    same_records.extend(rest);
+                    let finished = Finished::Same {
+                        same_as,
+                        records: same_records,
+                    };
+                    if finish(member, finished).map_err(TreeError::Tune)? {
+                        continue;
+                    }
+                }
+                to_run.push(member);
+            }
+            branch = to_run;
+            if branch.is_empty() {
+                continue;
+            }
             let mut step_ir = if position + 1 == count {
                 ir.take()
                     .expect("the step is moved to the last branch only")
@@ -922,6 +941,62 @@ mod tests {
             }
         }
         assert!(pruned > 0, "the test should exercise pruning");
+    }
+
+    /// A variant whose passes another ran on the same step (eqsat keeping its input) is
+    /// scored once, and the candidate's choice is that of running every pipeline alone: the
+    /// same variant (ties to the earlier pipeline) and the same metrics; and it does share.
+    #[test]
+    fn shared_variants_choose_what_running_every_variant_chooses() {
+        let mut shared = 0;
+        for (layout, (spec, context)) in layouts().into_iter().take(3).enumerate() {
+            // A long-tailed batch, and one of equal lengths (balanced packs, which eqsat keeps).
+            let batches = [
+                long_tailed(1000 * layout as u64, 24, context),
+                vec![context / 4; 32],
+            ];
+            for (seed, lengths) in batches.iter().enumerate() {
+                let batch = Batch::from_lengths(lengths, Some(context), "test");
+                let info = strategy::lookup("slimpack").unwrap();
+                let state = StrategyState::default();
+                let choices = Choices::fixed(spec.model.recompute);
+                let limit = choices.memory_limit_for(&spec);
+                let candidates = (info.candidates)(&spec, &batch, &state, &choices);
+                for candidate in candidates.iter().filter(|c| !c.label.starts_with("plan=")) {
+                    let Ok((evaluation, _)) = evaluate(info, &spec, &batch, candidate, limit)
+                    else {
+                        continue;
+                    };
+                    let mut alone: Option<(String, Metrics)> = None;
+                    let pipelines = std::iter::once((String::new(), &candidate.pipeline)).chain(
+                        candidate
+                            .variants
+                            .iter()
+                            .map(|variant| (variant.label.clone(), &variant.pipeline)),
+                    );
+                    for (label, pipeline) in pipelines {
+                        let single = Candidate {
+                            pipeline: pipeline.clone(),
+                            variants: Vec::new(),
+                            ..candidate.clone()
+                        };
+                        let (run, _) = evaluate(info, &spec, &batch, &single, limit).unwrap();
+                        if alone
+                            .as_ref()
+                            .is_none_or(|(_, best)| preferred(&run.metrics, best, limit))
+                        {
+                            alone = Some((label, run.metrics));
+                        }
+                    }
+                    let (label, metrics) = alone.expect("a candidate has a pipeline");
+                    let what = format!("{} on {} (batch {seed})", candidate.label, spec.parallel);
+                    assert_eq!(evaluation.variant, label, "{what}");
+                    assert_eq!(evaluation.metrics, metrics, "{what}");
+                    shared += evaluation.variants_shared;
+                }
+            }
+        }
+        assert!(shared > 0, "the test should exercise shared variants");
     }
 
     #[test]
