@@ -215,6 +215,13 @@ fn fused_peak(ir: &StepIr, order: &[PackId], cost_of: impl Fn(PackId) -> PackCos
     peak
 }
 
+/// A pack's direction, `(len, prefix)` slices and the sums its time needs on every stage.
+struct PackShape {
+    direction: Direction,
+    pairs: Vec<(u64, u64)>,
+    work: PackWork,
+}
+
 /// Durations and bytes of `packs` (every pack of the replica) on every stage, per device of
 /// the replica's CP group.
 fn pack_costs(
@@ -229,7 +236,7 @@ fn pack_costs(
     let merged = ranks.len() as u32;
     let memory = cost.memory();
     // Each pack's slices and the sums its time needs, read once for every stage.
-    let shapes: Vec<(Direction, Vec<(u64, u64)>, PackWork)> = packs
+    let shapes: Vec<PackShape> = packs
         .iter()
         .map(|&pack| {
             let direction = ir.pack(pack).direction;
@@ -242,44 +249,54 @@ fn pack_costs(
                 })
                 .collect();
             let work = cost.pack_work(&pairs, direction, merged);
-            (direction, pairs, work)
+            PackShape {
+                direction,
+                pairs,
+                work,
+            }
         })
         .collect();
     (0..stages as u32)
         .map(|stage| {
             shapes
                 .iter()
-                .map(|(direction, pairs, work)| {
-                    let time = |part| {
-                        cost.work_part_time_on(stage, work, part, ranks)
-                            .critical_path_s()
-                    };
-                    let share = |len: u64| len.div_ceil(split);
-                    let saved_bytes = pairs
-                        .iter()
-                        .map(|&(len, _)| {
-                            memory.activation_bytes(share(len), stage)
-                                + memory.kv_bytes(share(len), stage)
-                        })
-                        .sum();
-                    match direction {
-                        Direction::Forward => PackCost {
-                            critical_s: time(Part::Whole),
-                            weight_s: 0.0,
-                            saved_bytes,
-                            deferred_bytes: 0,
-                        },
-                        Direction::Backward => PackCost {
-                            critical_s: time(Part::InputGrad),
-                            weight_s: time(Part::WeightGrad),
-                            saved_bytes,
-                            deferred_bytes: pairs
-                                .iter()
-                                .map(|&(len, _)| memory.weight_grad_bytes(share(len), stage))
-                                .sum(),
-                        },
-                    }
-                })
+                .map(
+                    |PackShape {
+                         direction,
+                         pairs,
+                         work,
+                     }| {
+                        let time = |part| {
+                            cost.work_part_time_on(stage, work, part, ranks)
+                                .critical_path_s()
+                        };
+                        let share = |len: u64| len.div_ceil(split);
+                        let saved_bytes = pairs
+                            .iter()
+                            .map(|&(len, _)| {
+                                memory.activation_bytes(share(len), stage)
+                                    + memory.kv_bytes(share(len), stage)
+                            })
+                            .sum();
+                        match direction {
+                            Direction::Forward => PackCost {
+                                critical_s: time(Part::Whole),
+                                weight_s: 0.0,
+                                saved_bytes,
+                                deferred_bytes: 0,
+                            },
+                            Direction::Backward => PackCost {
+                                critical_s: time(Part::InputGrad),
+                                weight_s: time(Part::WeightGrad),
+                                saved_bytes,
+                                deferred_bytes: pairs
+                                    .iter()
+                                    .map(|&(len, _)| memory.weight_grad_bytes(share(len), stage))
+                                    .sum(),
+                            },
+                        }
+                    },
+                )
                 .collect()
         })
         .collect()

@@ -20,6 +20,11 @@
 //! candidate in the strategy's order, since only a bound strictly above the best prunes).
 //! Which candidates are pruned depends on the order threads finish in; the choice does not.
 //!
+//! A candidate's pipelines (its variants) run as a prefix tree ([`PipelineTree`]): shared
+//! passes run once, and a variant whose remaining passes another variant ran on the same step
+//! takes that variant's metrics instead of being scheduled and simulated again (the same
+//! choice as running it).
+//!
 //! [`TuneOptions`] carry what the command line asks of the tuning: whether the candidates'
 //! passes are verified (`--no-verify` reaches here), whether candidates are pruned by their
 //! bounds, and an optional wall-clock budget (`--tune-budget-ms`): once it is spent, candidates
@@ -294,6 +299,7 @@ fn evaluate_verifying(
     let mut keep = |index: usize, finished: Finished| {
         let (metrics, ir, records, same_as) = match finished {
             Finished::Ran { ir, records } => {
+                let ir = *ir;
                 let metrics = sim::simulate(&ir, cost)
                     .map_err(|source| TuneError::Simulate {
                         strategy: strategy.name,
@@ -421,7 +427,7 @@ struct RanPipeline {
 enum Finished {
     /// Its passes ran and made `ir`.
     Ran {
-        ir: StepIr,
+        ir: Box<StepIr>,
         records: Vec<PassRecord>,
     },
     /// Its remaining passes are those the finished pipeline `same_as` ran on the same step;
@@ -516,7 +522,7 @@ impl<'a> PipelineTree<'a> {
             let entries = &self.pipelines[branch[0]].1;
             if entries.len() == depth {
                 let finished = Finished::Ran {
-                    ir: step_ir,
+                    ir: Box::new(step_ir),
                     records: records.clone(),
                 };
                 finish(branch[0], finished).map_err(TreeError::Tune)?;

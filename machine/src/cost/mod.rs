@@ -5,7 +5,9 @@
 //! [`CostModel::new`] precomputes every per-spec constant once; the per-call functions then do a
 //! few multiplications per slice, so they can run millions of times per compile.
 //!
-//! How a pack's time is composed ([`CostModel::pack_time`]), on one device of a stage:
+//! How a pack's time is composed ([`CostModel::pack_time`]), on one device of a stage (the
+//! per-slice sums, [`PackWork`], are the same on every stage: callers timing a pack on many
+//! stages compute them once with [`CostModel::pack_work`]):
 //! - GEMMs: executed FLOPs (`flops.rs`) of the stage's layers (+ the output projection on the last
 //!   stage) over `tp` devices, at the achieved GEMM rate for the pack's token count
 //!   (`efficiency.rs`); recomputed forward GEMMs run at the forward rate.
