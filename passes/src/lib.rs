@@ -39,6 +39,8 @@ pub mod slice;
 mod zero_bubble;
 
 pub use error::{PassError, Result};
-pub use manager::{run_pipeline, run_pipeline_in, ManagerOptions, PassRecord, PrintOptions};
+pub use manager::{
+    run_pipeline, run_pipeline_in, ManagerOptions, PassRecord, PrintOptions, KEPT_INPUT,
+};
 pub use pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 pub use pipeline::{parse_pipeline, render_pipeline, PipelineEntry};

@@ -62,6 +62,20 @@ pub struct PassRecord {
     pub statistics: Statistics,
 }
 
+/// The statistic value (`result = kept-input`) with which a pass says it left the step exactly
+/// as it found it (`eqsat` where no refinement is cheaper than its input).
+pub const KEPT_INPUT: &str = "kept-input";
+
+impl PassRecord {
+    /// The pass left the step exactly as it found it (see [`KEPT_INPUT`]).
+    pub fn kept_input(&self) -> bool {
+        self.statistics
+            .get("result")
+            .and_then(|value| value.as_str())
+            == Some(KEPT_INPUT)
+    }
+}
+
 /// Runs `pipeline` over `ir` with the machine model of its spec (built once, handed to every
 /// pass). Printed IR goes to `print_sink` (stderr for the CLI).
 pub fn run_pipeline(

@@ -30,7 +30,7 @@ use std::collections::{HashMap, VecDeque};
 
 use slimpack_ir::step::{Direction, PackId, Part, ReplicaId, StageOp};
 use slimpack_ir::StepIr;
-use slimpack_machine::cost::CostModel;
+use slimpack_machine::cost::{CostModel, PackWork};
 
 /// Durations and memory of one pack on one stage.
 #[derive(Debug, Clone, Copy, Default)]
@@ -215,6 +215,13 @@ fn fused_peak(ir: &StepIr, order: &[PackId], cost_of: impl Fn(PackId) -> PackCos
     peak
 }
 
+/// A pack's direction, `(len, prefix)` slices and the sums its time needs on every stage.
+struct PackShape {
+    direction: Direction,
+    pairs: Vec<(u64, u64)>,
+    work: PackWork,
+}
+
 /// Durations and bytes of `packs` (every pack of the replica) on every stage, per device of
 /// the replica's CP group.
 fn pack_costs(
@@ -226,51 +233,70 @@ fn pack_costs(
 ) -> Vec<Vec<PackCost>> {
     let ranks = &ir.replica(replica).ranks;
     let split = ranks.len() as u64 * u64::from(ir.spec.parallel.cp_degree());
+    let merged = ranks.len() as u32;
     let memory = cost.memory();
+    // Each pack's slices and the sums its time needs, read once for every stage.
+    let shapes: Vec<PackShape> = packs
+        .iter()
+        .map(|&pack| {
+            let direction = ir.pack(pack).direction;
+            let pairs: Vec<(u64, u64)> = ir
+                .pack_slices(pack)
+                .iter()
+                .map(|&s| {
+                    let slice = ir.slice(s);
+                    (u64::from(slice.len), u64::from(slice.start))
+                })
+                .collect();
+            let work = cost.pack_work(&pairs, direction, merged);
+            PackShape {
+                direction,
+                pairs,
+                work,
+            }
+        })
+        .collect();
     (0..stages as u32)
         .map(|stage| {
-            packs
+            shapes
                 .iter()
-                .map(|&pack| {
-                    let direction = ir.pack(pack).direction;
-                    let pairs: Vec<(u64, u64)> = ir
-                        .pack_slices(pack)
-                        .iter()
-                        .map(|&s| {
-                            let slice = ir.slice(s);
-                            (u64::from(slice.len), u64::from(slice.start))
-                        })
-                        .collect();
-                    let time = |part| {
-                        cost.pack_part_time_on(stage, &pairs, direction, part, ranks)
-                            .critical_path_s()
-                    };
-                    let share = |len: u64| len.div_ceil(split);
-                    let saved_bytes = pairs
-                        .iter()
-                        .map(|&(len, _)| {
-                            memory.activation_bytes(share(len), stage)
-                                + memory.kv_bytes(share(len), stage)
-                        })
-                        .sum();
-                    match direction {
-                        Direction::Forward => PackCost {
-                            critical_s: time(Part::Whole),
-                            weight_s: 0.0,
-                            saved_bytes,
-                            deferred_bytes: 0,
-                        },
-                        Direction::Backward => PackCost {
-                            critical_s: time(Part::InputGrad),
-                            weight_s: time(Part::WeightGrad),
-                            saved_bytes,
-                            deferred_bytes: pairs
-                                .iter()
-                                .map(|&(len, _)| memory.weight_grad_bytes(share(len), stage))
-                                .sum(),
-                        },
-                    }
-                })
+                .map(
+                    |PackShape {
+                         direction,
+                         pairs,
+                         work,
+                     }| {
+                        let time = |part| {
+                            cost.work_part_time_on(stage, work, part, ranks)
+                                .critical_path_s()
+                        };
+                        let share = |len: u64| len.div_ceil(split);
+                        let saved_bytes = pairs
+                            .iter()
+                            .map(|&(len, _)| {
+                                memory.activation_bytes(share(len), stage)
+                                    + memory.kv_bytes(share(len), stage)
+                            })
+                            .sum();
+                        match direction {
+                            Direction::Forward => PackCost {
+                                critical_s: time(Part::Whole),
+                                weight_s: 0.0,
+                                saved_bytes,
+                                deferred_bytes: 0,
+                            },
+                            Direction::Backward => PackCost {
+                                critical_s: time(Part::InputGrad),
+                                weight_s: time(Part::WeightGrad),
+                                saved_bytes,
+                                deferred_bytes: pairs
+                                    .iter()
+                                    .map(|&(len, _)| memory.weight_grad_bytes(share(len), stage))
+                                    .sum(),
+                            },
+                        }
+                    },
+                )
                 .collect()
         })
         .collect()

@@ -20,12 +20,18 @@
 //! candidate in the strategy's order, since only a bound strictly above the best prunes).
 //! Which candidates are pruned depends on the order threads finish in; the choice does not.
 //!
+//! A candidate's pipelines (its variants) run as a prefix tree ([`PipelineTree`]): shared
+//! passes run once, and a variant whose remaining passes another variant ran on the same step
+//! takes that variant's metrics instead of being scheduled and simulated again (the same
+//! choice as running it).
+//!
 //! [`TuneOptions`] carry what the command line asks of the tuning: whether the candidates'
 //! passes are verified (`--no-verify` reaches here), whether candidates are pruned by their
 //! bounds, and an optional wall-clock budget (`--tune-budget-ms`): once it is spent, candidates
 //! not yet started are skipped (the first one started always runs). A budget makes the choice
 //! depend on the machine's speed; without one the choice is deterministic.
 
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -101,6 +107,9 @@ pub struct Evaluation {
     pub compile_ms: f64,
     /// The passes of the pipeline the step runs, with their wall and verifier times.
     pub passes: Vec<PassRecord>,
+    /// The candidate's pipelines not run because another ran the same passes on the same step
+    /// (see [`PipelineTree`]).
+    pub variants_shared: usize,
 }
 
 /// The outcome of [`choose`].
@@ -285,32 +294,65 @@ fn evaluate_verifying(
     .map_err(compile_error)?;
     // The best pipeline so far: fitting before not fitting, then faster; ties to the earlier.
     let mut best: Option<(usize, StepIr, Vec<PassRecord>, Metrics)> = None;
-    let mut keep = |index: usize, ir: StepIr, records: Vec<PassRecord>| {
-        let metrics = sim::simulate(&ir, cost)
-            .map_err(|source| TuneError::Simulate {
-                strategy: strategy.name,
-                candidate: candidate.label.clone(),
-                source: Box::new(source),
-            })?
-            .metrics;
+    // The metrics of every pipeline finished so far, and how many were shared.
+    let mut scored: Vec<Option<Metrics>> = vec![None; pipelines.len()];
+    let mut shared_count = 0;
+    let mut keep = |index: usize, finished: Finished| {
+        let (metrics, ir, records, same_as) = match finished {
+            Finished::Ran { ir, records } => {
+                let ir = *ir;
+                let metrics = sim::simulate(&ir, cost)
+                    .map_err(|source| TuneError::Simulate {
+                        strategy: strategy.name,
+                        candidate: candidate.label.clone(),
+                        source: Box::new(source),
+                    })?
+                    .metrics;
+                (metrics, Some(ir), records, index)
+            }
+            Finished::Same { same_as, records } => {
+                let metrics = scored[same_as]
+                    .clone()
+                    .expect("a pipeline is the same as one that finished (bug in the tuner)");
+                (metrics, None, records, same_as)
+            }
+        };
         let better = best
             .as_ref()
             .is_none_or(|(current, _, _, current_metrics)| {
                 preferred(&metrics, current_metrics, limit)
                     || (index < *current && !preferred(current_metrics, &metrics, limit))
             });
+        let ir = match ir {
+            Some(ir) => ir,
+            None if !better => {
+                scored[index] = Some(metrics);
+                shared_count += 1;
+                return Ok(true);
+            }
+            // Preferred to the best step: where that is the step of the pipeline it is the
+            // same as (equal metrics, an earlier index), it takes that step; otherwise (a tie
+            // with a third pipeline) it is run after all.
+            None => match best.take() {
+                Some((current, ir, _, _)) if current == same_as => {
+                    shared_count += 1;
+                    ir
+                }
+                other => {
+                    best = other;
+                    return Ok(false);
+                }
+            },
+        };
         if better {
-            best = Some((index, ir, records, metrics));
+            best = Some((index, ir, records, metrics.clone()));
         }
-        Ok(())
+        scored[index] = Some(metrics);
+        Ok(true)
     };
-    let tree = PipelineTree {
-        pipelines: &pipelines,
-        cx: &cx,
-        options: &options,
-    };
+    let tree = PipelineTree::new(&pipelines, &cx, &options);
     let members: Vec<usize> = (0..pipelines.len()).collect();
-    tree.run(base.ir, shared, &members, base.passes, &mut keep)
+    tree.run(base.ir, (0, shared), &[], &members, base.passes, &mut keep)
         .map_err(|error| match error {
             TreeError::Pass(source) => compile_error(source),
             TreeError::Tune(error) => error,
@@ -325,6 +367,7 @@ fn evaluate_verifying(
         metrics,
         compile_ms,
         passes: passes.clone(),
+        variants_shared: shared_count,
     };
     let compiled = Compiled {
         ir,
@@ -356,24 +399,77 @@ enum TreeError {
 /// A candidate's pipelines run as a prefix tree: passes that pipelines share from the start
 /// run once, and the step is copied only where they part (slimpack's variants share the
 /// asymmetric or mirrored `pack-bwd` their eqsat and no-eqsat forms both start from).
+///
+/// A pipeline whose remaining passes are those another pipeline ran on the same step is not
+/// run: it makes that pipeline's step, so it takes that one's metrics. Steps are numbered as
+/// passes make them, and passes that report they kept their input ([`PassRecord::kept_input`],
+/// `eqsat` without a cheaper refinement) keep the number: slimpack's `...,eqsat,
+/// schedule-pipeline` and `...,schedule-pipeline` variants are then one pipeline, scheduled
+/// and simulated once.
 struct PipelineTree<'a> {
     pipelines: &'a [(String, Vec<PipelineEntry>)],
     cx: &'a PassContext,
     options: &'a ManagerOptions,
+    /// Steps numbered so far.
+    steps: Cell<usize>,
+    /// The pipelines that ran to their end, each with the steps on its way.
+    ran: RefCell<Vec<RanPipeline>>,
 }
 
-impl PipelineTree<'_> {
+/// A pipeline that ran to its end: its index, its pass records, and each (step number,
+/// depth) on its way — running its passes from that depth on that step made its step.
+struct RanPipeline {
+    index: usize,
+    records: Vec<PassRecord>,
+    path: Vec<(usize, usize)>,
+}
+
+/// A finished pipeline as [`PipelineTree::run`] hands it on.
+enum Finished {
+    /// Its passes ran and made `ir`.
+    Ran {
+        ir: Box<StepIr>,
+        records: Vec<PassRecord>,
+    },
+    /// Its remaining passes are those the finished pipeline `same_as` ran on the same step;
+    /// `records` are its passes' records (the other pipeline's for the passes not run).
+    Same {
+        same_as: usize,
+        records: Vec<PassRecord>,
+    },
+}
+
+impl<'a> PipelineTree<'a> {
+    fn new(
+        pipelines: &'a [(String, Vec<PipelineEntry>)],
+        cx: &'a PassContext,
+        options: &'a ManagerOptions,
+    ) -> PipelineTree<'a> {
+        PipelineTree {
+            pipelines,
+            cx,
+            options,
+            steps: Cell::new(1),
+            ran: RefCell::new(Vec::new()),
+        }
+    }
+
     /// Runs the pipelines `members` (indices, ascending), whose first `depth` passes made
-    /// `ir` (recorded in `records`), to their ends, handing each finished step to `finish`
-    /// with its index, in the order of `members` where pipelines sharing a pass are adjacent.
+    /// `ir` (step number `step`, recorded in `records`, the steps before it on `path`), to
+    /// their ends, handing each finished pipeline to `finish` with its index, in the order of
+    /// `members` where pipelines sharing a pass are adjacent. `finish` answers whether it
+    /// took a [`Finished::Same`] pipeline; one it did not take is run.
     fn run(
         &self,
         ir: StepIr,
-        depth: usize,
+        (step, depth): (usize, usize),
+        path: &[(usize, usize)],
         members: &[usize],
         records: Vec<PassRecord>,
-        finish: &mut dyn FnMut(usize, StepIr, Vec<PassRecord>) -> Result<(), TuneError>,
+        finish: &mut dyn FnMut(usize, Finished) -> Result<bool, TuneError>,
     ) -> Result<(), TreeError> {
+        let mut path = path.to_vec();
+        path.push((step, depth));
         // Each pipeline that ends here, and each group continuing with the same pass, by its
         // first member.
         let mut branches: Vec<Vec<usize>> = Vec::new();
@@ -394,8 +490,29 @@ impl PipelineTree<'_> {
         }
         let mut ir = Some(ir);
         let count = branches.len();
-        for (position, branch) in branches.into_iter().enumerate() {
-            let mut step = if position + 1 == count {
+        for (position, mut branch) in branches.into_iter().enumerate() {
+            // Pipelines whose rest another ran on this step (an earlier branch) are finished
+            // at once.
+            let mut to_run = Vec::with_capacity(branch.len());
+            for member in branch {
+                if let Some((same_as, rest)) = self.ran_the_same(member, step, depth) {
+                    let mut same_records = records.clone();
+                    same_records.extend(rest);
+                    let finished = Finished::Same {
+                        same_as,
+                        records: same_records,
+                    };
+                    if finish(member, finished).map_err(TreeError::Tune)? {
+                        continue;
+                    }
+                }
+                to_run.push(member);
+            }
+            branch = to_run;
+            if branch.is_empty() {
+                continue;
+            }
+            let mut step_ir = if position + 1 == count {
                 ir.take()
                     .expect("the step is moved to the last branch only")
             } else {
@@ -405,7 +522,16 @@ impl PipelineTree<'_> {
             };
             let entries = &self.pipelines[branch[0]].1;
             if entries.len() == depth {
-                finish(branch[0], step, records.clone()).map_err(TreeError::Tune)?;
+                let finished = Finished::Ran {
+                    ir: Box::new(step_ir),
+                    records: records.clone(),
+                };
+                finish(branch[0], finished).map_err(TreeError::Tune)?;
+                self.ran.borrow_mut().push(RanPipeline {
+                    index: branch[0],
+                    records: records.clone(),
+                    path: path.clone(),
+                });
                 continue;
             }
             // The passes the branch's pipelines share from here, run at once.
@@ -421,18 +547,43 @@ impl PipelineTree<'_> {
                 .last()
                 .map_or(depth, |at| at + 1);
             let run = run_pipeline_in(
-                &mut step,
+                &mut step_ir,
                 &entries[depth..end],
                 self.cx,
                 self.options,
                 &mut std::io::sink(),
             )
             .map_err(TreeError::Pass)?;
+            let made = match run.iter().all(PassRecord::kept_input) {
+                true => step,
+                false => self.steps.replace(self.steps.get() + 1),
+            };
             let mut branch_records = records.clone();
             branch_records.extend(run);
-            self.run(step, end, &branch, branch_records, finish)?;
+            self.run(step_ir, (made, end), &path, &branch, branch_records, finish)?;
         }
         Ok(())
+    }
+
+    /// A pipeline that ran to its end from step number `step` with the passes `pipeline` has
+    /// left from `depth`, and the records of those passes.
+    fn ran_the_same(
+        &self,
+        pipeline: usize,
+        step: usize,
+        depth: usize,
+    ) -> Option<(usize, Vec<PassRecord>)> {
+        let rest = &self.pipelines[pipeline].1[depth..];
+        let ran = self.ran.borrow();
+        ran.iter().find_map(|other| {
+            other.path.iter().find_map(|&(other_step, other_depth)| {
+                let other_rest = &self.pipelines[other.index].1[other_depth..];
+                let same = other_step == step
+                    && other_rest.len() == rest.len()
+                    && other_rest.iter().zip(rest).all(|(a, b)| same_pass(a, b));
+                same.then(|| (other.index, other.records[other_depth..].to_vec()))
+            })
+        })
     }
 }
 
@@ -797,6 +948,62 @@ mod tests {
             }
         }
         assert!(pruned > 0, "the test should exercise pruning");
+    }
+
+    /// A variant whose passes another ran on the same step (eqsat keeping its input) is
+    /// scored once, and the candidate's choice is that of running every pipeline alone: the
+    /// same variant (ties to the earlier pipeline) and the same metrics; and it does share.
+    #[test]
+    fn shared_variants_choose_what_running_every_variant_chooses() {
+        let mut shared = 0;
+        for (layout, (spec, context)) in layouts().into_iter().take(3).enumerate() {
+            // A long-tailed batch, and one of equal lengths (balanced packs, which eqsat keeps).
+            let batches = [
+                long_tailed(1000 * layout as u64, 24, context),
+                vec![context / 4; 32],
+            ];
+            for (seed, lengths) in batches.iter().enumerate() {
+                let batch = Batch::from_lengths(lengths, Some(context), "test");
+                let info = strategy::lookup("slimpack").unwrap();
+                let state = StrategyState::default();
+                let choices = Choices::fixed(spec.model.recompute);
+                let limit = choices.memory_limit_for(&spec);
+                let candidates = (info.candidates)(&spec, &batch, &state, &choices);
+                for candidate in candidates.iter().filter(|c| !c.label.starts_with("plan=")) {
+                    let Ok((evaluation, _)) = evaluate(info, &spec, &batch, candidate, limit)
+                    else {
+                        continue;
+                    };
+                    let mut alone: Option<(String, Metrics)> = None;
+                    let pipelines = std::iter::once((String::new(), &candidate.pipeline)).chain(
+                        candidate
+                            .variants
+                            .iter()
+                            .map(|variant| (variant.label.clone(), &variant.pipeline)),
+                    );
+                    for (label, pipeline) in pipelines {
+                        let single = Candidate {
+                            pipeline: pipeline.clone(),
+                            variants: Vec::new(),
+                            ..candidate.clone()
+                        };
+                        let (run, _) = evaluate(info, &spec, &batch, &single, limit).unwrap();
+                        if alone
+                            .as_ref()
+                            .is_none_or(|(_, best)| preferred(&run.metrics, best, limit))
+                        {
+                            alone = Some((label, run.metrics));
+                        }
+                    }
+                    let (label, metrics) = alone.expect("a candidate has a pipeline");
+                    let what = format!("{} on {} (batch {seed})", candidate.label, spec.parallel);
+                    assert_eq!(evaluation.variant, label, "{what}");
+                    assert_eq!(evaluation.metrics, metrics, "{what}");
+                    shared += evaluation.variants_shared;
+                }
+            }
+        }
+        assert!(shared > 0, "the test should exercise shared variants");
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //! [`CostModel::new`] precomputes every per-spec constant once; the per-call functions then do a
 //! few multiplications per slice, so they can run millions of times per compile.
 //!
-//! How a pack's time is composed ([`CostModel::pack_time`]), on one device of a stage:
+//! How a pack's time is composed ([`CostModel::pack_time`]), on one device of a stage (the
+//! per-slice sums, [`PackWork`], are the same on every stage: callers timing a pack on many
+//! stages compute them once with [`CostModel::pack_work`]):
 //! - GEMMs: executed FLOPs (`flops.rs`) of the stage's layers (+ the output projection on the last
 //!   stage) over `tp` devices, at the achieved GEMM rate for the pack's token count
 //!   (`efficiency.rs`); recomputed forward GEMMs run at the forward rate.
@@ -102,6 +104,45 @@ pub struct PackTime {
     pub tp_exposed_s: f64,
     /// CP ring K/V exchange of a merged group (0 without CP); overlappable with attention.
     pub cp_comm_s: f64,
+}
+
+/// Where a stage sits in the pipeline: the first holds the embedding, the last the output
+/// projection and the loss, and every stage holds the same number of layers. A slice's FLOPs
+/// on a stage ([`CostModel::stage_part_flops`]) and a pack's memory on it (the per-stage
+/// functions of [`MemoryModel`]) depend on the stage through its ends only, so callers may
+/// compute them once per pack for all the stages with the same ends (a test checks it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StageEnds {
+    pub first: bool,
+    pub last: bool,
+}
+
+impl StageEnds {
+    /// A dense index in `0..4`.
+    pub fn index(self) -> usize {
+        usize::from(self.first) * 2 + usize::from(self.last)
+    }
+}
+
+/// The sums over a pack's slices that its time depends on, on any stage and under any
+/// recomputation mode: its tokens, its keys (prefix plus length of every slice) and one
+/// layer's attention kernel seconds on one device. A pack runs on every stage of its replica
+/// with the same slices, so [`CostModel::pack_work`] walks the slices once and
+/// [`CostModel::work_part_time_on`] times each stage from the sums (with the stage's mode), the
+/// same figures as [`CostModel::pack_part_time_on`] to the bit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PackWork {
+    direction: Direction,
+    /// DP replicas merged into the CP group that runs the pack (1: no merge).
+    merged: u32,
+    tokens: u64,
+    keys: u64,
+    /// One layer's attention kernels on one device: the forward's, and (for a backward pack)
+    /// the backward kernels' alone — the recomputed forward a backward replays depends on the
+    /// recomputation mode, so [`CostModel::work_part_time_on`] adds it with its own mode, and a
+    /// pack's work is the same under every stage's mode.
+    attention_forward_layer_s: f64,
+    attention_backward_layer_s: f64,
 }
 
 impl PackTime {
@@ -274,8 +315,7 @@ impl CostModel {
             .comm
             .topology()
             .replicas_link(stage, dp_members.iter().copied());
-        let merged = u32::try_from(dp_members.len().max(1)).expect("fewer than 2^32 replicas");
-        self.pack_time_with(stage, slices, direction, merged, &link)
+        self.pack_time_with(stage, slices, direction, merged_count(dp_members), &link)
     }
 
     /// Time of `part` of a pack's work (see [`Part`]) on `stage`, run by the DP replicas
@@ -294,13 +334,69 @@ impl CostModel {
         part: Part,
         dp_members: &[u32],
     ) -> PackTime {
-        let whole = self.pack_time_on(stage, slices, direction, dp_members);
+        let work = self.pack_work(slices, direction, merged_count(dp_members));
+        self.work_part_time_on(stage, &work, part, dp_members)
+    }
+
+    /// The sums over `slices` a pack's time needs on every stage (see [`PackWork`]), for a
+    /// pack run by `merged` DP replicas merged into one CP group.
+    pub fn pack_work(&self, slices: &[(u64, u64)], direction: Direction, merged: u32) -> PackWork {
+        let merged = merged.max(1);
+        let split = f64::from(merged * self.spec.parallel.cp_degree());
+        let (mut tokens, mut keys) = (0u64, 0u64);
+        let (mut attention_forward_layer_s, mut attention_backward_layer_s) = (0.0, 0.0);
+        for &(len, prefix) in slices {
+            tokens += len;
+            keys += prefix + len;
+            let work = self.flops.attention_per_pair() * causal_pairs(len, prefix) as f64;
+            let (work, query_len) = (work / (self.tp * split), len as f64 / split);
+            attention_forward_layer_s +=
+                self.throughput
+                    .time(OpKind::AttentionForward, work, query_len);
+            if direction == Direction::Backward {
+                attention_backward_layer_s += self.throughput.time(
+                    OpKind::AttentionBackward,
+                    BACKWARD_ATTENTION_FACTOR * work,
+                    query_len,
+                );
+            }
+        }
+        PackWork {
+            direction,
+            merged,
+            tokens,
+            keys,
+            attention_forward_layer_s,
+            attention_backward_layer_s,
+        }
+    }
+
+    /// [`CostModel::pack_part_time_on`] of a pack whose slices `work` sums, run by the DP
+    /// replicas `dp_members` (as many as `work` was summed for).
+    pub fn work_part_time_on(
+        &self,
+        stage: u32,
+        work: &PackWork,
+        part: Part,
+        dp_members: &[u32],
+    ) -> PackTime {
+        debug_assert_eq!(
+            work.merged,
+            merged_count(dp_members),
+            "a pack's work is summed for the replicas that run it (bug in the caller)"
+        );
+        let link = self
+            .comm
+            .topology()
+            .replicas_link(stage, dp_members.iter().copied());
+        let whole = self.work_time_with(stage, work, &link);
+        let direction = work.direction;
         if part == Part::Whole || direction == Direction::Forward {
             return whole;
         }
         let merged = dp_members.len().max(1) as f64;
         let split = merged * f64::from(self.spec.parallel.cp_degree());
-        let tokens = slices.iter().map(|&(len, _)| len).sum::<u64>() as f64 / split;
+        let tokens = work.tokens as f64 / split;
         let weight = self.weight_grad_time(stage, tokens);
         match part {
             Part::WeightGrad => weight,
@@ -453,17 +549,24 @@ impl CostModel {
         merged: u32,
         cp_link: &LinkSpec,
     ) -> PackTime {
-        let cp = merged * self.spec.parallel.cp_degree();
+        let work = self.pack_work(slices, direction, merged);
+        self.work_time_with(stage, &work, cp_link)
+    }
+
+    /// A whole pack's time on `stage` from its slices' sums, its CP ring over `cp_link`.
+    fn work_time_with(&self, stage: u32, work: &PackWork, cp_link: &LinkSpec) -> PackTime {
+        let direction = work.direction;
+        let cp = work.merged * self.spec.parallel.cp_degree();
         let split = f64::from(cp);
-        let (mut tokens, mut keys) = (0u64, 0u64);
-        let mut attention_layer_s = 0.0;
-        for &(len, prefix) in slices {
-            tokens += len;
-            keys += prefix + len;
-            let work = self.flops.attention_per_pair() * causal_pairs(len, prefix) as f64;
-            attention_layer_s +=
-                self.attention_time(work / (self.tp * split), len as f64 / split, direction);
-        }
+        let (tokens, keys) = (work.tokens, work.keys);
+        // The backward replays the share of the forward attention its recomputation drops.
+        let attention_layer_s = match direction {
+            Direction::Forward => work.attention_forward_layer_s,
+            Direction::Backward => {
+                let (_, replayed) = recomputed_forward(self.recompute_mix());
+                work.attention_backward_layer_s + replayed * work.attention_forward_layer_s
+            }
+        };
         let layers = f64::from(self.layers_per_stage);
         let tokens = tokens as f64 / split;
         let (first, last) = (stage == 0, self.is_last(stage));
@@ -486,24 +589,6 @@ impl CostModel {
             tp_comm_s,
             tp_exposed_s: exposed_tp_comm(tp_comm_s, gemm_s, self.spec.parallel.tp),
             cp_comm_s,
-        }
-    }
-
-    /// Seconds of one layer's attention on one device: `work` forward FLOPs over queries of
-    /// `query_len` tokens; the backward adds its recomputed forward at the forward rate.
-    fn attention_time(&self, work: f64, query_len: f64, direction: Direction) -> f64 {
-        let forward = self
-            .throughput
-            .time(OpKind::AttentionForward, work, query_len);
-        match direction {
-            Direction::Forward => forward,
-            Direction::Backward => {
-                let (_, replayed) = recomputed_forward(self.recompute_mix());
-                let backward = BACKWARD_ATTENTION_FACTOR * work;
-                self.throughput
-                    .time(OpKind::AttentionBackward, backward, query_len)
-                    + replayed * forward
-            }
         }
     }
 
@@ -571,6 +656,14 @@ impl CostModel {
     fn is_last(&self, stage: u32) -> bool {
         stage + 1 == self.spec.parallel.stages()
     }
+
+    /// The ends of the pipeline `stage` holds (see [`StageEnds`]).
+    pub fn stage_ends(&self, stage: u32) -> StageEnds {
+        StageEnds {
+            first: stage == 0,
+            last: self.is_last(stage),
+        }
+    }
 }
 
 /// The constants a cost model uses, for reports (`--report json` can print this as is).
@@ -616,4 +709,9 @@ pub struct CostConstants {
     pub workspace_bytes: u64,
     /// Op kinds whose analytic curve a calibration table replaced.
     pub calibrated: Vec<OpKind>,
+}
+
+/// How many DP replicas a pack run by `dp_members` merges into its CP group (1: no merge).
+fn merged_count(dp_members: &[u32]) -> u32 {
+    u32::try_from(dp_members.len().max(1)).expect("fewer than 2^32 replicas")
 }

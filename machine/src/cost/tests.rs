@@ -315,3 +315,60 @@ fn a_deferred_weight_gradient_keeps_inputs_and_output_gradients() {
         (tokens * (131_584 * 16 + 2 * (4096 + 32000))).div_ceil(8)
     );
 }
+
+/// What callers compute once per pack for all the stages with the same ends ([`StageEnds`]):
+/// a slice's FLOPs and every per-stage memory figure agree on such stages (and the last
+/// stage's differ from the others', so the figures do see the stage).
+#[test]
+fn stage_flops_and_memory_depend_on_the_stage_through_its_ends_only() {
+    let layouts = [
+        ("llama-7b", "h100-sxm", "tp=8,pp=4,dp=2"),
+        ("llama-70b", "h100-sxm", "tp=8,pp=8,dp=4"),
+        ("tiny", "cpu", "tp=1,pp=4,dp=1"),
+        ("llama-7b", "h100-sxm", "tp=4,pp=2,vpp=2,dp=2"),
+    ];
+    let (len, prefix) = (3000u64, 5000u64);
+    for (model, cluster, parallel) in layouts {
+        let cost = CostModel::new(&spec(model, cluster, parallel));
+        let memory = cost.memory();
+        let figures = |stage: u32| {
+            let mut flops = Vec::new();
+            for direction in [Direction::Forward, Direction::Backward] {
+                for part in [Part::Whole, Part::InputGrad, Part::WeightGrad] {
+                    let f = cost.stage_part_flops(stage, len, prefix, direction, part);
+                    flops.push((f.linear.to_bits(), f.attention.to_bits()));
+                }
+            }
+            let bytes = [
+                memory.activation_bytes(len, stage),
+                memory.kv_bytes(len, stage),
+                memory.kv_grad_bytes(len, stage),
+                memory.own_kv_grad_bytes(len, stage),
+                memory.weight_grad_bytes(len, stage),
+                memory.pack_temporary_bytes(len, len + prefix, stage, Direction::Forward),
+                memory.pack_temporary_bytes(len, len + prefix, stage, Direction::Backward),
+            ];
+            (flops, bytes)
+        };
+        let stages = cost.spec().parallel.stages();
+        let mut seen: Vec<(StageEnds, _)> = Vec::new();
+        for stage in 0..stages {
+            let ends = cost.stage_ends(stage);
+            let these = figures(stage);
+            for (other_ends, other) in &seen {
+                let what = format!("{model} {parallel}: stage {stage} against {other_ends:?}");
+                if *other_ends == ends {
+                    assert_eq!(&these, other, "{what}");
+                } else if other_ends.last != ends.last {
+                    // The output projection and the loss make the last stage differ.
+                    assert_ne!(&these, other, "{what}");
+                }
+            }
+            seen.push((ends, these));
+        }
+        assert!(
+            seen.len() >= 3,
+            "{model} {parallel}: a middle stage is checked"
+        );
+    }
+}

@@ -31,7 +31,7 @@
 
 use std::ops::Range;
 
-use crate::cost::{exposed_tp_comm, CostModel, Flops, OpKind, PackTime};
+use crate::cost::{exposed_tp_comm, CostModel, Flops, OpKind, PackTime, PackWork};
 use slimpack_ir::step::{Direction, Part, SliceId, StepIr};
 
 use super::layout::{GroupId, Layout};
@@ -75,6 +75,14 @@ struct SliceInfo {
     node: usize,
     /// The pad tokens of a padded pack, not a slice of the batch.
     padding: bool,
+}
+
+/// What a pack's part does on a stage that depends on the stage through its ends only.
+#[derive(Debug, Clone, Copy)]
+struct StageShare {
+    /// Useful, recomputed and padding FLOP seconds at the saturated rates, over all devices.
+    flop_seconds: [f64; 3],
+    memory: MemoryEffect,
 }
 
 /// The kernel rates at saturation (`Throughput::saturated_rate`), which price FLOPs for the
@@ -151,8 +159,17 @@ struct Builder<'a> {
     /// Per stage, the machine under the stage's own recomputation where it has one other
     /// than the model's (`StepIr::stage_recompute`); `None`: `cost`.
     stage_costs: Vec<Option<CostModel>>,
+    /// Per stage, its recomputation mode as an index among the step's distinct modes (the
+    /// model's first), and how many there are: a pack's [`StageShare`] depends on it.
+    stage_modes: Vec<usize>,
+    modes: usize,
     replicas: Vec<Vec<u32>>,
     packs: Vec<PackInfo>,
+    /// The sums over each pack's slices its time needs on every stage.
+    works: Vec<PackWork>,
+    /// Per (pack, stage ends, part), its FLOP seconds and memory effect, computed for the
+    /// first stage with those ends and read for the others ([`crate::cost::StageEnds`]).
+    stage_shares: Vec<Option<StageShare>>,
     /// Slices of each pack, as positions in `slices` / `pairs`.
     pack_slices: Vec<Range<u32>>,
     slices: Vec<SliceInfo>,
@@ -208,8 +225,12 @@ impl<'a> Builder<'a> {
             rates: SaturatedRates::new(cost),
             useful_cost: cost.without_recompute(),
             stage_costs: stage_costs(ir, cost),
+            stage_modes: Vec::new(),
+            modes: 1,
             replicas,
             packs: Vec::new(),
+            works: Vec::new(),
+            stage_shares: Vec::new(),
             pack_slices: Vec::new(),
             slices: Vec::new(),
             pairs: Vec::new(),
@@ -279,6 +300,10 @@ impl<'a> Builder<'a> {
                         tokens = padded;
                     }
                     self.pack_slices.push(first..self.slices.len() as u32);
+                    let merged = self.replicas[replica].len() as u32;
+                    let pairs = &self.pairs[first as usize..];
+                    self.works
+                        .push(self.cost.pack_work(pairs, direction, merged));
                     self.packs.push(PackInfo {
                         direction,
                         number: numbers[slot],
@@ -316,6 +341,18 @@ impl<'a> Builder<'a> {
         let unset = TaskId(u32::MAX);
         self.compute = vec![unset; self.packs.len() * stages];
         self.weight_grads = vec![unset; self.packs.len() * stages];
+        let mut distinct = vec![self.ir.spec.model.recompute];
+        self.stage_modes = (0..self.stages)
+            .map(|stage| {
+                let mode = self.ir.stage_recompute(stage);
+                distinct.iter().position(|&m| m == mode).unwrap_or_else(|| {
+                    distinct.push(mode);
+                    distinct.len() - 1
+                })
+            })
+            .collect();
+        self.modes = distinct.len();
+        self.stage_shares = vec![None; self.packs.len() * 4 * self.modes * 3];
         let mut seen = vec![NONE; self.packs.len() * stages];
         let mut pack_count = vec![0usize; self.replicas.len()];
         for pack in &self.packs {
@@ -390,13 +427,15 @@ impl<'a> Builder<'a> {
     /// input gradient, the weight-gradient table a deferred weight gradient.
     fn compute_task(&mut self, pack: PackIndex, stage: u32, part: Part) -> TaskId {
         let info = self.packs[pack.0 as usize];
-        let range = self.pack_slices[pack.0 as usize].clone();
-        let pairs = &self.pairs[range.start as usize..range.end as usize];
+        let share = self.stage_share(pack, stage, part);
         let ranks = &self.replicas[info.replica as usize];
-        let time =
-            self.stage_cost(stage)
-                .pack_part_time_on(stage, pairs, info.direction, part, ranks);
-        let parts = self.compute_parts(pack, stage, part, &time);
+        let time = self.stage_cost(stage).work_part_time_on(
+            stage,
+            &self.works[pack.0 as usize],
+            part,
+            ranks,
+        );
+        let parts = self.compute_parts(pack, &share, &time);
         let layout = self.layout;
         let groups = self
             .tasks
@@ -415,7 +454,7 @@ impl<'a> Builder<'a> {
             duration_s: time.critical_path_s(),
             cp_exchange_s: time.cp_comm_s,
             parts,
-            memory: self.memory_effect(pack, stage, part),
+            memory: share.memory,
         });
         let slot = pack.0 as usize * self.stages as usize + stage as usize;
         match part {
@@ -430,13 +469,49 @@ impl<'a> Builder<'a> {
     /// the forward rates), the pad tokens' FLOPs, each at the saturated rates and shared
     /// evenly by the task's devices; the rest of the GEMM and attention time is below
     /// saturation; the other components are the cost model's.
-    fn compute_parts(
-        &self,
-        pack: PackIndex,
-        stage: u32,
-        part: Part,
-        time: &PackTime,
-    ) -> ComputeParts {
+    fn compute_parts(&self, pack: PackIndex, share: &StageShare, time: &PackTime) -> ComputeParts {
+        let info = &self.packs[pack.0 as usize];
+        let [useful, recompute, padding] = share.flop_seconds;
+        let devices = (self.split(info.replica) * u64::from(self.layout.tp)) as f64;
+        let (useful_s, recompute_s, padding_s) =
+            (useful / devices, recompute / devices, padding / devices);
+        ComputeParts {
+            useful_s,
+            recompute_s,
+            padding_s,
+            below_saturation_s: time.gemm_s + time.attention_s - useful_s - recompute_s - padding_s,
+            memory_bound_s: time.elementwise_s,
+            launch_overhead_s: time.kernel_overhead_s,
+            exposed_tp_s: time.tp_exposed_s,
+            exposed_cp_s: time.cp_exposed_s(),
+        }
+    }
+
+    /// What `part` of `pack` does on `stage` that depends on the stage through its ends and
+    /// its recomputation mode only: computed once per (pack, ends, mode, part).
+    fn stage_share(&mut self, pack: PackIndex, stage: u32, part: Part) -> StageShare {
+        let ends = self.cost.stage_ends(stage);
+        let part_index = match part {
+            Part::Whole => 0,
+            Part::InputGrad => 1,
+            Part::WeightGrad => 2,
+        };
+        let mode = self.stage_modes[stage as usize];
+        let slot = ((pack.0 as usize * 4 + ends.index()) * self.modes + mode) * 3 + part_index;
+        if let Some(share) = self.stage_shares[slot] {
+            return share;
+        }
+        let share = StageShare {
+            flop_seconds: self.flop_seconds(pack, stage, part),
+            memory: self.memory_effect(pack, stage, part),
+        };
+        self.stage_shares[slot] = Some(share);
+        share
+    }
+
+    /// The seconds of `part` of `pack`'s FLOPs on `stage` at the saturated rates, summed over
+    /// its devices: useful, recomputed and padding work (see [`Builder::compute_parts`]).
+    fn flop_seconds(&self, pack: PackIndex, stage: u32, part: Part) -> [f64; 3] {
         let info = &self.packs[pack.0 as usize];
         let range = self.pack_slices[pack.0 as usize].clone();
         let (mut useful, mut recompute, mut padding) = (0.0, 0.0, 0.0);
@@ -461,19 +536,7 @@ impl<'a> Builder<'a> {
                 recompute += replayed_s;
             }
         }
-        let devices = (self.split(info.replica) * u64::from(self.layout.tp)) as f64;
-        let (useful_s, recompute_s, padding_s) =
-            (useful / devices, recompute / devices, padding / devices);
-        ComputeParts {
-            useful_s,
-            recompute_s,
-            padding_s,
-            below_saturation_s: time.gemm_s + time.attention_s - useful_s - recompute_s - padding_s,
-            memory_bound_s: time.elementwise_s,
-            launch_overhead_s: time.kernel_overhead_s,
-            exposed_tp_s: time.tp_exposed_s,
-            exposed_cp_s: time.cp_exposed_s(),
-        }
+        [useful, recompute, padding]
     }
 
     /// Per-device memory of `part` of a pack on `stage`: each device of a CP group (merged

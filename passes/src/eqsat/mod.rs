@@ -487,7 +487,7 @@ impl Pass for Eqsat {
             *ir = rebuild::rebuild(ir, &plans, model);
         }
         let result = if plans.is_empty() && !ranks_changed {
-            "kept-input"
+            crate::manager::KEPT_INPUT
         } else {
             "improved"
         };

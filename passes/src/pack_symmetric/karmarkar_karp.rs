@@ -87,7 +87,7 @@ pub fn partition(values: &[u128], k: usize, equal_size: bool) -> Vec<Vec<usize>>
     let Some(last) = heap.pop() else {
         return vec![Vec::new(); k];
     };
-    last.sets
+    last.into_sets()
         .into_iter()
         .map(|set| {
             let mut indices: Vec<usize> = set.items.into_iter().map(|(i, _)| i).collect();
@@ -153,20 +153,29 @@ impl PartialOrd for Set {
     }
 }
 
-/// A partial k-way partition; its sets are kept in decreasing order.
+/// A partial k-way partition of `k` sets in decreasing order, of which only the non-empty
+/// ones are held: the others are equal (no sum, no items) and smaller than any non-empty one,
+/// so they are the last `k - sets.len()` sets. A state of one item is then one set, not `k`,
+/// and a merge walks the non-empty sets only (verl's states hold all `k` sets, so its
+/// differencing costs `n·k` for `n` items; the result is the same).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct State {
+    /// The non-empty sets, in decreasing order.
     sets: Vec<Set>,
+    k: usize,
 }
 
 impl State {
     fn new(items: &[(u128, usize)], k: usize) -> State {
-        let mut sets = vec![Set::default(); k];
-        for (set, &(value, index)) in sets.iter_mut().zip(items) {
-            set.sum += value;
-            set.items.push((index, value));
-        }
-        let mut state = State { sets };
+        let sets = items
+            .iter()
+            .take(k)
+            .map(|&(value, index)| Set {
+                sum: value,
+                items: vec![(index, value)],
+            })
+            .collect();
+        let mut state = State { sets, k };
         state.sort();
         state
     }
@@ -177,18 +186,46 @@ impl State {
     }
 
     fn spread(&self) -> u128 {
-        self.sets[0].sum - self.sets[self.sets.len() - 1].sum
+        let smallest = match self.sets.len() == self.k {
+            true => self.sets[self.k - 1].sum,
+            false => 0,
+        };
+        self.sets[0].sum - smallest
     }
 
-    /// Largest set with the other's smallest, and so on.
+    /// Largest set with the other's smallest, and so on: set `j` takes the other's set
+    /// `k - 1 - j`; where both are empty the result is too.
     fn merge(&mut self, other: State) {
-        let k = self.sets.len();
-        for (i, theirs) in other.sets.into_iter().enumerate() {
-            let mine = &mut self.sets[k - 1 - i];
-            mine.sum += theirs.sum;
-            mine.items.extend(theirs.items);
+        let k = self.k;
+        let mine = std::mem::take(&mut self.sets);
+        let held = mine.len();
+        let their_count = other.sets.len();
+        let mut theirs: Vec<Option<Set>> = other.sets.into_iter().map(Some).collect();
+        let mut partner = |j: usize| theirs.get_mut(k - 1 - j).and_then(Option::take);
+        let mut merged = Vec::with_capacity(k.min(held + their_count));
+        for (j, mut set) in mine.into_iter().enumerate() {
+            if let Some(other) = partner(j) {
+                set.sum += other.sum;
+                set.items.extend(other.items);
+            }
+            merged.push(set);
         }
+        // Where this set is empty, only the other's non-empty sets (`k - 1 - j < their_count`)
+        // make one.
+        for j in held.max(k - their_count)..k {
+            if let Some(other) = partner(j) {
+                merged.push(other);
+            }
+        }
+        self.sets = merged;
         self.sort();
+    }
+
+    /// The `k` sets in decreasing order, the empty ones included.
+    fn into_sets(self) -> Vec<Set> {
+        let mut sets = self.sets;
+        sets.resize(self.k, Set::default());
+        sets
     }
 }
 
@@ -248,6 +285,94 @@ mod tests {
             assert!(w[0] < w[1] && w[1] < w[2] && w[3] < w[2], "{w:?}");
         }
         assert_eq!(sums(&values, &parts), vec![18, 18]);
+    }
+
+    /// verl's differencing as written: every state holds all `k` sets.
+    fn partition_with_every_set(values: &[u128], k: usize, equal_size: bool) -> Vec<Vec<usize>> {
+        #[derive(PartialEq, Eq)]
+        struct Full(Vec<Set>);
+        impl Ord for Full {
+            fn cmp(&self, other: &Self) -> Ordering {
+                let spread = |s: &Full| s.0[0].sum - s.0[s.0.len() - 1].sum;
+                spread(self)
+                    .cmp(&spread(other))
+                    .then_with(|| self.0[0].cmp(&other.0[0]))
+            }
+        }
+        impl PartialOrd for Full {
+            fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+        let sorted_desc = |sets: &mut Vec<Set>| sets.sort_by(|a, b| b.cmp(a));
+        let mut sorted: Vec<(u128, usize)> =
+            values.iter().enumerate().map(|(i, &v)| (v, i)).collect();
+        sorted.sort_unstable();
+        let chunk = if equal_size { k } else { 1 };
+        let mut heap: BinaryHeap<Full> = sorted
+            .chunks(chunk)
+            .map(|items| {
+                let mut sets = vec![Set::default(); k];
+                for (set, &(value, index)) in sets.iter_mut().zip(items) {
+                    set.sum += value;
+                    set.items.push((index, value));
+                }
+                sorted_desc(&mut sets);
+                Full(sets)
+            })
+            .collect();
+        while heap.len() > 1 {
+            let mut first = heap.pop().unwrap();
+            let second = heap.pop().unwrap();
+            for (i, theirs) in second.0.into_iter().enumerate() {
+                let mine = &mut first.0[k - 1 - i];
+                mine.sum += theirs.sum;
+                mine.items.extend(theirs.items);
+            }
+            sorted_desc(&mut first.0);
+            heap.push(first);
+        }
+        heap.pop()
+            .unwrap()
+            .0
+            .into_iter()
+            .map(|set| {
+                let mut indices: Vec<usize> = set.items.into_iter().map(|(i, _)| i).collect();
+                indices.sort_unstable();
+                indices
+            })
+            .collect()
+    }
+
+    /// Holding only the non-empty sets partitions exactly as holding all `k` does, on batches
+    /// with repeated values, more parts than items, and equal-size splits.
+    #[test]
+    fn states_of_non_empty_sets_partition_as_verl_does() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = |bound: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        };
+        for round in 0..200 {
+            let n = 1 + next(60) as usize;
+            let spread = [4, 1000, 1 << 20][round % 3];
+            let values: Vec<u128> = (0..n).map(|_| u128::from(1 + next(spread))).collect();
+            for k in [1, 2, 3, 7, n, n + 3] {
+                let fast = partition(&values, k, false);
+                assert_eq!(
+                    fast,
+                    partition_with_every_set(&values, k, false),
+                    "{values:?} k={k}"
+                );
+                if n % k == 0 {
+                    let fast = partition(&values, k, true);
+                    let full = partition_with_every_set(&values, k, true);
+                    assert_eq!(fast, full, "{values:?} k={k} equal");
+                }
+            }
+        }
     }
 
     #[test]
