@@ -63,6 +63,11 @@ pub struct PlanSummary {
     pub epoch_time_s: f64,
     /// Steps whose plan does not fit device memory.
     pub oom_steps: usize,
+    /// Steps whose plan peaks above the memory limit (`memory_limit_bytes`): no kept or
+    /// re-tuned configuration fitted it (the over-device-memory ones included).
+    pub over_limit_steps: usize,
+    /// The memory limit a step's plan may peak at, bytes per device.
+    pub memory_limit_bytes: u64,
     /// Steps re-tuned because the kept configuration went over the memory limit.
     pub replanned: usize,
     /// Wall time of the tuning on the first step, and of the whole plan, milliseconds.
@@ -124,6 +129,7 @@ pub fn plan_epoch(
     };
     let max_steps = options.max_steps.unwrap_or(usize::MAX);
     let limit = options.choices.memory_limit_for(spec);
+    summary.memory_limit_bytes = limit;
     let first = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
     let tuned = tune_step(
         strategy,
@@ -371,6 +377,8 @@ fn hand_on(
     summary.step_time_min_s = summary.step_time_min_s.min(metrics.step_time_s);
     summary.step_time_max_s = summary.step_time_max_s.max(metrics.step_time_s);
     summary.oom_steps += usize::from(metrics.oom);
+    summary.over_limit_steps +=
+        usize::from(metrics.oom || metrics.peak_memory_bytes > summary.memory_limit_bytes);
     summary.replanned += usize::from(replanned);
     sink(PlannedStep {
         step,

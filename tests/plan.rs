@@ -124,6 +124,35 @@ fn an_epoch_covers_every_document_and_only_the_summary_reaches_a_pipe() {
         "{steps} steps, {tokens} tokens"
     );
     assert!((steps - 1) * 20_000_000 < file_tokens, "{steps} steps");
+    assert_eq!(summary["over_limit_steps"], 0, "{summary}");
+}
+
+/// A memory limit no configuration meets is counted on every step, beside the limit, instead
+/// of a summary that reads as if every step fitted.
+#[test]
+fn steps_over_the_memory_limit_are_counted() {
+    let mut args: Vec<&str> = vec!["plan"];
+    args.extend(JOB);
+    args.extend([
+        "--global-batch-tokens",
+        "2000000",
+        "--steps",
+        "2",
+        "--memory-limit",
+        "0.01",
+        "--report",
+        "json",
+    ]);
+    let output = slimpack(&args);
+    assert!(output.status.success());
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["over_limit_steps"], 2, "{summary}");
+    assert_eq!(summary["oom_steps"], 0, "{summary}");
+    let limit = summary["memory_limit_bytes"].as_f64().unwrap();
+    assert!(
+        limit > 0.0 && limit < 0.011 * 80.0 * f64::from(1 << 30),
+        "{summary}"
+    );
 }
 
 #[test]

@@ -197,11 +197,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
                 summary.tune_ms
             );
             eprintln!(
-                "  predicted step time {:.3} s mean ({:.3} .. {:.3}), epoch {:.1} s; {} steps over memory, {} re-planned",
+                "  predicted step time {:.3} s mean ({:.3} .. {:.3}), epoch {:.1} s; {} steps over the memory limit of {} ({} over device memory), {} re-planned",
                 summary.step_time_mean_s,
                 summary.step_time_min_s,
                 summary.step_time_max_s,
                 summary.epoch_time_s,
+                summary.over_limit_steps,
+                super::report::gib(summary.memory_limit_bytes),
                 summary.oom_steps,
                 summary.replanned
             );
