@@ -165,15 +165,16 @@ pub fn plan_epoch(
             let step = summary.steps + round.len() + 1;
             let batch = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
             let offered = (strategy.candidates)(spec, &batch, &state, options.choices);
-            round.push((step, batch, offered));
+            // The state as this step's admission left it: a re-plan offers the candidates of
+            // this step (wlb's micro-batch count), whichever step of the round admitted last.
+            round.push((step, batch, offered, state.clone()));
         }
-        let planned = autotune::parallel_map_on(threads, &round, |_, (_, batch, offered)| {
-            let step = (batch, offered.as_slice());
-            plan_step(
-                strategy, spec, step, &kept, &state, options, &manager, limit,
-            )
-        });
-        for ((step, batch, _), outcome) in round.into_iter().zip(planned) {
+        let planned =
+            autotune::parallel_map_on(threads, &round, |_, (_, batch, offered, state)| {
+                let step = (batch, offered.as_slice());
+                plan_step(strategy, spec, step, &kept, state, options, &manager, limit)
+            });
+        for ((step, batch, _, _), outcome) in round.into_iter().zip(planned) {
             let (compiled, metrics, replanned) = outcome?;
             hand_on(
                 &mut summary,

@@ -220,3 +220,52 @@ fn bench_planning_prints_one_row_per_size_and_strategy() {
         assert_eq!(row["growth"].is_null(), samples == 100, "{row}");
     }
 }
+
+/// The epoch is the same on any number of threads, also where a step is re-planned with a
+/// strategy that keeps state (wlb's micro-batch count, under a tight memory limit): each step
+/// is re-planned with the state its own admission left, not the round's last.
+#[test]
+fn replanned_steps_are_the_same_on_any_number_of_threads() {
+    let dir = scratch("threads");
+    let mut outputs = Vec::new();
+    for threads in ["1", "4"] {
+        let lines = dir.join(format!("plan-{threads}.jsonl"));
+        let lines_arg = lines.to_str().unwrap().to_string();
+        let output = slimpack(&[
+            "plan",
+            "--model",
+            "llama-7b",
+            "--cluster",
+            "h100-sxm",
+            "--parallel",
+            "tp=2,pp=2,dp=4",
+            "--context",
+            "16384",
+            "--global-batch",
+            "64",
+            "--batch",
+            "tests/fixtures/wikipedia-100k.lengths.txt",
+            "--strategy",
+            "wlb",
+            "--steps",
+            "12",
+            "--memory-limit",
+            "0.40",
+            "--threads",
+            threads,
+            "--jsonl",
+            &lines_arg,
+            "--report",
+            "json",
+        ]);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        assert!(summary["replanned"].as_u64().unwrap() > 0, "{summary}");
+        outputs.push(std::fs::read_to_string(&lines).unwrap());
+    }
+    assert!(outputs[0] == outputs[1], "the epochs differ");
+}
