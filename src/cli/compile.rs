@@ -296,6 +296,8 @@ struct Chosen {
     label: String,
     candidates: usize,
     pruned: usize,
+    /// Candidates not started because `--tune-budget-ms` was spent.
+    skipped: usize,
 }
 
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
@@ -364,6 +366,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 },
                 candidates: choice.candidates_offered(),
                 pruned: choice.pruned,
+                skipped: choice.skipped,
             };
             let mut compiled = choice.compiled;
             slimpack::compile::lower(&mut compiled, &manager, &mut std::io::stderr())?;
@@ -400,7 +403,12 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         // none is: then the plan the user asked for does not exist.
         if let Some((limit, fraction)) = memory_limit {
             if result.metrics.peak_memory_bytes > limit && !args.allow_oom {
-                return Err(over_limit(&result.metrics, candidates, limit, fraction).into());
+                // Pruning needs a fitting step, so none was pruned: some may have been skipped.
+                let skipped = chosen.as_ref().map_or(0, |c| c.skipped);
+                let metrics = &result.metrics;
+                return Err(
+                    over_limit(metrics, candidates - skipped, skipped, limit, fraction).into(),
+                );
             }
         }
     }
@@ -511,6 +519,7 @@ fn does_not_fit(ir: &StepIr, metrics: &sim::Metrics, candidates: usize) -> super
 fn over_limit(
     metrics: &sim::Metrics,
     candidates: usize,
+    skipped: usize,
     limit: u64,
     fraction: f64,
 ) -> super::exit::Failure {
@@ -520,11 +529,15 @@ fn over_limit(
         .position(|&bytes| bytes == metrics.peak_memory_bytes)
         .unwrap_or(0);
     let tried = match candidates {
-        1 => "the one candidate".to_string(),
-        n => format!("the least memory-hungry of {n} candidates"),
+        1 => "the one candidate evaluated".to_string(),
+        n => format!("the least memory-hungry of {n} candidates evaluated"),
+    };
+    let skipped = match skipped {
+        0 => String::new(),
+        n => format!(" ({n} more not tried: --tune-budget-ms was spent)"),
     };
     super::exit::Failure::DoesNotFit(format!(
-        "no configuration fits the memory limit: {tried} peaks at {} on device {device}, over the limit {} (--memory-limit {fraction} of device memory; --allow-oom writes it anyway)",
+        "no configuration fits the memory limit: {tried}{skipped} peaks at {} on device {device}, over the limit {} (--memory-limit {fraction} of device memory; --allow-oom writes it anyway)",
         super::report::gib(metrics.peak_memory_bytes),
         super::report::gib(limit),
     ))

@@ -88,7 +88,15 @@ impl StepIr {
             replica_samples: FxHashMap::default(),
         };
         for stage in stages {
-            ir.add_stage(*stage);
+            // A stage's own mode equal to the model's is no mode of its own (as
+            // `set_stage_recompute` stores it): one step, one text form, one document.
+            let recompute = stage
+                .recompute
+                .filter(|&mode| mode != ir.spec.model.recompute);
+            ir.add_stage(Stage {
+                recompute,
+                ..*stage
+            });
         }
         ir
     }
