@@ -140,8 +140,9 @@ pub fn choose_for_step(
                 }
             }
             Err(TuneError::Compile { .. }) if position == 0 => return Ok(None),
-            Err(TuneError::Compile { .. }) => {}
-            Err(error) => return Err(error),
+            Err(error) if position == 0 => return Err(error),
+            // Another kept configuration that fails on this step is not a choice for it.
+            Err(_) => {}
         }
     }
     Ok(best.map(|(evaluation, compiled)| StepChoice {

@@ -259,10 +259,11 @@ pub fn run_strategy(
         let compile_ms = evaluations.iter().map(|e| e.compile_ms).sum();
         Some((evaluations[pick].clone(), compile_ms))
     });
-    let later_steps = later.into_iter().map(|outcome| match outcome {
-        Ok(Some(choice)) => Some((choice.evaluation, choice.compile_ms)),
-        _ => None,
-    });
+    // A step no kept configuration compiles is re-planned below; any other failure is one.
+    let later_steps = later
+        .into_iter()
+        .map(|outcome| Ok(outcome?.map(|choice| (choice.evaluation, choice.compile_ms))))
+        .collect::<Result<Vec<_>, TuneError>>()?;
     let mut figures = Vec::with_capacity(steps.len());
     let mut replanned = 0;
     for (outcome, step) in tuned_steps.into_iter().chain(later_steps).zip(&steps) {
