@@ -10,14 +10,22 @@ use slimpack_ir::batch::{MAX_SAMPLES, MAX_TOKENS};
 
 use super::{ScheduleDocument, ScheduleError};
 
-/// Checks that `doc`'s layout is valid, every run of its rank groups stays below the world size,
-/// and every op's group index is in range: what a reader needs to expand the groups. Linear in
-/// the runs and ops (a group is never expanded).
+/// Checks that `doc`'s layout is valid, it has a device per rank, every run of its rank groups
+/// stays below the world size,
+/// every op's group index is in range, and each group is exactly the devices whose ops name it:
+/// what a reader needs to expand the groups safely. Linear in the runs and ops (a group is
+/// expanded no further than the devices naming it).
 pub(super) fn groups(doc: &ScheduleDocument) -> Result<(), ScheduleError> {
     let invalid = |message: String| Err(ScheduleError::Invalid(message));
     let parallel = &doc.spec.parallel;
     parallel.validate()?;
     let world = parallel.world();
+    if doc.devices.len() as u64 != world {
+        return invalid(format!(
+            "devices: {} given, but the layout {parallel} has {world}",
+            doc.devices.len()
+        ));
+    }
     for (index, group) in doc.groups.iter().enumerate() {
         if group.runs.is_empty() {
             return invalid(format!("group {index} has no runs of ranks"));
@@ -40,17 +48,79 @@ pub(super) fn groups(doc: &ScheduleDocument) -> Result<(), ScheduleError> {
             }
         }
     }
+    // The devices whose ops name each group.
+    let mut named_by: Vec<Vec<u64>> = vec![Vec::new(); doc.groups.len()];
     for (rank, device) in doc.devices.iter().enumerate() {
         for (at, op) in device.ops.iter().enumerate() {
-            if let Some(group) = op.group().filter(|&g| g as usize >= doc.groups.len()) {
+            let Some(group) = op.group() else { continue };
+            let Some(members) = named_by.get_mut(group as usize) else {
                 return invalid(format!(
                     "devices (rank {rank}): ops[{at}] names group {group}, but there are {}",
                     doc.groups.len()
                 ));
+            };
+            if members.last() != Some(&(rank as u64)) {
+                members.push(rank as u64);
             }
         }
     }
+    // A collective's group is exactly the devices that run it: each member names it, and each
+    // device naming it is a member, once. Expanding a group stops past the devices naming it,
+    // so the check stays linear in the ops.
+    for (index, (group, naming)) in doc.groups.iter().zip(&named_by).enumerate() {
+        let mut ranks: Vec<u64> = Vec::with_capacity(naming.len());
+        for rank in group.ranks() {
+            if ranks.len() > naming.len() {
+                break;
+            }
+            ranks.push(rank);
+        }
+        ranks.sort_unstable();
+        if let Some(pair) = ranks.windows(2).find(|pair| pair[0] == pair[1]) {
+            return invalid(format!("group {index} lists rank {} twice", pair[0]));
+        }
+        if let Some(problem) = first_difference(&ranks, naming) {
+            let what = match problem {
+                Difference::Idle(rank) => {
+                    format!("lists rank {rank}, whose ops do not name it (devices (rank {rank}))")
+                }
+                Difference::Outside(rank) => {
+                    format!("does not list rank {rank}, whose ops name it (devices (rank {rank}))")
+                }
+            };
+            return invalid(format!(
+                "group {index} {what}: a group is exactly the devices that run its collective"
+            ));
+        }
+    }
     Ok(())
+}
+
+/// Where a group's ranks and the devices naming it first differ (both sorted).
+enum Difference {
+    /// A member whose ops do not name the group.
+    Idle(u64),
+    /// A device naming the group that is not a member.
+    Outside(u64),
+}
+
+fn first_difference(members: &[u64], naming: &[u64]) -> Option<Difference> {
+    let (mut m, mut n) = (members.iter().peekable(), naming.iter().peekable());
+    loop {
+        match (m.peek(), n.peek()) {
+            (None, None) => return None,
+            (Some(&&member), None) => return Some(Difference::Idle(member)),
+            (None, Some(&&rank)) => return Some(Difference::Outside(rank)),
+            (Some(&&member), Some(&&rank)) if member == rank => {
+                m.next();
+                n.next();
+            }
+            (Some(&&member), Some(&&rank)) if member < rank => {
+                return Some(Difference::Idle(member))
+            }
+            (Some(_), Some(&&rank)) => return Some(Difference::Outside(rank)),
+        }
+    }
 }
 
 /// Checks that every reference in `doc` is in range and its stages tile the model's layers.
@@ -120,13 +190,6 @@ pub(super) fn check(doc: &ScheduleDocument) -> Result<(), ScheduleError> {
                 ));
             }
         }
-    }
-    let world = parallel.world();
-    if doc.devices.len() as u64 != world {
-        return invalid(format!(
-            "devices: {} given, but the layout {parallel} has {world}",
-            doc.devices.len()
-        ));
     }
     Ok(())
 }

@@ -513,11 +513,12 @@ fn unknown_fields_are_rejected_everywhere() {
 fn edited_derived_fields_are_named() {
     let original = serde_json::to_value(doc(HAND)).unwrap();
     let cases: [(&[&str], Value, &str); 11] = [
-        // Stage 1's sync group [2, 3] made [2]: in range, but not what the layout gives.
+        // Stage 1's sync group [2, 3] made [2]: in range, but rank 3 still runs its sync
+        // (refused when the document is parsed, before any derivation).
         (
             &["groups", "3", "runs", "0", "count"],
             json!(1),
-            "group 3: runs[0].count is 1, but the schedule gives 2",
+            "group 3 does not list rank 3, whose ops name it",
         ),
         // Rank 0's reduce-scatter (ops[15]) over the tied pair instead of its stage's group.
         (
@@ -578,9 +579,10 @@ fn edited_derived_fields_are_named() {
             };
         }
         *at = value;
-        let error = to_ir(&parse(&json.to_string()).unwrap())
-            .unwrap_err()
-            .to_string();
+        let error = match parse(&json.to_string()) {
+            Ok(doc) => to_ir(&doc).unwrap_err().to_string(),
+            Err(error) => error.to_string(),
+        };
         assert!(error.contains(message), "{place:?}: {error}");
     }
     // A missing embedding sum, and swapped ops, are named by rank.
@@ -589,7 +591,7 @@ fn edited_derived_fields_are_named() {
         .ops
         .retain(|op| !matches!(op, DeviceOp::TiedEmbeddingAllReduce { .. }));
     let error = to_ir(&edited).unwrap_err().to_string();
-    assert!(error.contains("devices (rank 2)"), "{error}");
+    assert!(error.contains("lists rank 2, whose ops do not name it"), "{error}");
     let mut edited = doc(TINY);
     edited.devices[5].ops.swap(0, 1);
     let error = to_ir(&edited).unwrap_err().to_string();
