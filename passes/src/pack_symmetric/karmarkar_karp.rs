@@ -180,9 +180,10 @@ impl State {
         state
     }
 
-    /// Python's `sorted(sets, reverse=True)`: stable, descending.
+    /// Python's `sorted(sets, reverse=True)`, descending. Stable or not is the same order: the
+    /// held sets are non-empty and hold distinct items, so no two compare equal.
     fn sort(&mut self) {
-        self.sets.sort_by(|a, b| b.cmp(a));
+        self.sets.sort_unstable_by(|a, b| b.cmp(a));
     }
 
     fn spread(&self) -> u128 {
@@ -197,27 +198,22 @@ impl State {
     /// `k - 1 - j`; where both are empty the result is too.
     fn merge(&mut self, other: State) {
         let k = self.k;
-        let mine = std::mem::take(&mut self.sets);
-        let held = mine.len();
-        let their_count = other.sets.len();
-        let mut theirs: Vec<Option<Set>> = other.sets.into_iter().map(Some).collect();
-        let mut partner = |j: usize| theirs.get_mut(k - 1 - j).and_then(Option::take);
-        let mut merged = Vec::with_capacity(k.min(held + their_count));
-        for (j, mut set) in mine.into_iter().enumerate() {
-            if let Some(other) = partner(j) {
+        let held = self.sets.len();
+        let mut theirs = other.sets;
+        let their_count = theirs.len();
+        // Set `j` of the result is this state's set `j` (if held) with the other's set
+        // `k - 1 - j` (if held), taken in place.
+        for (j, set) in self.sets.iter_mut().enumerate() {
+            if let Some(other) = theirs.get_mut(k - 1 - j) {
                 set.sum += other.sum;
-                set.items.extend(other.items);
+                set.items.append(&mut other.items);
             }
-            merged.push(set);
         }
         // Where this set is empty, only the other's non-empty sets (`k - 1 - j < their_count`)
-        // make one.
-        for j in held.max(k - their_count)..k {
-            if let Some(other) = partner(j) {
-                merged.push(other);
-            }
-        }
-        self.sets = merged;
+        // make one: the other's first `min(their_count, k - held)` sets, which no held set took.
+        let free = their_count.min(k - held);
+        theirs.truncate(free);
+        self.sets.extend(theirs);
         self.sort();
     }
 
