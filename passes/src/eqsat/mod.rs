@@ -25,14 +25,16 @@
 //! worth it where the simulator's slowest replica is not the makespan's (sends, memory-bound
 //! warm-ups and the DP sync are not in the makespan).
 //!
-//! Before that, rank merging ([`placement`], rules in [`rank_merge`]): a rank runs its plain
-//! replica and every DP-Merge group holding it on the same streams, so per aligned pair of DP
-//! ranks, slowest first, a `(pair A B M)` term of which samples the two plain replicas and the
-//! pair's group run is saturated with moving a sample to the partner rank, merging it onto
-//! the group (half the work per rank plus the CP exchange) and splitting it out of the group;
-//! the cheapest placements are re-packed by `pack-fwd` and `pack-bwd` and kept if the pair's
-//! slower rank (sum of its replicas' 1F1B makespans) gets faster. `ranks=false` switches it
-//! off. The per-replica refinement then runs on the result.
+//! With `ranks=true` (opt-in), rank merging first ([`placement`], rules in [`rank_merge`]): a
+//! rank runs its plain replica and every DP-Merge group holding it on the same streams, so per
+//! aligned pair of DP ranks, slowest first, a `(pair A B M)` term of which samples the two
+//! plain replicas and the pair's group run is saturated with moving a sample to the partner
+//! rank, merging it onto the group (half the work per rank plus the CP exchange) and splitting
+//! it out of the group; the cheapest placements are re-packed by `pack-fwd` and `pack-bwd` and
+//! kept if the pair's slower rank (sum of its replicas' 1F1B makespans) gets faster. The
+//! per-replica refinement then runs on the result. It is off by default: through the
+//! `slimpack` strategy it moved a 5-step run by 0.00-0.18% while doubling the tuning time
+//! where DP-Merge candidates are compiled (docs/BENCHMARKS.md, "eqsat: gain and cost").
 //!
 //! Determinism: egg is built with its `deterministic` feature (insertion-ordered maps), rules
 //! and candidates are ordered, and there is no time limit unless `ms` is given (a time limit
@@ -81,12 +83,12 @@ pub use language::Span;
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "eqsat",
-    summary: "refine the slowest ranks' placements and MicroPacks by equality saturation (egg)",
-    description: "Per aligned pair of DP ranks, slowest first: saturate which of the two plain \
-                  replicas and their DP-Merge group run each sample (move, merge, split), \
-                  re-pack the cheapest placements and keep one if the pair's slower rank gets \
-                  faster. Then per replica, slowest first: encode the packs around the slowest ones as a \
-                  term, saturate with slicing (split/merge) and regrouping (move/swap between \
+    summary: "refine the slowest replicas' MicroPacks by equality saturation (egg)",
+    description: "With ranks=true, first per aligned pair of DP ranks, slowest first: saturate \
+                  which of the two plain replicas and their DP-Merge group run each sample \
+                  (move, merge, split), re-pack the cheapest placements and keep one if the \
+                  pair's slower rank gets faster. Per replica, slowest first: encode the packs \
+                  around the slowest ones as a term, saturate with slicing (split/merge) and regrouping (move/swap between \
                   neighbouring packs) rules under node and iteration limits, extract candidates \
                   under the machine model, and keep the one with the least 1F1B makespan if it \
                   beats the input. Phase packed (or scheduled, then re-scheduled) -> unchanged.",
@@ -135,7 +137,7 @@ const OPTIONS: &[OptionInfo] = &[
     OptionInfo {
         name: "ranks",
         help: "true: rank merging first (move, DP-Merge or split samples within aligned pairs of DP ranks); false: packs only",
-        default: Some("true"),
+        default: Some("false"),
     },
 ];
 

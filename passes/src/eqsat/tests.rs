@@ -91,8 +91,8 @@ fn the_pass_runs_after_scheduling_too() {
     assert!(step_cost(&ir) < before);
 }
 
-/// A dominant sample on one rank of a pair: rank merging runs it on a DP-Merge group of the
-/// pair (the verifier holds on the new replicas) and the slowest rank gets faster.
+/// A dominant sample on one rank of a pair: rank merging (`ranks=true`) runs it on a DP-Merge
+/// group of the pair (the verifier holds on the new replicas) and the slowest rank gets faster.
 #[test]
 fn rank_merging_merges_a_dominant_sample() {
     let mut lengths = vec![131072];
@@ -103,7 +103,7 @@ fn rank_merging_merges_a_dominant_sample() {
         "assign-dp,slice{size=16384},pack-fwd{cap=32768},pack-bwd{cap=32768}",
     );
     let before = step_cost(&ir);
-    let stats = run(&mut ir, "eqsat,schedule-pipeline");
+    let stats = run(&mut ir, "eqsat{ranks=true},schedule-pipeline");
     let stats = &stats[0];
     let applied = &stats.get("rule_applications").unwrap()["merge-ranks"];
     assert!(applied.as_u64().unwrap() >= 1, "{stats:?}");
@@ -118,11 +118,11 @@ fn rank_merging_merges_a_dominant_sample() {
     assert_eq!(groups.len(), 1);
     assert!(verify::check(&ir).is_empty(), "{:?}", verify::check(&ir));
     assert!(step_cost(&ir) < before, "{} >= {before}", step_cost(&ir));
-    // Switched off, the placement stays.
+    // Off (the default), the placement stays.
     let mut plain = step("llama-7b", "h100-sxm", "tp=8,pp=2,dp=2", &lengths);
     run(
         &mut plain,
-        "assign-dp,slice{size=16384},pack-fwd{cap=32768},pack-bwd{cap=32768},eqsat{ranks=false}",
+        "assign-dp,slice{size=16384},pack-fwd{cap=32768},pack-bwd{cap=32768},eqsat",
     );
     assert_eq!(plain.replicas().len(), 2);
 }
