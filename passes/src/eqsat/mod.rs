@@ -404,11 +404,6 @@ impl Pass for Eqsat {
             placement::RankOutcome::default()
         };
         let ranks_ms = start.elapsed().as_secs_f64() * 1e3;
-        let cost_before = if self.ranks {
-            ranks.cost_before
-        } else {
-            placement::step_seconds(ir, cx.machine())
-        };
         let mut totals = Totals::default();
         for (rule, count) in &ranks.applied {
             *totals.applied.entry(rule.clone()).or_default() += count;
@@ -445,6 +440,19 @@ impl Pass for Eqsat {
                 cost_before,
             });
         }
+        // The step's cost before: rank merging's, or each rank's replicas' makespans summed in
+        // the IR's order (what `placement::step_seconds` computes), from the jobs' makespans.
+        let cost_before = if self.ranks {
+            ranks.cost_before
+        } else {
+            let mut rank_seconds = vec![0.0f64; ir.spec.parallel.dp as usize];
+            for job in &jobs {
+                for &rank in &ir.replica(job.replica).ranks {
+                    rank_seconds[rank as usize] += job.cost_before;
+                }
+            }
+            rank_seconds.into_iter().fold(0.0, f64::max)
+        };
         jobs.sort_by(|a, b| b.cost_before.total_cmp(&a.cost_before));
         let setup_ms = start.elapsed().as_secs_f64() * 1e3;
         let step_before = jobs.first().map_or(0.0, |job| job.cost_before);
