@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # eqsat's gain and cost per scenario (docs/BENCHMARKS.md, "eqsat: gain and cost"): the
 # configuration slimpack keeps in each scenario where it keeps its own pipeline, compiled on
-# steps 1..N with eqsat (all rule families), without rank merging (`eqsat{ranks=false}`), and
-# without eqsat; the simulated step time of each and the compile time of the whole pipeline
+# steps 1..N with eqsat and rank merging (`eqsat{ranks=true}`), with eqsat's default (no rank
+# merging), and without eqsat; the simulated step time of each and the compile time of the whole pipeline
 # (single process, verifier off).
 #
 #   scripts/eqsat-gain.sh            # S1 S4 S5 S6 S7 H4, 5 steps each
@@ -30,8 +30,8 @@ for id in "${ids[@]}"; do
     fi
 done
 S=${CARGO_TARGET_DIR:-target}/release/slimpack
-printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' scenario step "step s eqsat" "ranks=false" "no eqsat" \
-    "compile ms eqsat" "ranks=false" "no eqsat"
+printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' scenario step "step s ranks=true" "eqsat" "no eqsat" \
+    "compile ms ranks=true" "eqsat" "no eqsat"
 for id in "${ids[@]}"; do
     IFS='|' read -r grouping size cap recompute <<<"${KEPT[$id]}"
     job=${SCENARIOS[$id]/--dataset/--batch}
@@ -39,7 +39,7 @@ for id in "${ids[@]}"; do
     for step in $(seq 1 "$STEPS"); do
         row=("$id" "$step")
         times=()
-        for eqsat in "eqsat," "eqsat{ranks=false}," ""; do
+        for eqsat in "eqsat{ranks=true}," "eqsat," ""; do
             # shellcheck disable=SC2086 # the job's flags split on spaces
             report=$("$S" compile $job --cluster h100-sxm --step "$step" --recompute "$recompute" \
                 --passes "$base,${eqsat}schedule-pipeline" --no-verify --allow-oom --report json)
