@@ -23,7 +23,10 @@
 //! A candidate's pipelines (its variants) run as a prefix tree ([`PipelineTree`]): shared
 //! passes run once, and a variant whose remaining passes another variant ran on the same step
 //! takes that variant's metrics instead of being scheduled and simulated again (the same
-//! choice as running it).
+//! choice as running it). Candidates that differ only from `schedule-pipeline` on (slimpack's
+//! zero-bubble and per-stage recomputation twins: [`compiled_together`]) run in one tree, so
+//! their packing and refinement run once for the group; each keeps the best of its own
+//! pipelines, as it would alone.
 //!
 //! [`TuneOptions`] carry what the command line asks of the tuning: whether the candidates'
 //! passes are verified (`--no-verify` reaches here), whether candidates are pruned by their
@@ -38,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use super::strategy::{Candidate, Choices, StrategyInfo, StrategyState};
 use slimpack_ir::batch::Batch;
+use slimpack_ir::spec::Recompute;
 use slimpack_ir::{Spec, StepIr};
 use slimpack_machine::sim::{self, Metrics};
 use slimpack_machine::MachineError;
@@ -242,39 +246,118 @@ pub fn evaluate_with(
     limit: u64,
     tune: &TuneOptions,
 ) -> Result<(Evaluation, Compiled), TuneError> {
-    match evaluate_verifying(strategy, spec, batch, candidate, limit, tune.verify, true) {
+    let alone = [candidate];
+    let evaluate = |verify, verify_result_only| {
+        evaluate_verifying(
+            strategy,
+            spec,
+            batch,
+            &alone,
+            limit,
+            verify,
+            verify_result_only,
+        )
+        .map(|mut evaluated| evaluated.remove(0))
+    };
+    match evaluate(tune.verify, true) {
         Err(TuneError::Compile { source, .. }) if matches!(*source, PassError::Invalid { .. }) => {
-            evaluate_verifying(strategy, spec, batch, candidate, limit, true, false)
+            evaluate(true, false)
         }
         outcome => outcome,
     }
 }
 
-/// One candidate compiled and simulated, verifying its pipelines' results or every pass.
+/// [`evaluate_with`] of every one of `members` (see [`compiled_together`]: one spec, a shared
+/// prefix), compiled as one prefix tree: the passes their pipelines share run once, each
+/// member keeps the best of its own pipelines, and each member's evaluation is the one
+/// [`evaluate_with`] makes of it alone but for `compile_ms`, the group's wall time shared
+/// equally. Where the group fails, each member is evaluated alone, so an error is the one its
+/// own evaluation gives.
+pub fn evaluate_together(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    members: &[&Candidate],
+    limit: u64,
+    tune: &TuneOptions,
+) -> Vec<Result<(Evaluation, Compiled), TuneError>> {
+    if members.len() > 1 {
+        if let Ok(evaluated) =
+            evaluate_verifying(strategy, spec, batch, members, limit, tune.verify, true)
+        {
+            return evaluated.into_iter().map(Ok).collect();
+        }
+    }
+    members
+        .iter()
+        .map(|candidate| evaluate_with(strategy, spec, batch, candidate, limit, tune))
+        .collect()
+}
+
+/// The candidates to compile together, as groups of indices into `candidates` (each in the
+/// strategy's order, every candidate in one group): candidates that run with the same spec
+/// (recompute mode and model chunks) and whose pipelines are the same up to
+/// `schedule-pipeline` — slimpack's candidates, their zero-bubble twins (which differ in
+/// `schedule-pipeline{zb=true}` only) and their per-stage recomputation twins (which add
+/// `assign-recompute` after it) — so their packing and refinement run once.
+pub fn compiled_together(candidates: &[Candidate]) -> Vec<Vec<usize>> {
+    let key = |candidate: &Candidate| {
+        let packed = match candidate.pipeline.find("schedule-pipeline") {
+            Some(at) => &candidate.pipeline[..at],
+            None => candidate.pipeline.as_str(),
+        };
+        (candidate.recompute, candidate.vpp, packed.to_string())
+    };
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut keys: Vec<(Recompute, Option<u32>, String)> = Vec::new();
+    for (index, candidate) in candidates.iter().enumerate() {
+        let key = key(candidate);
+        match keys.iter().position(|other| *other == key) {
+            Some(group) => groups[group].push(index),
+            None => {
+                keys.push(key);
+                groups.push(vec![index]);
+            }
+        }
+    }
+    groups
+}
+
+/// `members` (one spec: [`compiled_together`]) compiled and simulated as one prefix tree,
+/// verifying their pipelines' results or every pass; each member's best step.
 fn evaluate_verifying(
     strategy: &StrategyInfo,
     spec: &Spec,
     batch: &Batch,
-    candidate: &Candidate,
+    members: &[&Candidate],
     limit: u64,
     verify: bool,
     verify_result_only: bool,
-) -> Result<(Evaluation, Compiled), TuneError> {
-    let spec = candidate_spec(spec, candidate);
+) -> Result<Vec<(Evaluation, Compiled)>, TuneError> {
+    let first = members[0];
+    let spec = candidate_spec(spec, first);
     let cx = PassContext::for_spec(&spec);
     let cost = cx.machine();
     let compile_error = |source| TuneError::Compile {
         strategy: strategy.name,
-        candidate: candidate.label.clone(),
+        candidate: first.label.clone(),
         source: Box::new(source),
     };
-    let mut pipelines = vec![(
-        String::new(),
-        parse_pipeline(&candidate.pipeline).map_err(compile_error)?,
-    )];
-    for variant in &candidate.variants {
-        let entries = parse_pipeline(&variant.pipeline).map_err(compile_error)?;
-        pipelines.push((variant.label.clone(), entries));
+    // Every member's pipelines, one after the other: its own, then its variants.
+    let mut pipelines = Vec::new();
+    let mut member_of = Vec::new();
+    for (member, candidate) in members.iter().enumerate() {
+        debug_assert_eq!(candidate_spec(&spec, candidate), spec, "one spec per group");
+        pipelines.push((
+            String::new(),
+            parse_pipeline(&candidate.pipeline).map_err(compile_error)?,
+        ));
+        member_of.push(member);
+        for variant in &candidate.variants {
+            let entries = parse_pipeline(&variant.pipeline).map_err(compile_error)?;
+            pipelines.push((variant.label.clone(), entries));
+            member_of.push(member);
+        }
     }
     let shared = shared_prefix(&pipelines);
     let options = ManagerOptions {
@@ -292,19 +375,22 @@ fn evaluate_verifying(
         &mut std::io::sink(),
     )
     .map_err(compile_error)?;
-    // The best pipeline so far: fitting before not fitting, then faster; ties to the earlier.
-    let mut best: Option<(usize, StepIr, Vec<PassRecord>, Metrics)> = None;
-    // The metrics of every pipeline finished so far, and how many were shared.
+    // Each member's best pipeline so far: fitting before not fitting, then faster; ties to
+    // the earlier.
+    type Best = Option<(usize, StepIr, Vec<PassRecord>, Metrics)>;
+    let mut best: Vec<Best> = (0..members.len()).map(|_| None).collect();
+    // The metrics of every pipeline finished so far, and how many of each member's were shared.
     let mut scored: Vec<Option<Metrics>> = vec![None; pipelines.len()];
-    let mut shared_count = 0;
+    let mut shared_count = vec![0; members.len()];
     let mut keep = |index: usize, finished: Finished| {
+        let member = member_of[index];
         let (metrics, ir, records, same_as) = match finished {
             Finished::Ran { ir, records } => {
                 let ir = *ir;
                 let metrics = sim::simulate(&ir, cost)
                     .map_err(|source| TuneError::Simulate {
                         strategy: strategy.name,
-                        candidate: candidate.label.clone(),
+                        candidate: members[member].label.clone(),
                         source: Box::new(source),
                     })?
                     .metrics;
@@ -317,6 +403,7 @@ fn evaluate_verifying(
                 (metrics, None, records, same_as)
             }
         };
+        let best = &mut best[member];
         let better = best
             .as_ref()
             .is_none_or(|(current, _, _, current_metrics)| {
@@ -327,54 +414,61 @@ fn evaluate_verifying(
             Some(ir) => ir,
             None if !better => {
                 scored[index] = Some(metrics);
-                shared_count += 1;
+                shared_count[member] += 1;
                 return Ok(true);
             }
-            // Preferred to the best step: where that is the step of the pipeline it is the
-            // same as (equal metrics, an earlier index), it takes that step; otherwise (a tie
-            // with a third pipeline) it is run after all.
+            // Preferred to the member's best step: where that is the step of the pipeline it
+            // is the same as (equal metrics, an earlier index), it takes that step; otherwise
+            // (a tie with a third pipeline, or the same as another member's) it is run after
+            // all.
             None => match best.take() {
                 Some((current, ir, _, _)) if current == same_as => {
-                    shared_count += 1;
+                    shared_count[member] += 1;
                     ir
                 }
                 other => {
-                    best = other;
+                    *best = other;
                     return Ok(false);
                 }
             },
         };
         if better {
-            best = Some((index, ir, records, metrics.clone()));
+            *best = Some((index, ir, records, metrics.clone()));
         }
         scored[index] = Some(metrics);
         Ok(true)
     };
     let tree = PipelineTree::new(&pipelines, &cx, &options);
-    let members: Vec<usize> = (0..pipelines.len()).collect();
-    tree.run(base.ir, (0, shared), &[], &members, base.passes, &mut keep)
+    let all: Vec<usize> = (0..pipelines.len()).collect();
+    tree.run(base.ir, (0, shared), &[], &all, base.passes, &mut keep)
         .map_err(|error| match error {
             TreeError::Pass(source) => compile_error(source),
             TreeError::Tune(error) => error,
         })?;
-    let (index, ir, records, metrics) = best.expect("a candidate has a pipeline");
-    let variant = pipelines[index].0.clone();
-    let compile_ms = start.elapsed().as_secs_f64() * 1e3;
-    let passes = records;
-    let evaluation = Evaluation {
-        candidate: candidate.clone(),
-        variant,
-        metrics,
-        compile_ms,
-        passes: passes.clone(),
-        variants_shared: shared_count,
-    };
-    let compiled = Compiled {
-        ir,
-        passes,
-        compile_ms,
-    };
-    Ok((evaluation, compiled))
+    let compile_ms = start.elapsed().as_secs_f64() * 1e3 / members.len() as f64;
+    let evaluated = members
+        .iter()
+        .zip(best)
+        .zip(shared_count)
+        .map(|((candidate, best), variants_shared)| {
+            let (index, ir, passes, metrics) = best.expect("a candidate has a pipeline");
+            let evaluation = Evaluation {
+                candidate: (*candidate).clone(),
+                variant: pipelines[index].0.clone(),
+                metrics,
+                compile_ms,
+                passes: passes.clone(),
+                variants_shared,
+            };
+            let compiled = Compiled {
+                ir,
+                passes,
+                compile_ms,
+            };
+            (evaluation, compiled)
+        })
+        .collect();
+    Ok(evaluated)
 }
 
 /// How many leading passes (name and options) every pipeline of a candidate shares.
@@ -643,8 +737,21 @@ pub fn choose_with(
     } else {
         vec![0.0; candidates.len()]
     };
-    let mut order: Vec<usize> = (0..candidates.len()).collect();
-    order.sort_by(|&a, &b| bounds[a].total_cmp(&bounds[b]).then(a.cmp(&b)));
+    // Candidates compiled together start at their least bound (the first member's among equal
+    // ones); a member whose own bound is above the fastest fitting step is pruned alone.
+    let groups = compiled_together(&candidates);
+    let group_bound = |group: &Vec<usize>| {
+        group
+            .iter()
+            .map(|&index| bounds[index])
+            .fold(f64::INFINITY, f64::min)
+    };
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by(|&a, &b| {
+        group_bound(&groups[a])
+            .total_cmp(&group_bound(&groups[b]))
+            .then(groups[a][0].cmp(&groups[b][0]))
+    });
     let start = Instant::now();
     let within_budget = |position: usize| {
         position == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget)
@@ -656,36 +763,51 @@ pub fn choose_with(
     let best: Mutex<Option<(usize, Metrics, Compiled)>> = Mutex::new(None);
     // The fastest fitting step simulated so far (f64 bits; infinity until one fits).
     let fastest_fitting = AtomicU64::new(f64::INFINITY.to_bits());
-    let outcomes = parallel_map(&order, |position, &index| {
+    let outcomes = parallel_map(&order, |position, &group| {
+        let members = &groups[group];
         if !within_budget(position) {
-            return Outcome::Skipped;
+            return members
+                .iter()
+                .map(|&index| (index, Outcome::Skipped))
+                .collect();
         }
-        if tune.prune && bounds[index] > f64::from_bits(fastest_fitting.load(Ordering::Acquire)) {
-            return Outcome::Pruned;
-        }
-        let evaluated = evaluate_with(strategy, spec, batch, &candidates[index], limit, tune);
-        Outcome::Evaluated(Box::new(evaluated.map(|(evaluation, compiled)| {
-            let metrics = &evaluation.metrics;
-            if within(metrics, limit) {
-                fastest_fitting.fetch_min_f64(metrics.step_time_s, Ordering::AcqRel);
-            }
-            let mut best = best.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let better = match &*best {
-                None => true,
-                Some((current, current_metrics, _)) => {
-                    preferred(metrics, current_metrics, limit)
-                        || (index < *current && !preferred(current_metrics, metrics, limit))
+        let fastest = f64::from_bits(fastest_fitting.load(Ordering::Acquire));
+        let (live, pruned): (Vec<usize>, Vec<usize>) = members
+            .iter()
+            .partition(|&&index| !(tune.prune && bounds[index] > fastest));
+        let mut outcomes: Vec<(usize, Outcome)> = pruned
+            .into_iter()
+            .map(|index| (index, Outcome::Pruned))
+            .collect();
+        let live_candidates: Vec<&Candidate> =
+            live.iter().map(|&index| &candidates[index]).collect();
+        let evaluated = evaluate_together(strategy, spec, batch, &live_candidates, limit, tune);
+        for (index, evaluated) in live.into_iter().zip(evaluated) {
+            let outcome = Outcome::Evaluated(Box::new(evaluated.map(|(evaluation, compiled)| {
+                let metrics = &evaluation.metrics;
+                if within(metrics, limit) {
+                    fastest_fitting.fetch_min_f64(metrics.step_time_s, Ordering::AcqRel);
                 }
-            };
-            if better {
-                *best = Some((index, metrics.clone(), compiled));
-            }
-            evaluation
-        })))
+                let mut best = best.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let better = match &*best {
+                    None => true,
+                    Some((current, current_metrics, _)) => {
+                        preferred(metrics, current_metrics, limit)
+                            || (index < *current && !preferred(current_metrics, metrics, limit))
+                    }
+                };
+                if better {
+                    *best = Some((index, metrics.clone(), compiled));
+                }
+                evaluation
+            })));
+            outcomes.push((index, outcome));
+        }
+        outcomes
     });
     // Back to the strategy's order.
     let mut by_candidate: Vec<Option<Outcome>> = (0..candidates.len()).map(|_| None).collect();
-    for (&index, outcome) in order.iter().zip(outcomes) {
+    for (index, outcome) in outcomes.into_iter().flatten() {
         by_candidate[index] = Some(outcome);
     }
     let mut evaluations = Vec::with_capacity(candidates.len());
@@ -1004,6 +1126,55 @@ mod tests {
             }
         }
         assert!(shared > 0, "the test should exercise shared variants");
+    }
+
+    /// Candidates compiled together (zero-bubble and per-stage recomputation twins) each get
+    /// the evaluation they get alone: the same variant, metrics and passes, and the step
+    /// handed on is the one scored; and the groups do hold several candidates.
+    #[test]
+    fn candidates_compiled_together_evaluate_as_they_do_alone() {
+        let mut grouped = 0;
+        for (layout, (spec, context)) in layouts().into_iter().take(2).enumerate() {
+            let lengths = long_tailed(7 + layout as u64, 24, context);
+            let batch = Batch::from_lengths(&lengths, Some(context), "test");
+            let info = strategy::lookup("slimpack").unwrap();
+            let state = StrategyState::default();
+            let choices = Choices::all();
+            let limit = choices.memory_limit_for(&spec);
+            let candidates = (info.candidates)(&spec, &batch, &state, &choices);
+            let groups = compiled_together(&candidates);
+            let mut seen: Vec<usize> = groups.iter().flatten().copied().collect();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..candidates.len()).collect::<Vec<_>>());
+            let tune = TuneOptions::default();
+            for group in groups.iter().filter(|group| group.len() > 1) {
+                let members: Vec<&Candidate> = group.iter().map(|&i| &candidates[i]).collect();
+                let together = evaluate_together(info, &spec, &batch, &members, limit, &tune);
+                for (candidate, together) in members.iter().zip(together) {
+                    let alone = evaluate(info, &spec, &batch, candidate, limit);
+                    let what = format!("{} on {}", candidate.label, spec.parallel);
+                    let ((a, compiled), (b, _)) = match (together, alone) {
+                        (Ok(together), Ok(alone)) => (together, alone),
+                        (Err(a), Err(b)) => {
+                            assert_eq!(a.to_string(), b.to_string(), "{what}");
+                            continue;
+                        }
+                        (a, b) => panic!("{what}: together {:?}, alone {:?}", a.err(), b.err()),
+                    };
+                    assert_eq!(a.variant, b.variant, "{what}");
+                    assert_eq!(a.metrics, b.metrics, "{what}");
+                    let names = |e: &Evaluation| -> Vec<String> {
+                        e.passes.iter().map(|p| p.pipeline_entry.clone()).collect()
+                    };
+                    assert_eq!(names(&a), names(&b), "{what}");
+                    let cost = slimpack_machine::machine_model(&candidate_spec(&spec, candidate));
+                    let again = sim::simulate(&compiled.ir, &cost).unwrap();
+                    assert_eq!(again.metrics, a.metrics, "{what}");
+                }
+                grouped += 1;
+            }
+        }
+        assert!(grouped > 10, "only {grouped} groups of several candidates");
     }
 
     #[test]

@@ -206,7 +206,7 @@ pub fn run_strategy(
         .collect();
     let work = (offered.len() * tune_steps) as u64;
     (progress.grow)(work + (steps.len() - tune_steps) as u64);
-    let (outcomes, pruned) = tune(strategy, spec, &steps, &trials_work, limit);
+    let (outcomes, pruned) = tune(strategy, spec, &steps, &offered, &trials_work, limit);
     (progress.advance)(work);
     // A candidate that does not compile on every tuning step is out of the running; when none
     // compiles, the first error is the run's.
@@ -349,11 +349,13 @@ type TrialOutcome = Option<Result<Vec<Evaluation>, TuneError>>;
 /// parallel in the order of their lower bounds summed over the tuning steps
 /// ([`autotune::candidate_bound`]); one whose summed bound is above the total of a fitting
 /// trial already scored is skipped: its total could not be the least, so the trial chosen is
-/// the one scoring every candidate chooses.
+/// the one scoring every candidate chooses. Candidates that share their passes up to
+/// scheduling ([`autotune::compiled_together`]) are compiled together on each tuning step.
 fn tune(
     strategy: &StrategyInfo,
     spec: &Spec,
     steps: &[Admitted],
+    offered: &[Candidate],
     work: &[Vec<(usize, Candidate)>],
     limit: u64,
 ) -> (Vec<TrialOutcome>, usize) {
@@ -368,41 +370,86 @@ fn tune(
                 .sum()
         })
         .collect();
-    let mut order: Vec<usize> = (0..work.len()).collect();
-    order.sort_by(|&a, &b| bounds[a].total_cmp(&bounds[b]).then(a.cmp(&b)));
+    // Candidates compiled together (on the source step's offer; their per-step forms share
+    // the spec) start at their least bound; a member whose own bound is above the best fitting
+    // total is pruned alone.
+    let groups = autotune::compiled_together(offered);
+    let group_bound = |group: &Vec<usize>| {
+        group
+            .iter()
+            .map(|&index| bounds[index])
+            .fold(f64::INFINITY, f64::min)
+    };
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by(|&a, &b| {
+        group_bound(&groups[a])
+            .total_cmp(&group_bound(&groups[b]))
+            .then(groups[a][0].cmp(&groups[b][0]))
+    });
     // The least total of a fitting trial so far (f64 bits; infinity until one fits).
     let best_fitting = AtomicU64::new(f64::INFINITY.to_bits());
-    let outcomes = autotune::parallel_map(&order, |_, &candidate| {
-        if bounds[candidate] > f64::from_bits(best_fitting.load(Ordering::Acquire)) {
-            return None;
-        }
-        let mut evaluations = Vec::with_capacity(work[candidate].len());
-        for (index, kept) in &work[candidate] {
-            match autotune::evaluate(strategy, spec, &steps[*index].batch, kept, limit) {
-                Ok((evaluation, _)) => evaluations.push(evaluation),
-                Err(error) => return Some(Err(error)),
-            }
-        }
-        if evaluations.iter().all(|e| within(&e.metrics, limit)) {
-            let total: f64 = evaluations.iter().map(|e| e.metrics.step_time_s).sum();
-            let mut current = best_fitting.load(Ordering::Acquire);
-            while total < f64::from_bits(current) {
-                match best_fitting.compare_exchange_weak(
-                    current,
-                    total.to_bits(),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => break,
-                    Err(actual) => current = actual,
+    let tune = TuneOptions::default();
+    let outcomes = autotune::parallel_map(&order, |_, &group| {
+        let best = f64::from_bits(best_fitting.load(Ordering::Acquire));
+        let (live, pruned): (Vec<usize>, Vec<usize>) = groups[group]
+            .iter()
+            .partition(|&&candidate| bounds[candidate] <= best);
+        let mut outcomes: Vec<(usize, TrialOutcome)> = pruned
+            .into_iter()
+            .map(|candidate| (candidate, None))
+            .collect();
+        let Some(&first) = live.first() else {
+            return outcomes;
+        };
+        // Per tuning step, the live members' forms of it compiled together.
+        let mut evaluated: Vec<Result<Vec<Evaluation>, TuneError>> =
+            live.iter().map(|_| Ok(Vec::new())).collect();
+        for (step, (index, _)) in work[first].iter().enumerate() {
+            let members: Vec<usize> = (0..live.len())
+                .filter(|&member| evaluated[member].is_ok())
+                .collect();
+            let forms: Vec<&Candidate> = members
+                .iter()
+                .map(|&member| &work[live[member]][step].1)
+                .collect();
+            let batch = &steps[*index].batch;
+            let results = autotune::evaluate_together(strategy, spec, batch, &forms, limit, &tune);
+            for (member, result) in members.into_iter().zip(results) {
+                match result {
+                    Ok((evaluation, _)) => {
+                        if let Ok(evaluations) = &mut evaluated[member] {
+                            evaluations.push(evaluation);
+                        }
+                    }
+                    Err(error) => evaluated[member] = Err(error),
                 }
             }
         }
-        Some(Ok(evaluations))
+        for (candidate, evaluations) in live.into_iter().zip(evaluated) {
+            if let Ok(evaluations) = &evaluations {
+                if evaluations.iter().all(|e| within(&e.metrics, limit)) {
+                    let total: f64 = evaluations.iter().map(|e| e.metrics.step_time_s).sum();
+                    let mut current = best_fitting.load(Ordering::Acquire);
+                    while total < f64::from_bits(current) {
+                        match best_fitting.compare_exchange_weak(
+                            current,
+                            total.to_bits(),
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => break,
+                            Err(actual) => current = actual,
+                        }
+                    }
+                }
+            }
+            outcomes.push((candidate, Some(evaluations)));
+        }
+        outcomes
     });
     let mut by_candidate: Vec<TrialOutcome> = (0..work.len()).map(|_| None).collect();
     let mut pruned = 0;
-    for (&candidate, outcome) in order.iter().zip(outcomes) {
+    for (candidate, outcome) in outcomes.into_iter().flatten() {
         pruned += usize::from(outcome.is_none());
         by_candidate[candidate] = outcome;
     }

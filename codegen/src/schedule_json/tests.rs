@@ -591,7 +591,10 @@ fn edited_derived_fields_are_named() {
         .ops
         .retain(|op| !matches!(op, DeviceOp::TiedEmbeddingAllReduce { .. }));
     let error = to_ir(&edited).unwrap_err().to_string();
-    assert!(error.contains("lists rank 2, whose ops do not name it"), "{error}");
+    assert!(
+        error.contains("lists rank 2, whose ops do not name it"),
+        "{error}"
+    );
     let mut edited = doc(TINY);
     edited.devices[5].ops.swap(0, 1);
     let error = to_ir(&edited).unwrap_err().to_string();
