@@ -360,11 +360,13 @@ fn evaluate_verifying(
         }
     }
     let shared = shared_prefix(&pipelines);
+    // With result-only verification the tree verifies the step each pipeline finishes with
+    // ([`PipelineTree::run`]), not the steps where pipelines part.
     let options = ManagerOptions {
-        verify,
-        verify_result_only,
+        verify: verify && !verify_result_only,
         ..ManagerOptions::default()
     };
+    let verify_results = verify && verify_result_only;
     let start = Instant::now();
     let base = compile_entries(
         &spec,
@@ -438,7 +440,7 @@ fn evaluate_verifying(
         scored[index] = Some(metrics);
         Ok(true)
     };
-    let tree = PipelineTree::new(&pipelines, &cx, &options);
+    let tree = PipelineTree::new(&pipelines, &cx, &options, verify_results);
     let all: Vec<usize> = (0..pipelines.len()).collect();
     tree.run(base.ir, (0, shared), &[], &all, base.passes, &mut keep)
         .map_err(|error| match error {
@@ -504,6 +506,9 @@ struct PipelineTree<'a> {
     pipelines: &'a [(String, Vec<PipelineEntry>)],
     cx: &'a PassContext,
     options: &'a ManagerOptions,
+    /// Verify the step each pipeline finishes with (its passes then run without the
+    /// verifier).
+    verify_results: bool,
     /// Steps numbered so far.
     steps: Cell<usize>,
     /// The pipelines that ran to their end, each with the steps on its way.
@@ -538,11 +543,13 @@ impl<'a> PipelineTree<'a> {
         pipelines: &'a [(String, Vec<PipelineEntry>)],
         cx: &'a PassContext,
         options: &'a ManagerOptions,
+        verify_results: bool,
     ) -> PipelineTree<'a> {
         PipelineTree {
             pipelines,
             cx,
             options,
+            verify_results,
             steps: Cell::new(1),
             ran: RefCell::new(Vec::new()),
         }
@@ -616,6 +623,19 @@ impl<'a> PipelineTree<'a> {
             };
             let entries = &self.pipelines[branch[0]].1;
             if entries.len() == depth {
+                let mut records = records.clone();
+                if self.verify_results {
+                    let verify_start = Instant::now();
+                    slimpack_ir::verify::verify(&step_ir).map_err(|source| {
+                        TreeError::Pass(PassError::Invalid {
+                            after: records.last().map(|record| record.name),
+                            source,
+                        })
+                    })?;
+                    if let Some(last) = records.last_mut() {
+                        last.verify_ms += verify_start.elapsed().as_secs_f64() * 1e3;
+                    }
+                }
                 let finished = Finished::Ran {
                     ir: Box::new(step_ir),
                     records: records.clone(),
@@ -1126,6 +1146,49 @@ mod tests {
             }
         }
         assert!(shared > 0, "the test should exercise shared variants");
+    }
+
+    /// A broken step is caught though the tuner verifies only the steps its pipelines finish
+    /// with: a sample longer than the context (which only the verifier rejects) fails every
+    /// candidate, alone or compiled together, with the verifier's error on the input (the
+    /// re-run that verifies every pass names where the step first broke).
+    #[test]
+    fn a_broken_step_is_caught_and_named() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
+        let batch = Batch::from_lengths(&[6000, 1000, 500, 300], Some(4096), "test");
+        let info = strategy::lookup("slimpack").unwrap();
+        let choices = Choices::all();
+        let limit = choices.memory_limit_for(&spec);
+        let candidates = (info.candidates)(&spec, &batch, &StrategyState::default(), &choices);
+        let tune = TuneOptions::default();
+        let group = compiled_together(&candidates)
+            .into_iter()
+            .find(|group| group.len() > 1)
+            .expect("slimpack's candidates have twins on a pipeline");
+        let members: Vec<&Candidate> = group.iter().map(|&i| &candidates[i]).collect();
+        let alone = members
+            .iter()
+            .map(|candidate| evaluate_with(info, &spec, &batch, candidate, limit, &tune));
+        let together = evaluate_together(info, &spec, &batch, &members, limit, &tune);
+        for outcome in alone.chain(together) {
+            let Err(TuneError::Compile { source, .. }) = outcome else {
+                panic!(
+                    "a step past the context is not caught: {:?}",
+                    outcome.map(|_| ())
+                );
+            };
+            assert!(
+                matches!(*source, PassError::Invalid { after: None, .. }),
+                "{source}"
+            );
+            assert!(source.to_string().contains("sample-len"), "{source}");
+        }
+        // Without the verifier the tuner does not look.
+        let unverified = TuneOptions {
+            verify: false,
+            ..TuneOptions::default()
+        };
+        assert!(evaluate_with(info, &spec, &batch, members[0], limit, &unverified).is_ok());
     }
 
     /// Candidates compiled together (zero-bubble and per-stage recomputation twins) each get

@@ -17,7 +17,7 @@ pub fn lower(ir: &StepIr) -> Program {
         "lower needs a scheduled IR, got phase {} (bug in the caller)",
         ir.phase()
     );
-    let names = Names::new(ir);
+    let names = Names::of_packs(ir);
     let sample_index: HashMap<_, u32> = ir
         .samples()
         .iter()

@@ -32,6 +32,19 @@ impl Names {
                 names.slices.insert(slice, format!("%d{index}.{j}"));
             }
         }
+        names.name_packs(ir);
+        names
+    }
+
+    /// Names the packs of `ir` only (as [`Names::new`] names them): what the lowering needs,
+    /// without a string per sample and slice.
+    pub fn of_packs(ir: &StepIr) -> Names {
+        let mut names = Names::default();
+        names.name_packs(ir);
+        names
+    }
+
+    fn name_packs(&mut self, ir: &StepIr) {
         let (mut forward, mut backward) = (0, 0);
         for &replica in ir.replicas() {
             for direction in [Direction::Forward, Direction::Backward] {
@@ -40,12 +53,11 @@ impl Names {
                         Direction::Forward => ('f', &mut forward),
                         Direction::Backward => ('b', &mut backward),
                     };
-                    names.packs.insert(pack, format!("%{prefix}{counter}"));
+                    self.packs.insert(pack, format!("%{prefix}{counter}"));
                     *counter += 1;
                 }
             }
         }
-        names
     }
 
     pub fn stage(&self, id: StageId) -> &str {
