@@ -163,6 +163,9 @@ struct State {
     /// The non-empty sets, in decreasing order.
     sets: Vec<Set>,
     k: usize,
+    /// The largest sum less the smallest (0 for an empty set), kept with the sets so that the
+    /// heap compares states without reading them.
+    spread: u128,
 }
 
 impl State {
@@ -175,23 +178,41 @@ impl State {
                 items: vec![(index, value)],
             })
             .collect();
-        let mut state = State { sets, k };
-        state.sort();
+        let mut state = State { sets, k, spread: 0 };
+        state.sort(0);
         state
     }
 
-    /// Python's `sorted(sets, reverse=True)`, descending. Stable or not is the same order: the
-    /// held sets are non-empty and hold distinct items, so no two compare equal.
-    fn sort(&mut self) {
-        self.sets.sort_unstable_by(|a, b| b.cmp(a));
-    }
-
-    fn spread(&self) -> u128 {
+    /// Python's `sorted(sets, reverse=True)`, where the first `sorted` sets already are in
+    /// that order: the rest is sorted and merged into them, and the spread updated. Stable or
+    /// not is the same order: the held sets are non-empty and hold distinct items, so no two
+    /// compare equal.
+    fn sort(&mut self, sorted: usize) {
+        if sorted < self.sets.len() {
+            self.sets[sorted..].sort_unstable_by(|a, b| b.cmp(a));
+            if sorted > 0 && self.sets[sorted - 1] < self.sets[sorted] {
+                let tail = self.sets.split_off(sorted);
+                let head = std::mem::take(&mut self.sets);
+                let mut merged = Vec::with_capacity(head.len() + tail.len());
+                let mut head = head.into_iter().peekable();
+                let mut tail = tail.into_iter().peekable();
+                while let (Some(a), Some(b)) = (head.peek(), tail.peek()) {
+                    let next = match a > b {
+                        true => head.next(),
+                        false => tail.next(),
+                    };
+                    merged.extend(next);
+                }
+                merged.extend(head);
+                merged.extend(tail);
+                self.sets = merged;
+            }
+        }
         let smallest = match self.sets.len() == self.k {
             true => self.sets[self.k - 1].sum,
             false => 0,
         };
-        self.sets[0].sum - smallest
+        self.spread = self.sets[0].sum - smallest;
     }
 
     /// Largest set with the other's smallest, and so on: set `j` takes the other's set
@@ -201,6 +222,8 @@ impl State {
         let held = self.sets.len();
         let mut theirs = other.sets;
         let their_count = theirs.len();
+        // The sets no other set joins keep their order: those before `k - their_count`.
+        let unchanged = held.min(k - their_count);
         // Set `j` of the result is this state's set `j` (if held) with the other's set
         // `k - 1 - j` (if held), taken in place.
         for (j, set) in self.sets.iter_mut().enumerate() {
@@ -214,7 +237,7 @@ impl State {
         let free = their_count.min(k - held);
         theirs.truncate(free);
         self.sets.extend(theirs);
-        self.sort();
+        self.sort(unchanged);
     }
 
     /// The `k` sets in decreasing order, the empty ones included.
@@ -228,8 +251,8 @@ impl State {
 impl Ord for State {
     /// The heap pops the largest spread first, then the state with the largest set.
     fn cmp(&self, other: &Self) -> Ordering {
-        self.spread()
-            .cmp(&other.spread())
+        self.spread
+            .cmp(&other.spread)
             .then_with(|| self.sets[0].cmp(&other.sets[0]))
     }
 }
