@@ -186,13 +186,13 @@ fn set_levels(ir: &mut StepIr, levels: &[u32], top: u32) {
 
 /// The simulated peak memory of each pipeline device (its highest device group).
 fn device_peaks(ir: &StepIr, cost: &CostModel) -> Result<Vec<u64>> {
-    let result = sim::simulate(ir, cost).map_err(|error| PassError::Failed {
+    let (layout, memory) = sim::memory_timelines(ir, cost).map_err(|error| PassError::Failed {
         pass: INFO.name,
         message: format!("simulating the step: {error}"),
     })?;
     let mut peaks = vec![0u64; ir.spec.parallel.pp as usize];
-    for (group, memory) in result.memory.iter().enumerate() {
-        let device = result.layout.stage_of(GroupId(group as u32)) as usize;
+    for (group, memory) in memory.iter().enumerate() {
+        let device = layout.stage_of(GroupId(group as u32)) as usize;
         peaks[device] = peaks[device].max(memory.peak_bytes);
     }
     Ok(peaks)

@@ -41,6 +41,38 @@ use slimpack_ir::step::{Phase, StepIr};
 /// Simulates one training step of `ir` (phase `scheduled` or later) on the machine `model`
 /// describes (which must be built for `ir.spec`).
 pub fn simulate(ir: &StepIr, model: &CostModel) -> Result<SimResult, MachineError> {
+    let (layout, built, execution) = run(ir, model)?;
+    let capacity_bytes = model.memory().capacity_bytes();
+    let peak_flops = ir.spec.cluster.gpu.peak_flops;
+    let metrics = metrics::compute(&built, &execution, &layout, peak_flops, capacity_bytes);
+    Ok(SimResult {
+        metrics,
+        layout,
+        graph: built.graph,
+        spans: execution.spans,
+        packs: built.packs,
+        replicas: built.replicas,
+        memory: execution.memory,
+        capacity_bytes,
+    })
+}
+
+/// The memory timeline of each device group of [`simulate`]'s step, without its metrics
+/// (what a search over memory needs from a simulation), with the layout that places the
+/// groups.
+pub fn memory_timelines(
+    ir: &StepIr,
+    model: &CostModel,
+) -> Result<(Layout, Vec<GroupMemory>), MachineError> {
+    let (layout, _, execution) = run(ir, model)?;
+    Ok((layout, execution.memory))
+}
+
+/// Builds and runs the task graph of `ir`.
+fn run(
+    ir: &StepIr,
+    model: &CostModel,
+) -> Result<(Layout, build::Built, engine::Execution), MachineError> {
     if ir.phase() < Phase::Scheduled {
         return Err(MachineError::NotScheduled { phase: ir.phase() });
     }
@@ -66,19 +98,7 @@ pub fn simulate(ir: &StepIr, model: &CostModel) -> Result<SimResult, MachineErro
             total: built.graph.tasks.len(),
         }
     })?;
-    let capacity_bytes = model.memory().capacity_bytes();
-    let peak_flops = ir.spec.cluster.gpu.peak_flops;
-    let metrics = metrics::compute(&built, &execution, &layout, peak_flops, capacity_bytes);
-    Ok(SimResult {
-        metrics,
-        layout,
-        graph: built.graph,
-        spans: execution.spans,
-        packs: built.packs,
-        replicas: built.replicas,
-        memory: execution.memory,
-        capacity_bytes,
-    })
+    Ok((layout, built, execution))
 }
 
 /// `model 'llama-7b' on 'h100-sxm' with tp=8,pp=4,dp=8`.
