@@ -323,6 +323,25 @@ pub fn compiled_together(candidates: &[Candidate]) -> Vec<Vec<usize>> {
     groups
 }
 
+/// The order in which `groups` of candidates start (indices into `groups`): by their least
+/// bound (`bounds`, per candidate), the group of the earlier first candidate among equal ones,
+/// so that a fast fitting step is found early and prunes the rest.
+pub fn bound_order(groups: &[Vec<usize>], bounds: &[f64]) -> Vec<usize> {
+    let least = |group: &Vec<usize>| {
+        group
+            .iter()
+            .map(|&index| bounds[index])
+            .fold(f64::INFINITY, f64::min)
+    };
+    let mut order: Vec<usize> = (0..groups.len()).collect();
+    order.sort_by(|&a, &b| {
+        least(&groups[a])
+            .total_cmp(&least(&groups[b]))
+            .then(groups[a][0].cmp(&groups[b][0]))
+    });
+    order
+}
+
 /// `members` (one spec: [`compiled_together`]) compiled and simulated as one prefix tree,
 /// verifying their pipelines' results or every pass; each member's best step.
 fn evaluate_verifying(
@@ -757,21 +776,9 @@ pub fn choose_with(
     } else {
         vec![0.0; candidates.len()]
     };
-    // Candidates compiled together start at their least bound (the first member's among equal
-    // ones); a member whose own bound is above the fastest fitting step is pruned alone.
+    // A member whose own bound is above the fastest fitting step is pruned alone.
     let groups = compiled_together(&candidates);
-    let group_bound = |group: &Vec<usize>| {
-        group
-            .iter()
-            .map(|&index| bounds[index])
-            .fold(f64::INFINITY, f64::min)
-    };
-    let mut order: Vec<usize> = (0..groups.len()).collect();
-    order.sort_by(|&a, &b| {
-        group_bound(&groups[a])
-            .total_cmp(&group_bound(&groups[b]))
-            .then(groups[a][0].cmp(&groups[b][0]))
-    });
+    let order = bound_order(&groups, &bounds);
     let start = Instant::now();
     let within_budget = |position: usize| {
         position == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget)
@@ -873,7 +880,7 @@ pub(crate) fn within(metrics: &Metrics, limit: u64) -> bool {
 }
 
 /// `fetch_min` for an `f64` kept as its bits in an [`AtomicU64`].
-trait AtomicMinF64 {
+pub(crate) trait AtomicMinF64 {
     fn fetch_min_f64(&self, value: f64, order: Ordering);
 }
 

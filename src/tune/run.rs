@@ -34,7 +34,7 @@ use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 use slimpack_machine::sim::Metrics;
 
-use super::autotune::{self, Evaluation, TuneError, TuneOptions};
+use super::autotune::{self, AtomicMinF64, Evaluation, TuneError, TuneOptions};
 use super::kept::{self, Score};
 use super::strategy::{kept_for_step, Candidate, Choices, StrategyInfo, StrategyState};
 
@@ -371,21 +371,9 @@ fn tune(
         })
         .collect();
     // Candidates compiled together (on the source step's offer; their per-step forms share
-    // the spec) start at their least bound; a member whose own bound is above the best fitting
-    // total is pruned alone.
+    // the spec); a member whose own bound is above the best fitting total is pruned alone.
     let groups = autotune::compiled_together(offered);
-    let group_bound = |group: &Vec<usize>| {
-        group
-            .iter()
-            .map(|&index| bounds[index])
-            .fold(f64::INFINITY, f64::min)
-    };
-    let mut order: Vec<usize> = (0..groups.len()).collect();
-    order.sort_by(|&a, &b| {
-        group_bound(&groups[a])
-            .total_cmp(&group_bound(&groups[b]))
-            .then(groups[a][0].cmp(&groups[b][0]))
-    });
+    let order = autotune::bound_order(&groups, &bounds);
     // The least total of a fitting trial so far (f64 bits; infinity until one fits).
     let best_fitting = AtomicU64::new(f64::INFINITY.to_bits());
     let tune = TuneOptions::default();
@@ -429,18 +417,7 @@ fn tune(
             if let Ok(evaluations) = &evaluations {
                 if evaluations.iter().all(|e| within(&e.metrics, limit)) {
                     let total: f64 = evaluations.iter().map(|e| e.metrics.step_time_s).sum();
-                    let mut current = best_fitting.load(Ordering::Acquire);
-                    while total < f64::from_bits(current) {
-                        match best_fitting.compare_exchange_weak(
-                            current,
-                            total.to_bits(),
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        ) {
-                            Ok(_) => break,
-                            Err(actual) => current = actual,
-                        }
-                    }
+                    best_fitting.fetch_min_f64(total, Ordering::AcqRel);
                 }
             }
             outcomes.push((candidate, Some(evaluations)));
