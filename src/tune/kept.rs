@@ -10,7 +10,9 @@
 //! runs the preferred: fitting the memory limit before not fitting, then the faster, ties to
 //! the configuration kept first (the tuned one). So a step where a peer's plan is faster than
 //! the tuned configuration runs the peer's plan: slimpack is never slower on a step than a kept
-//! peer plan.
+//! peer plan. A step on which the tuned configuration does not compile or goes over the memory
+//! limit is unlike the tuning steps: it is re-planned on its own batch, every candidate
+//! searched (the kept ones among them).
 //!
 //! Bounded: a kept configuration whose lower bound on the step
 //! ([`autotune::candidate_bound`]) is above the fastest fitting step already simulated is not
@@ -102,9 +104,11 @@ pub struct StepChoice {
 /// step's `offered` candidates, compiled and simulated unless its lower bound is above the
 /// fastest fitting step so far, the preferred one returned with its compiled step. `Ok(None)`
 /// when the tuned configuration does not compile on the step (a document longer than
-/// megatron's bins: the step is unlike the tuning steps, and the caller re-plans it, as it
-/// would without the other kept configurations); another kept configuration that does not
-/// compile is passed over. Other errors are returned.
+/// megatron's bins) or goes over the memory limit on it: the step is unlike the tuning steps,
+/// and the caller re-plans it on its own batch, as it would without the other kept
+/// configurations (a re-plan searches every candidate, so it does at least as well as the kept
+/// ones that fit); another kept configuration that does not compile is passed over. Other
+/// errors are returned.
 pub fn choose_for_step(
     strategy: &StrategyInfo,
     spec: &Spec,
@@ -130,6 +134,13 @@ pub fn choose_for_step(
             }
         }
         match autotune::evaluate_with(strategy, spec, batch, &candidate, limit, tune) {
+            // The tuned configuration over the limit: the step is unlike the tuning steps, and
+            // is re-planned on its own batch (every candidate, the kept ones among them).
+            Ok((evaluation, _))
+                if position == 0 && !autotune::within(&evaluation.metrics, limit) =>
+            {
+                return Ok(None)
+            }
             Ok((evaluation, compiled)) => {
                 compile_ms += evaluation.compile_ms;
                 let better = best.as_ref().is_none_or(|(current, _)| {
@@ -155,6 +166,36 @@ pub fn choose_for_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tune::strategy::{lookup, Choices, StrategyState};
+
+    /// A step on which the tuned configuration goes over the memory limit is left to the
+    /// caller's re-plan (every candidate searched) rather than given the kept configuration
+    /// with the least peak; within the limit, the preferred kept configuration runs.
+    #[test]
+    fn a_step_over_the_limit_with_the_tuned_configuration_is_re_planned() {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
+        let lengths: Vec<u32> = (0..32).map(|i| 512 + 977 * (i * i % 29)).collect();
+        let batch = Batch::from_lengths(&lengths, Some(32768), "test");
+        let strategy = lookup("slimpack").unwrap();
+        let offered =
+            (strategy.candidates)(&spec, &batch, &StrategyState::default(), &Choices::all());
+        let own = offered
+            .iter()
+            .find(|c| family(&c.label).is_empty())
+            .unwrap();
+        let peer = offered
+            .iter()
+            .find(|c| c.label.starts_with("plan="))
+            .unwrap();
+        let kept = [own.clone(), peer.clone()];
+        let tune = TuneOptions::default();
+        // A limit no variant of the tuned configuration fits.
+        let choice = choose_for_step(strategy, &spec, &batch, &offered, &kept, 1, &tune);
+        assert!(choice.unwrap().is_none());
+        // Within the limit a kept configuration runs.
+        let choice = choose_for_step(strategy, &spec, &batch, &offered, &kept, u64::MAX, &tune);
+        assert!(choice.unwrap().is_some());
+    }
 
     fn score(label: &str, time_s: f64, fits: bool) -> Score<'_> {
         Score {
