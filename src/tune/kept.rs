@@ -10,9 +10,10 @@
 //! runs the preferred: fitting the memory limit before not fitting, then the faster, ties to
 //! the configuration kept first (the tuned one). So a step where a peer's plan is faster than
 //! the tuned configuration runs the peer's plan: slimpack is never slower on a step than a kept
-//! peer plan. A step on which the tuned configuration does not compile or goes over the memory
-//! limit is unlike the tuning steps: it is re-planned on its own batch, every candidate
-//! searched (the kept ones among them).
+//! peer plan. A step on which the tuned configuration goes over the memory limit also compiles
+//! the tuned configuration with the strategy's other recomputation modes (its recomputation
+//! twins: slimpack's per-stage and full twins of the same packing), the fix a re-plan of such
+//! a step finds; a step on which none of these fits is re-planned by the caller.
 //!
 //! Bounded: a kept configuration whose lower bound on the step
 //! ([`autotune::candidate_bound`]) is above the fastest fitting step already simulated is not
@@ -20,6 +21,8 @@
 //! step's choice has spent it the kept configurations not yet started are skipped (the tuned
 //! one always runs); and a strategy whose candidates form one family (every peer, the
 //! ablations without peer plans) keeps only its tuned configuration, as before.
+
+use std::collections::VecDeque;
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
@@ -90,6 +93,25 @@ pub fn preferred_step<'a>(
     best.map_or(0, |(index, _)| index)
 }
 
+/// The candidates of `offered` that are `tuned` with another recomputation mode: the same
+/// label but for its `recompute=` field (slimpack's per-stage and full twins of the same
+/// packing, a peer plan's other modes), in the offer's order.
+pub fn recompute_twins(offered: &[Candidate], tuned: &Candidate) -> Vec<Candidate> {
+    let without = |label: &str| -> Vec<String> {
+        label
+            .split(',')
+            .filter(|field| !field.starts_with("recompute="))
+            .map(str::to_string)
+            .collect()
+    };
+    let key = without(&tuned.label);
+    offered
+        .iter()
+        .filter(|candidate| candidate.label != tuned.label && without(&candidate.label) == key)
+        .cloned()
+        .collect()
+}
+
 /// A step's choice among the kept configurations.
 pub struct StepChoice {
     /// The preferred kept configuration's evaluation.
@@ -98,17 +120,20 @@ pub struct StepChoice {
     pub compiled: Compiled,
     /// Wall time of compiling and simulating every kept configuration the step compiled.
     pub compile_ms: f64,
+    /// The tuned configuration fits the memory limit on the step (where it does not, its
+    /// recomputation twins were compiled too).
+    pub tuned_fits: bool,
 }
 
 /// A step's best kept configuration: each of `kept` (the tuned one first) re-derived from the
 /// step's `offered` candidates, compiled and simulated unless its lower bound is above the
-/// fastest fitting step so far, the preferred one returned with its compiled step. `Ok(None)`
-/// when the tuned configuration does not compile on the step (a document longer than
-/// megatron's bins) or goes over the memory limit on it: the step is unlike the tuning steps,
-/// and the caller re-plans it on its own batch, as it would without the other kept
-/// configurations (a re-plan searches every candidate, so it does at least as well as the kept
-/// ones that fit); another kept configuration that does not compile is passed over. Other
-/// errors are returned.
+/// fastest fitting step so far, the preferred one returned with its compiled step and whether
+/// the tuned configuration fit; where it did not, its recomputation twins
+/// ([`recompute_twins`]) are compiled the same way after the kept ones. `Ok(None)` when the
+/// tuned configuration does not compile on the step (a document longer than megatron's bins:
+/// the step is unlike the tuning steps, and the caller re-plans it, as it would without the
+/// other kept configurations); another configuration that does not compile is passed over.
+/// Other errors are returned.
 pub fn choose_for_step(
     strategy: &StrategyInfo,
     spec: &Spec,
@@ -120,12 +145,19 @@ pub fn choose_for_step(
 ) -> Result<Option<StepChoice>, TuneError> {
     let mut best: Option<(Evaluation, Compiled)> = None;
     let mut compile_ms = 0.0;
+    let mut tuned_fits = false;
     let start = std::time::Instant::now();
-    for (position, tuned) in kept.iter().enumerate() {
+    let mut queue: VecDeque<Candidate> = kept
+        .iter()
+        .map(|tuned| kept_for_step(offered, tuned))
+        .collect();
+    let mut started = 0;
+    while let Some(candidate) = queue.pop_front() {
+        let position = started;
+        started += 1;
         if position > 0 && tune.budget.is_some_and(|budget| start.elapsed() >= budget) {
             break;
         }
-        let candidate = kept_for_step(offered, tuned);
         if let Some((current, _)) = &best {
             let fits = autotune::within(&current.metrics, limit);
             let bound = autotune::candidate_bound(spec, batch, &candidate);
@@ -134,15 +166,14 @@ pub fn choose_for_step(
             }
         }
         match autotune::evaluate_with(strategy, spec, batch, &candidate, limit, tune) {
-            // The tuned configuration over the limit: the step is unlike the tuning steps, and
-            // is re-planned on its own batch (every candidate, the kept ones among them).
-            Ok((evaluation, _))
-                if position == 0 && !autotune::within(&evaluation.metrics, limit) =>
-            {
-                return Ok(None)
-            }
             Ok((evaluation, compiled)) => {
                 compile_ms += evaluation.compile_ms;
+                if position == 0 {
+                    tuned_fits = autotune::within(&evaluation.metrics, limit);
+                    if !tuned_fits {
+                        queue.extend(recompute_twins(offered, &candidate));
+                    }
+                }
                 let better = best.as_ref().is_none_or(|(current, _)| {
                     autotune::preferred(&evaluation.metrics, &current.metrics, limit)
                 });
@@ -160,6 +191,7 @@ pub fn choose_for_step(
         evaluation,
         compiled,
         compile_ms,
+        tuned_fits,
     }))
 }
 
@@ -168,11 +200,10 @@ mod tests {
     use super::*;
     use crate::tune::strategy::{lookup, Choices, StrategyState};
 
-    /// A step on which the tuned configuration goes over the memory limit is left to the
-    /// caller's re-plan (every candidate searched) rather than given the kept configuration
-    /// with the least peak; within the limit, the preferred kept configuration runs.
+    /// A step on which the tuned configuration goes over the memory limit says so and also
+    /// compiles its recomputation twins; within the limit it does not.
     #[test]
-    fn a_step_over_the_limit_with_the_tuned_configuration_is_re_planned() {
+    fn a_tuned_configuration_over_the_limit_brings_its_recomputation_twins() {
         let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
         let lengths: Vec<u32> = (0..32).map(|i| 512 + 977 * (i * i % 29)).collect();
         let batch = Batch::from_lengths(&lengths, Some(32768), "test");
@@ -189,12 +220,19 @@ mod tests {
             .unwrap();
         let kept = [own.clone(), peer.clone()];
         let tune = TuneOptions::default();
-        // A limit no variant of the tuned configuration fits.
+        // A limit nothing fits: the tuned configuration's recomputation twins are compiled
+        // too, and the least peak among them all is one of them (full recomputation keeps the
+        // least).
         let choice = choose_for_step(strategy, &spec, &batch, &offered, &kept, 1, &tune);
-        assert!(choice.unwrap().is_none());
+        let choice = choice.unwrap().unwrap();
+        assert!(!choice.tuned_fits);
+        let twins = recompute_twins(&offered, own);
+        assert!(!twins.is_empty(), "{} has recomputation twins", own.label);
+        let ran = &choice.evaluation.candidate.label;
+        assert!(twins.iter().any(|twin| &twin.label == ran), "{ran}");
         // Within the limit a kept configuration runs.
         let choice = choose_for_step(strategy, &spec, &batch, &offered, &kept, u64::MAX, &tune);
-        assert!(choice.unwrap().is_some());
+        assert!(choice.unwrap().unwrap().tuned_fits);
     }
 
     fn score(label: &str, time_s: f64, fits: bool) -> Score<'_> {
