@@ -68,7 +68,9 @@ pub struct PlanSummary {
     pub over_limit_steps: usize,
     /// The memory limit a step's plan may peak at, bytes per device.
     pub memory_limit_bytes: u64,
-    /// Steps re-tuned because the kept configuration went over the memory limit.
+    /// Steps re-tuned on their own batch: the tuned configuration did not compile or went over
+    /// the memory limit on them (a fitting kept configuration or recomputation twin still runs
+    /// where no candidate beats it).
     pub replanned: usize,
     /// Wall time of the tuning on the first step, and of the whole plan, milliseconds.
     pub tune_ms: f64,
@@ -333,6 +335,21 @@ fn plan_step(
     // own batch (and kept re-tuned only where that fits).
     let step = kept::choose_for_step(strategy, spec, batch, offered, kept, limit, &options.tune)?;
     let (mut compiled, mut metrics, mut replanned) = match step {
+        // The tuned configuration over the limit, a kept one or a twin within it: re-planned
+        // against that step (only a faster fitting plan replaces it).
+        Some(choice)
+            if !choice.tuned_fits && autotune::within(&choice.evaluation.metrics, limit) =>
+        {
+            let incumbent = choice.evaluation.metrics.step_time_s;
+            let (choices, tune) = (options.choices, &options.tune);
+            match autotune::choose_below(strategy, spec, batch, state, choices, tune, incumbent)? {
+                Some(better) => {
+                    let metrics = better.best().metrics.clone();
+                    (better.compiled, metrics, true)
+                }
+                None => (choice.compiled, choice.evaluation.metrics, true),
+            }
+        }
         Some(choice) => (choice.compiled, choice.evaluation.metrics, false),
         None => {
             let choice = autotune::choose_with(

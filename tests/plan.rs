@@ -222,10 +222,9 @@ fn bench_planning_prints_one_row_per_size_and_strategy() {
 }
 
 /// The epoch is the same on any number of threads, also where a step is re-planned with a
-/// strategy that keeps state (wlb's micro-batch count, under a memory limit tight enough that
-/// the tuned configuration, full recomputation, does not fit some steps and has no twin with
-/// less memory): each step is re-planned with the state its own admission left, not the
-/// round's last.
+/// strategy that keeps state (wlb's micro-batch count, under a memory limit its tuned
+/// configuration does not fit on some steps): each step is re-planned with the state its own
+/// admission left, not the round's last.
 #[test]
 fn replanned_steps_are_the_same_on_any_number_of_threads() {
     let dir = scratch("threads");

@@ -754,6 +754,51 @@ pub fn choose_with(
     choices: &Choices,
     tune: &TuneOptions,
 ) -> Result<Choice, TuneError> {
+    let choice = choose_seeded(strategy, spec, batch, state, choices, tune, None)?;
+    Ok(choice.expect("without a step to beat, the first candidate is evaluated"))
+}
+
+/// [`choose_with`] against a fitting step of `incumbent_s` seconds found elsewhere (a kept
+/// configuration's, on a step the tuned one does not fit): a candidate whose bound is above it
+/// is pruned from the start (with pruning on), and the choice is returned only where its step
+/// fits and is faster; `None` where no candidate beats it (an exhaustive tuning would choose
+/// a step no faster than the incumbent).
+pub fn choose_below(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+    tune: &TuneOptions,
+    incumbent_s: f64,
+) -> Result<Option<Choice>, TuneError> {
+    let limit = choices.memory_limit_for(spec);
+    let choice = choose_seeded(
+        strategy,
+        spec,
+        batch,
+        state,
+        choices,
+        tune,
+        Some(incumbent_s),
+    )?;
+    Ok(choice.filter(|choice| {
+        let best = &choice.best().metrics;
+        within(best, limit) && best.step_time_s < incumbent_s
+    }))
+}
+
+/// [`choose_with`], pruning against `incumbent_s` from the start where given; `None` when
+/// every candidate was pruned.
+fn choose_seeded(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+    tune: &TuneOptions,
+    incumbent_s: Option<f64>,
+) -> Result<Option<Choice>, TuneError> {
     if let Some(needs) = strategy.not_applicable(spec) {
         return Err(TuneError::NotApplicable {
             strategy: strategy.name,
@@ -789,7 +834,7 @@ pub fn choose_with(
     // to — what keeping the preferred one over the candidates in order would choose.
     let best: Mutex<Option<(usize, Metrics, Compiled)>> = Mutex::new(None);
     // The fastest fitting step simulated so far (f64 bits; infinity until one fits).
-    let fastest_fitting = AtomicU64::new(f64::INFINITY.to_bits());
+    let fastest_fitting = AtomicU64::new(incumbent_s.unwrap_or(f64::INFINITY).to_bits());
     let outcomes = parallel_map(&order, |position, &group| {
         let members = &groups[group];
         if !within_budget(position) {
@@ -850,21 +895,23 @@ pub fn choose_with(
             }
         }
     }
-    let (chosen_index, _, compiled) = best
+    let Some((chosen_index, _, compiled)) = best
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .expect("at least one candidate was evaluated");
+    else {
+        return Ok(None);
+    };
     let chosen = evaluated
         .iter()
         .position(|&index| index == chosen_index)
         .expect("the chosen candidate was evaluated");
-    Ok(Choice {
+    Ok(Some(Choice {
         evaluations,
         skipped,
         pruned,
         chosen,
         compiled,
-    })
+    }))
 }
 
 /// What became of one candidate in [`choose_with`].
@@ -1153,6 +1200,34 @@ mod tests {
             }
         }
         assert!(shared > 0, "the test should exercise shared variants");
+    }
+
+    /// Tuning against a step to beat: the exhaustive choice where it is faster, nothing where
+    /// it is not, and nothing (every candidate pruned) below every bound.
+    #[test]
+    fn choosing_below_a_step_finds_only_a_faster_one() {
+        let (spec, context) = layouts().swap_remove(1);
+        let batch = Batch::from_lengths(&long_tailed(5, 40, context), Some(context), "test");
+        let state = StrategyState::default();
+        let choices = Choices::all();
+        let tune = TuneOptions::default();
+        for name in ["slimpack", "kk"] {
+            let info = strategy::lookup(name).unwrap();
+            let full = choose_with(info, &spec, &batch, &state, &choices, &tune).unwrap();
+            let best = full.best().metrics.step_time_s;
+            let below = |incumbent| {
+                choose_below(info, &spec, &batch, &state, &choices, &tune, incumbent).unwrap()
+            };
+            let faster = below(best * 1.5).expect("the best step beats a slower one");
+            assert_eq!(faster.best().candidate.label, full.best().candidate.label);
+            assert_eq!(faster.best().metrics, full.best().metrics);
+            assert!(faster.pruned >= full.pruned, "{name}");
+            assert!(
+                below(best).is_none(),
+                "{name}: nothing is faster than the best"
+            );
+            assert!(below(0.0).is_none(), "{name}: every bound is above 0 s");
+        }
     }
 
     /// A broken step is caught though the tuner verifies only the steps its pipelines finish

@@ -10,10 +10,12 @@
 //! runs the preferred: fitting the memory limit before not fitting, then the faster, ties to
 //! the configuration kept first (the tuned one). So a step where a peer's plan is faster than
 //! the tuned configuration runs the peer's plan: slimpack is never slower on a step than a kept
-//! peer plan. A step on which the tuned configuration goes over the memory limit also compiles
-//! the tuned configuration with the strategy's other recomputation modes (its recomputation
-//! twins: slimpack's per-stage and full twins of the same packing), the fix a re-plan of such
-//! a step finds; a step on which none of these fits is re-planned by the caller.
+//! peer plan. A step on which the tuned configuration goes over the memory limit is unlike the
+//! tuning steps: it also compiles the tuned configuration with the strategy's other
+//! recomputation modes (its recomputation twins: slimpack's per-stage and full twins of the
+//! same packing), and the caller re-plans it on its own batch against the best of these that
+//! fits (candidates whose bound is above it are not compiled; only a faster plan replaces it),
+//! so every strategy, peers included, gets what a full re-plan of the step finds.
 //!
 //! Bounded: a kept configuration whose lower bound on the step
 //! ([`autotune::candidate_bound`]) is above the fastest fitting step already simulated is not
@@ -120,8 +122,9 @@ pub struct StepChoice {
     pub compiled: Compiled,
     /// Wall time of compiling and simulating every kept configuration the step compiled.
     pub compile_ms: f64,
-    /// The tuned configuration fits the memory limit on the step (where it does not, its
-    /// recomputation twins were compiled too).
+    /// The tuned configuration fits the memory limit on the step. Where it does not, its
+    /// recomputation twins were compiled too, and the caller re-plans the step against this
+    /// choice ([`autotune::choose_below`]): the step is unlike the tuning steps.
     pub tuned_fits: bool,
 }
 

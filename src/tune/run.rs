@@ -257,23 +257,45 @@ pub fn run_strategy(
             .collect();
         let pick = kept::preferred_step(evaluations.iter().map(|e| &e.metrics), limit);
         let compile_ms = evaluations.iter().map(|e| e.compile_ms).sum();
-        Some((evaluations[pick].clone(), compile_ms))
+        // The tuned configuration fits every tuning step (or none fits, and the step is
+        // re-planned below for being over the limit).
+        Some((evaluations[pick].clone(), compile_ms, true))
     });
     // A step no kept configuration compiles is re-planned below; any other failure is one.
     let later_steps = later
         .into_iter()
-        .map(|outcome| Ok(outcome?.map(|choice| (choice.evaluation, choice.compile_ms))))
+        .map(|outcome| {
+            Ok(outcome?.map(|choice| (choice.evaluation, choice.compile_ms, choice.tuned_fits)))
+        })
         .collect::<Result<Vec<_>, TuneError>>()?;
     let mut figures = Vec::with_capacity(steps.len());
     let mut replanned = 0;
     for (outcome, step) in tuned_steps.into_iter().chain(later_steps).zip(&steps) {
         let (evaluation, compile_ms, replan) = match outcome {
-            Some((evaluation, compile_ms)) if within(&evaluation.metrics, limit) => {
+            Some((evaluation, compile_ms, true)) if within(&evaluation.metrics, limit) => {
                 (evaluation, compile_ms, false)
+            }
+            // The tuned configuration over the limit, a kept one or a twin within it: re-planned
+            // against that step (only a faster fitting plan replaces it).
+            Some((evaluation, compile_ms, false)) if within(&evaluation.metrics, limit) => {
+                replanned += 1;
+                let incumbent = Some(evaluation.metrics.step_time_s);
+                match replan(strategy, spec, step, choices, progress, incumbent)? {
+                    Some(mut choice) => {
+                        let compile_ms = compile_ms + choice.best().compile_ms;
+                        (
+                            choice.evaluations.swap_remove(choice.chosen),
+                            compile_ms,
+                            true,
+                        )
+                    }
+                    None => (evaluation, compile_ms, true),
+                }
             }
             _ => {
                 replanned += 1;
-                let mut choice = replan(strategy, spec, step, choices, progress)?;
+                let mut choice = replan(strategy, spec, step, choices, progress, None)?
+                    .expect("a re-plan without a step to beat chooses one");
                 let compile_ms = choice.best().compile_ms;
                 let evaluation = choice.evaluations.swap_remove(choice.chosen);
                 (evaluation, compile_ms, true)
@@ -446,17 +468,29 @@ fn best_trial(trials: &[Trial], limit: u64) -> usize {
 
 /// A step whose kept configuration exceeds the memory limit, re-tuned on its own batch as on
 /// the tuning steps: every configuration compiled and simulated, the fastest within the limit
-/// kept (the least peak when none is).
+/// kept (the least peak when none is). Against `incumbent_s` (a fitting step where the tuned
+/// configuration does not fit), only a faster fitting choice is returned
+/// ([`autotune::choose_below`]).
 fn replan(
     strategy: &'static StrategyInfo,
     spec: &Spec,
     step: &Admitted,
     choices: &Choices,
     progress: &Progress,
-) -> Result<autotune::Choice, TuneError> {
+    incumbent_s: Option<f64>,
+) -> Result<Option<autotune::Choice>, TuneError> {
     let candidates = (strategy.candidates)(spec, &step.batch, &step.state, choices).len() as u64;
     (progress.grow)(candidates);
-    let choice = autotune::choose(strategy, spec, &step.batch, &step.state, choices)?;
+    let (batch, state) = (&step.batch, &step.state);
+    let tune = TuneOptions::default();
+    let choice = match incumbent_s {
+        Some(incumbent) => {
+            autotune::choose_below(strategy, spec, batch, state, choices, &tune, incumbent)?
+        }
+        None => Some(autotune::choose_with(
+            strategy, spec, batch, state, choices, &tune,
+        )?),
+    };
     (progress.advance)(candidates);
     Ok(choice)
 }
