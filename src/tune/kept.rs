@@ -99,17 +99,16 @@ pub fn preferred_step<'a>(
 /// label but for its `recompute=` field (slimpack's per-stage and full twins of the same
 /// packing, a peer plan's other modes), in the offer's order.
 pub fn recompute_twins(offered: &[Candidate], tuned: &Candidate) -> Vec<Candidate> {
-    let without = |label: &str| -> Vec<String> {
+    fn fields(label: &str) -> impl Iterator<Item = &str> {
         label
             .split(',')
             .filter(|field| !field.starts_with("recompute="))
-            .map(str::to_string)
-            .collect()
-    };
-    let key = without(&tuned.label);
+    }
     offered
         .iter()
-        .filter(|candidate| candidate.label != tuned.label && without(&candidate.label) == key)
+        .filter(|candidate| {
+            candidate.label != tuned.label && fields(&candidate.label).eq(fields(&tuned.label))
+        })
         .cloned()
         .collect()
 }

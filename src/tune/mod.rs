@@ -7,6 +7,8 @@
 //! - [`autotune`]: compiles every candidate of a strategy on a batch (but those a lower bound
 //!   from the machine model proves slower than a fitting step already found), scores each
 //!   with the simulator on the machine model, keeps the fastest that fits memory;
+//! - [`evaluate`]: one candidate (or a group compiled together) compiled and simulated, its
+//!   variants as a prefix tree;
 //! - [`kept`]: the configurations a run keeps from tuning (the tuned one and the best of each
 //!   other family: slimpack's own pipelines, each peer's plan) and each step's choice among
 //!   them by simulation;
@@ -18,6 +20,7 @@
 //! pipelines by simulating them happens here only.
 
 pub mod autotune;
+pub mod evaluate;
 pub mod kept;
 pub mod method;
 pub mod run;

@@ -440,18 +440,16 @@ impl Pass for Eqsat {
                 cost_before,
             });
         }
-        // The step's cost before: rank merging's, or each rank's replicas' makespans summed in
-        // the IR's order (what `placement::step_seconds` computes), from the jobs' makespans.
+        // The step's cost before: rank merging's, or the slowest rank from the makespans the
+        // jobs hold (every replica with packs has one).
         let cost_before = if self.ranks {
             ranks.cost_before
         } else {
-            let mut rank_seconds = vec![0.0f64; ir.spec.parallel.dp as usize];
-            for job in &jobs {
-                for &rank in &ir.replica(job.replica).ranks {
-                    rank_seconds[rank as usize] += job.cost_before;
-                }
-            }
-            rank_seconds.into_iter().fold(0.0, f64::max)
+            let makespans: BTreeMap<ReplicaId, f64> = jobs
+                .iter()
+                .map(|job| (job.replica, job.cost_before))
+                .collect();
+            placement::slowest_rank(ir, |_, replica| makespans.get(&replica).copied())
         };
         jobs.sort_by(|a, b| b.cost_before.total_cmp(&a.cost_before));
         let setup_ms = start.elapsed().as_secs_f64() * 1e3;

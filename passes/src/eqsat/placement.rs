@@ -187,7 +187,6 @@ pub fn step_seconds(ir: &StepIr, model: &CostModel) -> f64 {
 /// [`step_seconds`] where `known[position]` already holds the makespan of the replica at that
 /// position of the IR's order (a replica a pass left as it was): only the others are timed.
 pub fn step_seconds_knowing(ir: &StepIr, model: &CostModel, known: &[Option<f64>]) -> f64 {
-    let mut rank_seconds = vec![0.0f64; ir.spec.parallel.dp as usize];
     let mut timed: HashMap<ReplicaId, f64> = HashMap::new();
     for (replica, plan) in ReplicaPlan::all_where(ir, |position| known[position].is_none()) {
         let ranks = ir.replica(replica).ranks.clone();
@@ -197,11 +196,21 @@ pub fn step_seconds_knowing(ir: &StepIr, model: &CostModel, known: &[Option<f64>
             makespan::makespan(&mut timer, &plan.forward, &plan.backward),
         );
     }
-    for (position, replica) in ir.replicas().iter().enumerate() {
-        let Some(seconds) = known[position].or_else(|| timed.get(replica).copied()) else {
+    slowest_rank(ir, |position, replica| {
+        known[position].or_else(|| timed.get(&replica).copied())
+    })
+}
+
+/// The step's cost from its replicas' makespans (`makespan(position, replica)`, `None` for a
+/// replica without packs): each DP rank runs the replicas holding it one after the other, in
+/// the IR's order, and the slowest rank is the step.
+pub fn slowest_rank(ir: &StepIr, makespan: impl Fn(usize, ReplicaId) -> Option<f64>) -> f64 {
+    let mut rank_seconds = vec![0.0f64; ir.spec.parallel.dp as usize];
+    for (position, &replica) in ir.replicas().iter().enumerate() {
+        let Some(seconds) = makespan(position, replica) else {
             continue;
         };
-        for &rank in &ir.replica(*replica).ranks {
+        for &rank in &ir.replica(replica).ranks {
             rank_seconds[rank as usize] += seconds;
         }
     }
