@@ -233,3 +233,73 @@ fn validate_refuses_a_filter_that_matches_nothing() {
     assert!(stderr.contains("--filter matches no schedule"), "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
+
+#[test]
+fn validate_refuses_a_missing_calibration_before_running_anything() {
+    let output = slimpack(&[
+        "validate",
+        "--backend",
+        "cpu",
+        "--calibration",
+        "/nonexistent/gpu.json",
+    ]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--calibration /nonexistent/gpu.json"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+}
+
+/// A calibration reaches every run of the suite: the shipped CPU table with every rate halved
+/// predicts a slower step.
+#[test]
+fn validate_predicts_with_the_calibration_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("cpu.json");
+    let shipped: serde_json::Value =
+        serde_json::from_str(include_str!("../machine/calibration/cpu.json")).unwrap();
+    let mut halved = shipped.clone();
+    for points in halved["tables"].as_object_mut().unwrap().values_mut() {
+        for point in points.as_array_mut().unwrap() {
+            let rate = point["rate"].as_f64().unwrap();
+            point["rate"] = serde_json::json!(rate / 2.0);
+        }
+    }
+    std::fs::write(&table, serde_json::to_string(&halved).unwrap()).unwrap();
+    let predicted = |extra: &[&str]| {
+        let mut args = vec![
+            "validate",
+            "--backend",
+            "cpu",
+            "--repeat",
+            "1",
+            "--filter",
+            "pp=1,dp=1 ln256 bfd",
+            "--report",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let output = slimpack(&args);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let row = &report["rows"][0];
+        (
+            row["command"].as_str().unwrap().to_string(),
+            row["predicted_step_time_s"].as_f64().unwrap(),
+        )
+    };
+    let (plain, shipped_s) = predicted(&[]);
+    let (calibrated, halved_s) = predicted(&["--calibration", table.to_str().unwrap()]);
+    assert!(!plain.contains("--calibration"), "{plain}");
+    assert!(calibrated.contains("--calibration"), "{calibrated}");
+    assert!(
+        halved_s > shipped_s * 1.2,
+        "{shipped_s} s, halved rates {halved_s} s"
+    );
+}

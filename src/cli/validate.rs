@@ -50,6 +50,10 @@ pub struct ValidateArgs {
     /// Also write the JSON report to this file.
     #[arg(long, value_name = "FILE.json")]
     out: Option<PathBuf>,
+    /// Predict with this calibration (`slimpack calibrate`'s JSON, measured on this machine's
+    /// backend) instead of the cluster preset's own rates.
+    #[arg(long, value_name = "FILE.json")]
+    calibration: Option<PathBuf>,
     /// Report format: text (table on stderr) or json (one object on stdout).
     #[arg(long, value_enum, default_value = "text")]
     report: ReportFormat,
@@ -172,6 +176,9 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
     if args.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
+    if let Some(path) = &args.calibration {
+        std::fs::metadata(path).with_context(|| format!("--calibration {}", path.display()))?;
+    }
     let cores = devices;
     let load_before = load_average();
     let mut rows = Vec::new();
@@ -189,8 +196,13 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
             eprintln!("  {label}: skipped ({workers} workers, this machine has {devices} GPUs)");
             continue;
         }
-        let (run_args, command) =
-            suite_run(args.backend, &cluster, layout, batch, schedule, args.repeat);
+        let (run_args, command) = suite_run(
+            args.backend,
+            &cluster,
+            args.calibration.as_deref(),
+            (layout, batch, schedule),
+            args.repeat,
+        );
         eprintln!("  {label} ...");
         let report = match run::measure(&run_args) {
             Ok(report) => report,
@@ -230,9 +242,8 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
 fn suite_run(
     backend: Backend,
     cluster: &str,
-    layout: &str,
-    batch: &str,
-    schedule: &str,
+    calibration: Option<&std::path::Path>,
+    (layout, batch, schedule): (&str, &str, &str),
     repeat: usize,
 ) -> (RunArgs, String) {
     let synthetic = BATCHES
@@ -252,13 +263,17 @@ fn suite_run(
     };
     let command = format!(
         "slimpack run --backend {} --model tiny --cluster {cluster} --parallel {parallel} \
-         --synthetic {synthetic} --seed 0 --repeat {repeat} {}",
+         --synthetic {synthetic} --seed 0 --repeat {repeat} {}{}",
         backend.kind().name(),
         match (&strategy, &passes) {
             (Some(name), _) => format!("--strategy {name}"),
             (_, Some(pipeline)) => format!("--passes '{pipeline}'"),
             _ => unreachable!("a suite schedule is a strategy or a pipeline"),
-        }
+        },
+        calibration.map_or(String::new(), |path| format!(
+            " --calibration {}",
+            path.display()
+        ))
     );
     let args = RunArgs {
         backend,
@@ -267,6 +282,7 @@ fn suite_run(
             model: Some("tiny".into()),
             cluster: Some(cluster.into()),
             parallel: Some(parallel),
+            calibration: calibration.map(std::path::Path::to_path_buf),
             ..SpecArgs::default()
         },
         batch: BatchArgs {
