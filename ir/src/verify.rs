@@ -510,20 +510,20 @@ impl Verifier<'_> {
         let ir = self.ir;
         let mut previous: Option<(crate::step::SliceId, (usize, usize))> = None;
         for &slice in slices {
-            let packs: Vec<PackId> = ir
+            let mut packs = ir
                 .packs_of(slice)
-                .into_iter()
-                .filter(|&p| ir.pack(p).direction == direction)
-                .collect();
+                .filter(|&p| ir.pack(p).direction == direction);
+            let first = packs.next();
             let name = At::Slice(slice);
-            if packs.len() > 1 {
+            let others = packs.count();
+            if others > 0 {
                 self.report(
                     name,
                     "pack-unique",
-                    format!("slice is in {} {} packs", packs.len(), direction.keyword()),
+                    format!("slice is in {} {} packs", others + 1, direction.keyword()),
                 );
             }
-            let Some(&pack) = packs.first() else {
+            let Some(pack) = first else {
                 if ir.phase() >= Phase::Packed {
                     self.report(
                         name,

@@ -232,7 +232,7 @@ impl StepIr {
         );
         for old in self.slices_of(sample) {
             assert!(
-                self.packs_of(old).is_empty(),
+                self.packs_of(old).next().is_none(),
                 "re-slicing a packed slice; this is a bug"
             );
             self.graph.remove_node(old.0);
@@ -439,12 +439,11 @@ impl StepIr {
     }
 
     /// Packs a slice belongs to (any direction).
-    pub fn packs_of(&self, slice: SliceId) -> Vec<PackId> {
+    pub fn packs_of(&self, slice: SliceId) -> impl Iterator<Item = PackId> + '_ {
         self.graph
             .edges_directed(slice.0, Outgoing)
             .filter(|e| matches!(e.weight(), Edge::Member { .. }))
             .map(|e| PackId(e.target()))
-            .collect()
     }
 
     /// The pack of one direction that holds a slice (the first if the IR is malformed).

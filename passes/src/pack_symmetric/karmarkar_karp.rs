@@ -190,24 +190,12 @@ impl State {
     fn sort(&mut self, sorted: usize) {
         if sorted < self.sets.len() {
             self.sets[sorted..].sort_unstable_by(|a, b| b.cmp(a));
-            if sorted > 0 && self.sets[sorted - 1] < self.sets[sorted] {
-                let tail = self.sets.split_off(sorted);
-                let head = std::mem::take(&mut self.sets);
-                let mut merged = Vec::with_capacity(head.len() + tail.len());
-                let mut head = head.into_iter().peekable();
-                let mut tail = tail.into_iter().peekable();
-                while let (Some(a), Some(b)) = (head.peek(), tail.peek()) {
-                    let next = match a > b {
-                        true => head.next(),
-                        false => tail.next(),
-                    };
-                    merged.extend(next);
-                }
-                merged.extend(head);
-                merged.extend(tail);
-                self.sets = merged;
-            }
+            merge_runs(&mut self.sets, sorted);
         }
+        self.update_spread();
+    }
+
+    fn update_spread(&mut self) {
         let smallest = match self.sets.len() == self.k {
             true => self.sets[self.k - 1].sum,
             false => 0,
@@ -222,22 +210,25 @@ impl State {
         let held = self.sets.len();
         let mut theirs = other.sets;
         let their_count = theirs.len();
-        // The sets no other set joins keep their order: those before `k - their_count`.
-        let unchanged = held.min(k - their_count);
         // Set `j` of the result is this state's set `j` (if held) with the other's set
-        // `k - 1 - j` (if held), taken in place.
-        for (j, set) in self.sets.iter_mut().enumerate() {
-            if let Some(other) = theirs.get_mut(k - 1 - j) {
-                set.sum += other.sum;
-                set.items.append(&mut other.items);
-            }
+        // `k - 1 - j` (if held), taken in place: the held sets from `k - their_count` on. The
+        // sets before them keep their order, and so do the other's sets no held set took
+        // (its first `min(their_count, k - held)`, which make the sets where this one is
+        // empty): three runs in decreasing order once the joined sets are sorted.
+        let unchanged = held.min(k - their_count);
+        for (j, set) in self.sets.iter_mut().enumerate().skip(unchanged) {
+            let other = &mut theirs[k - 1 - j];
+            set.sum += other.sum;
+            set.items.append(&mut other.items);
         }
-        // Where this set is empty, only the other's non-empty sets (`k - 1 - j < their_count`)
-        // make one: the other's first `min(their_count, k - held)` sets, which no held set took.
         let free = their_count.min(k - held);
         theirs.truncate(free);
+        self.sets[unchanged..].sort_unstable_by(|a, b| b.cmp(a));
+        merge_runs(&mut self.sets, unchanged);
+        let joined = self.sets.len();
         self.sets.extend(theirs);
-        self.sort(unchanged);
+        merge_runs(&mut self.sets, joined);
+        self.update_spread();
     }
 
     /// The `k` sets in decreasing order, the empty ones included.
@@ -245,6 +236,43 @@ impl State {
         let mut sets = self.sets;
         sets.resize(self.k, Set::default());
         sets
+    }
+}
+
+/// Merges the two runs `sets[..mid]` and `sets[mid..]`, each in decreasing order, into one.
+/// A short run (a state of a few sets, or the few sets a merge changed, beside up to `k`
+/// others) moves in by binary search and rotation, without a buffer: the sets are never equal
+/// (see [`State::sort`]), so the position is exact.
+fn merge_runs(sets: &mut Vec<Set>, mid: usize) {
+    const SHORT: usize = 8;
+    let len = sets.len();
+    if mid == 0 || mid == len || sets[mid - 1] > sets[mid] {
+        return;
+    }
+    if len - mid <= SHORT {
+        for i in mid..len {
+            let at = sets[..i].partition_point(|s| *s > sets[i]);
+            sets[at..=i].rotate_right(1);
+        }
+    } else if mid <= SHORT {
+        for i in (0..mid).rev() {
+            let end = i + 1 + sets[i + 1..].partition_point(|s| *s > sets[i]);
+            sets[i..end].rotate_left(1);
+        }
+    } else {
+        let tail = sets.split_off(mid);
+        let head = std::mem::replace(sets, Vec::with_capacity(len));
+        let mut head = head.into_iter().peekable();
+        let mut tail = tail.into_iter().peekable();
+        while let (Some(a), Some(b)) = (head.peek(), tail.peek()) {
+            let next = match a > b {
+                true => head.next(),
+                false => tail.next(),
+            };
+            sets.extend(next);
+        }
+        sets.extend(head);
+        sets.extend(tail);
     }
 }
 
@@ -390,6 +418,68 @@ mod tests {
                     let full = partition_with_every_set(&values, k, true);
                     assert_eq!(fast, full, "{values:?} k={k} equal");
                 }
+            }
+        }
+    }
+
+    /// The same with many parts (up to hundreds of micro-batches per rank, as on a batch of a
+    /// million documents), where a merge moves a few sets among many.
+    #[test]
+    fn states_of_many_parts_partition_as_verl_does() {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = |bound: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        };
+        for (n, k) in [(1500, 40), (1200, 300), (700, 700), (2000, 500)] {
+            let values: Vec<u128> = (0..n).map(|_| u128::from(1 + next(1 << 24))).collect();
+            assert_eq!(
+                partition(&values, k, false),
+                partition_with_every_set(&values, k, false),
+                "n={n} k={k}"
+            );
+            if n % k == 0 {
+                assert_eq!(
+                    partition(&values, k, true),
+                    partition_with_every_set(&values, k, true),
+                    "n={n} k={k} equal"
+                );
+            }
+        }
+    }
+
+    /// Two runs merge into the sorted order whichever is short: each way by rotation, and
+    /// by the buffer when both are long.
+    #[test]
+    fn runs_merge_into_decreasing_order() {
+        let set = |sum: u128| Set {
+            sum,
+            items: vec![(sum as usize, sum)],
+        };
+        for (first, second) in [(1, 30), (8, 30), (30, 1), (30, 8), (9, 9), (20, 40), (0, 5)] {
+            for offset in 0..3u128 {
+                // Interleaved runs: the first takes every third sum from `offset`.
+                let all: Vec<u128> = (0..(first + second) as u128).collect();
+                let (mut a, mut b): (Vec<u128>, Vec<u128>) = all
+                    .iter()
+                    .partition(|&&v| v % 3 == offset && v / 3 < first as u128);
+                b.truncate(second);
+                a.truncate(first);
+                let mut sets: Vec<Set> = a
+                    .iter()
+                    .rev()
+                    .chain(b.iter().rev())
+                    .map(|&v| set(v))
+                    .collect();
+                let mut expected = sets.clone();
+                expected.sort_by(|x, y| y.cmp(x));
+                merge_runs(&mut sets, a.len());
+                assert_eq!(
+                    sets, expected,
+                    "runs of {first} and {second}, offset {offset}"
+                );
             }
         }
     }
