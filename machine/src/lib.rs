@@ -106,6 +106,32 @@ mod tests {
         assert!(shipped_calibration("H100-SXM5-80GB").is_none());
     }
 
+    /// The H100 table measured with PyTorch (docs/SIMULATOR.md, "The kernel curves against a
+    /// real H100") parses, is of the `h100-sxm` preset's device, and holds rates near the
+    /// analytic curves' where the two agree (large GEMMs and attention): a sanity check on
+    /// both the file and the curves.
+    #[test]
+    fn the_measured_h100_table_loads_for_the_h100_preset() {
+        let text = include_str!("../calibration/h100-sxm-measured.json");
+        let measured = Calibration::from_json(text, "h100-sxm-measured.json").unwrap();
+        let spec = Spec::from_presets("llama-70b", "h100-sxm", "tp=8,pp=8,dp=4").unwrap();
+        assert_eq!(measured.device, spec.cluster.gpu.name);
+        assert!(measured.tables.contains_key(&OpKind::AttentionBackward));
+        assert!(!measured.tables.contains_key(&OpKind::Elementwise));
+        let analytic = CostModel::new(&spec);
+        let calibrated = CostModel::with_calibration(&spec, measured).unwrap();
+        for op in [OpKind::GemmForward, OpKind::AttentionForward] {
+            let (model, real) = (
+                analytic.throughput().rate(op, 16384.0),
+                calibrated.throughput().rate(op, 16384.0),
+            );
+            assert!(
+                (real / model - 1.0).abs() < 0.15,
+                "{op:?}: {real:e} vs {model:e}"
+            );
+        }
+    }
+
     #[test]
     fn the_cpu_preset_is_calibrated_and_the_gpus_are_not() {
         let cpu = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
