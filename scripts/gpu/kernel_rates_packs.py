@@ -6,21 +6,10 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 from torch.nn.attention.bias import causal_lower_right
 
+from kernel_rates import timed
+
 dev = "cuda"
 print(torch.__version__, torch.cuda.get_device_name(0), flush=True)
-
-
-def timed(fn, warm=3, iters=8):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    for _ in range(iters):
-        fn()
-    e.record()
-    torch.cuda.synchronize()
-    return s.elapsed_time(e) / iters / 1e3
 
 
 def measure(B, Lq, Lk, backend, mask):
