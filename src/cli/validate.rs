@@ -177,7 +177,9 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
         bail!("--repeat must be at least 1");
     }
     if let Some(path) = &args.calibration {
-        std::fs::metadata(path).with_context(|| format!("--calibration {}", path.display()))?;
+        // Read and checked against the suite's device once, before any schedule runs.
+        let spec = slimpack_ir::Spec::from_presets("tiny", &cluster, "tp=1,pp=1,dp=1")?;
+        super::input::use_calibration_file(path, &spec)?;
     }
     let cores = devices;
     let load_before = load_average();
