@@ -250,6 +250,19 @@ fn validate_refuses_a_missing_calibration_before_running_anything() {
         "{stderr}"
     );
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    // A table of another device: refused before the suite runs, naming both devices.
+    let table = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/machine/calibration/h100-sxm-measured.json"
+    );
+    let output = slimpack(&["validate", "--backend", "cpu", "--calibration", table]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("H100-SXM5-80GB") && stderr.contains("cpu-2core"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
 }
 
 /// A calibration reaches every run of the suite: the shipped CPU table with every rate halved
