@@ -1,5 +1,8 @@
 //! `slice{size=N}`: cut every slice longer than N tokens into slices of N tokens, the last one
-//! shorter, chained by dependency edges.
+//! shorter, chained by dependency edges. `slice{size=N,by=cost}`: cut each sample so that every
+//! slice costs about what a fresh N-token slice does (linear work plus causal attention over the
+//! slice's prefix): the later slices of a long sample are shorter. Slices of even cost make
+//! packs of even cost, and so fewer pipeline stalls behind one heavy pack.
 //!
 //! Phase in: `logical` or `assigned` (slices are not in packs yet). Phase out: unchanged. On a
 //! fresh IR (one slice per sample) this cuts each sample into `ceil(len / N)` slices; on an IR
@@ -18,11 +21,19 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   packing (phases logical and assigned); leaves the phase unchanged.",
     accepts: Phase::Logical..=Phase::Assigned,
     produces: None,
-    options: &[OptionInfo {
-        name: "size",
-        help: "maximum tokens per slice, a positive integer",
-        default: None,
-    }],
+    options: &[
+        OptionInfo {
+            name: "size",
+            help: "maximum tokens per slice, a positive integer",
+            default: None,
+        },
+        OptionInfo {
+            name: "by",
+            help: "tokens: every slice `size` tokens; cost: a sample's later slices shorter, \
+                   each costing about what its first does (attention over a longer prefix)",
+            default: Some("tokens"),
+        },
+    ],
     create: |options| Ok(Box::new(Slice::from_options(options)?)),
 };
 
@@ -31,12 +42,16 @@ pub(crate) const INFO: PassInfo = PassInfo {
 pub struct Slice {
     /// Maximum tokens per slice.
     pub size: u32,
+    /// Cut by cost rather than by tokens.
+    pub by_cost: bool,
 }
 
 impl Slice {
     fn from_options(options: &PassOptions) -> Result<Slice> {
+        let by_cost = matches!(options.choice("by", &["tokens", "cost"])?, Some("cost"));
         Ok(Slice {
             size: options.required_positive("size")?,
+            by_cost,
         })
     }
 }
@@ -46,16 +61,28 @@ impl Pass for Slice {
         &INFO
     }
 
-    fn run(&mut self, ir: &mut StepIr, _: &PassContext) -> Result<Statistics> {
+    fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
+        let flops = cx.machine().flop_model();
+        let (linear, pair) = (flops.linear_per_token(), flops.attention_per_pair());
         let (mut before, mut after, mut samples_cut) = (0usize, 0usize, 0usize);
         let mut largest = 0u32;
         for sample in ir.samples().to_vec() {
             let slices = ir.slices_of(sample);
             before += slices.len();
-            let lengths: Vec<u32> = slices
-                .iter()
-                .flat_map(|&s| split(ir.slice(s).len, self.size))
-                .collect();
+            let lengths: Vec<u32> = if self.by_cost {
+                slices
+                    .iter()
+                    .flat_map(|&s| {
+                        let slice = ir.slice(s);
+                        split_by_cost(slice.start, slice.len, self.size, linear, pair)
+                    })
+                    .collect()
+            } else {
+                slices
+                    .iter()
+                    .flat_map(|&s| split(ir.slice(s).len, self.size))
+                    .collect()
+            };
             if lengths.len() != slices.len() {
                 samples_cut += 1;
                 ir.set_slices(sample, &lengths);
@@ -77,9 +104,70 @@ fn split(len: u32, size: u32) -> impl Iterator<Item = u32> {
     (0..pieces).map(move |k| size.min(len - k * size))
 }
 
+/// Lengths of the pieces of a `len`-token slice starting at `start`, each (but the last)
+/// costing about what a fresh `size`-token slice costs: `linear` FLOPs per token plus `pair`
+/// per causal pair, so a piece after a long prefix is shorter. Pieces are multiples of 256
+/// tokens and at least `size / 8` (or 256).
+fn split_by_cost(start: u32, len: u32, size: u32, linear: f64, pair: f64) -> Vec<u32> {
+    const GRAIN: u32 = 256;
+    let size_f = f64::from(size);
+    let budget = linear * size_f + pair * size_f * (size_f + 1.0) / 2.0;
+    let floor = (size / 8).max(GRAIN).min(size);
+    let mut pieces = Vec::new();
+    let (mut at, end) = (start, start + len);
+    while at < end {
+        let b = linear + pair * (f64::from(at) + 0.5);
+        let fit = ((b * b + 2.0 * pair * budget).sqrt() - b) / pair;
+        let piece = ((fit as u32) / GRAIN * GRAIN)
+            .clamp(floor, size)
+            .min(end - at);
+        pieces.push(piece);
+        at += piece;
+    }
+    pieces
+}
+
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use super::{split, split_by_cost};
+    use slimpack_ir::Spec;
+    use slimpack_machine::cost::CostModel;
+
+    /// Cut by cost, a long sample keeps every token; its first slice is `size`, the later ones
+    /// no longer, each a multiple of 256 tokens (but the last) and each costing about what the
+    /// first does; a slice that starts late (a continuation) starts short.
+    #[test]
+    fn cost_cuts_keep_every_token_and_even_the_cost() {
+        let spec = Spec::from_presets("llama-70b", "h100-sxm", "tp=8,pp=8,dp=4").unwrap();
+        let model = CostModel::new(&spec);
+        let flops = model.flop_model();
+        let (linear, pair) = (flops.linear_per_token(), flops.attention_per_pair());
+        let cost = |start: u32, len: u32| {
+            let (s, l) = (f64::from(start), f64::from(len));
+            linear * l + pair * (l * s + l * (l + 1.0) / 2.0)
+        };
+        let pieces = split_by_cost(0, 262_144, 32_768, linear, pair);
+        assert_eq!(pieces.iter().sum::<u32>(), 262_144);
+        assert_eq!(pieces[0], 32_768);
+        assert!(pieces.windows(2).all(|w| w[1] <= w[0]), "{pieces:?}");
+        assert!(pieces.len() > 8, "later slices are shorter: {pieces:?}");
+        let budget = cost(0, 32_768);
+        let mut start = 0;
+        for (k, &piece) in pieces.iter().enumerate() {
+            if k + 1 < pieces.len() {
+                assert_eq!(piece % 256, 0, "{pieces:?}");
+                let ratio = cost(start, piece) / budget;
+                assert!(
+                    (0.85..=1.0 + 1e-9).contains(&ratio),
+                    "{k}: {ratio} {pieces:?}"
+                );
+            }
+            start += piece;
+        }
+        // Short samples are one slice, as by tokens.
+        assert_eq!(split_by_cost(0, 20_000, 32_768, linear, pair), vec![20_000]);
+        assert!(split_by_cost(200_000, 32_768, 32_768, linear, pair)[0] < 32_768);
+    }
 
     #[test]
     fn split_keeps_every_token() {

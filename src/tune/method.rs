@@ -165,7 +165,21 @@ pub fn candidates_with(
             Grouping::Merge { .. } => merge_slice_sizes(context),
             Grouping::Static(_) => slice_sizes(context),
         };
-        for &(size, cap) in &sizes {
+        // Static groupings with packs shorter than the context also cut by cost
+        // (`slice{by=cost}`: a long sample's later slices shorter), which evens the costs of
+        // the many packs a pipeline then runs, where one CP group holds a whole long sample.
+        // A DP-Merge group spreads the long sample already, and there token slices win (S2,
+        // S7); packs of the whole context hold a long sample's slices by themselves.
+        let cuts = |cap: u32| -> &[bool] {
+            match grouping {
+                Grouping::Static(_) if ideas.slicing && cap < context => &[false, true],
+                _ => &[false],
+            }
+        };
+        for (&(size, cap), &by_cost) in sizes
+            .iter()
+            .flat_map(|pair| cuts(pair.1).iter().map(move |cut| (pair, cut)))
+        {
             let (mut passes, label) = match grouping {
                 Grouping::Static(1) => (vec!["assign-dp".to_string()], "cp=1".to_string()),
                 Grouping::Static(cp) => (vec![format!("assign-dp{{cp={cp}}}")], format!("cp={cp}")),
@@ -178,7 +192,10 @@ pub fn candidates_with(
                 ),
             };
             if ideas.slicing {
-                passes.push(format!("slice{{size={size}}}"));
+                passes.push(match by_cost {
+                    true => format!("slice{{size={size},by=cost}}"),
+                    false => format!("slice{{size={size}}}"),
+                });
             }
             passes.push(format!("pack-fwd{{cap={cap}}}"));
             // Every (backward packing, eqsat) combination the variant keeps; the first is the
@@ -219,7 +236,11 @@ pub fn candidates_with(
             let primary = pipelines.remove(0);
             for &recompute in &choices.recompute {
                 candidates.push(Candidate {
-                    label: format!("{label},slice={size},cap={cap},recompute={}", recompute),
+                    label: format!(
+                        "{label},slice={size}{},cap={cap},recompute={}",
+                        if by_cost { ",by=cost" } else { "" },
+                        recompute
+                    ),
                     pipeline: primary.pipeline.clone(),
                     variants: pipelines.clone(),
                     recompute,
@@ -410,7 +431,9 @@ mod tests {
             }
         }
         assert!(!labels.iter().any(|l| l.starts_with("cp=2,slice=8192")));
-        assert_eq!(candidates.len(), MERGE_MEMORY.len() * 4 + 3);
+        // Static cp=2 cuts its 3 sizes by tokens, and the one with packs shorter than the
+        // context also by cost.
+        assert_eq!(candidates.len(), MERGE_MEMORY.len() * 4 + 3 + 1);
         let light = candidates
             .iter()
             .find(|c| c.label.starts_with("dp-merge=0.25,slice=8192"))
