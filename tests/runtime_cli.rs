@@ -186,23 +186,30 @@ fn calibrate_writes_tables_the_cost_model_reads() {
     assert_eq!(calibration.tables.len(), 5);
 }
 
-#[test]
-fn validate_predicts_every_workers_peak_memory_within_the_target() {
-    let output = slimpack(&[
+/// `validate --backend cpu --repeat 1 --filter FILTER --report json` with `extra` arguments:
+/// its JSON report (the command must succeed).
+fn validate_report(filter: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
         "validate",
         "--backend",
         "cpu",
         "--repeat",
         "1",
         "--filter",
-        "ln256 slice256",
+        filter,
         "--report",
         "json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let output = slimpack(&args);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
-    let report: serde_json::Value =
-        serde_json::from_slice(&output.stdout).expect("one JSON object");
+    serde_json::from_slice(&output.stdout).expect("one JSON object")
+}
+
+#[test]
+fn validate_predicts_every_workers_peak_memory_within_the_target() {
+    let report = validate_report("ln256 slice256", &[]);
     let rows = report["rows"].as_array().expect("rows");
     // pp=1,dp=1 and pp=2,dp=1: three workers. The allocator's counts do not depend on timing.
     assert_eq!(rows.len(), 2, "{report}");
@@ -282,25 +289,7 @@ fn validate_predicts_with_the_calibration_it_is_given() {
     }
     std::fs::write(&table, serde_json::to_string(&halved).unwrap()).unwrap();
     let predicted = |extra: &[&str]| {
-        let mut args = vec![
-            "validate",
-            "--backend",
-            "cpu",
-            "--repeat",
-            "1",
-            "--filter",
-            "pp=1,dp=1 ln256 bfd",
-            "--report",
-            "json",
-        ];
-        args.extend_from_slice(extra);
-        let output = slimpack(&args);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let report = validate_report("pp=1,dp=1 ln256 bfd", extra);
         let row = &report["rows"][0];
         (
             row["command"].as_str().unwrap().to_string(),

@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
 use slimpack_ir::step::Phase;
 use slimpack_ir::StepIr;
+use slimpack_machine::cost::FlopModel;
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "slice",
@@ -63,26 +64,21 @@ impl Pass for Slice {
 
     fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
         let flops = cx.machine().flop_model();
-        let (linear, pair) = (flops.linear_per_token(), flops.attention_per_pair());
         let (mut before, mut after, mut samples_cut) = (0usize, 0usize, 0usize);
         let mut largest = 0u32;
         for sample in ir.samples().to_vec() {
             let slices = ir.slices_of(sample);
             before += slices.len();
-            let lengths: Vec<u32> = if self.by_cost {
-                slices
-                    .iter()
-                    .flat_map(|&s| {
-                        let slice = ir.slice(s);
-                        split_by_cost(slice.start, slice.len, self.size, linear, pair)
-                    })
-                    .collect()
-            } else {
-                slices
-                    .iter()
-                    .flat_map(|&s| split(ir.slice(s).len, self.size))
-                    .collect()
-            };
+            let lengths: Vec<u32> = slices
+                .iter()
+                .flat_map(|&s| {
+                    let slice = ir.slice(s);
+                    match self.by_cost {
+                        true => split_by_cost(slice.start, slice.len, self.size, flops),
+                        false => split(slice.len, self.size).collect(),
+                    }
+                })
+                .collect();
             if lengths.len() != slices.len() {
                 samples_cut += 1;
                 ir.set_slices(sample, &lengths);
@@ -105,13 +101,15 @@ fn split(len: u32, size: u32) -> impl Iterator<Item = u32> {
 }
 
 /// Lengths of the pieces of a `len`-token slice starting at `start`, each (but the last)
-/// costing about what a fresh `size`-token slice costs: `linear` FLOPs per token plus `pair`
-/// per causal pair, so a piece after a long prefix is shorter. Pieces are multiples of 256
-/// tokens and at least `size / 8` (or 256).
-fn split_by_cost(start: u32, len: u32, size: u32, linear: f64, pair: f64) -> Vec<u32> {
+/// costing about what a fresh `size`-token slice does in a layer's forward
+/// ([`FlopModel::forward_layer`]), so a piece after a long prefix is shorter. Pieces are
+/// multiples of 256 tokens and at least `size / 8` (or 256).
+fn split_by_cost(start: u32, len: u32, size: u32, flops: &FlopModel) -> Vec<u32> {
     const GRAIN: u32 = 256;
-    let size_f = f64::from(size);
-    let budget = linear * size_f + pair * size_f * (size_f + 1.0) / 2.0;
+    let budget = flops.forward_layer(u64::from(size), 0).total();
+    // A piece of `l` tokens after `at` costs `linear·l + pair·(l·at + l(l+1)/2)`: the largest
+    // `l` within the budget solves that quadratic.
+    let (linear, pair) = (flops.linear_per_token(), flops.attention_per_pair());
     let floor = (size / 8).max(GRAIN).min(size);
     let mut pieces = Vec::new();
     let (mut at, end) = (start, start + len);
@@ -141,12 +139,12 @@ mod tests {
         let spec = Spec::from_presets("llama-70b", "h100-sxm", "tp=8,pp=8,dp=4").unwrap();
         let model = CostModel::new(&spec);
         let flops = model.flop_model();
-        let (linear, pair) = (flops.linear_per_token(), flops.attention_per_pair());
         let cost = |start: u32, len: u32| {
-            let (s, l) = (f64::from(start), f64::from(len));
-            linear * l + pair * (l * s + l * (l + 1.0) / 2.0)
+            flops
+                .forward_layer(u64::from(len), u64::from(start))
+                .total()
         };
-        let pieces = split_by_cost(0, 262_144, 32_768, linear, pair);
+        let pieces = split_by_cost(0, 262_144, 32_768, flops);
         assert_eq!(pieces.iter().sum::<u32>(), 262_144);
         assert_eq!(pieces[0], 32_768);
         assert!(pieces.windows(2).all(|w| w[1] <= w[0]), "{pieces:?}");
@@ -165,8 +163,8 @@ mod tests {
             start += piece;
         }
         // Short samples are one slice, as by tokens.
-        assert_eq!(split_by_cost(0, 20_000, 32_768, linear, pair), vec![20_000]);
-        assert!(split_by_cost(200_000, 32_768, 32_768, linear, pair)[0] < 32_768);
+        assert_eq!(split_by_cost(0, 20_000, 32_768, flops), vec![20_000]);
+        assert!(split_by_cost(200_000, 32_768, 32_768, flops)[0] < 32_768);
     }
 
     #[test]

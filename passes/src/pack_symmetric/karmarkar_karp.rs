@@ -188,11 +188,17 @@ impl State {
     /// not is the same order: the held sets are non-empty and hold distinct items, so no two
     /// compare equal.
     fn sort(&mut self, sorted: usize) {
+        self.order_from(sorted);
+        self.update_spread();
+    }
+
+    /// Sorts the sets from `sorted` on and merges them into the first `sorted`, which are in
+    /// order already.
+    fn order_from(&mut self, sorted: usize) {
         if sorted < self.sets.len() {
             self.sets[sorted..].sort_unstable_by(|a, b| b.cmp(a));
             merge_runs(&mut self.sets, sorted);
         }
-        self.update_spread();
     }
 
     fn update_spread(&mut self) {
@@ -223,8 +229,7 @@ impl State {
         }
         let free = their_count.min(k - held);
         theirs.truncate(free);
-        self.sets[unchanged..].sort_unstable_by(|a, b| b.cmp(a));
-        merge_runs(&mut self.sets, unchanged);
+        self.order_from(unchanged);
         let joined = self.sets.len();
         self.sets.extend(theirs);
         merge_runs(&mut self.sets, joined);
@@ -334,6 +339,16 @@ mod tests {
         assert_eq!(sums(&values, &parts), vec![18, 18]);
     }
 
+    /// A seeded xorshift generator: `next(bound)` draws from `0..bound`.
+    fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+        move |bound| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % bound
+        }
+    }
+
     /// verl's differencing as written: every state holds all `k` sets.
     fn partition_with_every_set(values: &[u128], k: usize, equal_size: bool) -> Vec<Vec<usize>> {
         #[derive(PartialEq, Eq)]
@@ -395,13 +410,7 @@ mod tests {
     /// with repeated values, more parts than items, and equal-size splits.
     #[test]
     fn states_of_non_empty_sets_partition_as_verl_does() {
-        let mut state = 0x2545_F491_4F6C_DD1Du64;
-        let mut next = |bound: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        };
+        let mut next = xorshift(0x2545_F491_4F6C_DD1Du64);
         for round in 0..200 {
             let n = 1 + next(60) as usize;
             let spread = [4, 1000, 1 << 20][round % 3];
@@ -426,13 +435,7 @@ mod tests {
     /// million documents), where a merge moves a few sets among many.
     #[test]
     fn states_of_many_parts_partition_as_verl_does() {
-        let mut state = 0x9E37_79B9_7F4A_7C15u64;
-        let mut next = |bound: u64| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state % bound
-        };
+        let mut next = xorshift(0x9E37_79B9_7F4A_7C15u64);
         for (n, k) in [(1500, 40), (1200, 300), (700, 700), (2000, 500)] {
             let values: Vec<u128> = (0..n).map(|_| u128::from(1 + next(1 << 24))).collect();
             assert_eq!(
