@@ -13,10 +13,11 @@
 //! `block:1`, ..., `block:L-1`, `full` (`L` the layers of a model chunk) — each step keeps
 //! less and replays more. Every stage (model chunk) of a pipeline device takes the device's
 //! mode. The choice is made on the simulator's memory timeline, not on an estimate: a binary
-//! search per device over the ladder, all devices at once (one simulation per round), and
-//! then, since a device's peak also moves a little with the others' timing, a check that
-//! raises any device still over the limit one rung at a time until every device fits or runs
-//! `full`. The schedule itself was built by `schedule-pipeline` under the model's mode (run
+//! search per device over the ladder, all devices at once (one probe of the simulator's peaks
+//! per round, [`sim::PeakProbe`], which stacks the schedules without timing them where no
+//! device group runs two replicas), and then, since with DP-Merge groups a device's peak also
+//! moves a little with the others' timing, a check that raises any device still over the limit
+//! one rung at a time until every device fits or runs `full`. The schedule itself was built by `schedule-pipeline` under the model's mode (run
 //! the step with `recompute=full` so that its warm-ups are not cut for memory, and let this
 //! pass give the memory back where it is not needed).
 //!
@@ -29,8 +30,9 @@ use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statisti
 use slimpack_ir::spec::Recompute;
 use slimpack_ir::step::Phase;
 use slimpack_ir::StepIr;
-use slimpack_machine::cost::{CostModel, DEFAULT_MEMORY_LIMIT};
-use slimpack_machine::sim::{self, GroupId};
+use slimpack_machine::cost::DEFAULT_MEMORY_LIMIT;
+use slimpack_machine::sim;
+use slimpack_machine::MachineError;
 
 pub(crate) const INFO: PassInfo = PassInfo {
     name: "assign-recompute",
@@ -93,18 +95,19 @@ impl Pass for AssignRecompute {
         let top = ir.spec.layers_per_chunk();
         let pp = ir.spec.parallel.pp as usize;
         let mut simulations = 0u64;
+        let mut probe = sim::PeakProbe::new(ir, cost).map_err(simulation_failed)?;
         // The levels last simulated and their peaks: the check's first round is usually the
         // search's last probe, which needs no second simulation.
         let mut last: Option<(Vec<u32>, Vec<u64>)> = None;
-        let mut peaks = |ir: &mut StepIr, levels: &[u32]| -> Result<Vec<u64>> {
+        let mut peaks = |levels: &[u32]| -> Result<Vec<u64>> {
             if let Some((simulated, peaks)) = &last {
                 if simulated == levels {
                     return Ok(peaks.clone());
                 }
             }
             simulations += 1;
-            set_levels(ir, levels, top);
-            let peaks = device_peaks(ir, cost)?;
+            let modes: Vec<Recompute> = levels.iter().map(|&l| ladder_mode(l, top)).collect();
+            let peaks = probe.device_peaks(&modes).map_err(simulation_failed)?;
             last = Some((levels.to_vec(), peaks.clone()));
             Ok(peaks)
         };
@@ -116,7 +119,7 @@ impl Pass for AssignRecompute {
                 .zip(&high)
                 .map(|(&l, &h)| if l < h { (l + h) / 2 } else { h })
                 .collect();
-            let device_peaks = peaks(ir, &probe)?;
+            let device_peaks = peaks(&probe)?;
             for device in 0..pp {
                 if low[device] >= high[device] {
                     continue;
@@ -131,7 +134,7 @@ impl Pass for AssignRecompute {
         // one rung up until every device fits or recomputes everything.
         let mut levels = high;
         loop {
-            let device_peaks = peaks(ir, &levels)?;
+            let device_peaks = peaks(&levels)?;
             let mut raised = false;
             for device in 0..pp {
                 if device_peaks[device] > limit && levels[device] < top {
@@ -143,6 +146,7 @@ impl Pass for AssignRecompute {
                 break;
             }
         }
+        set_levels(ir, &levels, top);
         let mut statistics = Statistics::new();
         statistics.set("simulations", simulations);
         statistics.set(
@@ -184,25 +188,30 @@ fn set_levels(ir: &mut StepIr, levels: &[u32], top: u32) {
     }
 }
 
-/// The simulated peak memory of each pipeline device (its highest device group).
-fn device_peaks(ir: &StepIr, cost: &CostModel) -> Result<Vec<u64>> {
-    let (layout, memory) = sim::memory_timelines(ir, cost).map_err(|error| PassError::Failed {
+fn simulation_failed(error: MachineError) -> PassError {
+    PassError::Failed {
         pass: INFO.name,
         message: format!("simulating the step: {error}"),
-    })?;
-    let mut peaks = vec![0u64; ir.spec.parallel.pp as usize];
-    for (group, memory) in memory.iter().enumerate() {
-        let device = layout.stage_of(GroupId(group as u32)) as usize;
-        peaks[device] = peaks[device].max(memory.peak_bytes);
     }
-    Ok(peaks)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use slimpack_ir::Spec;
+    use slimpack_machine::cost::CostModel;
     use slimpack_machine::sim::fixture::{one_f_one_b, ReplicaPlan};
+
+    /// The peak memory of each pipeline device, from a full simulation of the step.
+    fn device_peaks(ir: &StepIr, cost: &CostModel) -> Result<Vec<u64>> {
+        let result = sim::simulate(ir, cost).map_err(simulation_failed)?;
+        let mut peaks = vec![0u64; ir.spec.parallel.pp as usize];
+        for (group, memory) in result.memory.iter().enumerate() {
+            let device = result.layout.stage_of(sim::GroupId(group as u32)) as usize;
+            peaks[device] = peaks[device].max(memory.peak_bytes);
+        }
+        Ok(peaks)
+    }
 
     /// llama-7b on a 40 GiB H100 at tp=2, pp=4: eight 16K-token samples in 1F1B, where stage
     /// 0 holds four forwards and the last stage one — so the uniform mode that fits stage 0

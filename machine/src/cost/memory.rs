@@ -489,7 +489,12 @@ impl MemoryModel {
     }
 
     fn per_device(&self, bytes_times_tp: u64) -> u64 {
-        bytes_times_tp.div_ceil(self.tp)
+        // The simulator sums this per slice, per stage: a shift where TP is a power of two
+        // (the usual case) instead of a division.
+        match self.tp.is_power_of_two() {
+            true => (bytes_times_tp + (self.tp - 1)) >> self.tp.trailing_zeros(),
+            false => bytes_times_tp.div_ceil(self.tp),
+        }
     }
 }
 

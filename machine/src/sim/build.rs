@@ -32,10 +32,11 @@
 use std::ops::Range;
 
 use crate::cost::{exposed_tp_comm, CostModel, Flops, OpKind, PackTime, PackWork};
+use slimpack_ir::spec::Recompute;
 use slimpack_ir::step::{Direction, Part, SliceId, StepIr};
 
 use super::layout::{GroupId, Layout};
-use super::memory::MemoryEffect;
+use super::memory::{GroupMemory, MemoryEffect};
 use super::result::PackInfo;
 use super::task::{ComputeParts, PackIndex, Task, TaskGraph, TaskGraphBuilder, TaskId, TaskKind};
 use crate::error::MachineError;
@@ -66,15 +67,28 @@ pub(super) struct Built {
 
 /// One slice as the builder needs it.
 struct SliceInfo {
-    len: u64,
+    /// The tokens of it each device of its pack's CP group holds (`len / split`, rounded up).
+    share: u64,
     /// The last slice of its sample: its backward is the sample's first and allocates the
-    /// dK/dV accumulators of `earlier` (positions in `Builder::earlier_lens`).
+    /// dK/dV accumulators of `earlier` (positions in `Builder::earlier_shares`).
     last: bool,
     earlier: Range<u32>,
     /// The slice's IR node index.
     node: usize,
     /// The pad tokens of a padded pack, not a slice of the batch.
     padding: bool,
+}
+
+/// One entry of a device's schedule ([`Builder::walk_schedules`]).
+#[derive(Debug, Clone, Copy)]
+struct Scheduled {
+    /// The pipeline device whose schedule lists it.
+    device: u32,
+    /// The first entry of the device's schedule.
+    first: bool,
+    pack: PackIndex,
+    stage: u32,
+    part: Part,
 }
 
 /// What a pack's part does on a stage that depends on the stage through its ends only.
@@ -121,6 +135,75 @@ impl SaturatedRates {
 
 /// Builds the task graph of `ir` (which must be scheduled) under `cost`.
 pub(super) fn build(ir: &StepIr, cost: &CostModel, layout: Layout) -> Result<Built, MachineError> {
+    check_stages(ir, layout)?;
+    let mut builder = Builder::new(ir, cost, layout)?;
+    builder.collect_packs(true);
+    builder.compute_tasks()?;
+    builder.pipeline_sends();
+    builder.last_stage_edges();
+    builder.dp_sync();
+    Ok(builder.finish())
+}
+
+/// The peak memory of each pipeline device of a step (its highest device group) under
+/// recomputation modes given per pipeline device, stacked from the schedules without timing
+/// the step (see [`Builder::untimed_device_peaks`]): the step's packs are gathered once, for
+/// every set of modes asked about.
+pub(super) struct UntimedPeaks<'a> {
+    builder: Builder<'a>,
+    /// The machine under each mode asked about so far.
+    models: Vec<(Recompute, CostModel)>,
+}
+
+impl<'a> UntimedPeaks<'a> {
+    /// `None` where the peaks depend on timing (a device group runs two replicas).
+    pub fn new(
+        ir: &'a StepIr,
+        cost: &'a CostModel,
+        layout: Layout,
+    ) -> Result<Option<UntimedPeaks<'a>>, MachineError> {
+        check_stages(ir, layout)?;
+        let mut builder = Builder::new(ir, cost, layout)?;
+        let mut replica_of_rank = vec![NONE; layout.dp as usize];
+        for (replica, ranks) in builder.replicas.iter().enumerate() {
+            for &rank in ranks {
+                if replica_of_rank[rank as usize] != NONE {
+                    return Ok(None);
+                }
+                replica_of_rank[rank as usize] = replica as u32;
+            }
+        }
+        builder.collect_packs(false);
+        Ok(Some(UntimedPeaks {
+            builder,
+            models: Vec::new(),
+        }))
+    }
+
+    /// The peaks with pipeline device `d` running `modes[d]` on every stage it holds.
+    pub fn device_peaks(&mut self, modes: &[Recompute]) -> Result<Vec<u64>, MachineError> {
+        let builder = &mut self.builder;
+        let model_mode = builder.ir.spec.model.recompute;
+        let pp = builder.layout.pp;
+        builder.stage_costs = (0..builder.stages)
+            .map(|stage| {
+                let mode = modes[(stage % pp) as usize];
+                (mode != model_mode).then(|| match self.models.iter().find(|(m, _)| *m == mode) {
+                    Some((_, model)) => model.clone(),
+                    None => {
+                        let model = builder.cost.with_recompute(mode);
+                        self.models.push((mode, model.clone()));
+                        model
+                    }
+                })
+            })
+            .collect();
+        builder.untimed_device_peaks()
+    }
+}
+
+/// The IR's stages are those of the layout.
+fn check_stages(ir: &StepIr, layout: Layout) -> Result<(), MachineError> {
     let stages = ir.spec.parallel.stages();
     if ir.stages().len() != stages as usize || ir.spec.parallel.pp != layout.pp {
         return Err(MachineError::Stages {
@@ -128,13 +211,7 @@ pub(super) fn build(ir: &StepIr, cost: &CostModel, layout: Layout) -> Result<Bui
             pp: stages,
         });
     }
-    let mut builder = Builder::new(ir, cost, layout)?;
-    builder.collect_packs();
-    builder.compute_tasks()?;
-    builder.pipeline_sends();
-    builder.last_stage_edges();
-    builder.dp_sync();
-    Ok(builder.finish())
+    Ok(())
 }
 
 /// Per stage of `ir`, `cost` under the stage's own recomputation where it differs from the
@@ -175,7 +252,7 @@ struct Builder<'a> {
     slices: Vec<SliceInfo>,
     /// `(len, prefix)` of each slice, the shape the cost model takes.
     pairs: Vec<(u64, u64)>,
-    earlier_lens: Vec<u64>,
+    earlier_shares: Vec<u64>,
     /// Pack index by IR node index.
     pack_of_node: Vec<u32>,
     /// Forward pack index by slice node index.
@@ -234,7 +311,7 @@ impl<'a> Builder<'a> {
             pack_slices: Vec::new(),
             slices: Vec::new(),
             pairs: Vec::new(),
-            earlier_lens: Vec::new(),
+            earlier_shares: Vec::new(),
             pack_of_node: vec![NONE; node_bound],
             forward_of_node: vec![NONE; node_bound],
             stages: ir.spec.parallel.stages(),
@@ -248,11 +325,13 @@ impl<'a> Builder<'a> {
     }
 
     /// Numbers the packs as the IR's text form does (per replica, forward then backward) and
-    /// gathers their slices.
-    fn collect_packs(&mut self) {
+    /// gathers their slices; with `timed`, also what their durations and the step's FLOPs
+    /// need.
+    fn collect_packs(&mut self, timed: bool) {
         let ir = self.ir;
         let mut numbers = [0u32; 2];
         for (replica, &replica_id) in ir.replicas().iter().enumerate() {
+            let split = self.split(replica as u32);
             for (slot, direction) in [Direction::Forward, Direction::Backward]
                 .into_iter()
                 .enumerate()
@@ -268,17 +347,18 @@ impl<'a> Builder<'a> {
                         tokens += len;
                         let last = ir.next_slice(slice_id).is_none();
                         let first_backward = direction == Direction::Backward && last;
-                        let earlier = self.earlier_slices(slice_id, first_backward && prefix > 0);
+                        let earlier =
+                            self.earlier_slices(slice_id, first_backward && prefix > 0, split);
                         let node = slice_id.node().index();
                         self.slices.push(SliceInfo {
-                            len,
+                            share: len.div_ceil(split),
                             last,
                             earlier,
                             node,
                             padding: false,
                         });
                         self.pairs.push((len, prefix));
-                        if direction == Direction::Forward {
+                        if direction == Direction::Forward && timed {
                             self.forward_of_node[node] = index;
                             self.model_flops += self.cost.model_flops(len, prefix);
                             self.tokens += len;
@@ -290,7 +370,7 @@ impl<'a> Builder<'a> {
                     if let Some(padded) = ir.padding(pack).map(u64::from).filter(|&p| p > tokens) {
                         let node = self.slices.last().map_or(0, |s| s.node);
                         self.slices.push(SliceInfo {
-                            len: padded - tokens,
+                            share: (padded - tokens).div_ceil(split),
                             last: true,
                             earlier: 0..0,
                             node,
@@ -300,10 +380,12 @@ impl<'a> Builder<'a> {
                         tokens = padded;
                     }
                     self.pack_slices.push(first..self.slices.len() as u32);
-                    let merged = self.replicas[replica].len() as u32;
-                    let pairs = &self.pairs[first as usize..];
-                    self.works
-                        .push(self.cost.pack_work(pairs, direction, merged));
+                    if timed {
+                        let merged = self.replicas[replica].len() as u32;
+                        let pairs = &self.pairs[first as usize..];
+                        self.works
+                            .push(self.cost.pack_work(pairs, direction, merged));
+                    }
                     self.packs.push(PackInfo {
                         direction,
                         number: numbers[slot],
@@ -317,30 +399,26 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// Records the lengths of the slices before `slice` in its sample when `wanted`.
-    fn earlier_slices(&mut self, slice: SliceId, wanted: bool) -> Range<u32> {
-        let start = self.earlier_lens.len() as u32;
+    /// Records the shares (tokens per device of a CP group of `split`) of the slices before
+    /// `slice` in its sample when `wanted`.
+    fn earlier_slices(&mut self, slice: SliceId, wanted: bool, split: u64) -> Range<u32> {
+        let start = self.earlier_shares.len() as u32;
         if wanted {
             let ir = self.ir;
             for earlier in ir.slices_of(ir.sample_of(slice)) {
                 if earlier == slice {
                     break;
                 }
-                self.earlier_lens.push(u64::from(ir.slice(earlier).len));
+                self.earlier_shares
+                    .push(u64::from(ir.slice(earlier).len).div_ceil(split));
             }
         }
-        start..self.earlier_lens.len() as u32
+        start..self.earlier_shares.len() as u32
     }
 
-    /// One compute task per (pack, pipeline stage) — two for a split backward — chained in
-    /// each device's schedule.
-    fn compute_tasks(&mut self) -> Result<(), MachineError> {
-        let stages = self.stages as usize;
-        let pp = self.layout.pp;
-        self.tasks = TaskGraphBuilder::with_capacity(self.packs.len() * stages * 2 + 3 * stages);
-        let unset = TaskId(u32::MAX);
-        self.compute = vec![unset; self.packs.len() * stages];
-        self.weight_grads = vec![unset; self.packs.len() * stages];
+    /// Sizes the per-(pack, stage ends, mode, part) table of [`StageShare`]s from the stages'
+    /// recomputation modes.
+    fn prepare_stage_shares(&mut self) {
         let mut distinct = vec![self.ir.spec.model.recompute];
         self.stage_modes = (0..self.stages)
             .map(|stage| {
@@ -353,7 +431,20 @@ impl<'a> Builder<'a> {
             .collect();
         self.modes = distinct.len();
         self.stage_shares = vec![None; self.packs.len() * 4 * self.modes * 3];
+    }
+
+    /// Walks every device's schedule (`StepIr::device_schedule`), replica by replica, calling
+    /// `visit` on each entry in order after checking what the simulator relies on: each entry
+    /// is a pack of the replica on a stage of the device, each pack is listed once per model
+    /// chunk, and a weight gradient follows the backward it belongs to, once.
+    fn walk_schedules(
+        &mut self,
+        mut visit: impl FnMut(&mut Self, Scheduled),
+    ) -> Result<(), MachineError> {
+        let stages = self.stages as usize;
+        let pp = self.layout.pp;
         let mut seen = vec![NONE; self.packs.len() * stages];
+        let mut weight_seen = vec![false; self.packs.len() * stages];
         let mut pack_count = vec![0usize; self.replicas.len()];
         for pack in &self.packs {
             pack_count[pack.replica as usize] += 1;
@@ -368,9 +459,8 @@ impl<'a> Builder<'a> {
             for device in 0..pp {
                 let order = ir.device_schedule(replica_id, device);
                 let stamp = (replica * pp as usize + device as usize) as u32;
-                let mut previous: Option<TaskId> = None;
                 let mut listed = 0;
-                for &(op, stage) in &order {
+                for (position, &(op, stage)) in order.iter().enumerate() {
                     let pack = self.pack_of_node[op.pack.node().index()];
                     let schedule_error = |message: &str| MachineError::Schedule {
                         replica,
@@ -385,29 +475,31 @@ impl<'a> Builder<'a> {
                         return Err(schedule_error("lists a pack of another replica"));
                     }
                     let slot = pack as usize * stages + stage as usize;
-                    let task = if op.part == Part::WeightGrad {
-                        let input = self.compute[slot];
+                    if op.part == Part::WeightGrad {
                         let backward = self.packs[pack as usize].direction == Direction::Backward;
-                        if !backward || seen[slot] != stamp || self.weight_grads[slot] != unset {
+                        if !backward || seen[slot] != stamp || weight_seen[slot] {
                             return Err(schedule_error(
                                 "runs a weight gradient that is not of a backward it ran before, or twice",
                             ));
                         }
-                        let task = self.compute_task(PackIndex(pack), stage, op.part);
-                        self.tasks.add_edge(input, task);
-                        task
+                        weight_seen[slot] = true;
                     } else {
                         if seen[slot] == stamp {
                             return Err(schedule_error("lists a pack twice"));
                         }
                         seen[slot] = stamp;
                         listed += 1;
-                        self.compute_task(PackIndex(pack), stage, op.part)
-                    };
-                    if let Some(previous) = previous {
-                        self.tasks.add_edge(previous, task);
                     }
-                    previous = Some(task);
+                    visit(
+                        self,
+                        Scheduled {
+                            device,
+                            first: position == 0,
+                            pack: PackIndex(pack),
+                            stage,
+                            part: op.part,
+                        },
+                    );
                 }
                 if listed != expected {
                     return Err(MachineError::Schedule {
@@ -421,6 +513,50 @@ impl<'a> Builder<'a> {
             }
         }
         Ok(())
+    }
+
+    /// One compute task per (pack, pipeline stage) — two for a split backward — chained in
+    /// each device's schedule.
+    fn compute_tasks(&mut self) -> Result<(), MachineError> {
+        let stages = self.stages as usize;
+        self.tasks = TaskGraphBuilder::with_capacity(self.packs.len() * stages * 2 + 3 * stages);
+        let unset = TaskId(u32::MAX);
+        self.compute = vec![unset; self.packs.len() * stages];
+        self.weight_grads = vec![unset; self.packs.len() * stages];
+        self.prepare_stage_shares();
+        let mut previous = unset;
+        self.walk_schedules(|builder, entry| {
+            let task = builder.compute_task(entry.pack, entry.stage, entry.part);
+            if entry.part == Part::WeightGrad {
+                let slot = entry.pack.0 as usize * stages + entry.stage as usize;
+                builder.tasks.add_edge(builder.compute[slot], task);
+            }
+            if !entry.first {
+                builder.tasks.add_edge(previous, task);
+            }
+            previous = task;
+        })
+    }
+
+    /// The peak memory of each pipeline device's groups, stacked from its schedule without
+    /// timing the step: exact where no device group runs two replicas (no rank in two
+    /// replicas, which [`UntimedPeaks::new`] checks), since a group's compute stream then runs
+    /// exactly its device's schedule, in order, and only pack compute tasks change memory.
+    fn untimed_device_peaks(&mut self) -> Result<Vec<u64>, MachineError> {
+        let memory = self.cost.memory();
+        let baseline = |device: u32| memory.model_state_bytes(device) + memory.workspace_bytes();
+        let mut peaks: Vec<u64> = (0..self.layout.pp).map(baseline).collect();
+        let mut timeline = GroupMemory::new(0);
+        self.walk_schedules(|builder, entry| {
+            if entry.first {
+                timeline = GroupMemory::new(baseline(entry.device));
+            }
+            // Each (pack, stage, part) comes once: nothing to share between stages here.
+            timeline.stack(&builder.memory_effect(entry.pack, entry.stage, entry.part));
+            let peak = &mut peaks[entry.device as usize];
+            *peak = (*peak).max(timeline.peak_bytes);
+        })?;
+        Ok(peaks)
     }
 
     /// The task running `part` of `pack` on `stage`; the compute table keeps a whole op or an
@@ -547,13 +683,11 @@ impl<'a> Builder<'a> {
     fn memory_effect(&self, pack: PackIndex, stage: u32, part: Part) -> MemoryEffect {
         let info = &self.packs[pack.0 as usize];
         let memory = self.stage_cost(stage).memory();
-        let split = self.split(info.replica);
-        let share = |len: u64| len.div_ceil(split);
         let deferred = || {
             let range = self.pack_slices[pack.0 as usize].clone();
             self.slices[range.start as usize..range.end as usize]
                 .iter()
-                .map(|slice| memory.weight_grad_bytes(share(slice.len), stage))
+                .map(|slice| memory.weight_grad_bytes(slice.share, stage))
                 .sum::<u64>()
         };
         match part {
@@ -575,9 +709,8 @@ impl<'a> Builder<'a> {
                 }
             }
         }
-        let kept = |len: u64| {
-            memory.activation_bytes(share(len), stage) + memory.kv_bytes(share(len), stage)
-        };
+        let kept =
+            |share: u64| memory.activation_bytes(share, stage) + memory.kv_bytes(share, stage);
         let range = self.pack_slices[pack.0 as usize].clone();
         let slices = &self.slices[range.start as usize..range.end as usize];
         let pairs = &self.pairs[range.start as usize..range.end as usize];
@@ -586,26 +719,30 @@ impl<'a> Builder<'a> {
             .map(|&(len, prefix)| len + prefix)
             .max()
             .unwrap_or(0);
-        let temporary =
-            memory.pack_temporary_bytes(share(info.tokens), keys, stage, info.direction);
+        let temporary = memory.pack_temporary_bytes(
+            info.tokens.div_ceil(self.split(info.replica)),
+            keys,
+            stage,
+            info.direction,
+        );
         let mut effect = MemoryEffect {
             temporary,
             ..MemoryEffect::default()
         };
         for slice in slices {
             match info.direction {
-                Direction::Forward => effect.allocated += kept(slice.len),
+                Direction::Forward => effect.allocated += kept(slice.share),
                 Direction::Backward => {
-                    effect.freed += kept(slice.len);
+                    effect.freed += kept(slice.share);
                     if slice.last {
-                        effect.temporary += memory.own_kv_grad_bytes(share(slice.len), stage);
-                        let earlier = &self.earlier_lens
+                        effect.temporary += memory.own_kv_grad_bytes(slice.share, stage);
+                        let earlier = &self.earlier_shares
                             [slice.earlier.start as usize..slice.earlier.end as usize];
-                        for &len in earlier {
-                            effect.allocated += memory.kv_grad_bytes(share(len), stage);
+                        for &share in earlier {
+                            effect.allocated += memory.kv_grad_bytes(share, stage);
                         }
                     } else {
-                        effect.freed += memory.kv_grad_bytes(share(slice.len), stage);
+                        effect.freed += memory.kv_grad_bytes(slice.share, stage);
                     }
                 }
             }

@@ -65,6 +65,20 @@ impl GroupMemory {
 
     /// Applies a task that runs from `start_s` to `end_s`; tasks must come in start order.
     pub fn apply(&mut self, effect: &MemoryEffect, start_s: f64, end_s: f64) {
+        let during = self.stack(effect);
+        self.timeline.push(MemoryPoint {
+            time_s: start_s,
+            bytes: during,
+        });
+        self.timeline.push(MemoryPoint {
+            time_s: end_s,
+            bytes: self.final_bytes,
+        });
+    }
+
+    /// Stacks a task's effect on the peak and final bytes without recording when (tasks in
+    /// start order); returns the bytes held while it runs.
+    pub fn stack(&mut self, effect: &MemoryEffect) -> u64 {
         let held = self.final_bytes + effect.allocated;
         let during = held + effect.temporary;
         self.peak_bytes = self.peak_bytes.max(during);
@@ -74,14 +88,7 @@ impl GroupMemory {
                 effect.freed
             )
         });
-        self.timeline.push(MemoryPoint {
-            time_s: start_s,
-            bytes: during,
-        });
-        self.timeline.push(MemoryPoint {
-            time_s: end_s,
-            bytes: self.final_bytes,
-        });
+        during
     }
 }
 

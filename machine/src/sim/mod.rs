@@ -36,6 +36,7 @@ pub use task::{ComputeParts, PackIndex, Stream, Task, TaskGraph, TaskId, TaskKin
 
 use crate::cost::CostModel;
 use crate::error::MachineError;
+use slimpack_ir::spec::Recompute;
 use slimpack_ir::step::{Phase, StepIr};
 
 /// Simulates one training step of `ir` (phase `scheduled` or later) on the machine `model`
@@ -57,22 +58,60 @@ pub fn simulate(ir: &StepIr, model: &CostModel) -> Result<SimResult, MachineErro
     })
 }
 
-/// The memory timeline of each device group of [`simulate`]'s step, without its metrics
-/// (what a search over memory needs from a simulation), with the layout that places the
-/// groups.
-pub fn memory_timelines(
-    ir: &StepIr,
-    model: &CostModel,
-) -> Result<(Layout, Vec<GroupMemory>), MachineError> {
-    let (layout, _, execution) = run(ir, model)?;
-    Ok((layout, execution.memory))
+/// The peak memory of each pipeline device of [`simulate`]'s step (its highest device group)
+/// under recomputation modes given per pipeline device: what a search over memory needs from
+/// a simulation, asked about several sets of modes. Where no device group runs two replicas,
+/// the peaks are stacked from the schedules without timing the step (the same bytes: a
+/// group's compute stream runs its device's schedule in order), the packs gathered once;
+/// otherwise each set of modes is simulated on a copy of the step.
+pub struct PeakProbe<'a> {
+    model: &'a CostModel,
+    how: Probe<'a>,
 }
 
-/// Builds and runs the task graph of `ir`.
-fn run(
-    ir: &StepIr,
-    model: &CostModel,
-) -> Result<(Layout, build::Built, engine::Execution), MachineError> {
+enum Probe<'a> {
+    Untimed(build::UntimedPeaks<'a>),
+    Simulated(Box<StepIr>),
+}
+
+impl<'a> PeakProbe<'a> {
+    /// A probe of `ir` (phase `scheduled` or later) on `model` (built for `ir.spec`).
+    pub fn new(ir: &'a StepIr, model: &'a CostModel) -> Result<PeakProbe<'a>, MachineError> {
+        check(ir, model)?;
+        let layout = Layout::new(&ir.spec.parallel);
+        let how = match build::UntimedPeaks::new(ir, model, layout)? {
+            Some(untimed) => Probe::Untimed(untimed),
+            None => Probe::Simulated(Box::new(ir.clone())),
+        };
+        Ok(PeakProbe { model, how })
+    }
+
+    /// The peaks with pipeline device `d` running `modes[d]` on every stage it holds
+    /// (`modes` has one entry per pipeline device).
+    pub fn device_peaks(&mut self, modes: &[Recompute]) -> Result<Vec<u64>, MachineError> {
+        match &mut self.how {
+            Probe::Untimed(untimed) => untimed.device_peaks(modes),
+            Probe::Simulated(ir) => {
+                let parallel = ir.spec.parallel;
+                for (device, &mode) in modes.iter().enumerate() {
+                    for stage in parallel.stages_on(device as u32) {
+                        ir.set_stage_recompute(stage, Some(mode));
+                    }
+                }
+                let (layout, _, execution) = run(ir, self.model)?;
+                let mut peaks = vec![0u64; layout.pp as usize];
+                for (group, memory) in execution.memory.iter().enumerate() {
+                    let device = layout.stage_of(GroupId(group as u32)) as usize;
+                    peaks[device] = peaks[device].max(memory.peak_bytes);
+                }
+                Ok(peaks)
+            }
+        }
+    }
+}
+
+/// What a simulation needs of `ir` and `model`: a scheduled step, and the machine of its spec.
+fn check(ir: &StepIr, model: &CostModel) -> Result<(), MachineError> {
     if ir.phase() < Phase::Scheduled {
         return Err(MachineError::NotScheduled { phase: ir.phase() });
     }
@@ -82,6 +121,15 @@ fn run(
             ir: describe(&ir.spec),
         });
     }
+    Ok(())
+}
+
+/// Builds and runs the task graph of `ir`.
+fn run(
+    ir: &StepIr,
+    model: &CostModel,
+) -> Result<(Layout, build::Built, engine::Execution), MachineError> {
+    check(ir, model)?;
     let layout = Layout::new(&ir.spec.parallel);
     let built = build::build(ir, model, layout)?;
     let execution = engine::execute(&built.graph, &built.baselines).map_err(|stuck| {

@@ -7,8 +7,10 @@ use slimpack_ir::batch::Sample;
 use slimpack_ir::step::{BatchInfo, Direction, Pack, Phase, SliceId, StepIr};
 
 use super::super::fixture::{defer_weight_grads, one_f_one_b, schedule_gpipe, ReplicaPlan};
-use super::super::{SimResult, Stream};
+use super::super::{PeakProbe, SimResult, Stream};
 use super::{checked_run, spec};
+use crate::cost::CostModel;
+use slimpack_ir::spec::Recompute;
 
 /// A layout and a batch: per DP rank its packs of sample lengths, and maybe a merged group.
 #[derive(Debug, Clone)]
@@ -242,5 +244,55 @@ proptest! {
         }
         let (_, _, result) = checked_run(ir);
         check(&result)?;
+    }
+
+    /// The peak probe (what `assign-recompute` searches with) gives each pipeline device the
+    /// peak a full simulation of the step gives it, under any per-device recomputation modes:
+    /// stacked without timing where no device group runs two replicas, simulated where one
+    /// does (a DP-Merge group beside its ranks' own replicas).
+    #[test]
+    fn the_peak_probe_gives_the_simulated_device_peaks(
+        case in case(),
+        cuts in 0u32..4,
+        width in 1usize..4,
+        sliced: bool,
+        split: bool,
+        levels in prop::collection::vec(0u32..=8, 4),
+    ) {
+        let mut ir = match sliced {
+            true => sliced_step(&case, cuts, width),
+            false => whole_sample_step(&case),
+        };
+        if split {
+            for replica in ir.replicas().to_vec() {
+                defer_weight_grads(&mut ir, replica);
+            }
+        }
+        let top = ir.spec.layers_per_chunk();
+        let mode = |level: u32| match level {
+            0 => Recompute::None,
+            level if level >= top => Recompute::Full,
+            level => Recompute::Block(level),
+        };
+        let modes: Vec<Recompute> = (0..case.pp as usize).map(|d| mode(levels[d])).collect();
+        let cost = CostModel::new(&ir.spec);
+        let probed = {
+            let mut probe = PeakProbe::new(&ir, &cost).unwrap();
+            // A first set of modes, then the one compared: the probe is reused.
+            probe.device_peaks(&vec![Recompute::Full; modes.len()]).unwrap();
+            probe.device_peaks(&modes).unwrap()
+        };
+        for (device, &mode) in modes.iter().enumerate() {
+            for stage in ir.spec.parallel.stages_on(device as u32) {
+                ir.set_stage_recompute(stage, Some(mode));
+            }
+        }
+        let (_, _, result) = checked_run(ir);
+        let mut simulated = vec![0u64; case.pp as usize];
+        for (group, memory) in result.memory.iter().enumerate() {
+            let device = result.layout.stage_of(super::super::GroupId(group as u32)) as usize;
+            simulated[device] = simulated[device].max(memory.peak_bytes);
+        }
+        prop_assert_eq!(probed, simulated);
     }
 }
