@@ -225,6 +225,10 @@ pub struct CompileArgs {
     /// skipped (the first always runs; the choice then depends on the machine's speed).
     #[arg(long, value_name = "MS")]
     tune_budget_ms: Option<u64>,
+    /// Verify every candidate of a strategy's tuning, not only the chosen step (for testing the
+    /// passes: a broken candidate fails the compile though it would not have been chosen).
+    #[arg(long, conflicts_with = "no_verify")]
+    verify_candidates: bool,
     /// Compile and simulate every candidate of a strategy; by default a candidate whose lower
     /// bound on the step time (from the machine model) is above the best fitting step found
     /// is skipped, which chooses the same candidate.
@@ -352,7 +356,11 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             let batch = autotune::admit(info, &mut state, &job.spec, &batch);
             delayed = state.wlb.as_ref().map(|wlb| wlb.delay.backlog());
             let tune = autotune::TuneOptions {
-                verify: manager.verify,
+                verify: match (manager.verify, args.verify_candidates) {
+                    (false, _) => autotune::Verify::Off,
+                    (true, false) => autotune::Verify::Chosen,
+                    (true, true) => autotune::Verify::Candidates,
+                },
                 budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
                 prune: !args.no_prune,
             };

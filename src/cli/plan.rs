@@ -13,7 +13,7 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use slimpack::plan::{plan_epoch, PlanOptions, PlannedStep};
-use slimpack::tune::autotune::TuneOptions;
+use slimpack::tune::autotune::{TuneOptions, Verify};
 use slimpack::tune::strategy;
 use slimpack_codegen::schedule_json;
 use slimpack_ir::text;
@@ -53,9 +53,13 @@ pub struct PlanArgs {
     /// Summary format: text (stderr) or json (one object on stdout).
     #[arg(long, value_enum, default_value = "text")]
     report: ReportFormat,
-    /// Do not run the verifier after each pass.
+    /// Do not run the verifier (by default it checks each planned step).
     #[arg(long)]
     no_verify: bool,
+    /// Verify every candidate of the tunings, not only the chosen steps (see `compile
+    /// --verify-candidates`).
+    #[arg(long, conflicts_with = "no_verify")]
+    verify_candidates: bool,
     /// Wall-clock budget of the tuning on the first step (see `compile --tune-budget-ms`).
     #[arg(long, value_name = "MS")]
     tune_budget_ms: Option<u64>,
@@ -159,7 +163,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         strategy: info,
         choices: &choices,
         tune: TuneOptions {
-            verify: !args.no_verify,
+            verify: match (args.no_verify, args.verify_candidates) {
+                (true, _) => Verify::Off,
+                (false, false) => Verify::Chosen,
+                (false, true) => Verify::Candidates,
+            },
             budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
             prune: !args.no_prune,
         },

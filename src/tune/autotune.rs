@@ -23,8 +23,9 @@
 //! Each candidate is compiled and simulated by [`super::evaluate`] (its variants as a prefix
 //! tree; candidates that differ only from `schedule-pipeline` on compiled together).
 //!
-//! [`TuneOptions`] carry what the command line asks of the tuning: whether the candidates'
-//! passes are verified (`--no-verify` reaches here), whether candidates are pruned by their
+//! [`TuneOptions`] carry what the command line asks of the tuning: what is verified
+//! ([`Verify`]: the chosen step by default, every candidate's with `--verify-candidates`,
+//! nothing with `--no-verify`; the step handed on is checked either way), whether candidates are pruned by their
 //! bounds, and an optional wall-clock budget (`--tune-budget-ms`): once it is spent, candidates
 //! not yet started are skipped (the first one started always runs). A budget makes the choice
 //! depend on the machine's speed; without one the choice is deterministic.
@@ -69,11 +70,26 @@ pub enum TuneError {
     NoCandidate { strategy: &'static str },
 }
 
+/// What the tuning verifies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verify {
+    /// Nothing (`--no-verify`).
+    Off,
+    /// The chosen step, the one handed on (the default): a broken one is compiled again
+    /// verifying every pass, so that the error names the pass that broke it. Candidates not
+    /// chosen are discarded unverified.
+    Chosen,
+    /// Every candidate's step (`--verify-candidates`): a broken candidate fails the tuning
+    /// though it would not have been chosen — for testing the passes, at the verifier's cost
+    /// on every candidate.
+    Candidates,
+}
+
 /// What the caller asks of a tuning (see the module documentation).
 #[derive(Debug, Clone)]
 pub struct TuneOptions {
-    /// Verify every candidate's IR after each pass (the pass manager's default).
-    pub verify: bool,
+    /// What the verifier checks.
+    pub verify: Verify,
     /// Stop starting candidates once this much wall time has passed.
     pub budget: Option<Duration>,
     /// Skip candidates whose lower bound is above the best fitting step found (see the module
@@ -84,7 +100,7 @@ pub struct TuneOptions {
 impl Default for TuneOptions {
     fn default() -> Self {
         TuneOptions {
-            verify: true,
+            verify: Verify::Chosen,
             budget: None,
             prune: true,
         }
@@ -400,6 +416,25 @@ fn choose_seeded(
     else {
         return Ok(None);
     };
+    if tune.verify == Verify::Chosen {
+        if let Err(source) = slimpack_ir::verify::verify(&compiled.ir) {
+            // Compiled again verifying every pass, the error names the pass that broke it.
+            let every_pass = TuneOptions {
+                verify: Verify::Candidates,
+                ..tune.clone()
+            };
+            let candidate = &candidates[chosen_index];
+            evaluate_with(strategy, spec, batch, candidate, limit, &every_pass)?;
+            return Err(TuneError::Compile {
+                strategy: strategy.name,
+                candidate: candidate.label.clone(),
+                source: Box::new(PassError::Invalid {
+                    after: None,
+                    source,
+                }),
+            });
+        }
+    }
     let chosen = evaluated
         .iter()
         .position(|&index| index == chosen_index)
@@ -624,9 +659,11 @@ mod tests {
                     let info = strategy::lookup(name).unwrap();
                     let state = StrategyState::default();
                     let choices = Choices::all();
+                    // Every candidate verified: the passes' output on all of them is checked.
                     let run = |prune| {
                         let tune = TuneOptions {
                             prune,
+                            verify: Verify::Candidates,
                             ..TuneOptions::default()
                         };
                         choose_with(info, &spec, &batch, &state, &choices, &tune).unwrap()
@@ -742,9 +779,10 @@ mod tests {
     }
 
     /// A broken step is caught though the tuner verifies only the steps its pipelines finish
-    /// with: a sample longer than the context (which only the verifier rejects) fails every
-    /// candidate, alone or compiled together, with the verifier's error on the input (the
-    /// re-run that verifies every pass names where the step first broke).
+    /// with (every candidate's, or only the chosen one's): a sample longer than the context
+    /// (which only the verifier rejects) fails every candidate, alone or compiled together,
+    /// and the tuning, with the verifier's error on the input (the re-run that verifies every
+    /// pass names where the step first broke).
     #[test]
     fn a_broken_step_is_caught_and_named() {
         let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
@@ -753,7 +791,10 @@ mod tests {
         let choices = Choices::all();
         let limit = choices.memory_limit_for(&spec);
         let candidates = (info.candidates)(&spec, &batch, &StrategyState::default(), &choices);
-        let tune = TuneOptions::default();
+        let tune = TuneOptions {
+            verify: Verify::Candidates,
+            ..TuneOptions::default()
+        };
         let group = compiled_together(&candidates)
             .into_iter()
             .find(|group| group.len() > 1)
@@ -763,7 +804,21 @@ mod tests {
             .iter()
             .map(|candidate| evaluate_with(info, &spec, &batch, candidate, limit, &tune));
         let together = evaluate_together(info, &spec, &batch, &members, limit, &tune);
-        for outcome in alone.chain(together) {
+        // The tuning, verifying only the chosen step, names it too (the method's own
+        // candidates: the peers' plans, which do not slice, fail on the sample before any
+        // verifier looks).
+        let own = strategy::lookup("slimpack-no-eqsat").unwrap();
+        let state = StrategyState::default();
+        let tuned = choose_with(
+            own,
+            &spec,
+            &batch,
+            &state,
+            &choices,
+            &TuneOptions::default(),
+        )
+        .map(|choice| (choice.best().clone(), choice.compiled));
+        for outcome in alone.chain(together).chain([tuned]) {
             let Err(TuneError::Compile { source, .. }) = outcome else {
                 panic!(
                     "a step past the context is not caught: {:?}",
@@ -778,7 +833,7 @@ mod tests {
         }
         // Without the verifier the tuner does not look.
         let unverified = TuneOptions {
-            verify: false,
+            verify: Verify::Off,
             ..TuneOptions::default()
         };
         assert!(evaluate_with(info, &spec, &batch, members[0], limit, &unverified).is_ok());

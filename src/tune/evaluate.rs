@@ -22,7 +22,7 @@ use slimpack_passes::{
     PipelineEntry,
 };
 
-use super::autotune::{candidate_spec, preferred, Evaluation, TuneError, TuneOptions};
+use super::autotune::{candidate_spec, preferred, Evaluation, TuneError, TuneOptions, Verify};
 use super::strategy::{Candidate, StrategyInfo};
 use crate::compile::{compile_entries, Compiled};
 
@@ -47,8 +47,8 @@ pub fn evaluate(
     )
 }
 
-/// [`evaluate`] with the caller's options (verification). The verifier checks each pipeline's
-/// result; when one is broken, the candidate is compiled again verifying every pass, so that
+/// [`evaluate`] with the caller's options (verification: with [`Verify::Candidates`] the
+/// verifier checks each pipeline's result, otherwise the candidate is not verified here); when one is broken, the candidate is compiled again verifying every pass, so that
 /// the error names the pass that broke it.
 pub fn evaluate_with(
     strategy: &StrategyInfo,
@@ -71,7 +71,7 @@ pub fn evaluate_with(
         )
         .map(|mut evaluated| evaluated.remove(0))
     };
-    match evaluate(tune.verify, true) {
+    match evaluate(tune.verify == Verify::Candidates, true) {
         Err(TuneError::Compile { source, .. }) if matches!(*source, PassError::Invalid { .. }) => {
             evaluate(true, false)
         }
@@ -94,9 +94,15 @@ pub fn evaluate_together(
     tune: &TuneOptions,
 ) -> Vec<Result<(Evaluation, Compiled), TuneError>> {
     if members.len() > 1 {
-        if let Ok(evaluated) =
-            evaluate_verifying(strategy, spec, batch, members, limit, tune.verify, true)
-        {
+        if let Ok(evaluated) = evaluate_verifying(
+            strategy,
+            spec,
+            batch,
+            members,
+            limit,
+            tune.verify == Verify::Candidates,
+            true,
+        ) {
             return evaluated.into_iter().map(Ok).collect();
         }
     }
