@@ -29,6 +29,9 @@ pub enum MachineError {
     /// The IR has not been scheduled yet.
     #[error("the simulator needs a scheduled step IR, got phase '{phase}' (run the passes through schedule-pipeline first)")]
     NotScheduled { phase: Phase },
+    /// The IR has not been packed yet (what a bound on its schedules needs).
+    #[error("a bound on the step needs a packed step IR, got phase '{phase}'")]
+    NotPacked { phase: Phase },
     /// The cost model was built for another spec than the IR's.
     #[error("the cost model describes {cost} but the IR was compiled for {ir}")]
     SpecMismatch { cost: String, ir: String },

@@ -41,6 +41,7 @@ use slimpack_machine::sim::Metrics;
 use slimpack_machine::MachineError;
 use slimpack_passes::{parse_pipeline, PassError, PassRecord};
 
+use super::evaluate::evaluate_below;
 pub use super::evaluate::{compiled_together, evaluate, evaluate_together, evaluate_with};
 use crate::compile::Compiled;
 
@@ -368,8 +369,17 @@ fn choose_seeded(
             .collect();
         let live_candidates: Vec<&Candidate> =
             live.iter().map(|&index| &candidates[index]).collect();
-        let evaluated = evaluate_together(strategy, spec, batch, &live_candidates, limit, tune);
+        let below = tune.prune.then_some(&fastest_fitting);
+        let evaluated = evaluate_below(strategy, spec, batch, &live_candidates, limit, tune, below);
         for (index, evaluated) in live.into_iter().zip(evaluated) {
+            let evaluated = match evaluated {
+                Ok(None) => {
+                    outcomes.push((index, Outcome::Pruned));
+                    continue;
+                }
+                Ok(Some(evaluated)) => Ok(evaluated),
+                Err(error) => Err(error),
+            };
             let outcome = Outcome::Evaluated(Box::new(evaluated.map(|(evaluation, compiled)| {
                 let metrics = &evaluation.metrics;
                 if within(metrics, limit) {

@@ -11,18 +11,22 @@
 //! error names the pass.
 
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::spec::Recompute;
 use slimpack_ir::{Spec, StepIr};
+use slimpack_machine::cost::CostModel;
 use slimpack_machine::sim::{self, Metrics};
 use slimpack_passes::{
     parse_pipeline, run_pipeline_in, ManagerOptions, PassContext, PassError, PassRecord,
     PipelineEntry,
 };
 
-use super::autotune::{candidate_spec, preferred, Evaluation, TuneError, TuneOptions, Verify};
+use super::autotune::{
+    candidate_spec, preferred, within, Evaluation, TuneError, TuneOptions, Verify,
+};
 use super::strategy::{Candidate, StrategyInfo};
 use crate::compile::{compile_entries, Compiled};
 
@@ -66,10 +70,14 @@ pub fn evaluate_with(
             batch,
             &alone,
             limit,
-            verify,
-            verify_result_only,
+            (verify, verify_result_only),
+            None,
         )
-        .map(|mut evaluated| evaluated.remove(0))
+        .map(|mut evaluated| {
+            evaluated
+                .remove(0)
+                .expect("nothing is pruned without a step to beat")
+        })
     };
     match evaluate(tune.verify == Verify::Candidates, true) {
         Err(TuneError::Compile { source, .. }) if matches!(*source, PassError::Invalid { .. }) => {
@@ -93,22 +101,40 @@ pub fn evaluate_together(
     limit: u64,
     tune: &TuneOptions,
 ) -> Vec<Result<(Evaluation, Compiled), TuneError>> {
-    if members.len() > 1 {
-        if let Ok(evaluated) = evaluate_verifying(
-            strategy,
-            spec,
-            batch,
-            members,
-            limit,
-            tune.verify == Verify::Candidates,
-            true,
-        ) {
+    evaluate_below(strategy, spec, batch, members, limit, tune, None)
+        .into_iter()
+        .map(|outcome| {
+            outcome.map(|evaluated| evaluated.expect("nothing is pruned without a step to beat"))
+        })
+        .collect()
+}
+
+/// [`evaluate_together`] against `fastest`, the fastest fitting step the tuning has found so
+/// far (f64 bits, lowered by other threads meanwhile): a packing whose compute bound
+/// ([`sim::compute_bound`]) is above it is not scheduled nor simulated, and a member that
+/// could not be chosen because of that (none of its pipelines left, or its best one not a
+/// fitting step at most `fastest`) is `None`, pruned, as a candidate whose bound is above the
+/// fastest step is.
+pub(super) fn evaluate_below(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    members: &[&Candidate],
+    limit: u64,
+    tune: &TuneOptions,
+    fastest: Option<&AtomicU64>,
+) -> Vec<Result<Option<(Evaluation, Compiled)>, TuneError>> {
+    if members.len() > 1 || (members.len() == 1 && fastest.is_some()) {
+        let verify = (tune.verify == Verify::Candidates, true);
+        if let Ok(evaluated) =
+            evaluate_verifying(strategy, spec, batch, members, limit, verify, fastest)
+        {
             return evaluated.into_iter().map(Ok).collect();
         }
     }
     members
         .iter()
-        .map(|candidate| evaluate_with(strategy, spec, batch, candidate, limit, tune))
+        .map(|candidate| evaluate_with(strategy, spec, batch, candidate, limit, tune).map(Some))
         .collect()
 }
 
@@ -142,16 +168,18 @@ pub fn compiled_together(candidates: &[Candidate]) -> Vec<Vec<usize>> {
 }
 
 /// `members` (one spec: [`compiled_together`]) compiled and simulated as one prefix tree,
-/// verifying their pipelines' results or every pass; each member's best step.
+/// verifying (`(verify, verify_result_only)`) their pipelines' results or every pass; each
+/// member's best step, or `None` where it was pruned against `fastest` (see
+/// [`evaluate_below`]).
 fn evaluate_verifying(
     strategy: &StrategyInfo,
     spec: &Spec,
     batch: &Batch,
     members: &[&Candidate],
     limit: u64,
-    verify: bool,
-    verify_result_only: bool,
-) -> Result<Vec<(Evaluation, Compiled)>, TuneError> {
+    (verify, verify_result_only): (bool, bool),
+    fastest: Option<&AtomicU64>,
+) -> Result<Vec<Option<(Evaluation, Compiled)>>, TuneError> {
     let first = members[0];
     let spec = candidate_spec(spec, first);
     let cx = PassContext::for_spec(&spec);
@@ -202,9 +230,14 @@ fn evaluate_verifying(
     // The metrics of every pipeline finished so far, and how many of each member's were shared.
     let mut scored: Vec<Option<Metrics>> = vec![None; pipelines.len()];
     let mut shared_count = vec![0; members.len()];
+    let mut pruned = vec![false; members.len()];
     let mut keep = |index: usize, finished: Finished| {
         let member = member_of[index];
         let (metrics, ir, records, same_as) = match finished {
+            Finished::Pruned => {
+                pruned[member] = true;
+                return Ok(true);
+            }
             Finished::Ran { ir, records } => {
                 let ir = *ir;
                 let metrics = sim::simulate(&ir, cost)
@@ -258,7 +291,14 @@ fn evaluate_verifying(
         scored[index] = Some(metrics);
         Ok(true)
     };
-    let tree = PipelineTree::new(&pipelines, &cx, &options, verify_results);
+    let least = cost.with_recompute(Recompute::None);
+    let pruning = fastest.map(|fastest| Pruning {
+        fastest,
+        cost,
+        least: &least,
+        bounds: RefCell::new(Vec::new()),
+    });
+    let tree = PipelineTree::new(&pipelines, &cx, &options, verify_results, pruning);
     let all: Vec<usize> = (0..pipelines.len()).collect();
     tree.run(base.ir, (0, shared), &[], &all, base.passes, &mut keep)
         .map_err(|error| match error {
@@ -266,12 +306,19 @@ fn evaluate_verifying(
             TreeError::Tune(error) => error,
         })?;
     let compile_ms = start.elapsed().as_secs_f64() * 1e3 / members.len() as f64;
+    // A member that lost a pipeline to the bound is chosen only with a fitting step no slower
+    // than the fastest (ties to the earlier candidate), which its best remaining one is not.
+    let fastest_s = fastest.map_or(f64::INFINITY, |f| f64::from_bits(f.load(Ordering::Acquire)));
     let evaluated = members
         .iter()
         .zip(best)
         .zip(shared_count)
-        .map(|((candidate, best), variants_shared)| {
-            let (index, ir, passes, metrics) = best.expect("a candidate has a pipeline");
+        .zip(pruned)
+        .map(|(((candidate, best), variants_shared), pruned)| {
+            let (index, ir, passes, metrics) = best?;
+            if pruned && !(within(&metrics, limit) && metrics.step_time_s <= fastest_s) {
+                return None;
+            }
             let evaluation = Evaluation {
                 candidate: (*candidate).clone(),
                 variant: pipelines[index].0.clone(),
@@ -285,7 +332,7 @@ fn evaluate_verifying(
                 passes,
                 compile_ms,
             };
-            (evaluation, compiled)
+            Some((evaluation, compiled))
         })
         .collect();
     Ok(evaluated)
@@ -327,6 +374,8 @@ struct PipelineTree<'a> {
     /// Verify the step each pipeline finishes with (its passes then run without the
     /// verifier).
     verify_results: bool,
+    /// Skip scheduling packings that cannot beat the fastest step (`None`: schedule all).
+    pruning: Option<Pruning<'a>>,
     /// Steps numbered so far.
     steps: Cell<usize>,
     /// The pipelines that ran to their end, each with the steps on its way.
@@ -348,6 +397,9 @@ enum Finished {
         ir: Box<StepIr>,
         records: Vec<PassRecord>,
     },
+    /// Its packing's compute bound is above the fastest fitting step found: not scheduled
+    /// nor simulated ([`Pruning`]).
+    Pruned,
     /// Its remaining passes are those the finished pipeline `same_as` ran on the same step;
     /// `records` are its passes' records (the other pipeline's for the passes not run).
     Same {
@@ -362,12 +414,14 @@ impl<'a> PipelineTree<'a> {
         cx: &'a PassContext,
         options: &'a ManagerOptions,
         verify_results: bool,
+        pruning: Option<Pruning<'a>>,
     ) -> PipelineTree<'a> {
         PipelineTree {
             pipelines,
             cx,
             options,
             verify_results,
+            pruning,
             steps: Cell::new(1),
             ran: RefCell::new(Vec::new()),
         }
@@ -428,6 +482,25 @@ impl<'a> PipelineTree<'a> {
                 to_run.push(member);
             }
             branch = to_run;
+            if let Some(pruning) = &self.pruning {
+                let mut live = Vec::with_capacity(branch.len());
+                for member in branch {
+                    let entries = &self.pipelines[member].1;
+                    let bound = ir
+                        .as_ref()
+                        .map(|ir| pruning.bound(ir, step, &entries[depth..]))
+                        .transpose()
+                        .map_err(TreeError::Pass)?
+                        .flatten();
+                    match bound {
+                        Some(bound) if bound > pruning.fastest_s() => {
+                            finish(member, Finished::Pruned).map_err(TreeError::Tune)?;
+                        }
+                        _ => live.push(member),
+                    }
+                }
+                branch = live;
+            }
             if branch.is_empty() {
                 continue;
             }
@@ -516,6 +589,62 @@ impl<'a> PipelineTree<'a> {
                 same.then(|| (other.index, other.records[other_depth..].to_vec()))
             })
         })
+    }
+}
+
+/// What the tree prunes against: a packing about to be scheduled whose compute bound
+/// ([`sim::compute_bound`]) is above the fastest fitting step found so far is not scheduled
+/// nor simulated, since no schedule of it simulates faster. Only where what is left of the
+/// pipeline is `schedule-pipeline` (which orders the packs and may split backwards, no faster
+/// than whole ones) and `assign-recompute` (bounded with no recomputation on any stage).
+struct Pruning<'a> {
+    fastest: &'a AtomicU64,
+    /// The machine of the group's spec, and with no recomputation.
+    cost: &'a CostModel,
+    least: &'a CostModel,
+    /// Bounds computed so far: (step number, with no recomputation, seconds).
+    bounds: RefCell<Vec<(usize, bool, f64)>>,
+}
+
+impl Pruning<'_> {
+    /// The fastest fitting step found so far.
+    fn fastest_s(&self) -> f64 {
+        f64::from_bits(self.fastest.load(Ordering::Acquire))
+    }
+
+    /// The bound on the steps the passes `rest` make of `ir` (step number `step`), where they
+    /// start with scheduling and the bound holds for what they are; `None` otherwise.
+    fn bound(
+        &self,
+        ir: &StepIr,
+        step: usize,
+        rest: &[PipelineEntry],
+    ) -> Result<Option<f64>, PassError> {
+        let bounded = |name: &str| matches!(name, "schedule-pipeline" | "assign-recompute");
+        let starts = rest
+            .first()
+            .is_some_and(|entry| entry.info.name == "schedule-pipeline");
+        if !starts || !rest.iter().all(|entry| bounded(entry.info.name)) {
+            return Ok(None);
+        }
+        let least = rest
+            .iter()
+            .any(|entry| entry.info.name == "assign-recompute");
+        if let Some(&(_, _, bound)) = self
+            .bounds
+            .borrow()
+            .iter()
+            .find(|&&(s, l, _)| s == step && l == least)
+        {
+            return Ok(Some(bound));
+        }
+        let cost = if least { self.least } else { self.cost };
+        let bound = sim::compute_bound(ir, cost).map_err(|error| PassError::Failed {
+            pass: "schedule-pipeline",
+            message: format!("bounding the step: {error}"),
+        })?;
+        self.bounds.borrow_mut().push((step, least, bound));
+        Ok(Some(bound))
     }
 }
 

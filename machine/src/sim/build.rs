@@ -202,6 +202,19 @@ impl<'a> UntimedPeaks<'a> {
     }
 }
 
+/// A lower bound on the step time of every schedule of `ir`'s packs (phase `packed` or later),
+/// see [`super::compute_bound`].
+pub(super) fn compute_bound(
+    ir: &StepIr,
+    cost: &CostModel,
+    layout: Layout,
+) -> Result<f64, MachineError> {
+    check_stages(ir, layout)?;
+    let mut builder = Builder::new(ir, cost, layout)?;
+    builder.collect_packs(true);
+    Ok(builder.compute_bound())
+}
+
 /// The IR's stages are those of the layout.
 fn check_stages(ir: &StepIr, layout: Layout) -> Result<(), MachineError> {
     let stages = ir.spec.parallel.stages();
@@ -557,6 +570,38 @@ impl<'a> Builder<'a> {
             *peak = (*peak).max(timeline.peak_bytes);
         })?;
         Ok(peaks)
+    }
+
+    /// The most any device group must run (every pack's forward and whole backward on each
+    /// of its stages, on each group of its replica) plus its stage's DP sync tail (gradient
+    /// reduce-scatter, optimizer step, parameter all-gather), which follows its last backward.
+    /// A split backward takes no less than the whole one (its input gradient hides less of
+    /// the TP collectives, and the compute adds up).
+    fn compute_bound(&self) -> f64 {
+        let layout = self.layout;
+        let mut busy = vec![0.0f64; layout.groups()];
+        for (index, pack) in self.packs.iter().enumerate() {
+            let ranks = &self.replicas[pack.replica as usize];
+            for stage in 0..self.stages {
+                let seconds = self
+                    .stage_cost(stage)
+                    .work_part_time_on(stage, &self.works[index], Part::Whole, ranks)
+                    .critical_path_s();
+                for &rank in ranks {
+                    busy[layout.group(rank, stage).index()] += seconds;
+                }
+            }
+        }
+        let all_ranks: Vec<u32> = (0..layout.dp).collect();
+        let tails: Vec<f64> = (0..layout.pp)
+            .map(|device| {
+                self.cost.dp_sync(device, &all_ranks).total_s() + self.cost.optimizer_time(device)
+            })
+            .collect();
+        busy.iter()
+            .enumerate()
+            .map(|(group, busy)| busy + tails[layout.stage_of(GroupId(group as u32)) as usize])
+            .fold(0.0, f64::max)
     }
 
     /// The task running `part` of `pack` on `stage`; the compute table keeps a whole op or an

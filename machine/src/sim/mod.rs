@@ -70,7 +70,7 @@ pub struct PeakProbe<'a> {
 }
 
 enum Probe<'a> {
-    Untimed(build::UntimedPeaks<'a>),
+    Untimed(Box<build::UntimedPeaks<'a>>),
     Simulated(Box<StepIr>),
 }
 
@@ -80,7 +80,7 @@ impl<'a> PeakProbe<'a> {
         check(ir, model)?;
         let layout = Layout::new(&ir.spec.parallel);
         let how = match build::UntimedPeaks::new(ir, model, layout)? {
-            Some(untimed) => Probe::Untimed(untimed),
+            Some(untimed) => Probe::Untimed(Box::new(untimed)),
             None => Probe::Simulated(Box::new(ir.clone())),
         };
         Ok(PeakProbe { model, how })
@@ -108,6 +108,28 @@ impl<'a> PeakProbe<'a> {
             }
         }
     }
+}
+
+/// A lower bound on the step time [`simulate`] reports for *any* schedule of `ir`'s packs
+/// (phase `packed` or later): the most compute any device group must run, every pack's forward
+/// and whole backward on each of its stages, plus the DP sync tail of its stage. The tuner
+/// skips scheduling and simulating a packing whose bound is above a step it already has.
+/// `model` is the machine of `ir.spec`, or of `ir.spec` with less recomputation: then it
+/// bounds the steps a later pass that gives the stages less recomputation makes (each stage
+/// at least recomputes nothing).
+pub fn compute_bound(ir: &StepIr, model: &CostModel) -> Result<f64, MachineError> {
+    if ir.phase() < Phase::Packed {
+        return Err(MachineError::NotPacked { phase: ir.phase() });
+    }
+    let mut spec = model.spec().clone();
+    spec.model.recompute = ir.spec.model.recompute;
+    if spec != ir.spec {
+        return Err(MachineError::SpecMismatch {
+            cost: describe(model.spec()),
+            ir: describe(&ir.spec),
+        });
+    }
+    build::compute_bound(ir, model, Layout::new(&ir.spec.parallel))
 }
 
 /// What a simulation needs of `ir` and `model`: a scheduled step, and the machine of its spec.

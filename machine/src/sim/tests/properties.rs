@@ -7,7 +7,7 @@ use slimpack_ir::batch::Sample;
 use slimpack_ir::step::{BatchInfo, Direction, Pack, Phase, SliceId, StepIr};
 
 use super::super::fixture::{defer_weight_grads, one_f_one_b, schedule_gpipe, ReplicaPlan};
-use super::super::{PeakProbe, SimResult, Stream};
+use super::super::{compute_bound, PeakProbe, SimResult, Stream};
 use super::{checked_run, spec};
 use crate::cost::CostModel;
 use slimpack_ir::spec::Recompute;
@@ -294,5 +294,38 @@ proptest! {
             simulated[device] = simulated[device].max(memory.peak_bytes);
         }
         prop_assert_eq!(probed, simulated);
+    }
+
+    /// The compute bound holds for every schedule the simulator runs: the step's own (1F1B or
+    /// GPipe, split backwards or whole), under its recomputation and, as for a pass that
+    /// lowers the stages' recomputation later, under none.
+    #[test]
+    fn the_compute_bound_is_below_the_simulated_step(
+        case in case(),
+        cuts in 0u32..4,
+        width in 1usize..4,
+        sliced: bool,
+        split: bool,
+        full: bool,
+    ) {
+        let mut ir = match sliced {
+            true => sliced_step(&case, cuts, width),
+            false => whole_sample_step(&case),
+        };
+        if full {
+            ir.spec.model.recompute = Recompute::Full;
+        }
+        if split {
+            for replica in ir.replicas().to_vec() {
+                defer_weight_grads(&mut ir, replica);
+            }
+        }
+        let cost = CostModel::new(&ir.spec);
+        let bound = compute_bound(&ir, &cost).unwrap();
+        let least = compute_bound(&ir, &cost.with_recompute(Recompute::None)).unwrap();
+        let (_, _, result) = checked_run(ir);
+        let step = result.metrics.step_time_s;
+        prop_assert!(bound > 0.0 && bound <= step * (1.0 + 1e-12), "bound {bound} step {step}");
+        prop_assert!(least <= bound * (1.0 + 1e-12), "least {least} bound {bound}");
     }
 }
