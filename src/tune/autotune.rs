@@ -420,12 +420,29 @@ fn choose_seeded(
             }
         }
     }
-    let Some((chosen_index, _, compiled)) = best
+    let Some((chosen_index, _, mut compiled)) = best
         .into_inner()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
     else {
         return Ok(None);
     };
+    let chosen = evaluated
+        .iter()
+        .position(|&index| index == chosen_index)
+        .expect("the chosen candidate was evaluated");
+    // The chosen candidate's refinements: its step compiled with them among its variants
+    // keeps the best of all (the unrefined one where none is preferred).
+    if !candidates[chosen_index].refinements.is_empty() {
+        let refined = candidates[chosen_index].refined();
+        let (evaluation, refined_compiled) =
+            evaluate_with(strategy, spec, batch, &refined, limit, tune)?;
+        evaluations[chosen] = Evaluation {
+            candidate: candidates[chosen_index].clone(),
+            compile_ms: evaluations[chosen].compile_ms + evaluation.compile_ms,
+            ..evaluation
+        };
+        compiled = refined_compiled;
+    }
     if tune.verify == Verify::Chosen {
         if let Err(source) = slimpack_ir::verify::verify(&compiled.ir) {
             // Compiled again verifying every pass, the error names the pass that broke it.
@@ -445,10 +462,6 @@ fn choose_seeded(
             });
         }
     }
-    let chosen = evaluated
-        .iter()
-        .position(|&index| index == chosen_index)
-        .expect("the chosen candidate was evaluated");
     Ok(Some(Choice {
         evaluations,
         skipped,
@@ -712,7 +725,10 @@ mod tests {
                 let choices = Choices::fixed(spec.model.recompute);
                 let limit = choices.memory_limit_for(&spec);
                 let candidates = (info.candidates)(&spec, &batch, &state, &choices);
-                for candidate in candidates.iter().filter(|c| !c.label.starts_with("plan=")) {
+                // With their refinements (eqsat), as a step that runs them compiles them.
+                let refined = candidates.iter().map(Candidate::refined);
+                for candidate in refined.filter(|c| !c.label.starts_with("plan=")) {
+                    let candidate = &candidate;
                     let Ok((evaluation, _)) = evaluate(info, &spec, &batch, candidate, limit)
                     else {
                         continue;
@@ -898,6 +914,37 @@ mod tests {
         assert!(grouped > 10, "only {grouped} groups of several candidates");
     }
 
+    /// The tuning compares candidates without their refinements, then the chosen one's step
+    /// is the best of its pipelines and refinements: what evaluating it refined gives.
+    #[test]
+    fn the_chosen_candidate_is_refined() {
+        let mut refined_some = 0;
+        for (layout, (spec, context)) in layouts().into_iter().take(3).enumerate() {
+            let batch = Batch::from_lengths(
+                &long_tailed(40 + layout as u64, 32, context),
+                Some(context),
+                "test",
+            );
+            let info = strategy::lookup("slimpack").unwrap();
+            let choices = Choices::all();
+            let limit = choices.memory_limit_for(&spec);
+            let choice = choose(info, &spec, &batch, &StrategyState::default(), &choices).unwrap();
+            let best = choice.best();
+            if best.candidate.refinements.is_empty() {
+                continue;
+            }
+            let (refined, _) =
+                evaluate(info, &spec, &batch, &best.candidate.refined(), limit).unwrap();
+            assert_eq!(best.metrics, refined.metrics, "{}", best.candidate.label);
+            assert_eq!(best.variant, refined.variant, "{}", best.candidate.label);
+            let model = slimpack_machine::machine_model(&choice.compiled.ir.spec);
+            let again = sim::simulate(&choice.compiled.ir, &model).unwrap();
+            assert_eq!(again.metrics, best.metrics);
+            refined_some += 1;
+        }
+        assert!(refined_some > 0, "no chosen candidate has refinements");
+    }
+
     #[test]
     fn each_step_runs_the_best_variant_of_its_candidate() {
         let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,pp=2,dp=4").unwrap();
@@ -912,12 +959,16 @@ mod tests {
         let method = (info.candidates)(&spec, &batch, &state, &choices)
             .into_iter()
             .filter(|candidate| !candidate.label.starts_with("plan="));
-        for candidate in method {
-            // Asymmetric or mirrored packs, eqsat or not, and (pp > 1) 1F1B beside the list
-            // schedule for the first of each packing.
-            assert_eq!(candidate.variants.len(), 5, "{}", candidate.label);
+        for unrefined in method {
+            // Asymmetric or mirrored packs, and (pp > 1) 1F1B beside the list schedule; the
+            // same refined by eqsat, tried once the candidate runs.
+            assert_eq!(unrefined.variants.len(), 3, "{}", unrefined.label);
+            assert_eq!(unrefined.refinements.len(), 4, "{}", unrefined.label);
+            let candidate = unrefined.refined();
             let limit = choices.memory_limit_bytes(cost.memory().capacity_bytes());
             let (evaluation, compiled) = evaluate(info, &spec, &batch, &candidate, limit).unwrap();
+            let (searched, _) = evaluate(info, &spec, &batch, &unrefined, limit).unwrap();
+            assert!(evaluation.metrics.step_time_s <= searched.metrics.step_time_s);
             // Each pipeline compiled on its own: the chosen one is the fastest (all fit).
             let mut steps = Vec::new();
             for pipeline in std::iter::once(&candidate.pipeline)

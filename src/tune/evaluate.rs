@@ -32,7 +32,7 @@ use crate::compile::{compile_entries, Compiled};
 
 /// Compiles and simulates one candidate: its pipeline and each of its variants (the passes they
 /// share run once), keeping the best step — fitting (within `limit` bytes, see
-/// [`Choices::memory_limit_bytes`]) before not fitting, then the faster (ties to the earlier
+/// [`super::strategy::Choices::memory_limit_bytes`]) before not fitting, then the faster (ties to the earlier
 /// pipeline).
 pub fn evaluate(
     strategy: &StrategyInfo,

@@ -167,7 +167,7 @@ pub fn choose_for_step(
                 continue;
             }
         }
-        match autotune::evaluate_with(strategy, spec, batch, &candidate, limit, tune) {
+        match autotune::evaluate_with(strategy, spec, batch, &candidate.refined(), limit, tune) {
             Ok((evaluation, compiled)) => {
                 compile_ms += evaluation.compile_ms;
                 if position == 0 {

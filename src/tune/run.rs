@@ -13,8 +13,9 @@
 //!   plan; a peer, one configuration): every step runs the best of the kept configurations by
 //!   simulation (on the tuning steps from their trials, later compiled anew; one whose lower
 //!   bound is above a fitting kept step is not compiled). Within a configuration a step still
-//!   takes the best of its variants (slimpack's mirrored or asymmetric backward packs, eqsat
-//!   or not, see [`super::strategy::Variant`]).
+//!   takes the best of its variants (slimpack's mirrored or asymmetric backward packs, pipeline
+//!   orders, see [`super::strategy::Variant`]) and, on the steps compiled anew, of its
+//!   refinements (eqsat, [`super::strategy::Candidate::refined`]).
 //! - **Re-plan a step that does not fit**: a step whose best kept configuration exceeds the
 //!   memory limit, or that the tuned configuration cannot compile (a document longer than
 //!   megatron's tuned bins), is re-tuned on its own batch (every candidate; the fastest within

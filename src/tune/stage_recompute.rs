@@ -45,6 +45,14 @@ pub fn with_stage_recompute(candidates: Vec<Candidate>, choices: &Choices) -> Ve
                     pipeline: assign(&variant.pipeline),
                 })
                 .collect(),
+            refinements: candidate
+                .refinements
+                .iter()
+                .map(|variant| Variant {
+                    label: variant.label.clone(),
+                    pipeline: assign(&variant.pipeline),
+                })
+                .collect(),
             ..candidate.clone()
         })
         .collect();
@@ -64,6 +72,12 @@ pub fn least_recompute(candidate: &Candidate) -> Recompute {
     };
     let any = std::iter::once(&candidate.pipeline)
         .chain(candidate.variants.iter().map(|variant| &variant.pipeline))
+        .chain(
+            candidate
+                .refinements
+                .iter()
+                .map(|variant| &variant.pipeline),
+        )
         .any(|pipeline| assigns(pipeline));
     match any {
         true => Recompute::None,
@@ -84,6 +98,7 @@ mod tests {
                 pipeline: "assign-dp,pack-fwd{cap=8},pack-bwd{cap=8},schedule-pipeline{order=1f1b}"
                     .into(),
             }],
+            refinements: Vec::new(),
             recompute,
             vpp: None,
         }

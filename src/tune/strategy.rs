@@ -43,6 +43,13 @@ pub struct Candidate {
     /// Other pipelines of the same configuration a step may run instead, decided per step by
     /// the simulator (see [`Variant`]); empty for most strategies.
     pub variants: Vec<Variant>,
+    /// Pipelines a step also tries once this configuration is the one it runs (slimpack's
+    /// eqsat-refined packs): the tuning compares candidates on their pipeline and variants,
+    /// then the chosen one's step, and every step a kept configuration runs, also tries
+    /// these ([`Candidate::refined`]), keeping the best as for a variant. Refining only what
+    /// was chosen keeps a refinement's cost off the search, where its gain (eqsat's: below
+    /// 0.25% per scenario) would rarely change the ranking.
+    pub refinements: Vec<Variant>,
     /// The activation recomputation the step runs with (it replaces the model's).
     pub recompute: Recompute,
     /// Model chunks per pipeline device the step runs with (interleaved 1F1B; it replaces the
@@ -50,8 +57,19 @@ pub struct Candidate {
     pub vpp: Option<u32>,
 }
 
+impl Candidate {
+    /// The candidate with its refinements among its variants: what a step that runs it
+    /// compiles.
+    pub fn refined(&self) -> Candidate {
+        let mut refined = self.clone();
+        refined.variants.append(&mut refined.refinements);
+        refined
+    }
+}
+
 /// An alternative pipeline of a [`Candidate`]: the same configuration compiled another way
-/// (slimpack's mirrored backward packs, or its packs without eqsat's refinement). The driver
+/// (slimpack's mirrored backward packs, another pipeline order, or, as a refinement, its
+/// packs refined by eqsat). The driver
 /// compiles the passes a candidate's pipelines share once, then each variant's remaining
 /// passes, simulates each, and keeps the best — so a choice that depends on the batch is made
 /// on every step's batch, not fixed by the tuning step.
@@ -509,6 +527,7 @@ fn cp_and_recompute(
             };
             candidates.push(Candidate {
                 variants: Vec::new(),
+                refinements: Vec::new(),
                 label,
                 pipeline: pipeline(cp),
                 recompute,
@@ -746,6 +765,7 @@ fn hybrid_cp_candidates(spec: &Spec, b: &Batch, _: &StrategyState, c: &Choices) 
         for &recompute in &c.recompute {
             candidates.push(Candidate {
                 variants: Vec::new(),
+                refinements: Vec::new(),
                 label: format!("max-tokens-per-rank={per_rank},recompute={}", recompute),
                 pipeline: format!(
                     "assign-hybrid-cp{{max-tokens-per-rank={per_rank}}},\
