@@ -11,7 +11,8 @@
 //! - **Keep it**, with the best fitting configuration of each other family of the strategy's
 //!   candidates ([`super::kept`]: slimpack keeps its best own pipeline and each peer's best
 //!   plan; a peer, one configuration): every step runs the best of the kept configurations by
-//!   simulation (on the tuning steps from their trials, later compiled anew; one whose lower
+//!   simulation (on the tuning steps from their trials, later compiled anew, all compiled anew
+//!   where a kept configuration has refinements the trials left out; one whose lower
 //!   bound is above a fitting kept step is not compiled). Within a configuration a step still
 //!   takes the best of its variants (slimpack's mirrored or asymmetric backward packs, pipeline
 //!   orders, see [`super::strategy::Variant`]) and, on the steps compiled anew, of its
@@ -241,7 +242,15 @@ pub fn run_strategy(
         .map(|&trial| tuning[trial].candidate.clone())
         .collect();
 
-    let later_steps: Vec<usize> = (tune_steps..steps.len()).collect();
+    // The tuning steps run their trials' evaluations, unless a kept configuration has
+    // refinements (slimpack's eqsat), which the trials left out: then they are compiled anew,
+    // as the later steps are.
+    let refined = kept
+        .iter()
+        .any(|candidate| !candidate.refinements.is_empty());
+    let from_trials = if refined { 0 } else { tune_steps };
+    (progress.grow)((tune_steps - from_trials) as u64);
+    let later_steps: Vec<usize> = (from_trials..steps.len()).collect();
     let later = autotune::parallel_map(&later_steps, |_, &index| {
         let batch = &steps[index].batch;
         let offered = offered_at(index);
@@ -251,7 +260,7 @@ pub fn run_strategy(
     (progress.advance)(later_steps.len() as u64);
 
     // A tuning step runs the best of the kept trials' evaluations of it.
-    let tuned_steps = (0..tune_steps).map(|index| {
+    let tuned_steps = (0..from_trials).map(|index| {
         let evaluations: Vec<&Evaluation> = kept_trials
             .iter()
             .map(|&trial| &tuning[trial].steps[index])
