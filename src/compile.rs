@@ -65,7 +65,8 @@ pub fn compile_entries(
 }
 
 /// Lowers a scheduled step to per-worker op lists (the `lower` pass, recorded with the others
-/// and counted in the compile time).
+/// and counted in the compile time). With verification, the lowered step is verified, not
+/// again its input: every caller hands on a step its pipeline or tuning just verified.
 pub fn lower(
     compiled: &mut Compiled,
     manager: &ManagerOptions,
@@ -73,7 +74,11 @@ pub fn lower(
 ) -> Result<()> {
     let pipeline = parse_pipeline("lower")?;
     let start = Instant::now();
-    let records = run_pipeline(&mut compiled.ir, &pipeline, manager, print_sink)?;
+    let manager = ManagerOptions {
+        verify_result_only: true,
+        ..manager.clone()
+    };
+    let records = run_pipeline(&mut compiled.ir, &pipeline, &manager, print_sink)?;
     compiled.compile_ms += start.elapsed().as_secs_f64() * 1e3;
     compiled.passes.extend(records);
     Ok(())

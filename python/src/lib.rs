@@ -24,7 +24,7 @@ use slimpack::ir::batch::{Batch, BatchOptions, Dataset, LoadOptions};
 use slimpack::ir::spec::{ClusterSpec, ModelSpec, ParallelSpec, Recompute};
 use slimpack::ir::Spec;
 use slimpack::plan::{plan_batch, plan_epoch, plan_pipeline, PlanOptions, PlannedStep};
-use slimpack::tune::autotune::TuneOptions;
+use slimpack::tune::autotune::{TuneOptions, Verify};
 use slimpack::tune::strategy::{self, Choices, StrategyInfo};
 
 /// A bad-input error: `ValueError` with `message`.
@@ -146,7 +146,7 @@ fn plan(
     };
     let batch: Batch = dataset.global_batch(&options).map_err(bad_input)?;
     let tune = TuneOptions {
-        verify,
+        verify: verification(verify),
         budget: tune_budget_ms.map(std::time::Duration::from_millis),
         ..TuneOptions::default()
     };
@@ -243,7 +243,7 @@ impl EpochPlanner {
                 strategy,
                 choices: &choices,
                 tune: TuneOptions {
-                    verify,
+                    verify: verification(verify),
                     ..TuneOptions::default()
                 },
                 max_steps,
@@ -337,4 +337,13 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<EpochPlanner>()?;
     module.add("SCHEDULE_VERSION", schedule_json::VERSION)?;
     Ok(())
+}
+
+/// What a tuning verifies when the caller asks for verification or not: the step handed on,
+/// or nothing.
+fn verification(verify: bool) -> Verify {
+    match verify {
+        true => Verify::Chosen,
+        false => Verify::Off,
+    }
 }

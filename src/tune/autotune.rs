@@ -76,7 +76,8 @@ pub enum TuneError {
 pub enum Verify {
     /// Nothing (`--no-verify`).
     Off,
-    /// The chosen step, the one handed on (the default): a broken one is compiled again
+    /// The chosen step, the one handed on (the default; a tuning's choice, and each step's
+    /// among the kept configurations, [`verify_chosen`]): a broken one is compiled again
     /// verifying every pass, so that the error names the pass that broke it. Candidates not
     /// chosen are discarded unverified.
     Chosen,
@@ -443,25 +444,8 @@ fn choose_seeded(
         };
         compiled = refined_compiled;
     }
-    if tune.verify == Verify::Chosen {
-        if let Err(source) = slimpack_ir::verify::verify(&compiled.ir) {
-            // Compiled again verifying every pass, the error names the pass that broke it.
-            let every_pass = TuneOptions {
-                verify: Verify::Candidates,
-                ..tune.clone()
-            };
-            let candidate = &candidates[chosen_index];
-            evaluate_with(strategy, spec, batch, candidate, limit, &every_pass)?;
-            return Err(TuneError::Compile {
-                strategy: strategy.name,
-                candidate: candidate.label.clone(),
-                source: Box::new(PassError::Invalid {
-                    after: None,
-                    source,
-                }),
-            });
-        }
-    }
+    let candidate = candidates[chosen_index].refined();
+    verify_chosen(strategy, spec, batch, limit, tune, &candidate, &compiled.ir)?;
     Ok(Some(Choice {
         evaluations,
         skipped,
@@ -469,6 +453,39 @@ fn choose_seeded(
         chosen,
         compiled,
     }))
+}
+
+/// With [`Verify::Chosen`], verifies `ir`, the step `candidate` (its pipelines all among its
+/// variants) made of `batch` and a tuning chose; a broken one is compiled again verifying
+/// every pass, so that the error names the pass that broke it.
+pub fn verify_chosen(
+    strategy: &StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    limit: u64,
+    tune: &TuneOptions,
+    candidate: &Candidate,
+    ir: &slimpack_ir::StepIr,
+) -> Result<(), TuneError> {
+    if tune.verify != Verify::Chosen {
+        return Ok(());
+    }
+    let Err(source) = slimpack_ir::verify::verify(ir) else {
+        return Ok(());
+    };
+    let every_pass = TuneOptions {
+        verify: Verify::Candidates,
+        ..tune.clone()
+    };
+    evaluate_with(strategy, spec, batch, candidate, limit, &every_pass)?;
+    Err(TuneError::Compile {
+        strategy: strategy.name,
+        candidate: candidate.label.clone(),
+        source: Box::new(PassError::Invalid {
+            after: None,
+            source,
+        }),
+    })
 }
 
 /// What became of one candidate in [`choose_with`].

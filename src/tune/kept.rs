@@ -189,6 +189,10 @@ pub fn choose_for_step(
             Err(_) => {}
         }
     }
+    if let Some((evaluation, compiled)) = &best {
+        let candidate = &evaluation.candidate;
+        autotune::verify_chosen(strategy, spec, batch, limit, tune, candidate, &compiled.ir)?;
+    }
     Ok(best.map(|(evaluation, compiled)| StepChoice {
         evaluation,
         compiled,
