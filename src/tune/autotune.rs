@@ -15,10 +15,16 @@
 //! devices, plus the DP sync tail; no schedule the simulator runs is faster), starts the
 //! candidates in the order of their bounds (the strategy's order among equal bounds), and skips
 //! without compiling every candidate whose bound is above the fastest fitting step simulated
-//! so far. A skipped candidate simulates slower than that step, so it could not have been
-//! chosen: the choice is the one an exhaustive tuning makes (ties still go to the earlier
-//! candidate in the strategy's order, since only a bound strictly above the best prunes).
-//! Which candidates are pruned depends on the order threads finish in; the choice does not.
+//! so far in its family ([`super::kept::family`]: slimpack's own pipelines, each peer's plans).
+//! Compiled candidates are bounded again as they go (`super::evaluate`): a packing by the
+//! compute its devices must run ([`slimpack_machine::sim::compute_bound`]) before it is
+//! scheduled, a schedule by one replica's run without contention
+//! ([`slimpack_machine::sim::schedule_bound`]) before it is simulated. A skipped candidate
+//! simulates slower than that step, so it could not have been chosen: the choice is the one an
+//! exhaustive tuning makes (ties still go to the earlier candidate in the strategy's order,
+//! since only a bound strictly above the best prunes), and so is each family's best fitting
+//! candidate, which a run keeps beside the choice ([`super::kept`]). Which candidates are
+//! pruned depends on the order threads finish in; the choice does not.
 //!
 //! Each candidate is compiled and simulated by [`super::evaluate`] (its variants as a prefix
 //! tree; candidates that differ only from `schedule-pipeline` on compiled together).
@@ -350,8 +356,31 @@ fn choose_seeded(
     // are many): the first candidate, in the strategy's order, of those no other is preferred
     // to — what keeping the preferred one over the candidates in order would choose.
     let best: Mutex<Option<(usize, Metrics, Compiled)>> = Mutex::new(None);
-    // The fastest fitting step simulated so far (f64 bits; infinity until one fits).
-    let fastest_fitting = AtomicU64::new(incumbent_s.unwrap_or(f64::INFINITY).to_bits());
+    // The fastest fitting step simulated so far in each family (f64 bits; infinity until one
+    // fits): a candidate is pruned against its own family's, so that each family's best
+    // fitting configuration, which a run keeps beside the choice (`super::kept`), is found
+    // as exhaustively as the choice. Against a step to beat (a re-plan, whose families are
+    // not kept), one for all.
+    let mut families: Vec<&str> = Vec::new();
+    let family_of: Vec<usize> = candidates
+        .iter()
+        .map(|candidate| {
+            let family = match incumbent_s {
+                None => super::kept::family(&candidate.label),
+                Some(_) => "",
+            };
+            families
+                .iter()
+                .position(|&f| f == family)
+                .unwrap_or_else(|| {
+                    families.push(family);
+                    families.len() - 1
+                })
+        })
+        .collect();
+    let initial = incumbent_s.unwrap_or(f64::INFINITY).to_bits();
+    let fastest_fitting: Vec<AtomicU64> =
+        families.iter().map(|_| AtomicU64::new(initial)).collect();
     let outcomes = parallel_map(&order, |position, &group| {
         let members = &groups[group];
         if !within_budget(position) {
@@ -360,6 +389,8 @@ fn choose_seeded(
                 .map(|&index| (index, Outcome::Skipped))
                 .collect();
         }
+        // Candidates compiled together share their packing: one family.
+        let fastest_fitting = &fastest_fitting[family_of[members[0]]];
         let fastest = f64::from_bits(fastest_fitting.load(Ordering::Acquire));
         let (live, pruned): (Vec<usize>, Vec<usize>) = members
             .iter()
@@ -370,7 +401,7 @@ fn choose_seeded(
             .collect();
         let live_candidates: Vec<&Candidate> =
             live.iter().map(|&index| &candidates[index]).collect();
-        let below = tune.prune.then_some(&fastest_fitting);
+        let below = tune.prune.then_some(fastest_fitting);
         let evaluated = evaluate_below(strategy, spec, batch, &live_candidates, limit, tune, below);
         for (index, evaluated) in live.into_iter().zip(evaluated) {
             let evaluated = match evaluated {

@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::spec::Recompute;
+use slimpack_ir::step::Phase;
 use slimpack_ir::{Spec, StepIr};
 use slimpack_machine::cost::CostModel;
 use slimpack_machine::sim::{self, Metrics};
@@ -592,18 +593,20 @@ impl<'a> PipelineTree<'a> {
     }
 }
 
-/// What the tree prunes against: a packing about to be scheduled whose compute bound
-/// ([`sim::compute_bound`]) is above the fastest fitting step found so far is not scheduled
-/// nor simulated, since no schedule of it simulates faster. Only where what is left of the
-/// pipeline is `schedule-pipeline` (which orders the packs and may split backwards, no faster
-/// than whole ones) and `assign-recompute` (bounded with no recomputation on any stage).
+/// What the tree prunes against: a step whose bound is above the fastest fitting step found
+/// so far is not taken further, since nothing it makes simulates faster. A packing about to be
+/// scheduled is bounded by its compute ([`sim::compute_bound`]), a scheduled step by its
+/// schedules ([`sim::schedule_bound`]) before it is simulated or handed to `assign-recompute`
+/// — only where what is left of the pipeline is `schedule-pipeline` (which orders the packs
+/// and may split backwards, no faster than whole ones) and `assign-recompute` (bounded with
+/// no recomputation on any stage).
 struct Pruning<'a> {
     fastest: &'a AtomicU64,
     /// The machine of the group's spec, and with no recomputation.
     cost: &'a CostModel,
     least: &'a CostModel,
-    /// Bounds computed so far: (step number, with no recomputation, seconds).
-    bounds: RefCell<Vec<(usize, bool, f64)>>,
+    /// Bounds computed so far: (step number, scheduled, with no recomputation, seconds).
+    bounds: RefCell<Vec<(usize, bool, bool, f64)>>,
 }
 
 impl Pruning<'_> {
@@ -612,8 +615,8 @@ impl Pruning<'_> {
         f64::from_bits(self.fastest.load(Ordering::Acquire))
     }
 
-    /// The bound on the steps the passes `rest` make of `ir` (step number `step`), where they
-    /// start with scheduling and the bound holds for what they are; `None` otherwise.
+    /// The bound on the steps the passes `rest` make of `ir` (step number `step`), where the
+    /// bound holds for what they are; `None` otherwise.
     fn bound(
         &self,
         ir: &StepIr,
@@ -621,29 +624,35 @@ impl Pruning<'_> {
         rest: &[PipelineEntry],
     ) -> Result<Option<f64>, PassError> {
         let bounded = |name: &str| matches!(name, "schedule-pipeline" | "assign-recompute");
-        let starts = rest
-            .first()
-            .is_some_and(|entry| entry.info.name == "schedule-pipeline");
-        if !starts || !rest.iter().all(|entry| bounded(entry.info.name)) {
+        if !rest.iter().all(|entry| bounded(entry.info.name)) {
             return Ok(None);
         }
+        let scheduled = match rest.first().map(|entry| entry.info.name) {
+            Some("schedule-pipeline") => false,
+            _ if ir.phase() >= Phase::Scheduled => true,
+            _ => return Ok(None),
+        };
         let least = rest
             .iter()
             .any(|entry| entry.info.name == "assign-recompute");
-        if let Some(&(_, _, bound)) = self
-            .bounds
-            .borrow()
-            .iter()
-            .find(|&&(s, l, _)| s == step && l == least)
-        {
+        let known = self.bounds.borrow().iter().find_map(|&(s, k, l, bound)| {
+            (s == step && k == scheduled && l == least).then_some(bound)
+        });
+        if let Some(bound) = known {
             return Ok(Some(bound));
         }
         let cost = if least { self.least } else { self.cost };
-        let bound = sim::compute_bound(ir, cost).map_err(|error| PassError::Failed {
+        let bound = match scheduled {
+            false => sim::compute_bound(ir, cost),
+            true => sim::schedule_bound(ir, cost),
+        }
+        .map_err(|error| PassError::Failed {
             pass: "schedule-pipeline",
             message: format!("bounding the step: {error}"),
         })?;
-        self.bounds.borrow_mut().push((step, least, bound));
+        self.bounds
+            .borrow_mut()
+            .push((step, scheduled, least, bound));
         Ok(Some(bound))
     }
 }

@@ -25,11 +25,13 @@
 //! ablations without peer plans) keeps only its tuned configuration, as before.
 
 use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 
 use super::autotune::{self, Evaluation, TuneError, TuneOptions};
+use super::evaluate::evaluate_below;
 use super::strategy::{kept_for_step, Candidate, StrategyInfo};
 use crate::compile::Compiled;
 
@@ -167,8 +169,25 @@ pub fn choose_for_step(
                 continue;
             }
         }
-        match autotune::evaluate_with(strategy, spec, batch, &candidate.refined(), limit, tune) {
-            Ok((evaluation, compiled)) => {
+        // The tuned configuration runs in full; another is cut short where its packing's or
+        // schedule's bound is above the best fitting step so far (`evaluate_below`).
+        let refined = candidate.refined();
+        let evaluated = match position {
+            0 => autotune::evaluate_with(strategy, spec, batch, &refined, limit, tune).map(Some),
+            _ => {
+                let fastest = best
+                    .as_ref()
+                    .filter(|(current, _)| autotune::within(&current.metrics, limit))
+                    .map_or(f64::INFINITY, |(current, _)| current.metrics.step_time_s);
+                let fastest = AtomicU64::new(fastest.to_bits());
+                let members = [&refined];
+                evaluate_below(strategy, spec, batch, &members, limit, tune, Some(&fastest))
+                    .remove(0)
+            }
+        };
+        match evaluated {
+            Ok(None) => {}
+            Ok(Some((evaluation, compiled))) => {
                 compile_ms += evaluation.compile_ms;
                 if position == 0 {
                     tuned_fits = autotune::within(&evaluation.metrics, limit);

@@ -137,7 +137,7 @@ impl SaturatedRates {
 pub(super) fn build(ir: &StepIr, cost: &CostModel, layout: Layout) -> Result<Built, MachineError> {
     check_stages(ir, layout)?;
     let mut builder = Builder::new(ir, cost, layout)?;
-    builder.collect_packs(true);
+    builder.collect_packs(true, None);
     builder.compute_tasks()?;
     builder.pipeline_sends();
     builder.last_stage_edges();
@@ -173,7 +173,7 @@ impl<'a> UntimedPeaks<'a> {
                 replica_of_rank[rank as usize] = replica as u32;
             }
         }
-        builder.collect_packs(false);
+        builder.collect_packs(false, None);
         Ok(Some(UntimedPeaks {
             builder,
             models: Vec::new(),
@@ -211,8 +211,35 @@ pub(super) fn compute_bound(
 ) -> Result<f64, MachineError> {
     check_stages(ir, layout)?;
     let mut builder = Builder::new(ir, cost, layout)?;
-    builder.collect_packs(true);
+    builder.collect_packs(true, None);
     Ok(builder.compute_bound())
+}
+
+/// A lower bound on the step time of `ir`'s schedules from one replica's alone, see
+/// [`super::schedule_bound`].
+pub(super) fn schedule_bound(
+    ir: &StepIr,
+    cost: &CostModel,
+    layout: Layout,
+) -> Result<f64, MachineError> {
+    check_stages(ir, layout)?;
+    // The replica with the most packs, the likeliest to finish last.
+    let replica = ir
+        .replicas()
+        .iter()
+        .enumerate()
+        .max_by_key(|&(index, &replica)| {
+            let packs = ir.packs_on(replica, Direction::Forward).len()
+                + ir.packs_on(replica, Direction::Backward).len();
+            (packs, std::cmp::Reverse(index))
+        })
+        .map(|(index, _)| index);
+    let Some(replica) = replica else {
+        return Ok(0.0);
+    };
+    let mut builder = Builder::new(ir, cost, layout)?;
+    builder.collect_packs(true, Some(replica));
+    builder.replica_bound()
 }
 
 /// The IR's stages are those of the layout.
@@ -338,12 +365,15 @@ impl<'a> Builder<'a> {
     }
 
     /// Numbers the packs as the IR's text form does (per replica, forward then backward) and
-    /// gathers their slices; with `timed`, also what their durations and the step's FLOPs
-    /// need.
-    fn collect_packs(&mut self, timed: bool) {
+    /// gathers their slices (of every replica, or `only` one); with `timed`, also what their
+    /// durations and the step's FLOPs need.
+    fn collect_packs(&mut self, timed: bool, only: Option<usize>) {
         let ir = self.ir;
         let mut numbers = [0u32; 2];
         for (replica, &replica_id) in ir.replicas().iter().enumerate() {
+            if only.is_some_and(|only| only != replica) {
+                continue;
+            }
             let split = self.split(replica as u32);
             for (slot, direction) in [Direction::Forward, Direction::Backward]
                 .into_iter()
@@ -570,6 +600,110 @@ impl<'a> Builder<'a> {
             *peak = (*peak).max(timeline.peak_bytes);
         })?;
         Ok(peaks)
+    }
+
+    /// The collected replica's step without contention: its pack compute tasks in each
+    /// device's schedule order, each after what it depends on (the same pack's forward on the
+    /// stage before, its backward on the stage after, through a send that takes its time but
+    /// holds no stream; on the last stage, a backward after its slices' forwards), as early as
+    /// those allow; then each device's DP sync tail. Every constraint here is one the
+    /// simulator also enforces, with its own on top (streams, other replicas), so its step is
+    /// no shorter. `Err` where a schedule is malformed; 0 where the schedules deadlock (the
+    /// simulator reports that).
+    fn replica_bound(&mut self) -> Result<f64, MachineError> {
+        let stages = self.stages as usize;
+        let pp = self.layout.pp as usize;
+        let mut orders: Vec<Vec<Scheduled>> = vec![Vec::new(); pp];
+        self.walk_schedules(|_, entry| orders[entry.device as usize].push(entry))?;
+        let unset = f64::NAN;
+        // End times of (pack, stage): whole op or input gradient (a weight gradient only
+        // holds its device, which `free` keeps).
+        let mut ends = vec![unset; self.packs.len() * stages];
+        let mut next = vec![0usize; pp];
+        let mut free = vec![0.0f64; pp];
+        let mut remaining: usize = orders.iter().map(Vec::len).sum();
+        while remaining > 0 {
+            let mut progressed = false;
+            for device in 0..pp {
+                while let Some(&entry) = orders[device].get(next[device]) {
+                    let Some(ready) = self.ready_at(entry, &ends) else {
+                        break;
+                    };
+                    let end = ready.max(free[device]) + self.task_seconds(entry);
+                    if entry.part != Part::WeightGrad {
+                        ends[entry.pack.0 as usize * stages + entry.stage as usize] = end;
+                    }
+                    free[device] = end;
+                    next[device] += 1;
+                    remaining -= 1;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                return Ok(0.0);
+            }
+        }
+        let all_ranks: Vec<u32> = (0..self.layout.dp).collect();
+        Ok((0..self.layout.pp)
+            .filter(|&device| !orders[device as usize].is_empty())
+            .map(|device| {
+                let tail = self.cost.dp_sync(device, &all_ranks).total_s()
+                    + self.cost.optimizer_time(device);
+                free[device as usize] + tail
+            })
+            .fold(0.0, f64::max))
+    }
+
+    /// When `entry`'s dependencies on other stages have ended (see
+    /// [`Builder::replica_bound`]); `None` while one has not.
+    fn ready_at(&self, entry: Scheduled, ends: &[f64]) -> Option<f64> {
+        let stages = self.stages as usize;
+        let pack = entry.pack.0 as usize;
+        let info = self.packs[pack];
+        let slot = |stage: u32| pack * stages + stage as usize;
+        let ended = |time: f64| (!time.is_nan()).then_some(time);
+        let send = |from: u32, to: u32| {
+            let ranks = &self.replicas[info.replica as usize];
+            let layout = self.layout;
+            let from_device = layout.first_device(layout.group(ranks[0], from));
+            let to_device = layout.first_device(layout.group(ranks[0], to));
+            let tokens = info.tokens.div_ceil(self.split(info.replica));
+            self.cost.send_time(tokens, from_device, to_device)
+        };
+        let last = self.stages - 1;
+        match (info.direction, entry.part) {
+            (_, Part::WeightGrad) => ended(ends[slot(entry.stage)]),
+            (Direction::Forward, _) if entry.stage == 0 => Some(0.0),
+            (Direction::Forward, _) => ended(ends[slot(entry.stage - 1)])
+                .map(|end| end + send(entry.stage - 1, entry.stage)),
+            (Direction::Backward, _) if entry.stage < last => ended(ends[slot(entry.stage + 1)])
+                .map(|end| end + send(entry.stage + 1, entry.stage)),
+            (Direction::Backward, _) => {
+                let mut ready = 0.0f64;
+                for position in self.pack_slices[pack].clone() {
+                    let forward = self.forward_of_node[self.slices[position as usize].node];
+                    if forward == NONE {
+                        continue;
+                    }
+                    ready = ready.max(ended(ends[forward as usize * stages + last as usize])?);
+                }
+                Some(ready)
+            }
+        }
+    }
+
+    /// The duration of a scheduled compute task (as [`Builder::compute_task`] times it).
+    fn task_seconds(&self, entry: Scheduled) -> f64 {
+        let info = self.packs[entry.pack.0 as usize];
+        let ranks = &self.replicas[info.replica as usize];
+        self.stage_cost(entry.stage)
+            .work_part_time_on(
+                entry.stage,
+                &self.works[entry.pack.0 as usize],
+                entry.part,
+                ranks,
+            )
+            .critical_path_s()
     }
 
     /// The most any device group must run (every pack's forward and whole backward on each

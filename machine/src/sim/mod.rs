@@ -121,6 +121,12 @@ pub fn compute_bound(ir: &StepIr, model: &CostModel) -> Result<f64, MachineError
     if ir.phase() < Phase::Packed {
         return Err(MachineError::NotPacked { phase: ir.phase() });
     }
+    same_but_recompute(ir, model)?;
+    build::compute_bound(ir, model, Layout::new(&ir.spec.parallel))
+}
+
+/// `model` is built for `ir.spec`, but maybe for another recomputation.
+fn same_but_recompute(ir: &StepIr, model: &CostModel) -> Result<(), MachineError> {
     let mut spec = model.spec().clone();
     spec.model.recompute = ir.spec.model.recompute;
     if spec != ir.spec {
@@ -129,7 +135,21 @@ pub fn compute_bound(ir: &StepIr, model: &CostModel) -> Result<f64, MachineError
             ir: describe(&ir.spec),
         });
     }
-    build::compute_bound(ir, model, Layout::new(&ir.spec.parallel))
+    Ok(())
+}
+
+/// A lower bound on the step time [`simulate`] reports for `ir` (phase `scheduled` or later),
+/// from one replica's schedules alone: the replica with the most packs runs its packs in
+/// each device's order, each after what it depends on (sends take their time but hold no
+/// stream, no other replica shares a device), then each device's DP sync tail. The tuner
+/// skips simulating a step whose bound is above a step it already has. `model` as for
+/// [`compute_bound`] (the machine of `ir.spec`, or with less recomputation).
+pub fn schedule_bound(ir: &StepIr, model: &CostModel) -> Result<f64, MachineError> {
+    if ir.phase() < Phase::Scheduled {
+        return Err(MachineError::NotScheduled { phase: ir.phase() });
+    }
+    same_but_recompute(ir, model)?;
+    build::schedule_bound(ir, model, Layout::new(&ir.spec.parallel))
 }
 
 /// What a simulation needs of `ir` and `model`: a scheduled step, and the machine of its spec.

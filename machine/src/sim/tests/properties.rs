@@ -7,7 +7,7 @@ use slimpack_ir::batch::Sample;
 use slimpack_ir::step::{BatchInfo, Direction, Pack, Phase, SliceId, StepIr};
 
 use super::super::fixture::{defer_weight_grads, one_f_one_b, schedule_gpipe, ReplicaPlan};
-use super::super::{compute_bound, PeakProbe, SimResult, Stream};
+use super::super::{compute_bound, schedule_bound, PeakProbe, SimResult, Stream};
 use super::{checked_run, spec};
 use crate::cost::CostModel;
 use slimpack_ir::spec::Recompute;
@@ -296,11 +296,12 @@ proptest! {
         prop_assert_eq!(probed, simulated);
     }
 
-    /// The compute bound holds for every schedule the simulator runs: the step's own (1F1B or
-    /// GPipe, split backwards or whole), under its recomputation and, as for a pass that
+    /// The compute bound holds for every schedule the simulator runs, and the schedule bound
+    /// for the step's own (1F1B or GPipe, split backwards or whole, with DP-Merge groups
+    /// sharing devices with plain replicas), under its recomputation and, as for a pass that
     /// lowers the stages' recomputation later, under none.
     #[test]
-    fn the_compute_bound_is_below_the_simulated_step(
+    fn the_bounds_are_below_the_simulated_step(
         case in case(),
         cuts in 0u32..4,
         width in 1usize..4,
@@ -321,11 +322,19 @@ proptest! {
             }
         }
         let cost = CostModel::new(&ir.spec);
+        let none = cost.with_recompute(Recompute::None);
         let bound = compute_bound(&ir, &cost).unwrap();
-        let least = compute_bound(&ir, &cost.with_recompute(Recompute::None)).unwrap();
+        let least = compute_bound(&ir, &none).unwrap();
+        let scheduled = schedule_bound(&ir, &cost).unwrap();
+        let scheduled_least = schedule_bound(&ir, &none).unwrap();
         let (_, _, result) = checked_run(ir);
         let step = result.metrics.step_time_s;
         prop_assert!(bound > 0.0 && bound <= step * (1.0 + 1e-12), "bound {bound} step {step}");
         prop_assert!(least <= bound * (1.0 + 1e-12), "least {least} bound {bound}");
+        prop_assert!(
+            scheduled > 0.0 && scheduled <= step * (1.0 + 1e-12),
+            "schedule bound {scheduled} step {step}"
+        );
+        prop_assert!(scheduled_least <= scheduled * (1.0 + 1e-12));
     }
 }
