@@ -65,8 +65,10 @@ pub fn compile_entries(
 }
 
 /// Lowers a scheduled step to per-worker op lists (the `lower` pass, recorded with the others
-/// and counted in the compile time). With verification, the lowered step is verified, not
-/// again its input: every caller hands on a step its pipeline or tuning just verified.
+/// and counted in the compile time). With verification, what lowering adds is verified
+/// ([`slimpack_ir::verify::verify_program`]: the stored program is the schedule's lowering,
+/// and executable), not again the scheduled step: every caller hands on a step its pipeline
+/// or tuning just verified, and `lower` only stores the program.
 pub fn lower(
     compiled: &mut Compiled,
     manager: &ManagerOptions,
@@ -74,11 +76,23 @@ pub fn lower(
 ) -> Result<()> {
     let pipeline = parse_pipeline("lower")?;
     let start = Instant::now();
-    let manager = ManagerOptions {
-        verify_result_only: true,
+    let unverified = ManagerOptions {
+        verify: false,
         ..manager.clone()
     };
-    let records = run_pipeline(&mut compiled.ir, &pipeline, &manager, print_sink)?;
+    let mut records = run_pipeline(&mut compiled.ir, &pipeline, &unverified, print_sink)?;
+    if manager.verify {
+        let verify_start = Instant::now();
+        slimpack_ir::verify::verify_program(&compiled.ir).map_err(|source| {
+            slimpack_passes::PassError::Invalid {
+                after: Some("lower"),
+                source,
+            }
+        })?;
+        if let Some(record) = records.last_mut() {
+            record.verify_ms += verify_start.elapsed().as_secs_f64() * 1e3;
+        }
+    }
     compiled.compile_ms += start.elapsed().as_secs_f64() * 1e3;
     compiled.passes.extend(records);
     Ok(())

@@ -62,10 +62,13 @@ use std::fmt;
 use rustc_hash::FxHashMap;
 
 use petgraph::graph::DiGraph;
+use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 
 use crate::error::{IrError, Result};
 use crate::spec::Recompute;
-use crate::step::{Direction, PackId, Part, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr};
+use crate::step::{
+    Direction, Edge, PackId, Part, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr,
+};
 use crate::text::Names;
 
 /// The invariant a lowered step breaks while its program is not stored yet (what the text
@@ -99,6 +102,26 @@ pub fn verify(ir: &StepIr) -> Result<()> {
         Ok(())
     } else {
         Err(IrError::Verify { errors })
+    }
+}
+
+/// Verifies only what lowering adds to a step (`program-stored`, `program-derived`,
+/// `program-executable`): for a lowered step whose scheduled form was verified before the
+/// `lower` pass, which stores the program and changes nothing else.
+pub fn verify_program(ir: &StepIr) -> Result<()> {
+    let mut verifier = Verifier {
+        ir,
+        names: OnceCell::new(),
+        errors: Vec::new(),
+        pack_position: Vec::new(),
+        member_position: Memberships::new(0),
+    };
+    verifier.program();
+    match verifier.errors.is_empty() {
+        true => Ok(()),
+        false => Err(IrError::Verify {
+            errors: verifier.errors,
+        }),
     }
 }
 
@@ -306,6 +329,20 @@ impl Verifier<'_> {
 
     fn samples_and_slices(&mut self) {
         let ir = self.ir;
+        // Each slice's dependency edges, read in one pass over the edge table (not a walk of
+        // every slice's edge list): the target of its one `Next` edge, `MANY` with several.
+        const NO_NEXT: u32 = u32::MAX;
+        const MANY: u32 = u32::MAX - 1;
+        let mut next_of = vec![NO_NEXT; petgraph::visit::NodeIndexable::node_bound(ir.graph())];
+        for edge in ir.graph().edge_references() {
+            if *edge.weight() == Edge::Next {
+                let next = &mut next_of[edge.source().index()];
+                *next = match *next {
+                    NO_NEXT => edge.target().index() as u32,
+                    _ => MANY,
+                };
+            }
+        }
         for &sample_id in ir.samples() {
             let sample = *ir.sample(sample_id);
             let name = At::Sample(sample_id);
@@ -346,8 +383,10 @@ impl Verifier<'_> {
                     );
                 }
                 covered = covered.max(slice.end());
-                let expected_next = slices.get(j + 1).copied();
-                if ir.next_slice(slice_id) != expected_next {
+                let expected_next = slices
+                    .get(j + 1)
+                    .map_or(NO_NEXT, |next| next.node().index() as u32);
+                if next_of[slice_id.node().index()] != expected_next {
                     self.report(
                         slice_name,
                         "slice-chain",

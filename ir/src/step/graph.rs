@@ -330,6 +330,33 @@ impl StepIr {
             .insert(position);
     }
 
+    /// Places every sample of `placements` on its replica, as [`StepIr::place_sample`] one
+    /// by one would; where they are many (a packer that re-places the whole batch), the
+    /// replicas' sample sets are rebuilt once instead of edited per sample.
+    pub fn place_samples(&mut self, placements: &[(SampleId, ReplicaId)]) {
+        if placements.len() < self.samples.len() / 8 {
+            for &(sample, replica) in placements {
+                self.place_sample(sample, replica);
+            }
+            return;
+        }
+        for &(sample, replica) in placements {
+            let position = self.position_of(sample);
+            self.sample_replica[position as usize] = Some(replica);
+        }
+        let mut placed: FxHashMap<ReplicaId, Vec<u32>> = FxHashMap::default();
+        for (position, replica) in self.sample_replica.iter().enumerate() {
+            if let Some(replica) = replica {
+                placed.entry(*replica).or_default().push(position as u32);
+            }
+        }
+        // Positions come in order: each set is built from a sorted run.
+        self.replica_samples = placed
+            .into_iter()
+            .map(|(replica, positions)| (replica, positions.into_iter().collect()))
+            .collect();
+    }
+
     /// The replica a sample is placed on.
     pub fn replica_of_sample(&self, sample: SampleId) -> Option<ReplicaId> {
         self.sample_replica[self.position_of(sample) as usize]

@@ -428,11 +428,14 @@ impl Pass for PackSymmetric {
             padding::padded_length(&lengths)
         });
         if self.scope == Scope::Global {
-            for (&replica, packs) in replicas.iter().zip(&plan) {
-                for &sample in packs.iter().flatten() {
-                    ir.place_sample(sample, replica);
-                }
-            }
+            let placements: Vec<(SampleId, ReplicaId)> = replicas
+                .iter()
+                .zip(&plan)
+                .flat_map(|(&replica, packs)| {
+                    packs.iter().flatten().map(move |&sample| (sample, replica))
+                })
+                .collect();
+            ir.place_samples(&placements);
         }
         let (mut packs, mut largest, mut most) = (0usize, 0u64, 0usize);
         for (&replica, groups) in replicas.iter().zip(&plan) {
