@@ -1033,3 +1033,28 @@ fn per_stage_recomputation_where_one_mode_runs() {
         &["stage 0 of the step recomputes with recompute=block:1"],
     );
 }
+
+/// What the tuning verifies: `--verify-candidates` with `--passes` (which verifies every pass
+/// anyway) is refused, with `--no-verify` contradicts it; with a strategy, every candidate's
+/// step is verified and the choice is the default's.
+#[test]
+fn verify_candidates_applies_to_a_strategy_only() {
+    let batch = ["--batch", LENGTHS, "--report", "json"];
+    let with = |extra: &[&'static str]| {
+        let mut args = tiny("tp=1,pp=2,dp=2", &batch);
+        args.extend_from_slice(extra);
+        args
+    };
+    bad_input(
+        &with(&["--passes", "assign-dp", "--verify-candidates"]),
+        &["--verify-candidates", "--passes"],
+    );
+    let contradiction = slimpack(&with(&["--verify-candidates", "--no-verify"]));
+    assert_eq!(contradiction.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&contradiction.stderr).contains("cannot be used with"));
+    let (every, _) = ok(&with(&["--strategy", "slimpack", "--verify-candidates"]));
+    let (chosen, _) = ok(&with(&["--strategy", "slimpack"]));
+    let (every, chosen) = (json(&every), json(&chosen));
+    assert_eq!(every["candidate"], chosen["candidate"]);
+    assert_eq!(every["step_time_s"], chosen["step_time_s"]);
+}

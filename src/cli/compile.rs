@@ -333,6 +333,9 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     if strategy.is_none() && args.no_prune {
         bail!("--no-prune applies to a strategy's tuning, not to --passes");
     }
+    if strategy.is_none() && args.verify_candidates {
+        bail!("--verify-candidates applies to a strategy's tuning, not to --passes (which verifies every pass)");
+    }
     if strategy.is_none() && args.memory_limit.is_some() {
         bail!("--memory-limit applies to a strategy's tuning, not to --passes");
     }

@@ -8,7 +8,9 @@
 //! their packing and refinement run once for the group; each keeps the best of its own
 //! pipelines, as it would alone. With result-only verification the tree verifies the step each
 //! pipeline finishes with; a broken one is compiled again verifying every pass, so that the
-//! error names the pass.
+//! error names the pass. Against a fastest fitting step found elsewhere ([`evaluate_below`]),
+//! the tree bounds a packing before scheduling it and a schedule before simulating it, and
+//! takes neither further where the bound is above that step.
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
