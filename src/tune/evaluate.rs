@@ -28,7 +28,7 @@ use slimpack_passes::{
 };
 
 use super::autotune::{
-    candidate_spec, preferred, within, Evaluation, TuneError, TuneOptions, Verify,
+    candidate_spec, exceeds, preferred, within, Evaluation, TuneError, TuneOptions, Verify,
 };
 use super::strategy::{Candidate, StrategyInfo};
 use crate::compile::{compile_entries, Compiled};
@@ -44,19 +44,18 @@ pub fn evaluate(
     candidate: &Candidate,
     limit: u64,
 ) -> Result<(Evaluation, Compiled), TuneError> {
-    evaluate_with(
-        strategy,
-        spec,
-        batch,
-        candidate,
-        limit,
-        &TuneOptions::default(),
-    )
+    let verified = TuneOptions {
+        verify: Verify::Candidates,
+        ..TuneOptions::default()
+    };
+    evaluate_with(strategy, spec, batch, candidate, limit, &verified)
 }
 
-/// [`evaluate`] with the caller's options (verification: with [`Verify::Candidates`] the
-/// verifier checks each pipeline's result, otherwise the candidate is not verified here); when one is broken, the candidate is compiled again verifying every pass, so that
-/// the error names the pass that broke it.
+/// [`evaluate`] (which verifies) with the caller's options: with [`Verify::Candidates`] the
+/// verifier checks each pipeline's result, otherwise the candidate is not verified here (the
+/// caller verifies the step it hands on, [`super::autotune::verify_chosen`]); when one is
+/// broken, the candidate is compiled again verifying every pass, so that the error names the
+/// pass that broke it.
 pub fn evaluate_with(
     strategy: &StrategyInfo,
     spec: &Spec,
@@ -496,7 +495,7 @@ impl<'a> PipelineTree<'a> {
                         .map_err(TreeError::Pass)?
                         .flatten();
                     match bound {
-                        Some(bound) if bound > pruning.fastest_s() => {
+                        Some(bound) if exceeds(bound, pruning.fastest_s()) => {
                             finish(member, Finished::Pruned).map_err(TreeError::Tune)?;
                         }
                         _ => live.push(member),

@@ -173,7 +173,9 @@ pub fn choose_for_step(
         // schedule's bound is above the best fitting step so far (`evaluate_below`).
         let refined = candidate.refined();
         let evaluated = match position {
-            0 => autotune::evaluate_with(strategy, spec, batch, &refined, limit, tune).map(Some),
+            _ if position == 0 || !tune.prune => {
+                autotune::evaluate_with(strategy, spec, batch, &refined, limit, tune).map(Some)
+            }
             _ => {
                 let fastest = best
                     .as_ref()

@@ -36,7 +36,7 @@ use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 use slimpack_machine::sim::Metrics;
 
-use super::autotune::{self, AtomicMinF64, Evaluation, TuneError, TuneOptions};
+use super::autotune::{self, AtomicMinF64, Evaluation, TuneError, TuneOptions, Verify};
 use super::kept::{self, Score};
 use super::strategy::{kept_for_step, Candidate, Choices, StrategyInfo, StrategyState};
 
@@ -408,7 +408,11 @@ fn tune(
     let order = autotune::bound_order(&groups, &bounds);
     // The least total of a fitting trial so far (f64 bits; infinity until one fits).
     let best_fitting = AtomicU64::new(f64::INFINITY.to_bits());
-    let tune = TuneOptions::default();
+    // Every trial verified: a tuning step runs its trial's step, which nothing else checks.
+    let tune = TuneOptions {
+        verify: Verify::Candidates,
+        ..TuneOptions::default()
+    };
     let outcomes = autotune::parallel_map(&order, |_, &group| {
         let best = f64::from_bits(best_fitting.load(Ordering::Acquire));
         let (live, pruned): (Vec<usize>, Vec<usize>) = groups[group]
