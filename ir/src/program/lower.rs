@@ -18,13 +18,6 @@ pub fn lower(ir: &StepIr) -> Program {
         ir.phase()
     );
     let names = Names::of_packs(ir);
-    let sample_index: HashMap<_, u32> = ir
-        .samples()
-        .iter()
-        .enumerate()
-        .map(|(index, &id)| (id, index as u32))
-        .collect();
-
     let order = pack_order(ir);
     let pack_index: HashMap<PackId, u32> = order
         .iter()
@@ -41,7 +34,7 @@ pub fn lower(ir: &StepIr) -> Program {
             .map(|slice| {
                 let s = ir.slice(slice);
                 SliceLayout {
-                    sample: sample_index[&ir.sample_of(slice)],
+                    sample: ir.position_of(ir.sample_of(slice)),
                     start: s.start,
                     end: s.end(),
                     kv_start: 0,

@@ -157,8 +157,9 @@ impl StepIr {
         id
     }
 
-    /// A sample's position in batch order (a node that is no sample is a bug in the caller).
-    fn position_of(&self, sample: SampleId) -> u32 {
+    /// A sample's position in batch order, its index in [`StepIr::samples`] (a node that is no
+    /// sample is a bug in the caller).
+    pub fn position_of(&self, sample: SampleId) -> u32 {
         match self.sample_position.get(sample.0.index()) {
             Some(&position) if position != u32::MAX => position,
             _ => panic!("{sample:?} is not a sample; this is a bug"),
