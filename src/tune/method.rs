@@ -290,24 +290,7 @@ pub(crate) fn with_zero_bubble(
         .filter(|candidate| candidate.vpp.is_none_or(|vpp| vpp == 1))
         .map(|candidate| Candidate {
             label: format!("{},zb", candidate.label),
-            pipeline: split(&candidate.pipeline),
-            variants: candidate
-                .variants
-                .iter()
-                .map(|variant| Variant {
-                    label: variant.label.clone(),
-                    pipeline: split(&variant.pipeline),
-                })
-                .collect(),
-            refinements: candidate
-                .refinements
-                .iter()
-                .map(|variant| Variant {
-                    label: variant.label.clone(),
-                    pipeline: split(&variant.pipeline),
-                })
-                .collect(),
-            ..candidate.clone()
+            ..candidate.map_pipelines(split)
         })
         .collect();
     let mut all = candidates;

@@ -13,7 +13,7 @@
 use slimpack_ir::spec::Recompute;
 use slimpack_passes::parse_pipeline;
 
-use super::strategy::{Candidate, Choices, Variant, DEFAULT_MEMORY_LIMIT};
+use super::strategy::{Candidate, Choices, DEFAULT_MEMORY_LIMIT};
 
 /// The pass that assigns the stages' recomputation.
 const PASS: &str = "assign-recompute";
@@ -36,24 +36,7 @@ pub fn with_stage_recompute(candidates: Vec<Candidate>, choices: &Choices) -> Ve
             label: candidate
                 .label
                 .replace("recompute=full", "recompute=per-stage"),
-            pipeline: assign(&candidate.pipeline),
-            variants: candidate
-                .variants
-                .iter()
-                .map(|variant| Variant {
-                    label: variant.label.clone(),
-                    pipeline: assign(&variant.pipeline),
-                })
-                .collect(),
-            refinements: candidate
-                .refinements
-                .iter()
-                .map(|variant| Variant {
-                    label: variant.label.clone(),
-                    pipeline: assign(&variant.pipeline),
-                })
-                .collect(),
-            ..candidate.clone()
+            ..candidate.map_pipelines(assign)
         })
         .collect();
     let mut all = candidates;
@@ -87,6 +70,7 @@ pub fn least_recompute(candidate: &Candidate) -> Recompute {
 
 #[cfg(test)]
 mod tests {
+    use super::super::strategy::Variant;
     use super::*;
 
     fn candidate(recompute: Recompute) -> Candidate {

@@ -58,6 +58,26 @@ pub struct Candidate {
 }
 
 impl Candidate {
+    /// The candidate with `f` applied to every pipeline it has (its own, its variants', its
+    /// refinements'): a twin that runs the same configuration another way.
+    pub fn map_pipelines(&self, f: impl Fn(&str) -> String) -> Candidate {
+        let map = |variants: &[Variant]| {
+            variants
+                .iter()
+                .map(|variant| Variant {
+                    label: variant.label.clone(),
+                    pipeline: f(&variant.pipeline),
+                })
+                .collect()
+        };
+        Candidate {
+            pipeline: f(&self.pipeline),
+            variants: map(&self.variants),
+            refinements: map(&self.refinements),
+            ..self.clone()
+        }
+    }
+
     /// The candidate with its refinements among its variants: what a step that runs it
     /// compiles.
     pub fn refined(&self) -> Candidate {
