@@ -495,8 +495,16 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 );
             }
             if let Some(chosen) = &chosen {
+                let cut = match (chosen.pruned, chosen.skipped) {
+                    (0, 0) => String::new(),
+                    (pruned, 0) => format!(" ({pruned} ruled out by their lower bounds)"),
+                    (0, skipped) => format!(" ({skipped} skipped: the budget was spent)"),
+                    (pruned, skipped) => format!(
+                        " ({pruned} ruled out by their lower bounds, {skipped} skipped: the budget was spent)"
+                    ),
+                };
                 eprintln!(
-                    "  strategy {}: chose {} of {} candidates",
+                    "  strategy {}: chose {} of {} candidates{cut}",
                     chosen.strategy, chosen.label, chosen.candidates
                 );
             }
