@@ -153,6 +153,10 @@ pub(super) struct UntimedPeaks<'a> {
     builder: Builder<'a>,
     /// The machine under each mode asked about so far.
     models: Vec<(Recompute, CostModel)>,
+    /// Per mode (the model's first, then `models`' order), the memory effects computed so
+    /// far by (pack, stage ends, part): a pack's effect depends on its stage through those
+    /// and the stage's mode only, so stages and probes that share them share it.
+    effects: Vec<Vec<Option<MemoryEffect>>>,
 }
 
 impl<'a> UntimedPeaks<'a> {
@@ -177,6 +181,7 @@ impl<'a> UntimedPeaks<'a> {
         Ok(Some(UntimedPeaks {
             builder,
             models: Vec::new(),
+            effects: Vec::new(),
         }))
     }
 
@@ -185,20 +190,31 @@ impl<'a> UntimedPeaks<'a> {
         let builder = &mut self.builder;
         let model_mode = builder.ir.spec.model.recompute;
         let pp = builder.layout.pp;
+        let mut stage_modes = Vec::with_capacity(builder.stages as usize);
         builder.stage_costs = (0..builder.stages)
             .map(|stage| {
                 let mode = modes[(stage % pp) as usize];
-                (mode != model_mode).then(|| match self.models.iter().find(|(m, _)| *m == mode) {
-                    Some((_, model)) => model.clone(),
+                if mode == model_mode {
+                    stage_modes.push(0);
+                    return None;
+                }
+                let index = match self.models.iter().position(|(m, _)| *m == mode) {
+                    Some(index) => index,
                     None => {
-                        let model = builder.cost.with_recompute(mode);
-                        self.models.push((mode, model.clone()));
-                        model
+                        self.models.push((mode, builder.cost.with_recompute(mode)));
+                        self.models.len() - 1
                     }
-                })
+                };
+                stage_modes.push(index + 1);
+                Some(self.models[index].1.clone())
             })
             .collect();
-        builder.untimed_device_peaks()
+        let slots = builder.packs.len() * 4 * 3;
+        self.effects.resize_with(self.models.len() + 1, Vec::new);
+        for effects in &mut self.effects {
+            effects.resize(slots, None);
+        }
+        builder.untimed_device_peaks(&stage_modes, &mut self.effects)
     }
 }
 
@@ -585,7 +601,13 @@ impl<'a> Builder<'a> {
     /// timing the step: exact where no device group runs two replicas (no rank in two
     /// replicas, which [`UntimedPeaks::new`] checks), since a group's compute stream then runs
     /// exactly its device's schedule, in order, and only pack compute tasks change memory.
-    fn untimed_device_peaks(&mut self) -> Result<Vec<u64>, MachineError> {
+    /// `stage_modes[stage]` indexes `effects` (see [`UntimedPeaks`]), the memo of memory
+    /// effects by mode and (pack, stage ends, part).
+    fn untimed_device_peaks(
+        &mut self,
+        stage_modes: &[usize],
+        effects: &mut [Vec<Option<MemoryEffect>>],
+    ) -> Result<Vec<u64>, MachineError> {
         let memory = self.cost.memory();
         let baseline = |device: u32| memory.model_state_bytes(device) + memory.workspace_bytes();
         let mut peaks: Vec<u64> = (0..self.layout.pp).map(baseline).collect();
@@ -594,8 +616,17 @@ impl<'a> Builder<'a> {
             if entry.first {
                 timeline = GroupMemory::new(baseline(entry.device));
             }
-            // Each (pack, stage, part) comes once: nothing to share between stages here.
-            timeline.stack(&builder.memory_effect(entry.pack, entry.stage, entry.part));
+            let ends = builder.cost.stage_ends(entry.stage).index();
+            let part = match entry.part {
+                Part::Whole => 0,
+                Part::InputGrad => 1,
+                Part::WeightGrad => 2,
+            };
+            let slot = (entry.pack.0 as usize * 4 + ends) * 3 + part;
+            let memo = &mut effects[stage_modes[entry.stage as usize]][slot];
+            let effect = *memo
+                .get_or_insert_with(|| builder.memory_effect(entry.pack, entry.stage, entry.part));
+            timeline.stack(&effect);
             let peak = &mut peaks[entry.device as usize];
             *peak = (*peak).max(timeline.peak_bytes);
         })?;
