@@ -478,18 +478,37 @@ fn choose_seeded(
         .iter()
         .position(|&index| index == chosen_index)
         .expect("the chosen candidate was evaluated");
-    // The chosen candidate's refinements: its step compiled with them among its variants
-    // keeps the best of all (the unrefined one where none is preferred).
-    if !candidates[chosen_index].refinements.is_empty() {
-        let refined = candidates[chosen_index].refined();
-        let (evaluation, refined_compiled) =
-            evaluate_with(strategy, spec, batch, &refined, limit, tune)?;
-        evaluations[chosen] = Evaluation {
-            candidate: candidates[chosen_index].clone(),
-            compile_ms: evaluations[chosen].compile_ms + evaluation.compile_ms,
-            ..evaluation
+    // The chosen candidate's refinements, compiled on their own: the best of them replaces
+    // its step where preferred to it (ties to the unrefined step, which comes first in
+    // `Candidate::refined`): what evaluating it refined chooses, without compiling and
+    // simulating its unrefined pipelines again.
+    let chosen_candidate = &candidates[chosen_index];
+    if let Some((first, rest)) = chosen_candidate.refinements.split_first() {
+        let refinements = Candidate {
+            pipeline: first.pipeline.clone(),
+            variants: rest.to_vec(),
+            refinements: Vec::new(),
+            ..chosen_candidate.clone()
         };
-        compiled = refined_compiled;
+        let (evaluation, refined) =
+            evaluate_with(strategy, spec, batch, &refinements, limit, tune)?;
+        let current = &evaluations[chosen];
+        let compile_ms = current.compile_ms + evaluation.compile_ms;
+        if preferred(&evaluation.metrics, &current.metrics, limit) {
+            let variant = match evaluation.variant.as_str() {
+                "" => first.label.clone(),
+                _ => evaluation.variant.clone(),
+            };
+            evaluations[chosen] = Evaluation {
+                candidate: chosen_candidate.clone(),
+                variant,
+                compile_ms,
+                ..evaluation
+            };
+            compiled = refined;
+        } else {
+            evaluations[chosen].compile_ms = compile_ms;
+        }
     }
     let candidate = candidates[chosen_index].refined();
     verify_chosen(strategy, spec, batch, limit, tune, &candidate, &compiled.ir)?;
