@@ -26,7 +26,7 @@ use slimpack_machine::sim::Metrics;
 use slimpack_passes::ManagerOptions;
 
 use crate::compile::{lower, Compiled};
-use crate::tune::autotune::{self, TuneOptions, Verify};
+use crate::tune::autotune::{self, TuneOptions};
 use crate::tune::kept::{self, Score};
 use crate::tune::strategy::{self, Choices, StrategyInfo, StrategyState};
 
@@ -119,7 +119,7 @@ pub fn plan_epoch(
     let start = Instant::now();
     let strategy = options.strategy;
     let manager = ManagerOptions {
-        verify: options.tune.verify != Verify::Off,
+        verify: options.tune.verify.any(),
         ..ManagerOptions::default()
     };
     let mut stream = dataset.batch_stream(batch_options)?;
@@ -272,7 +272,7 @@ fn tune_step(
     tune: &TuneOptions,
 ) -> Result<TunedStep, PlanError> {
     let manager = ManagerOptions {
-        verify: tune.verify != Verify::Off,
+        verify: tune.verify.any(),
         ..ManagerOptions::default()
     };
     let choice = autotune::choose_with(strategy, spec, &batch, state, choices, tune)?;

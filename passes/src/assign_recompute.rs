@@ -180,11 +180,8 @@ pub fn ladder_mode(level: u32, top: u32) -> Recompute {
 
 /// Sets every stage of pipeline device `d` to rung `levels[d]`.
 fn set_levels(ir: &mut StepIr, levels: &[u32], top: u32) {
-    let parallel = ir.spec.parallel;
     for (device, &level) in levels.iter().enumerate() {
-        for stage in parallel.stages_on(device as u32) {
-            ir.set_stage_recompute(stage, Some(ladder_mode(level, top)));
-        }
+        ir.set_device_recompute(device as u32, Some(ladder_mode(level, top)));
     }
 }
 
@@ -205,12 +202,7 @@ mod tests {
     /// The peak memory of each pipeline device, from a full simulation of the step.
     fn device_peaks(ir: &StepIr, cost: &CostModel) -> Result<Vec<u64>> {
         let result = sim::simulate(ir, cost).map_err(simulation_failed)?;
-        let mut peaks = vec![0u64; ir.spec.parallel.pp as usize];
-        for (group, memory) in result.memory.iter().enumerate() {
-            let device = result.layout.stage_of(sim::GroupId(group as u32)) as usize;
-            peaks[device] = peaks[device].max(memory.peak_bytes);
-        }
-        Ok(peaks)
+        Ok(result.device_peaks())
     }
 
     /// llama-7b on a 40 GiB H100 at tp=2, pp=4: eight 16K-token samples in 1F1B, where stage

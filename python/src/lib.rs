@@ -146,7 +146,7 @@ fn plan(
     };
     let batch: Batch = dataset.global_batch(&options).map_err(bad_input)?;
     let tune = TuneOptions {
-        verify: verification(verify),
+        verify: Verify::from_flags(!verify, false),
         budget: tune_budget_ms.map(std::time::Duration::from_millis),
         ..TuneOptions::default()
     };
@@ -243,7 +243,7 @@ impl EpochPlanner {
                 strategy,
                 choices: &choices,
                 tune: TuneOptions {
-                    verify: verification(verify),
+                    verify: Verify::from_flags(!verify, false),
                     ..TuneOptions::default()
                 },
                 max_steps,
@@ -337,13 +337,4 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<EpochPlanner>()?;
     module.add("SCHEDULE_VERSION", schedule_json::VERSION)?;
     Ok(())
-}
-
-/// What a tuning verifies when the caller asks for verification or not: the step handed on,
-/// or nothing.
-fn verification(verify: bool) -> Verify {
-    match verify {
-        true => Verify::Chosen,
-        false => Verify::Off,
-    }
 }

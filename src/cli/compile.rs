@@ -359,11 +359,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             let batch = autotune::admit(info, &mut state, &job.spec, &batch);
             delayed = state.wlb.as_ref().map(|wlb| wlb.delay.backlog());
             let tune = autotune::TuneOptions {
-                verify: match (manager.verify, args.verify_candidates) {
-                    (false, _) => autotune::Verify::Off,
-                    (true, false) => autotune::Verify::Chosen,
-                    (true, true) => autotune::Verify::Candidates,
-                },
+                verify: autotune::Verify::from_flags(!manager.verify, args.verify_candidates),
                 budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
                 prune: !args.no_prune,
             };

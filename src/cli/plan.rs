@@ -163,11 +163,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         strategy: info,
         choices: &choices,
         tune: TuneOptions {
-            verify: match (args.no_verify, args.verify_candidates) {
-                (true, _) => Verify::Off,
-                (false, false) => Verify::Chosen,
-                (false, true) => Verify::Candidates,
-            },
+            verify: Verify::from_flags(args.no_verify, args.verify_candidates),
             budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
             prune: !args.no_prune,
         },

@@ -49,6 +49,7 @@ use slimpack_passes::{parse_pipeline, PassError, PassRecord};
 
 use super::evaluate::evaluate_below;
 pub use super::evaluate::{compiled_together, evaluate, evaluate_together, evaluate_with};
+pub use super::verify::{verify_chosen, Verify};
 use crate::compile::Compiled;
 
 /// Why a strategy could not be tuned.
@@ -75,22 +76,6 @@ pub enum TuneError {
     },
     #[error("strategy '{strategy}' offers no candidate for this spec and batch")]
     NoCandidate { strategy: &'static str },
-}
-
-/// What the tuning verifies.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verify {
-    /// Nothing (`--no-verify`).
-    Off,
-    /// The chosen step, the one handed on (the default; a tuning's choice, and each step's
-    /// among the kept configurations, [`verify_chosen`]): a broken one is compiled again
-    /// verifying every pass, so that the error names the pass that broke it. Candidates not
-    /// chosen are discarded unverified.
-    Chosen,
-    /// Every compiled candidate's step (`--verify-candidates`; one pruned by its bounds is not
-    /// compiled to the end): a broken candidate fails the tuning though it would not have been
-    /// chosen — for testing the passes, at the verifier's cost on every candidate.
-    Candidates,
 }
 
 /// What the caller asks of a tuning (see the module documentation).
@@ -420,13 +405,9 @@ fn choose_seeded(
         let below = tune.prune.then_some(fastest_fitting);
         let evaluated = evaluate_below(strategy, spec, batch, &live_candidates, limit, tune, below);
         for (index, evaluated) in live.into_iter().zip(evaluated) {
-            let evaluated = match evaluated {
-                Ok(None) => {
-                    outcomes.push((index, Outcome::Pruned));
-                    continue;
-                }
-                Ok(Some(evaluated)) => Ok(evaluated),
-                Err(error) => Err(error),
+            let Some(evaluated) = evaluated.transpose() else {
+                outcomes.push((index, Outcome::Pruned));
+                continue;
             };
             let outcome = Outcome::Evaluated(Box::new(evaluated.map(|(evaluation, compiled)| {
                 let metrics = &evaluation.metrics;
@@ -478,39 +459,14 @@ fn choose_seeded(
         .iter()
         .position(|&index| index == chosen_index)
         .expect("the chosen candidate was evaluated");
-    // The chosen candidate's refinements, compiled on their own: the best of them replaces
-    // its step where preferred to it (ties to the unrefined step, which comes first in
-    // `Candidate::refined`): what evaluating it refined chooses, without compiling and
-    // simulating its unrefined pipelines again.
     let chosen_candidate = &candidates[chosen_index];
-    if let Some((first, rest)) = chosen_candidate.refinements.split_first() {
-        let refinements = Candidate {
-            pipeline: first.pipeline.clone(),
-            variants: rest.to_vec(),
-            refinements: Vec::new(),
-            ..chosen_candidate.clone()
-        };
-        let (evaluation, refined) =
-            evaluate_with(strategy, spec, batch, &refinements, limit, tune)?;
-        let current = &evaluations[chosen];
-        let compile_ms = current.compile_ms + evaluation.compile_ms;
-        if preferred(&evaluation.metrics, &current.metrics, limit) {
-            let variant = match evaluation.variant.as_str() {
-                "" => first.label.clone(),
-                _ => evaluation.variant.clone(),
-            };
-            evaluations[chosen] = Evaluation {
-                candidate: chosen_candidate.clone(),
-                variant,
-                compile_ms,
-                ..evaluation
-            };
-            compiled = refined;
-        } else {
-            evaluations[chosen].compile_ms = compile_ms;
-        }
-    }
-    let candidate = candidates[chosen_index].refined();
+    refine_chosen(
+        (strategy, spec, batch, limit, tune),
+        chosen_candidate,
+        &mut evaluations[chosen],
+        &mut compiled,
+    )?;
+    let candidate = chosen_candidate.refined();
     verify_chosen(strategy, spec, batch, limit, tune, &candidate, &compiled.ir)?;
     Ok(Some(Choice {
         evaluations,
@@ -521,37 +477,41 @@ fn choose_seeded(
     }))
 }
 
-/// With [`Verify::Chosen`], verifies `ir`, the step `candidate` (its pipelines all among its
-/// variants) made of `batch` and a tuning chose; a broken one is compiled again verifying
-/// every pass, so that the error names the pass that broke it.
-pub fn verify_chosen(
-    strategy: &StrategyInfo,
-    spec: &Spec,
-    batch: &Batch,
-    limit: u64,
-    tune: &TuneOptions,
+/// Tries `candidate`'s refinements, compiled on their own, on the step it was chosen for
+/// (`evaluation`, `compiled`): the best of them replaces that step where preferred to it (ties
+/// to the unrefined step, which comes first in `Candidate::refined`) — what evaluating it
+/// refined chooses, without compiling and simulating its unrefined pipelines again.
+fn refine_chosen(
+    (strategy, spec, batch, limit, tune): (&StrategyInfo, &Spec, &Batch, u64, &TuneOptions),
     candidate: &Candidate,
-    ir: &slimpack_ir::StepIr,
+    evaluation: &mut Evaluation,
+    compiled: &mut Compiled,
 ) -> Result<(), TuneError> {
-    if tune.verify != Verify::Chosen {
+    let Some((first, rest)) = candidate.refinements.split_first() else {
         return Ok(());
+    };
+    let refinements = Candidate {
+        pipeline: first.pipeline.clone(),
+        variants: rest.to_vec(),
+        refinements: Vec::new(),
+        ..candidate.clone()
+    };
+    let (refined, refined_step) = evaluate_with(strategy, spec, batch, &refinements, limit, tune)?;
+    evaluation.compile_ms += refined.compile_ms;
+    if preferred(&refined.metrics, &evaluation.metrics, limit) {
+        let variant = match refined.variant.as_str() {
+            "" => first.label.clone(),
+            _ => refined.variant.clone(),
+        };
+        *evaluation = Evaluation {
+            candidate: candidate.clone(),
+            variant,
+            compile_ms: evaluation.compile_ms,
+            ..refined
+        };
+        *compiled = refined_step;
     }
-    let Err(source) = slimpack_ir::verify::verify(ir) else {
-        return Ok(());
-    };
-    let every_pass = TuneOptions {
-        verify: Verify::Candidates,
-        ..tune.clone()
-    };
-    evaluate_with(strategy, spec, batch, candidate, limit, &every_pass)?;
-    Err(TuneError::Compile {
-        strategy: strategy.name,
-        candidate: candidate.label.clone(),
-        source: Box::new(PassError::Invalid {
-            after: None,
-            source,
-        }),
-    })
+    Ok(())
 }
 
 /// What became of one candidate in [`choose_with`].

@@ -112,8 +112,8 @@ pub fn evaluate_together(
 }
 
 /// [`evaluate_together`] against `fastest`, the fastest fitting step the tuning has found so
-/// far (f64 bits, lowered by other threads meanwhile): a packing whose compute bound
-/// ([`sim::compute_bound`]) is above it is not scheduled nor simulated, and a member that
+/// far (f64 bits, lowered by other threads meanwhile): a packing or a schedule whose bound is
+/// above it goes no further ([`Pruning`]), and a member that
 /// could not be chosen because of that (none of its pipelines left, or its best one not a
 /// fitting step at most `fastest`) is `None`, pruned, as a candidate whose bound is above the
 /// fastest step is.
@@ -293,11 +293,12 @@ fn evaluate_verifying(
         scored[index] = Some(metrics);
         Ok(true)
     };
-    let least = cost.with_recompute(Recompute::None);
-    let pruning = fastest.map(|fastest| Pruning {
+    // The machine without recomputation bounds `assign-recompute`'s steps; only for pruning.
+    let least = fastest.map(|_| cost.with_recompute(Recompute::None));
+    let pruning = fastest.zip(least.as_ref()).map(|(fastest, least)| Pruning {
         fastest,
         cost,
-        least: &least,
+        least,
         bounds: RefCell::new(Vec::new()),
     });
     let tree = PipelineTree::new(&pipelines, &cx, &options, verify_results, pruning);

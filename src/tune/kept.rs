@@ -172,20 +172,24 @@ pub fn choose_for_step(
         // The tuned configuration runs in full; another is cut short where its packing's or
         // schedule's bound is above the best fitting step so far (`evaluate_below`).
         let refined = candidate.refined();
-        let evaluated = match position {
-            _ if position == 0 || !tune.prune => {
-                autotune::evaluate_with(strategy, spec, batch, &refined, limit, tune).map(Some)
-            }
-            _ => {
-                let fastest = best
-                    .as_ref()
-                    .filter(|(current, _)| autotune::within(&current.metrics, limit))
-                    .map_or(f64::INFINITY, |(current, _)| current.metrics.step_time_s);
-                let fastest = AtomicU64::new(fastest.to_bits());
-                let members = [&refined];
-                evaluate_below(strategy, spec, batch, &members, limit, tune, Some(&fastest))
-                    .remove(0)
-            }
+        let evaluated = if position == 0 || !tune.prune {
+            autotune::evaluate_with(strategy, spec, batch, &refined, limit, tune).map(Some)
+        } else {
+            let fastest = best
+                .as_ref()
+                .filter(|(current, _)| autotune::within(&current.metrics, limit))
+                .map_or(f64::INFINITY, |(current, _)| current.metrics.step_time_s);
+            let fastest = AtomicU64::new(fastest.to_bits());
+            evaluate_below(
+                strategy,
+                spec,
+                batch,
+                &[&refined],
+                limit,
+                tune,
+                Some(&fastest),
+            )
+            .remove(0)
         };
         match evaluated {
             Ok(None) => {}

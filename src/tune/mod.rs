@@ -12,6 +12,7 @@
 //! - [`kept`]: the configurations a run keeps from tuning (the tuned one and the best of each
 //!   other family: slimpack's own pipelines, each peer's plan) and each step's choice among
 //!   them by simulation;
+//! - [`verify`]: what a tuning verifies, and the check of the step it hands on;
 //! - [`run`]: the multi-step run policy, the same for every strategy (tune on the first K
 //!   steps, keep the configuration, re-plan a step over the memory limit, optionally drain what
 //!   a strategy held back) that `slimpack bench` measures.
@@ -26,3 +27,4 @@ pub mod method;
 pub mod run;
 pub mod stage_recompute;
 pub mod strategy;
+pub mod verify;

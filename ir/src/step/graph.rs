@@ -297,6 +297,14 @@ impl StepIr {
         }
     }
 
+    /// Sets the recomputation of every stage pipeline device `device` holds (one per model
+    /// chunk), as [`StepIr::set_stage_recompute`] does.
+    pub fn set_device_recompute(&mut self, device: u32, mode: Option<Recompute>) {
+        for stage in self.spec.parallel.stages_on(device) {
+            self.set_stage_recompute(stage, mode);
+        }
+    }
+
     /// Adds a replica (DP ranks ascending).
     pub fn add_replica(&mut self, mut ranks: Vec<u32>) -> ReplicaId {
         ranks.sort_unstable();

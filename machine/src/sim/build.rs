@@ -616,13 +616,7 @@ impl<'a> Builder<'a> {
             if entry.first {
                 timeline = GroupMemory::new(baseline(entry.device));
             }
-            let ends = builder.cost.stage_ends(entry.stage).index();
-            let part = match entry.part {
-                Part::Whole => 0,
-                Part::InputGrad => 1,
-                Part::WeightGrad => 2,
-            };
-            let slot = (entry.pack.0 as usize * 4 + ends) * 3 + part;
+            let slot = builder.share_slot(entry.pack, entry.stage, entry.part);
             let memo = &mut effects[stage_modes[entry.stage as usize]][slot];
             let effect = *memo
                 .get_or_insert_with(|| builder.memory_effect(entry.pack, entry.stage, entry.part));
@@ -660,7 +654,8 @@ impl<'a> Builder<'a> {
                     let Some(ready) = self.ready_at(entry, &ends) else {
                         break;
                     };
-                    let end = ready.max(free[device]) + self.task_seconds(entry);
+                    let time = self.part_time(entry.pack, entry.stage, entry.part);
+                    let end = ready.max(free[device]) + time.critical_path_s();
                     if entry.part != Part::WeightGrad {
                         ends[entry.pack.0 as usize * stages + entry.stage as usize] = end;
                     }
@@ -674,14 +669,9 @@ impl<'a> Builder<'a> {
                 return Ok(0.0);
             }
         }
-        let all_ranks: Vec<u32> = (0..self.layout.dp).collect();
         Ok((0..self.layout.pp)
             .filter(|&device| !orders[device as usize].is_empty())
-            .map(|device| {
-                let tail = self.cost.dp_sync(device, &all_ranks).total_s()
-                    + self.cost.optimizer_time(device);
-                free[device as usize] + tail
-            })
+            .map(|device| free[device as usize] + self.sync_tail_s(device))
             .fold(0.0, f64::max))
     }
 
@@ -693,14 +683,7 @@ impl<'a> Builder<'a> {
         let info = self.packs[pack];
         let slot = |stage: u32| pack * stages + stage as usize;
         let ended = |time: f64| (!time.is_nan()).then_some(time);
-        let send = |from: u32, to: u32| {
-            let ranks = &self.replicas[info.replica as usize];
-            let layout = self.layout;
-            let from_device = layout.first_device(layout.group(ranks[0], from));
-            let to_device = layout.first_device(layout.group(ranks[0], to));
-            let tokens = info.tokens.div_ceil(self.split(info.replica));
-            self.cost.send_time(tokens, from_device, to_device)
-        };
+        let send = |from: u32, to: u32| self.send_seconds(entry.pack, from, to);
         let last = self.stages - 1;
         match (info.direction, entry.part) {
             (_, Part::WeightGrad) => ended(ends[slot(entry.stage)]),
@@ -723,18 +706,30 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// The duration of a scheduled compute task (as [`Builder::compute_task`] times it).
-    fn task_seconds(&self, entry: Scheduled) -> f64 {
-        let info = self.packs[entry.pack.0 as usize];
+    /// The time of `part` of `pack` on `stage`, under the stage's recomputation, on the
+    /// replicas that run it.
+    fn part_time(&self, pack: PackIndex, stage: u32, part: Part) -> PackTime {
+        let ranks = &self.replicas[self.packs[pack.0 as usize].replica as usize];
+        self.stage_cost(stage)
+            .work_part_time_on(stage, &self.works[pack.0 as usize], part, ranks)
+    }
+
+    /// The send of `pack`'s activations (or their gradients) from `from` to `to`.
+    fn send_seconds(&self, pack: PackIndex, from: u32, to: u32) -> f64 {
+        let info = self.packs[pack.0 as usize];
         let ranks = &self.replicas[info.replica as usize];
-        self.stage_cost(entry.stage)
-            .work_part_time_on(
-                entry.stage,
-                &self.works[entry.pack.0 as usize],
-                entry.part,
-                ranks,
-            )
-            .critical_path_s()
+        let layout = self.layout;
+        let from_device = layout.first_device(layout.group(ranks[0], from));
+        let to_device = layout.first_device(layout.group(ranks[0], to));
+        let tokens = info.tokens.div_ceil(self.split(info.replica));
+        self.cost.send_time(tokens, from_device, to_device)
+    }
+
+    /// What follows pipeline device `device`'s last backward: the gradient reduce-scatter
+    /// and the parameter all-gather over every DP rank, and the optimizer step between them.
+    fn sync_tail_s(&self, device: u32) -> f64 {
+        let all_ranks: Vec<u32> = (0..self.layout.dp).collect();
+        self.cost.dp_sync(device, &all_ranks).total_s() + self.cost.optimizer_time(device)
     }
 
     /// The most any device group must run (every pack's forward and whole backward on each
@@ -749,20 +744,14 @@ impl<'a> Builder<'a> {
             let ranks = &self.replicas[pack.replica as usize];
             for stage in 0..self.stages {
                 let seconds = self
-                    .stage_cost(stage)
-                    .work_part_time_on(stage, &self.works[index], Part::Whole, ranks)
+                    .part_time(PackIndex(index as u32), stage, Part::Whole)
                     .critical_path_s();
                 for &rank in ranks {
                     busy[layout.group(rank, stage).index()] += seconds;
                 }
             }
         }
-        let all_ranks: Vec<u32> = (0..layout.dp).collect();
-        let tails: Vec<f64> = (0..layout.pp)
-            .map(|device| {
-                self.cost.dp_sync(device, &all_ranks).total_s() + self.cost.optimizer_time(device)
-            })
-            .collect();
+        let tails: Vec<f64> = (0..layout.pp).map(|d| self.sync_tail_s(d)).collect();
         busy.iter()
             .enumerate()
             .map(|(group, busy)| busy + tails[layout.stage_of(GroupId(group as u32)) as usize])
@@ -774,13 +763,8 @@ impl<'a> Builder<'a> {
     fn compute_task(&mut self, pack: PackIndex, stage: u32, part: Part) -> TaskId {
         let info = self.packs[pack.0 as usize];
         let share = self.stage_share(pack, stage, part);
+        let time = self.part_time(pack, stage, part);
         let ranks = &self.replicas[info.replica as usize];
-        let time = self.stage_cost(stage).work_part_time_on(
-            stage,
-            &self.works[pack.0 as usize],
-            part,
-            ranks,
-        );
         let parts = self.compute_parts(pack, &share, &time);
         let layout = self.layout;
         let groups = self
@@ -833,17 +817,22 @@ impl<'a> Builder<'a> {
         }
     }
 
-    /// What `part` of `pack` does on `stage` that depends on the stage through its ends and
-    /// its recomputation mode only: computed once per (pack, ends, mode, part).
-    fn stage_share(&mut self, pack: PackIndex, stage: u32, part: Part) -> StageShare {
-        let ends = self.cost.stage_ends(stage);
-        let part_index = match part {
+    /// The index of (pack, stage ends, part), in `0..packs * 12`: what a pack's part does on
+    /// a stage beside the stage's recomputation mode ([`Builder::stage_share`]).
+    fn share_slot(&self, pack: PackIndex, stage: u32, part: Part) -> usize {
+        let part = match part {
             Part::Whole => 0,
             Part::InputGrad => 1,
             Part::WeightGrad => 2,
         };
+        (pack.0 as usize * 4 + self.cost.stage_ends(stage).index()) * 3 + part
+    }
+
+    /// What `part` of `pack` does on `stage` that depends on the stage through its ends and
+    /// its recomputation mode only: computed once per (pack, ends, mode, part).
+    fn stage_share(&mut self, pack: PackIndex, stage: u32, part: Part) -> StageShare {
         let mode = self.stage_modes[stage as usize];
-        let slot = ((pack.0 as usize * 4 + ends.index()) * self.modes + mode) * 3 + part_index;
+        let slot = self.share_slot(pack, stage, part) * self.modes + mode;
         if let Some(share) = self.stage_shares[slot] {
             return share;
         }
@@ -977,16 +966,14 @@ impl<'a> Builder<'a> {
         let stages = self.stages;
         for index in 0..self.packs.len() {
             let info = self.packs[index];
-            let tokens = info.tokens.div_ceil(self.split(info.replica));
             for boundary in 0..stages.saturating_sub(1) {
                 let (from, to) = match info.direction {
                     Direction::Forward => (boundary, boundary + 1),
                     Direction::Backward => (boundary + 1, boundary),
                 };
+                let duration_s = self.send_seconds(PackIndex(index as u32), from, to);
                 let ranks = &self.replicas[info.replica as usize];
                 let layout = self.layout;
-                let from_device = layout.first_device(layout.group(ranks[0], from));
-                let to_device = layout.first_device(layout.group(ranks[0], to));
                 let groups = self.tasks.add_groups(
                     ranks
                         .iter()
@@ -999,7 +986,7 @@ impl<'a> Builder<'a> {
                     replica: Some(info.replica),
                     pack: Some(PackIndex(index as u32)),
                     groups,
-                    duration_s: self.cost.send_time(tokens, from_device, to_device),
+                    duration_s,
                     cp_exchange_s: 0.0,
                     parts: ComputeParts::default(),
                     memory: MemoryEffect::default(),
@@ -1041,8 +1028,7 @@ impl<'a> Builder<'a> {
         let all_ranks: Vec<u32> = (0..layout.dp).collect();
         for stage in 0..layout.pp {
             let sync = self.cost.dp_sync(stage, &all_ranks);
-            let tail = sync.total_s() + self.cost.optimizer_time(stage);
-            self.min_sync_tail_s = self.min_sync_tail_s.min(tail);
+            self.min_sync_tail_s = self.min_sync_tail_s.min(self.sync_tail_s(stage));
             let stage_task = |kind, duration_s, groups| Task {
                 kind,
                 stage,

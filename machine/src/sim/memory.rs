@@ -18,6 +18,8 @@
 
 use serde::Serialize;
 
+use super::layout::{GroupId, Layout};
+
 /// What one task does to the memory of each of its devices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct MemoryEffect {
@@ -90,6 +92,17 @@ impl GroupMemory {
         });
         during
     }
+}
+
+/// The peak of each pipeline device: the highest of its groups' (`memory` per group, in
+/// `layout`'s group order).
+pub(super) fn device_peaks(layout: &Layout, memory: &[GroupMemory]) -> Vec<u64> {
+    let mut peaks = vec![0u64; layout.pp as usize];
+    for (group, memory) in memory.iter().enumerate() {
+        let device = layout.stage_of(GroupId(group as u32)) as usize;
+        peaks[device] = peaks[device].max(memory.peak_bytes);
+    }
+    peaks
 }
 
 #[cfg(test)]

@@ -92,19 +92,11 @@ impl<'a> PeakProbe<'a> {
         match &mut self.how {
             Probe::Untimed(untimed) => untimed.device_peaks(modes),
             Probe::Simulated(ir) => {
-                let parallel = ir.spec.parallel;
                 for (device, &mode) in modes.iter().enumerate() {
-                    for stage in parallel.stages_on(device as u32) {
-                        ir.set_stage_recompute(stage, Some(mode));
-                    }
+                    ir.set_device_recompute(device as u32, Some(mode));
                 }
                 let (layout, _, execution) = run(ir, self.model)?;
-                let mut peaks = vec![0u64; layout.pp as usize];
-                for (group, memory) in execution.memory.iter().enumerate() {
-                    let device = layout.stage_of(GroupId(group as u32)) as usize;
-                    peaks[device] = peaks[device].max(memory.peak_bytes);
-                }
-                Ok(peaks)
+                Ok(memory::device_peaks(&layout, &execution.memory))
             }
         }
     }

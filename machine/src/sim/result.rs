@@ -59,6 +59,11 @@ impl SimResult {
         self.graph.tasks.iter().zip(self.spans.iter().copied())
     }
 
+    /// The peak memory of each pipeline device (the highest of its groups).
+    pub fn device_peaks(&self) -> Vec<u64> {
+        super::memory::device_peaks(&self.layout, &self.memory)
+    }
+
     /// The groups a task runs on.
     pub fn task_groups(&self, task: &Task) -> &[GroupId] {
         self.graph.groups(task)

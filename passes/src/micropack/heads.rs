@@ -57,15 +57,12 @@ struct ReleaseGroup {
     present: usize,
     /// No head below this position is present.
     lowest: usize,
-    /// The fewest tokens of any head the release had (a bound for those still present).
-    fewest_tokens: u32,
 }
 
 impl ReleaseGroup {
-    fn new(heads: Vec<Head>, fewest_tokens: u32) -> ReleaseGroup {
+    fn new(heads: Vec<Head>) -> ReleaseGroup {
         let present = heads.len();
         ReleaseGroup {
-            fewest_tokens,
             below: (0..=heads.len() as u32).collect(),
             keys: heads.iter().map(|h| cost_key(h.cost)).collect(),
             heads,
@@ -139,8 +136,6 @@ pub(super) struct FirstHeads {
     ascending: Vec<Head>,
     /// Position of each chain's first head in `ascending` (empty chains: none).
     rank: Vec<u32>,
-    /// Tokens of each chain's first item (0 for empty chains).
-    tokens: Vec<u32>,
 }
 
 impl FirstHeads {
@@ -160,15 +155,7 @@ impl FirstHeads {
         for (position, head) in ascending.iter().enumerate() {
             rank[head.chain] = position as u32;
         }
-        let tokens = chains
-            .iter()
-            .map(|items| items.first().map_or(0, |item| item.tokens))
-            .collect();
-        FirstHeads {
-            ascending,
-            rank,
-            tokens,
-        }
+        FirstHeads { ascending, rank }
     }
 }
 
@@ -230,12 +217,7 @@ impl<'a> Heads<'a> {
                 index: index as u32,
             };
         }
-        let fewest_tokens = heads
-            .iter()
-            .map(|head| self.firsts.tokens[head.chain])
-            .min()
-            .unwrap_or(0);
-        self.groups.push(ReleaseGroup::new(heads, fewest_tokens));
+        self.groups.push(ReleaseGroup::new(heads));
         self.live.push(group);
     }
 
@@ -297,23 +279,19 @@ impl<'a> Heads<'a> {
             .copied()
     }
 
-    /// The largest fresh head costing at most `room` and of at most `token_room` tokens that
-    /// `fits` (among the `scan` largest of a release), from the oldest release that has one.
+    /// The largest fresh head costing at most `room` that `fits` (among the `scan` largest of
+    /// a release), from the oldest release that has one.
     pub fn largest_fresh(
         &mut self,
         room: f64,
-        token_room: u64,
         scan: usize,
         fits: &impl Fn(&Head) -> bool,
     ) -> Option<Head> {
         for &group in &self.live {
             let release = &mut self.groups[group as usize];
-            // A release whose cheapest head is over the room, or whose smallest head ever was
-            // over the token room, has none: skipped at once (the releases are as many as the
-            // packs, and a search scans up to `scan` heads of each).
-            if u64::from(release.fewest_tokens) > token_room
-                || release.smallest().is_none_or(|head| head.cost > room)
-            {
+            // A release whose cheapest head is over the room has none: skipped without its
+            // binary search (amortised O(1): `smallest` only moves up).
+            if release.smallest().is_none_or(|head| head.cost > room) {
                 continue;
             }
             let found = release.largest_fitting(room, scan, fits);
@@ -354,7 +332,7 @@ mod tests {
             .map(|(chain, &cost)| head(cost, chain))
             .collect();
         heads.sort_unstable();
-        ReleaseGroup::new(heads, 0)
+        ReleaseGroup::new(heads)
     }
 
     #[test]
@@ -401,16 +379,10 @@ mod tests {
         heads.seal();
         let any = |_: &Head| true;
         let bound = f64::INFINITY;
-        assert_eq!(
-            heads.largest_fresh(bound, u64::MAX, 8, &any),
-            Some(head(4.0, 1))
-        );
+        assert_eq!(heads.largest_fresh(bound, 8, &any), Some(head(4.0, 1)));
         heads.remove(&head(4.0, 1));
         heads.remove(&head(2.0, 0));
-        assert_eq!(
-            heads.largest_fresh(bound, u64::MAX, 8, &any),
-            Some(head(6.0, 2))
-        );
+        assert_eq!(heads.largest_fresh(bound, 8, &any), Some(head(6.0, 2)));
         heads.open(head(1.0, 0));
         assert_eq!(heads.smallest(), Some(head(1.0, 0)));
         heads.remove(&head(1.0, 0));

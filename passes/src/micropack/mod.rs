@@ -234,7 +234,7 @@ fn attempt(
             // first: it frees its sample's memory), each the largest of its release.
             let mut pick = heads
                 .largest_open(room, TOKEN_SCAN, &fits_tokens)
-                .or_else(|| heads.largest_fresh(room, token_room, TOKEN_SCAN, &fits_tokens));
+                .or_else(|| heads.largest_fresh(room, TOKEN_SCAN, &fits_tokens));
             if pick.is_none() && (members.is_empty() || last) {
                 // An empty pack must make progress, and the last pack takes everything: the
                 // smallest head (a cap overflow in the last pack grows the pack count).

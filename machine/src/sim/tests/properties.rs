@@ -110,6 +110,21 @@ fn sliced_step(case: &Case, cuts: u32, width: usize) -> StepIr {
     ir
 }
 
+/// A step of `case`: sliced ([`sliced_step`] with `(cuts, width)`) or of whole samples, with
+/// every backward split and its weight gradient deferred where `split`.
+fn step(case: &Case, (cuts, width): (u32, usize), sliced: bool, split: bool) -> StepIr {
+    let mut ir = match sliced {
+        true => sliced_step(case, cuts, width),
+        false => whole_sample_step(case),
+    };
+    if split {
+        for replica in ir.replicas().to_vec() {
+            defer_weight_grads(&mut ir, replica);
+        }
+    }
+    ir
+}
+
 fn pack(direction: Direction) -> Pack {
     Pack {
         direction,
@@ -235,13 +250,7 @@ proptest! {
     /// deferred weight gradients' memory is freed, the time still adds up.
     #[test]
     fn split_backward_steps_hold_the_invariants(case in case(), cuts in 0u32..4, width in 1usize..4, sliced: bool) {
-        let mut ir = match sliced {
-            true => sliced_step(&case, cuts, width),
-            false => whole_sample_step(&case),
-        };
-        for replica in ir.replicas().to_vec() {
-            defer_weight_grads(&mut ir, replica);
-        }
+        let ir = step(&case, (cuts, width), sliced, true);
         let (_, _, result) = checked_run(ir);
         check(&result)?;
     }
@@ -259,15 +268,7 @@ proptest! {
         split: bool,
         levels in prop::collection::vec(0u32..=8, 4),
     ) {
-        let mut ir = match sliced {
-            true => sliced_step(&case, cuts, width),
-            false => whole_sample_step(&case),
-        };
-        if split {
-            for replica in ir.replicas().to_vec() {
-                defer_weight_grads(&mut ir, replica);
-            }
-        }
+        let mut ir = step(&case, (cuts, width), sliced, split);
         let top = ir.spec.layers_per_chunk();
         let mode = |level: u32| match level {
             0 => Recompute::None,
@@ -283,16 +284,10 @@ proptest! {
             probe.device_peaks(&modes).unwrap()
         };
         for (device, &mode) in modes.iter().enumerate() {
-            for stage in ir.spec.parallel.stages_on(device as u32) {
-                ir.set_stage_recompute(stage, Some(mode));
-            }
+            ir.set_device_recompute(device as u32, Some(mode));
         }
         let (_, _, result) = checked_run(ir);
-        let mut simulated = vec![0u64; case.pp as usize];
-        for (group, memory) in result.memory.iter().enumerate() {
-            let device = result.layout.stage_of(super::super::GroupId(group as u32)) as usize;
-            simulated[device] = simulated[device].max(memory.peak_bytes);
-        }
+        let simulated = result.device_peaks();
         prop_assert_eq!(probed, simulated);
     }
 
@@ -309,17 +304,9 @@ proptest! {
         split: bool,
         full: bool,
     ) {
-        let mut ir = match sliced {
-            true => sliced_step(&case, cuts, width),
-            false => whole_sample_step(&case),
-        };
+        let mut ir = step(&case, (cuts, width), sliced, split);
         if full {
             ir.spec.model.recompute = Recompute::Full;
-        }
-        if split {
-            for replica in ir.replicas().to_vec() {
-                defer_weight_grads(&mut ir, replica);
-            }
         }
         let cost = CostModel::new(&ir.spec);
         let none = cost.with_recompute(Recompute::None);
