@@ -9,8 +9,8 @@
 //! packs is urgent: its head goes in now. Because packs are filled in order and a chain's next
 //! slice only becomes a head once the previous one is placed, the order constraints hold by
 //! construction. The last pack takes what is left; if that breaks the token cap, the pack count
-//! grows by one and the partition is rebuilt (a pass stops as soon as the tokens left exceed
-//! what the packs left can hold, so the search over counts is not quadratic in the packs).
+//! grows and the partition is rebuilt: one count at a time at first, then galloping and
+//! bisecting (a pass stops as soon as the tokens left exceed what the packs left can hold).
 //! The heads are kept in `heads.rs`: sorted release groups with a union-find over removals, so a
 //! greedy pass is O(n log n) in the slices.
 //!
@@ -43,18 +43,8 @@ pub type Partition = Vec<Vec<(usize, usize)>>;
 /// (the backward packer releases a sample once its forward is done, so backward pack k does
 /// not wait on forwards far beyond forward pack k). Returns the packs in run order.
 pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32) -> Partition {
-    let total_items: usize = chains.iter().map(Vec::len).sum();
     let order = ChainOrder::new(chains, release);
-    let mut count = packs.max(1);
-    let mut best = loop {
-        // The last count tried keeps its partition even when it does not fit.
-        let keep_failure = count >= total_items;
-        let (result, fits) = attempt(chains, release, &order, count, cap, None, keep_failure);
-        if fits || count >= total_items {
-            break result;
-        }
-        count += 1;
-    };
+    let mut best = smallest_fitting_count(chains, release, &order, packs.max(1), cap);
     // Tighten: bisect the smallest uniform budget that the same greedy fits into as many packs.
     let mut high = max_load(chains, &best);
     let mut low = (chains.iter().flatten().map(|i| i.cost).sum::<f64>() / best.len() as f64)
@@ -83,6 +73,62 @@ pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32
         }
     }
     improve(chains, release, cap, &mut best);
+    best
+}
+
+/// Pack counts above the first that the count search tries one by one before it gallops.
+const LINEAR_COUNTS: usize = 8;
+
+/// The greedy partition into the fewest packs from `first` on that fits the cap. Counts are
+/// tried one by one for [`LINEAR_COUNTS`] counts, then in doubling steps until one fits, then
+/// by bisection between the last count that did not fit and the first that did: O(log) greedy
+/// passes where the cap needs many packs more than `tokens / cap` (short documents filling
+/// packs by tokens before cost), not one pass per extra pack. Whether a count fits is not
+/// proven monotone in the count, so past the linear counts the count found is the smallest
+/// above one that does not fit, which need not be the smallest overall. With no count below
+/// the number of slices fitting, the partition into that many packs is returned as it is.
+fn smallest_fitting_count(
+    chains: &[Vec<Item>],
+    release: &[usize],
+    order: &ChainOrder,
+    first: usize,
+    cap: u32,
+) -> Partition {
+    let total_items: usize = chains.iter().map(Vec::len).sum();
+    // The last count possible keeps its partition even when it does not fit.
+    let attempt_count = |count: usize| {
+        attempt(
+            chains,
+            release,
+            order,
+            count,
+            cap,
+            None,
+            count >= total_items,
+        )
+    };
+    let (mut failed, mut count, mut step) = (None, first, 1);
+    let (mut fitting, mut best) = loop {
+        let (result, fits) = attempt_count(count);
+        if fits || count >= total_items {
+            break (count, result);
+        }
+        failed = Some(count);
+        if count - first + 1 >= LINEAR_COUNTS {
+            step *= 2;
+        }
+        count = (count + step).min(total_items.max(count + 1));
+    };
+    let Some(mut failed) = failed else {
+        return best;
+    };
+    while fitting - failed > 1 {
+        let middle = failed + (fitting - failed) / 2;
+        match attempt_count(middle) {
+            (result, true) => (fitting, best) = (middle, result),
+            _ => failed = middle,
+        }
+    }
     best
 }
 
@@ -317,6 +363,23 @@ mod tests {
             .collect();
         assert_eq!(loads.len(), 4);
         assert!(loads.iter().all(|&l| (l - 9.0).abs() < 1e-9), "{loads:?}");
+    }
+
+    #[test]
+    fn gallops_to_the_fewest_packs_when_the_cap_needs_many_more() {
+        // 40 slices of 10 tokens under a cap of 20 need 20 packs, 18 more than asked for:
+        // past the linear counts the search gallops and bisects, and still lands on 20.
+        let chains: Vec<Vec<Item>> = (0..40)
+            .map(|_| {
+                vec![Item {
+                    cost: 1.0,
+                    tokens: 10,
+                }]
+            })
+            .collect();
+        let parts = partition(&chains, &[0; 40], 2, 20);
+        assert_eq!(parts.len(), 20);
+        assert!(parts.iter().all(|p| p.len() == 2));
     }
 
     #[test]

@@ -53,27 +53,38 @@ pub struct Fill {
 }
 
 /// Step 3 of Algorithm 1: `lengths` (with their `workloads`) into `count` micro-batches of at
-/// most `cap` tokens, longest first (ties in input order).
+/// most `cap` tokens, longest first (ties in input order). The micro-batch of least workload
+/// and the one of fewest tokens (each the first such, as Python's `min` picks) come from
+/// ordered sets, so a fill is O(n log count), not O(n count).
 pub fn fill(lengths: &[u32], workloads: &[f64], count: usize, cap: u32) -> Fill {
     let mut order: Vec<usize> = (0..lengths.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
     let mut micro_batches = vec![Vec::new(); count];
     let mut tokens = vec![0u64; count];
     let mut load = vec![0.0f64; count];
+    // (workload as ordered bits, index) and (tokens, index): workloads are FLOPs, never
+    // negative, so their bits order as the values do.
+    let mut by_load: BTreeSet<(u64, usize)> = (0..count).map(|mb| (0, mb)).collect();
+    let mut by_tokens: BTreeSet<(u64, usize)> = (0..count).map(|mb| (0, mb)).collect();
     let mut delayed = Vec::new();
     for item in order {
         let len = u64::from(lengths[item]);
-        let least_work = argmin(&load, |a, b| a.total_cmp(b));
-        let fewest_tokens = argmin(&tokens, |a, b| a.cmp(b));
+        let least_work = by_load.first().map(|&(_, mb)| mb);
+        let fewest_tokens = by_tokens.first().map(|&(_, mb)| mb);
         let target = [least_work, fewest_tokens]
             .into_iter()
             .flatten()
             .find(|&mb| tokens[mb] + len <= u64::from(cap));
         match target {
             Some(mb) => {
+                debug_assert!(workloads[item] >= 0.0, "a negative workload");
+                by_load.remove(&(load[mb].to_bits(), mb));
+                by_tokens.remove(&(tokens[mb], mb));
                 micro_batches[mb].push(item);
                 tokens[mb] += len;
                 load[mb] += workloads[item];
+                by_load.insert((load[mb].to_bits(), mb));
+                by_tokens.insert((tokens[mb], mb));
             }
             None => delayed.push(item),
         }
@@ -82,17 +93,6 @@ pub fn fill(lengths: &[u32], workloads: &[f64], count: usize, cap: u32) -> Fill 
         micro_batches,
         delayed,
     }
-}
-
-/// The first index of a minimal value (Python's `min(..., key=...)`).
-fn argmin<T>(values: &[T], cmp: impl Fn(&T, &T) -> std::cmp::Ordering) -> Option<usize> {
-    let mut best: Option<usize> = None;
-    for (index, value) in values.iter().enumerate() {
-        if best.is_none_or(|b| cmp(value, &values[b]).is_lt()) {
-            best = Some(index);
-        }
-    }
-    best
 }
 
 /// WLB-LLM's multi-level outlier queues and the samples delayed by the last step: the state a
@@ -218,6 +218,57 @@ mod tests {
         // (10 + 3 > 10), fewest tokens mb0 (9) too: delayed; 2 -> neither fits... mb0 9+2 > 10.
         assert_eq!(fill.micro_batches, vec![vec![0], vec![1, 2]]);
         assert_eq!(fill.delayed, vec![3, 4]);
+    }
+
+    /// Step 3 as Algorithm 1 states it: a linear scan for each minimum.
+    fn fill_by_scans(lengths: &[u32], workloads: &[f64], count: usize, cap: u32) -> Fill {
+        fn first_min<T: PartialOrd>(values: &[T]) -> Option<usize> {
+            (0..values.len()).reduce(|best, i| if values[i] < values[best] { i } else { best })
+        }
+        let mut order: Vec<usize> = (0..lengths.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(lengths[i]));
+        let mut micro_batches = vec![Vec::new(); count];
+        let (mut tokens, mut load) = (vec![0u64; count], vec![0.0f64; count]);
+        let mut delayed = Vec::new();
+        for item in order {
+            let len = u64::from(lengths[item]);
+            let target = [first_min(&load), first_min(&tokens)]
+                .into_iter()
+                .flatten()
+                .find(|&mb| tokens[mb] + len <= u64::from(cap));
+            match target {
+                Some(mb) => {
+                    micro_batches[mb].push(item);
+                    tokens[mb] += len;
+                    load[mb] += workloads[item];
+                }
+                None => delayed.push(item),
+            }
+        }
+        Fill {
+            micro_batches,
+            delayed,
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ordered_sets_pick_what_the_scans_pick(
+            lengths in proptest::collection::vec(1u32..64, 0..200),
+            count in 1usize..12,
+            cap in 32u32..256,
+            quadratic in proptest::bool::ANY,
+        ) {
+            // Equal workloads (linear) produce ties the index must break.
+            let workloads: Vec<f64> = lengths
+                .iter()
+                .map(|&l| if quadratic { f64::from(l * l) } else { f64::from(l) })
+                .collect();
+            proptest::prop_assert_eq!(
+                fill(&lengths, &workloads, count, cap),
+                fill_by_scans(&lengths, &workloads, count, cap)
+            );
+        }
     }
 
     fn sample(doc: u64, len: u32) -> Sample {
