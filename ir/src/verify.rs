@@ -62,14 +62,14 @@ use std::fmt;
 use rustc_hash::FxHashMap;
 
 use petgraph::graph::DiGraph;
-use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 
 use crate::error::{IrError, Result};
 use crate::spec::Recompute;
-use crate::step::{
-    Direction, Edge, PackId, Part, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr,
-};
+use crate::step::{Direction, PackId, Part, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr};
 use crate::text::Names;
+
+mod index;
+use index::Index;
 
 /// The invariant a lowered step breaks while its program is not stored yet (what the text
 /// parser and the schedule JSON reader look past before they store it).
@@ -111,6 +111,7 @@ pub fn verify(ir: &StepIr) -> Result<()> {
 pub fn verify_program(ir: &StepIr) -> Result<()> {
     let mut verifier = Verifier {
         ir,
+        index: Index::default(),
         names: OnceCell::new(),
         errors: Vec::new(),
         pack_position: Vec::new(),
@@ -129,6 +130,7 @@ pub fn verify_program(ir: &StepIr) -> Result<()> {
 pub fn check(ir: &StepIr) -> Vec<VerifyError> {
     let mut verifier = Verifier {
         ir,
+        index: Index::new(ir),
         names: OnceCell::new(),
         errors: Vec::new(),
         pack_position: vec![0; petgraph::visit::NodeIndexable::node_bound(ir.graph())],
@@ -164,6 +166,8 @@ enum At {
 
 struct Verifier<'a> {
     ir: &'a StepIr,
+    /// The step's edges by node (empty when only the program is verified).
+    index: Index,
     /// The printed IR's names, built on the first error.
     names: OnceCell<Names>,
     errors: Vec<VerifyError>,
@@ -329,20 +333,6 @@ impl Verifier<'_> {
 
     fn samples_and_slices(&mut self) {
         let ir = self.ir;
-        // Each slice's dependency edges, read in one pass over the edge table (not a walk of
-        // every slice's edge list): the target of its one `Next` edge, `MANY` with several.
-        const NO_NEXT: u32 = u32::MAX;
-        const MANY: u32 = u32::MAX - 1;
-        let mut next_of = vec![NO_NEXT; petgraph::visit::NodeIndexable::node_bound(ir.graph())];
-        for edge in ir.graph().edge_references() {
-            if *edge.weight() == Edge::Next {
-                let next = &mut next_of[edge.source().index()];
-                *next = match *next {
-                    NO_NEXT => edge.target().index() as u32,
-                    _ => MANY,
-                };
-            }
-        }
         for &sample_id in ir.samples() {
             let sample = *ir.sample(sample_id);
             let name = At::Sample(sample_id);
@@ -358,7 +348,7 @@ impl Verifier<'_> {
                     );
                 }
             }
-            let slices = ir.slices_of(sample_id);
+            let slices = self.index.slices_of(sample_id).to_vec();
             let mut covered = 0u32;
             for (j, &slice_id) in slices.iter().enumerate() {
                 let slice = *ir.slice(slice_id);
@@ -383,10 +373,8 @@ impl Verifier<'_> {
                     );
                 }
                 covered = covered.max(slice.end());
-                let expected_next = slices
-                    .get(j + 1)
-                    .map_or(NO_NEXT, |next| next.node().index() as u32);
-                if next_of[slice_id.node().index()] != expected_next {
+                let expected_next = slices.get(j + 1).map(|next| Some(next.node()));
+                if self.index.next_slice(slice_id) != expected_next {
                     self.report(
                         slice_name,
                         "slice-chain",
@@ -462,8 +450,8 @@ impl Verifier<'_> {
 
     fn packs(&mut self) {
         let ir = self.ir;
-        for pack in ir.unplaced_packs() {
-            let slices = ir.pack_slices(pack).len();
+        for pack in self.index.unplaced_packs().to_vec() {
+            let slices = self.index.pack_slices(pack).count();
             self.report_located(
                 format!("pack with {slices} slices"),
                 "pack-placement",
@@ -472,9 +460,10 @@ impl Verifier<'_> {
         }
         for &replica in ir.replicas() {
             for direction in [Direction::Forward, Direction::Backward] {
-                for (position, pack) in ir.packs_on(replica, direction).into_iter().enumerate() {
+                let packs = self.index.packs_on(ir, replica, direction);
+                for (position, pack) in packs.into_iter().enumerate() {
                     self.pack_position[pack.node().index()] = position;
-                    for (member, slice) in ir.pack_slices(pack).into_iter().enumerate() {
+                    for (member, slice) in self.index.pack_slices(pack).enumerate() {
                         self.member_position.insert(pack, slice, member);
                     }
                     self.pack(pack, replica);
@@ -482,7 +471,7 @@ impl Verifier<'_> {
             }
         }
         for &sample in ir.samples() {
-            let slices = ir.slices_of(sample);
+            let slices = self.index.slices_of(sample).to_vec();
             for direction in [Direction::Forward, Direction::Backward] {
                 self.slice_order(&slices, direction);
             }
@@ -492,12 +481,13 @@ impl Verifier<'_> {
     fn pack(&mut self, pack: PackId, replica: ReplicaId) {
         let ir = self.ir;
         let name = At::Pack(pack);
-        let slices = ir.pack_slices(pack);
+        let slices: Vec<SliceId> = self.index.pack_slices(pack).collect();
         if slices.is_empty() {
             self.report(name, "pack-placement", "pack has no slices".into());
         }
         for &slice in &slices {
-            let sample = ir.sample_of(slice);
+            let sample = (self.index.sample_of(slice))
+                .unwrap_or_else(|| panic!("{slice:?} has no sample; this is a bug"));
             if ir.replica_of_sample(sample) != Some(replica) {
                 self.report(
                     name,
@@ -512,7 +502,7 @@ impl Verifier<'_> {
             }
         }
         let keys: u64 = slices.iter().map(|&s| u64::from(ir.slice(s).end())).sum();
-        let tokens = ir.pack_tokens(pack);
+        let tokens: u64 = slices.iter().map(|&s| u64::from(ir.slice(s).len)).sum();
         if tokens > u64::from(u32::MAX) || keys > u64::from(u32::MAX) {
             self.report(
                 name,
@@ -533,7 +523,6 @@ impl Verifier<'_> {
             }
         }
         if let Some(padded) = ir.padding(pack) {
-            let tokens = ir.pack_tokens(pack);
             if tokens > u64::from(padded) {
                 self.report(
                     name,
@@ -549,9 +538,7 @@ impl Verifier<'_> {
         let ir = self.ir;
         let mut previous: Option<(crate::step::SliceId, (usize, usize))> = None;
         for &slice in slices {
-            let mut packs = ir
-                .packs_of(slice)
-                .filter(|&p| ir.pack(p).direction == direction);
+            let mut packs = self.index.packs_of(ir, slice, direction);
             let first = packs.next();
             let name = At::Slice(slice);
             let others = packs.count();
@@ -586,8 +573,7 @@ impl Verifier<'_> {
                         Direction::Forward => ("forward-order", "forward", "before"),
                         Direction::Backward => ("backward-order", "backward", "after"),
                     };
-                    let earlier_pack = ir
-                        .pack_of(earlier, direction)
+                    let earlier_pack = (self.index.pack_of(ir, earlier, direction))
                         .expect("the earlier slice has a pack (checked above)");
                     let order = match direction {
                         Direction::Forward => "from its first slice to its last",
@@ -620,8 +606,8 @@ impl Verifier<'_> {
     fn schedules(&mut self) {
         let ir = self.ir;
         for &replica in ir.replicas() {
-            let forward = ir.packs_on(replica, Direction::Forward);
-            let backward = ir.packs_on(replica, Direction::Backward);
+            let forward = self.index.packs_on(ir, replica, Direction::Forward);
+            let backward = self.index.packs_on(ir, replica, Direction::Backward);
             if forward.is_empty() && backward.is_empty() {
                 continue;
             }
@@ -722,8 +708,8 @@ impl Verifier<'_> {
         if parallel.vpp == 1 {
             return true;
         }
-        let packs = ir.packs_on(replica, Direction::Forward).len()
-            + ir.packs_on(replica, Direction::Backward).len();
+        let packs = self.index.packs_on(ir, replica, Direction::Forward).len()
+            + self.index.packs_on(ir, replica, Direction::Backward).len();
         let mut complete = true;
         for device in 0..parallel.pp {
             let chunks = ir.interleave(replica, device).unwrap_or(&[]);
@@ -756,8 +742,8 @@ impl Verifier<'_> {
         }
         let mut graph: DiGraph<(PackId, usize), ()> = DiGraph::new();
         let mut task = FxHashMap::default();
-        let mut packs = ir.packs_on(replica, Direction::Forward);
-        packs.extend(ir.packs_on(replica, Direction::Backward));
+        let mut packs = self.index.packs_on(ir, replica, Direction::Forward);
+        packs.extend(self.index.packs_on(ir, replica, Direction::Backward));
         for &pack in &packs {
             for stage in 0..stages {
                 task.insert((pack, stage), graph.add_node((pack, stage)));
@@ -808,8 +794,8 @@ impl Verifier<'_> {
             if ir.pack(pack).direction != Direction::Forward {
                 continue;
             }
-            for slice in ir.pack_slices(pack) {
-                if let Some(backward) = ir.pack_of(slice, Direction::Backward) {
+            for slice in self.index.pack_slices(pack) {
+                if let Some(backward) = self.index.pack_of(ir, slice, Direction::Backward) {
                     edge(&mut graph, (pack, last), (backward, last));
                 }
             }
