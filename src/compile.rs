@@ -66,9 +66,9 @@ pub fn compile_entries(
 
 /// Lowers a scheduled step to per-worker op lists (the `lower` pass, recorded with the others
 /// and counted in the compile time). With verification, what lowering adds is verified
-/// ([`slimpack_ir::verify::verify_program`]: the stored program is the schedule's lowering,
-/// and executable), not again the scheduled step: every caller hands on a step its pipeline
-/// or tuning just verified, and `lower` only stores the program.
+/// ([`slimpack_ir::verify::verify_program`]: the program is stored and executable), not
+/// again the scheduled step: every caller hands on a step its pipeline or tuning just
+/// verified, and `lower` only stores the program it derives from that step.
 pub fn lower(
     compiled: &mut Compiled,
     manager: &ManagerOptions,
