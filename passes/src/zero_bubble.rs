@@ -58,17 +58,16 @@ pub(crate) fn split_orders(
     let costs = pack_costs(ir, replica, packs, stages, cost);
     let index: HashMap<PackId, usize> = packs.iter().enumerate().map(|(i, &p)| (p, i)).collect();
     // The forwards each backward needs on the last stage.
-    let needs: HashMap<PackId, Vec<PackId>> = ir
-        .packs_on(replica, Direction::Backward)
-        .into_iter()
-        .map(|b| {
-            let mut forwards: Vec<PackId> = ir
-                .pack_slices(b)
-                .iter()
-                .filter_map(|&s| ir.pack_of(s, Direction::Forward))
-                .collect();
+    let forward = ir.packs_on(replica, Direction::Forward);
+    let backward = ir.packs_on(replica, Direction::Backward);
+    let needs: HashMap<PackId, Vec<PackId>> = backward
+        .iter()
+        .zip(crate::schedule_pipeline::forwards_needed(
+            ir, &forward, &backward,
+        ))
+        .map(|(&b, positions)| {
+            let mut forwards: Vec<PackId> = positions.iter().map(|&i| forward[i]).collect();
             forwards.sort_unstable();
-            forwards.dedup();
             (b, forwards)
         })
         .collect();
