@@ -351,7 +351,7 @@ impl Verifier<'_> {
                     );
                 }
             }
-            let slices = self.index.slices_of(sample_id).to_vec();
+            let slices = self.index.slices_of(ir, sample_id).to_vec();
             let mut covered = 0u32;
             for (j, &slice_id) in slices.iter().enumerate() {
                 let slice = *ir.slice(slice_id);
@@ -474,7 +474,7 @@ impl Verifier<'_> {
             }
         }
         for &sample in ir.samples() {
-            let slices = self.index.slices_of(sample).to_vec();
+            let slices = self.index.slices_of(ir, sample).to_vec();
             for direction in [Direction::Forward, Direction::Backward] {
                 self.slice_order(&slices, direction);
             }

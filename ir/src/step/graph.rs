@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use rustc_hash::FxHashMap;
 
 use petgraph::stable_graph::StableDiGraph;
-use petgraph::visit::EdgeRef;
+use petgraph::visit::{EdgeRef, IntoEdgeReferences};
 use petgraph::Direction::{Incoming, Outgoing};
 
 use super::ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
@@ -195,6 +195,37 @@ impl StepIr {
             .collect();
         slices.sort_by_key(|&s| (self.slice(s).start, s));
         slices
+    }
+
+    /// Every sample's slices in offset order (as [`StepIr::slices_of`]), by batch position,
+    /// gathered in one pass over the edge table: for passes that visit every sample, where a
+    /// walk of each sample's edge list misses the caches on a large step.
+    pub fn sample_slices(&self) -> SampleSlices {
+        let mut start = vec![0u32; self.samples.len() + 1];
+        let mut contains: Vec<(u32, SliceId)> = Vec::with_capacity(self.samples.len());
+        for edge in self.graph.edge_references() {
+            if *edge.weight() == Edge::Contains {
+                let position = self.position_of(SampleId(edge.source()));
+                start[position as usize + 1] += 1;
+                contains.push((position, SliceId(edge.target())));
+            }
+        }
+        for i in 0..self.samples.len() {
+            start[i + 1] += start[i];
+        }
+        let mut next = start.clone();
+        let mut slices = vec![SliceId(petgraph::graph::NodeIndex::end()); contains.len()];
+        for (position, slice) in contains {
+            slices[next[position as usize] as usize] = slice;
+            next[position as usize] += 1;
+        }
+        for row in start.windows(2) {
+            let row = &mut slices[row[0] as usize..row[1] as usize];
+            if row.len() > 1 {
+                row.sort_by_key(|&s| (self.slice(s).start, s));
+            }
+        }
+        SampleSlices { start, slices }
     }
 
     /// The sample a slice belongs to.
@@ -729,5 +760,53 @@ impl StepIr {
     /// The underlying graph, read-only (for the verifier and debugging tools).
     pub fn graph(&self) -> &StableDiGraph<Node, Edge> {
         &self.graph
+    }
+}
+
+/// Every sample's slices, by the sample's batch position (see [`StepIr::sample_slices`]).
+#[derive(Debug, Clone, Default)]
+pub struct SampleSlices {
+    start: Vec<u32>,
+    slices: Vec<SliceId>,
+}
+
+impl SampleSlices {
+    /// The slices of the sample at batch position `position`, in offset order.
+    pub fn at(&self, position: u32) -> &[SliceId] {
+        let position = position as usize;
+        &self.slices[self.start[position] as usize..self.start[position + 1] as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::Sample;
+    use crate::Spec;
+
+    #[test]
+    fn sample_slices_are_each_samples_slices_in_offset_order() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+        let mut ir = StepIr::new(spec, BatchInfo::default());
+        let samples: Vec<SampleId> = (0..5u32)
+            .map(|i| {
+                ir.add_sample(Sample {
+                    len: 10 + i,
+                    doc: u64::from(i),
+                    piece: 0,
+                })
+            })
+            .collect();
+        // Re-slicing frees slice nodes that later slices reuse, so node order is not offset
+        // order.
+        ir.set_slices(samples[1], &[3, 4, 4]);
+        ir.set_slices(samples[3], &[13]);
+        ir.set_slices(samples[3], &[1, 5, 7]);
+        ir.set_slices(samples[4], &[2, 12]);
+        let table = ir.sample_slices();
+        for &sample in &samples {
+            assert_eq!(table.at(ir.position_of(sample)), ir.slices_of(sample));
+        }
+        assert_eq!(table.at(ir.position_of(samples[3])).len(), 3);
     }
 }

@@ -17,7 +17,7 @@ mod graph;
 mod ids;
 mod node;
 
-pub use graph::StepIr;
+pub use graph::{SampleSlices, StepIr};
 pub use ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
 pub use node::{
     BatchInfo, Direction, Edge, Node, Pack, Part, Phase, Replica, Sample, Slice, Stage, StageOp,

@@ -6,7 +6,9 @@
 use petgraph::graph::NodeIndex;
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 
-use crate::step::{Direction, Edge, Node, PackId, ReplicaId, SampleId, SliceId, StepIr};
+use crate::step::{
+    Direction, Edge, Node, PackId, ReplicaId, SampleId, SampleSlices, SliceId, StepIr,
+};
 
 /// Items grouped by node index (compressed rows, filled by a counting sort).
 struct Rows<T> {
@@ -69,8 +71,8 @@ pub(super) struct Index {
     next_of: Vec<u32>,
     /// Each slice's sample (the first `Contains` edge into it).
     sample_of: Vec<u32>,
-    /// Each sample's slices by offset (as [`StepIr::slices_of`]).
-    slices: Rows<SliceId>,
+    /// Each sample's slices by offset, by batch position.
+    slices: SampleSlices,
     /// Each pack's slices by position (as [`StepIr::pack_slices`]).
     members: Rows<(u32, SliceId)>,
     /// Each slice's packs, ascending (as [`StepIr::pack_of`] takes the least).
@@ -88,8 +90,7 @@ impl Index {
         let mut next_of = vec![NONE; bound];
         let mut sample_of = vec![NONE; bound];
         let mut has_replica = vec![false; bound];
-        let (mut contains, mut members, mut packs, mut placed) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut members, mut packs, mut placed) = (Vec::new(), Vec::new(), Vec::new());
         for edge in graph.edge_references() {
             let (source, target) = (edge.source(), edge.target());
             let from = source.index() as u32;
@@ -103,7 +104,6 @@ impl Index {
                     };
                 }
                 Edge::Contains => {
-                    contains.push((from, SliceId(target)));
                     if sample_of[target.index()] == NONE {
                         sample_of[target.index()] = from;
                     }
@@ -121,8 +121,7 @@ impl Index {
                 Edge::Order { .. } => {}
             }
         }
-        let mut slices = Rows::new(bound, &contains);
-        slices.sort_rows_by_key(|&s| (ir.slice(s).start, s));
+        let slices = ir.sample_slices();
         let mut members = Rows::new(bound, &members);
         members.sort_rows_by_key(|&member| member);
         let mut packs = Rows::new(bound, &packs);
@@ -162,8 +161,8 @@ impl Index {
         }
     }
 
-    pub fn slices_of(&self, sample: SampleId) -> &[SliceId] {
-        self.slices.row(sample.node())
+    pub fn slices_of(&self, ir: &StepIr, sample: SampleId) -> &[SliceId] {
+        self.slices.at(ir.position_of(sample))
     }
 
     pub fn pack_slices(&self, pack: PackId) -> impl Iterator<Item = SliceId> + '_ {

@@ -4,7 +4,8 @@
 
 use std::collections::HashMap;
 
-use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId};
+use rustc_hash::FxHashMap;
+use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId, SliceId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
 
@@ -77,6 +78,7 @@ pub(crate) fn pack_direction(
     let cap = options.cap.or(ir.batch.context).unwrap_or(longest);
     let mut stats = (0usize, 0u64, 0.0f64, f64::INFINITY);
     let mut worst_spread: f64 = 1.0;
+    let sample_slices = ir.sample_slices();
     for replica in ir.replicas().to_vec() {
         if !ir.packs_on(replica, direction).is_empty() {
             return Err(crate::PassError::Failed {
@@ -87,14 +89,18 @@ pub(crate) fn pack_direction(
         let mut chains = Vec::new();
         let mut ids = Vec::new();
         let mut release = Vec::new();
-        let forward_position: std::collections::HashMap<_, usize> = ir
-            .packs_on(replica, Direction::Forward)
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| (p, i))
-            .collect();
+        // The position of the forward pack holding each slice (read from the packs' members).
+        let forward_packs = ir.packs_on(replica, Direction::Forward);
+        let mut forward_position: FxHashMap<SliceId, usize> = FxHashMap::default();
+        if direction == Direction::Backward {
+            for (position, &pack) in forward_packs.iter().enumerate() {
+                for slice in ir.pack_slices(pack) {
+                    forward_position.entry(slice).or_insert(position);
+                }
+            }
+        }
         for sample in ir.samples_on(replica) {
-            let mut slices = ir.slices_of(sample);
+            let mut slices = sample_slices.at(ir.position_of(sample)).to_vec();
             if direction == Direction::Backward {
                 slices.reverse();
             }
@@ -104,8 +110,7 @@ pub(crate) fn pack_direction(
                 slices
                     .first()
                     .filter(|_| direction == Direction::Backward)
-                    .and_then(|&s| ir.pack_of(s, Direction::Forward))
-                    .and_then(|p| forward_position.get(&p).copied())
+                    .and_then(|s| forward_position.get(s).copied())
                     .unwrap_or(0),
             );
             chains.push(
@@ -132,7 +137,7 @@ pub(crate) fn pack_direction(
             continue;
         }
         let parts = if direction == Direction::Backward {
-            windowed(&chains, &release, forward_position.len(), cap)
+            windowed(&chains, &release, forward_packs.len(), cap)
         } else {
             let tokens: u64 = chains.iter().flatten().map(|i| u64::from(i.tokens)).sum();
             let by_cap = tokens.div_ceil(u64::from(cap)) as usize;
