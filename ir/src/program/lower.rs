@@ -24,6 +24,7 @@ pub fn lower(ir: &StepIr) -> Program {
         .enumerate()
         .map(|(index, &(pack, _))| (pack, index as u32))
         .collect();
+    let sample_slices = ir.sample_slices();
     let mut packs = Vec::with_capacity(order.len());
     for &(pack, replica_index) in &order {
         let replica = ir.replicas()[replica_index as usize];
@@ -34,7 +35,7 @@ pub fn lower(ir: &StepIr) -> Program {
             .map(|slice| {
                 let s = ir.slice(slice);
                 SliceLayout {
-                    sample: ir.position_of(ir.sample_of(slice)),
+                    sample: sample_slices.sample_position(slice),
                     start: s.start,
                     end: s.end(),
                     kv_start: 0,

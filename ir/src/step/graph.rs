@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use rustc_hash::FxHashMap;
 
 use petgraph::stable_graph::StableDiGraph;
-use petgraph::visit::{EdgeRef, IntoEdgeReferences};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 use petgraph::Direction::{Incoming, Outgoing};
 
 use super::ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
@@ -198,16 +198,19 @@ impl StepIr {
     }
 
     /// Every sample's slices in offset order (as [`StepIr::slices_of`]), by batch position,
-    /// gathered in one pass over the edge table: for passes that visit every sample, where a
-    /// walk of each sample's edge list misses the caches on a large step.
+    /// and every slice's sample position, gathered in one pass over the edge table: for
+    /// passes that visit every sample or slice, where a walk of each node's edge list misses
+    /// the caches on a large step.
     pub fn sample_slices(&self) -> SampleSlices {
         let mut start = vec![0u32; self.samples.len() + 1];
         let mut contains: Vec<(u32, SliceId)> = Vec::with_capacity(self.samples.len());
+        let mut sample_at = vec![u32::MAX; self.graph.node_bound()];
         for edge in self.graph.edge_references() {
             if *edge.weight() == Edge::Contains {
                 let position = self.position_of(SampleId(edge.source()));
                 start[position as usize + 1] += 1;
                 contains.push((position, SliceId(edge.target())));
+                sample_at[edge.target().index()] = position;
             }
         }
         for i in 0..self.samples.len() {
@@ -225,7 +228,11 @@ impl StepIr {
                 row.sort_by_key(|&s| (self.slice(s).start, s));
             }
         }
-        SampleSlices { start, slices }
+        SampleSlices {
+            start,
+            slices,
+            sample_at,
+        }
     }
 
     /// The sample a slice belongs to.
@@ -763,11 +770,14 @@ impl StepIr {
     }
 }
 
-/// Every sample's slices, by the sample's batch position (see [`StepIr::sample_slices`]).
+/// Every sample's slices, by the sample's batch position, and every slice's sample (see
+/// [`StepIr::sample_slices`]).
 #[derive(Debug, Clone, Default)]
 pub struct SampleSlices {
     start: Vec<u32>,
     slices: Vec<SliceId>,
+    /// By slice node index: the batch position of the slice's sample (`u32::MAX`: none).
+    sample_at: Vec<u32>,
 }
 
 impl SampleSlices {
@@ -775,6 +785,14 @@ impl SampleSlices {
     pub fn at(&self, position: u32) -> &[SliceId] {
         let position = position as usize;
         &self.slices[self.start[position] as usize..self.start[position + 1] as usize]
+    }
+
+    /// The batch position of a slice's sample (as `position_of(sample_of(slice))`).
+    pub fn sample_position(&self, slice: SliceId) -> u32 {
+        match self.sample_at.get(slice.0.index()) {
+            Some(&position) if position != u32::MAX => position,
+            _ => panic!("{slice:?} has no sample; this is a bug"),
+        }
     }
 }
 
@@ -818,7 +836,11 @@ mod tests {
         }
         let table = ir.sample_slices();
         for &sample in &samples {
-            assert_eq!(table.at(ir.position_of(sample)), ir.slices_of(sample));
+            let position = ir.position_of(sample);
+            assert_eq!(table.at(position), ir.slices_of(sample));
+            for &slice in table.at(position) {
+                assert_eq!(table.sample_position(slice), position);
+            }
         }
     }
 }
