@@ -65,10 +65,10 @@ pub fn compile_entries(
 }
 
 /// Lowers a scheduled step to per-worker op lists (the `lower` pass, recorded with the others
-/// and counted in the compile time). With verification, what lowering adds is verified
-/// ([`slimpack_ir::verify::verify_program`]: the program is stored and executable), not
-/// again the scheduled step: every caller hands on a step its pipeline or tuning just
-/// verified, and `lower` only stores the program it derives from that step.
+/// and counted in the compile time). Nothing is verified again: every caller hands on a step
+/// its pipeline or tuning just verified, and the pass stores the program it derives from that
+/// step after proving it executable ([`slimpack_ir::program::lower_into`]), which is all that
+/// lowering adds.
 pub fn lower(
     compiled: &mut Compiled,
     manager: &ManagerOptions,
@@ -80,19 +80,7 @@ pub fn lower(
         verify: false,
         ..manager.clone()
     };
-    let mut records = run_pipeline(&mut compiled.ir, &pipeline, &unverified, print_sink)?;
-    if manager.verify {
-        let verify_start = Instant::now();
-        slimpack_ir::verify::verify_program(&compiled.ir).map_err(|source| {
-            slimpack_passes::PassError::Invalid {
-                after: Some("lower"),
-                source,
-            }
-        })?;
-        if let Some(record) = records.last_mut() {
-            record.verify_ms += verify_start.elapsed().as_secs_f64() * 1e3;
-        }
-    }
+    let records = run_pipeline(&mut compiled.ir, &pipeline, &unverified, print_sink)?;
     compiled.compile_ms += start.elapsed().as_secs_f64() * 1e3;
     compiled.passes.extend(records);
     Ok(())

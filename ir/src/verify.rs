@@ -105,30 +105,6 @@ pub fn verify(ir: &StepIr) -> Result<()> {
     }
 }
 
-/// Verifies only what the `lower` pass adds to a step whose scheduled form was verified
-/// before it: `program-stored` and `program-executable`. Not `program-derived`: the pass
-/// stores exactly what [`crate::program::lower`] derives from the step, so deriving it again
-/// would check only that lowering is deterministic, at the cost of a second lowering (a third
-/// of a million-sample step's verification). [`check`] derives it again, for a step read
-/// back from a file or changed after lowering.
-pub fn verify_program(ir: &StepIr) -> Result<()> {
-    let mut verifier = Verifier {
-        ir,
-        index: Index::default(),
-        names: OnceCell::new(),
-        errors: Vec::new(),
-        pack_position: Vec::new(),
-        member_position: Memberships::new(0),
-    };
-    verifier.program(false);
-    match verifier.errors.is_empty() {
-        true => Ok(()),
-        false => Err(IrError::Verify {
-            errors: verifier.errors,
-        }),
-    }
-}
-
 /// All broken invariants, in a deterministic order.
 pub fn check(ir: &StepIr) -> Vec<VerifyError> {
     let mut verifier = Verifier {
@@ -148,7 +124,7 @@ pub fn check(ir: &StepIr) -> Vec<VerifyError> {
     }
     if ir.phase() >= Phase::Lowered && verifier.errors.is_empty() {
         // Lowering needs a sound schedule; with one broken, that error is the one to show.
-        verifier.program(true);
+        verifier.program();
     }
     verifier.errors
 }
@@ -169,7 +145,7 @@ enum At {
 
 struct Verifier<'a> {
     ir: &'a StepIr,
-    /// The step's edges by node (empty when only the program is verified).
+    /// The step's edges by node.
     index: Index,
     /// The printed IR's names, built on the first error.
     names: OnceCell<Names>,
@@ -244,8 +220,8 @@ impl Verifier<'_> {
         }
     }
 
-    /// The stored program is the schedule's lowering (when `derived`), and executable.
-    fn program(&mut self, derived: bool) {
+    /// The stored program is the schedule's lowering, and executable.
+    fn program(&mut self) {
         let Some(stored) = self.ir.program() else {
             self.report(
                 At::Section("program"),
@@ -254,7 +230,7 @@ impl Verifier<'_> {
             );
             return;
         };
-        if derived && *stored != crate::program::lower(self.ir) {
+        if *stored != crate::program::lower(self.ir) {
             self.report(
                 At::Section("program"),
                 "program-derived",
@@ -489,8 +465,7 @@ impl Verifier<'_> {
             self.report(name, "pack-placement", "pack has no slices".into());
         }
         for &slice in &slices {
-            let sample = (self.index.sample_of(slice))
-                .unwrap_or_else(|| panic!("{slice:?} has no sample; this is a bug"));
+            let sample = self.index.sample_of(ir, slice);
             if ir.replica_of_sample(sample) != Some(replica) {
                 self.report(
                     name,

@@ -248,21 +248,27 @@ fn symmetric_packs(ir: &StepIr, forward: &[PackId], backward: &[PackId]) -> bool
             .all(|(&f, &b)| same_slices(ir, f, b))
 }
 
-/// For each backward pack, the positions in `forward` of the packs holding its slices,
-/// ascending and distinct. Read from the packs' members (one walk of each pack's edges), not
-/// from each slice's packs: on a million-sample step the per-slice walks were a third of the
-/// pass.
-pub(crate) fn forwards_needed(
-    ir: &StepIr,
-    forward: &[PackId],
-    backward: &[PackId],
-) -> Vec<Vec<usize>> {
+/// The position in `forward` of the pack holding each of their slices. Read from the packs'
+/// members (one walk of each pack's edges), not from each slice's packs: on a million-sample
+/// step the per-slice walks were a third of `schedule-pipeline`.
+pub(crate) fn forward_positions(ir: &StepIr, forward: &[PackId]) -> FxHashMap<SliceId, usize> {
     let mut position: FxHashMap<SliceId, usize> = FxHashMap::default();
     for (index, &pack) in forward.iter().enumerate() {
         for slice in ir.pack_slices(pack) {
             position.entry(slice).or_insert(index);
         }
     }
+    position
+}
+
+/// For each backward pack, the positions in `forward` of the packs holding its slices,
+/// ascending and distinct.
+pub(crate) fn forwards_needed(
+    ir: &StepIr,
+    forward: &[PackId],
+    backward: &[PackId],
+) -> Vec<Vec<usize>> {
+    let position = forward_positions(ir, forward);
     backward
         .iter()
         .map(|&pack| {

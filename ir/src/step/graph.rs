@@ -17,6 +17,7 @@ use super::ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
 use super::node::{
     BatchInfo, Direction, Edge, Node, Pack, Part, Phase, Replica, Sample, Slice, Stage, StageOp,
 };
+use super::Rows;
 use crate::program::Program;
 use crate::spec::{Recompute, Spec};
 
@@ -202,37 +203,18 @@ impl StepIr {
     /// passes that visit every sample or slice, where a walk of each node's edge list misses
     /// the caches on a large step.
     pub fn sample_slices(&self) -> SampleSlices {
-        let mut start = vec![0u32; self.samples.len() + 1];
         let mut contains: Vec<(u32, SliceId)> = Vec::with_capacity(self.samples.len());
         let mut sample_at = vec![u32::MAX; self.graph.node_bound()];
         for edge in self.graph.edge_references() {
             if *edge.weight() == Edge::Contains {
                 let position = self.position_of(SampleId(edge.source()));
-                start[position as usize + 1] += 1;
                 contains.push((position, SliceId(edge.target())));
                 sample_at[edge.target().index()] = position;
             }
         }
-        for i in 0..self.samples.len() {
-            start[i + 1] += start[i];
-        }
-        let mut next = start.clone();
-        let mut slices = vec![SliceId(petgraph::graph::NodeIndex::end()); contains.len()];
-        for (position, slice) in contains {
-            slices[next[position as usize] as usize] = slice;
-            next[position as usize] += 1;
-        }
-        for row in start.windows(2) {
-            let row = &mut slices[row[0] as usize..row[1] as usize];
-            if row.len() > 1 {
-                row.sort_by_key(|&s| (self.slice(s).start, s));
-            }
-        }
-        SampleSlices {
-            start,
-            slices,
-            sample_at,
-        }
+        let mut slices = Rows::new(self.samples.len(), &contains);
+        slices.sort_rows_by_key(|&s| (self.slice(s).start, s));
+        SampleSlices { slices, sample_at }
     }
 
     /// The sample a slice belongs to.
@@ -774,8 +756,7 @@ impl StepIr {
 /// [`StepIr::sample_slices`]).
 #[derive(Debug, Clone, Default)]
 pub struct SampleSlices {
-    start: Vec<u32>,
-    slices: Vec<SliceId>,
+    slices: Rows<SliceId>,
     /// By slice node index: the batch position of the slice's sample (`u32::MAX`: none).
     sample_at: Vec<u32>,
 }
@@ -783,8 +764,7 @@ pub struct SampleSlices {
 impl SampleSlices {
     /// The slices of the sample at batch position `position`, in offset order.
     pub fn at(&self, position: u32) -> &[SliceId] {
-        let position = position as usize;
-        &self.slices[self.start[position] as usize..self.start[position + 1] as usize]
+        self.slices.row(position as usize)
     }
 
     /// The batch position of a slice's sample (as `position_of(sample_of(slice))`).

@@ -16,9 +16,11 @@ mod build;
 mod graph;
 mod ids;
 mod node;
+mod rows;
 
 pub use graph::{SampleSlices, StepIr};
 pub use ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
 pub use node::{
     BatchInfo, Direction, Edge, Node, Pack, Part, Phase, Replica, Sample, Slice, Stage, StageOp,
 };
+pub(crate) use rows::Rows;

@@ -1,77 +1,29 @@
-//! The step graph's edges as the verifier reads them, gathered in one pass over the edge
-//! table into rows keyed by node index, instead of a walk of each node's edge list: on a
-//! million-sample step the walks' pointer chasing missed the caches on almost every edge.
-//! Every list keeps the order of the [`StepIr`] accessor it stands for.
+//! The step graph's edges as the verifier reads them, gathered by passes over the edge table
+//! (this one, and [`StepIr::sample_slices`]'s) into rows keyed by node index, instead of a
+//! walk of each node's edge list: on a million-sample step the walks' pointer chasing missed
+//! the caches on almost every edge. Each list keeps the order of the [`StepIr`] accessor it
+//! stands for, except a slice's packs, which are ascending (the least first, as
+//! [`StepIr::pack_of`] takes it), where the graph lists the newest first: on a step with a
+//! slice in two packs of one direction the verifier now keys its order check on the pack it
+//! names.
 
 use petgraph::graph::NodeIndex;
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 
 use crate::step::{
-    Direction, Edge, Node, PackId, ReplicaId, SampleId, SampleSlices, SliceId, StepIr,
+    Direction, Edge, Node, PackId, ReplicaId, Rows, SampleId, SampleSlices, SliceId, StepIr,
 };
 
-/// Items grouped by node index (compressed rows, filled by a counting sort).
-struct Rows<T> {
-    start: Vec<u32>,
-    items: Vec<T>,
-}
-
-impl<T> Default for Rows<T> {
-    fn default() -> Rows<T> {
-        Rows {
-            start: Vec::new(),
-            items: Vec::new(),
-        }
-    }
-}
-
-impl<T: Copy> Rows<T> {
-    fn new(node_bound: usize, pairs: &[(u32, T)]) -> Rows<T> {
-        let mut start = vec![0u32; node_bound + 1];
-        for &(key, _) in pairs {
-            start[key as usize + 1] += 1;
-        }
-        for i in 0..node_bound {
-            start[i + 1] += start[i];
-        }
-        let mut next = start.clone();
-        let mut items: Vec<Option<T>> = vec![None; pairs.len()];
-        for &(key, item) in pairs {
-            let at = &mut next[key as usize];
-            items[*at as usize] = Some(item);
-            *at += 1;
-        }
-        let items = items.into_iter().flatten().collect();
-        Rows { start, items }
-    }
-
-    fn row(&self, node: NodeIndex) -> &[T] {
-        match self.start.get(node.index()..node.index() + 2) {
-            Some(&[from, to]) => &self.items[from as usize..to as usize],
-            _ => &[],
-        }
-    }
-
-    fn sort_rows_by_key<K: Ord>(&mut self, key: impl Fn(&T) -> K) {
-        for window in self.start.windows(2) {
-            self.items[window[0] as usize..window[1] as usize].sort_unstable_by_key(&key);
-        }
-    }
-}
-
-/// A slice with no `Next` edge, or a slice with no sample.
+/// A slice with no `Next` edge.
 const NONE: u32 = u32::MAX;
 /// A slice with several `Next` edges.
 const MANY: u32 = u32::MAX - 1;
 
 /// The edges of one step, by node.
-#[derive(Default)]
 pub(super) struct Index {
     /// Each slice's `Next` target (`NONE`, or `MANY` with several).
     next_of: Vec<u32>,
-    /// Each slice's sample (the first `Contains` edge into it).
-    sample_of: Vec<u32>,
-    /// Each sample's slices by offset, by batch position.
+    /// Each sample's slices by offset, by batch position, and each slice's sample.
     slices: SampleSlices,
     /// Each pack's slices by position (as [`StepIr::pack_slices`]).
     members: Rows<(u32, SliceId)>,
@@ -88,7 +40,6 @@ impl Index {
         let graph = ir.graph();
         let bound = graph.node_bound();
         let mut next_of = vec![NONE; bound];
-        let mut sample_of = vec![NONE; bound];
         let mut has_replica = vec![false; bound];
         let (mut members, mut packs, mut placed) = (Vec::new(), Vec::new(), Vec::new());
         for edge in graph.edge_references() {
@@ -103,11 +54,6 @@ impl Index {
                         MANY
                     };
                 }
-                Edge::Contains => {
-                    if sample_of[target.index()] == NONE {
-                        sample_of[target.index()] = from;
-                    }
-                }
                 Edge::Member { position } => {
                     members.push((target.index() as u32, (position, SliceId(source))));
                     packs.push((from, PackId(target)));
@@ -118,7 +64,7 @@ impl Index {
                         has_replica[source.index()] = true;
                     }
                 }
-                Edge::Order { .. } => {}
+                Edge::Contains | Edge::Order { .. } => {}
             }
         }
         let slices = ir.sample_slices();
@@ -135,7 +81,6 @@ impl Index {
             .collect();
         Index {
             next_of,
-            sample_of,
             slices,
             members,
             packs,
@@ -154,11 +99,8 @@ impl Index {
         }
     }
 
-    pub fn sample_of(&self, slice: SliceId) -> Option<SampleId> {
-        match self.sample_of[slice.node().index()] {
-            NONE => None,
-            sample => Some(SampleId(NodeIndex::new(sample as usize))),
-        }
+    pub fn sample_of(&self, ir: &StepIr, slice: SliceId) -> SampleId {
+        ir.samples()[self.slices.sample_position(slice) as usize]
     }
 
     pub fn slices_of(&self, ir: &StepIr, sample: SampleId) -> &[SliceId] {
@@ -167,7 +109,7 @@ impl Index {
 
     pub fn pack_slices(&self, pack: PackId) -> impl Iterator<Item = SliceId> + '_ {
         self.members
-            .row(pack.node())
+            .row(pack.node().index())
             .iter()
             .map(|&(_, slice)| slice)
     }
@@ -179,7 +121,7 @@ impl Index {
         slice: SliceId,
         direction: Direction,
     ) -> impl Iterator<Item = PackId> + 'a {
-        (self.packs.row(slice.node()).iter())
+        (self.packs.row(slice.node().index()).iter())
             .copied()
             .filter(move |&p| ir.pack(p).direction == direction)
     }
@@ -189,7 +131,7 @@ impl Index {
     }
 
     pub fn packs_on(&self, ir: &StepIr, replica: ReplicaId, direction: Direction) -> Vec<PackId> {
-        (self.placed.row(replica.node()).iter())
+        (self.placed.row(replica.node().index()).iter())
             .map(|&(_, pack)| pack)
             .filter(|&p| ir.pack(p).direction == direction)
             .collect()

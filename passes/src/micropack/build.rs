@@ -4,8 +4,7 @@
 
 use std::collections::HashMap;
 
-use rustc_hash::FxHashMap;
-use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId, SliceId};
+use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
 
@@ -89,16 +88,11 @@ pub(crate) fn pack_direction(
         let mut chains = Vec::new();
         let mut ids = Vec::new();
         let mut release = Vec::new();
-        // The position of the forward pack holding each slice (read from the packs' members).
         let forward_packs = ir.packs_on(replica, Direction::Forward);
-        let mut forward_position: FxHashMap<SliceId, usize> = FxHashMap::default();
-        if direction == Direction::Backward {
-            for (position, &pack) in forward_packs.iter().enumerate() {
-                for slice in ir.pack_slices(pack) {
-                    forward_position.entry(slice).or_insert(position);
-                }
-            }
-        }
+        let forward_position = match direction {
+            Direction::Backward => crate::schedule_pipeline::forward_positions(ir, &forward_packs),
+            Direction::Forward => Default::default(),
+        };
         for sample in ir.samples_on(replica) {
             let mut slices = sample_slices.at(ir.position_of(sample)).to_vec();
             if direction == Direction::Backward {

@@ -76,7 +76,7 @@ pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32
     best
 }
 
-/// Pack counts above the first that the count search tries one by one before it gallops.
+/// Pack counts the count search tries one by one, from the first, before it gallops.
 const LINEAR_COUNTS: usize = 8;
 
 /// The greedy partition into the fewest packs from `first` on that fits the cap. Counts are
@@ -117,7 +117,7 @@ fn smallest_fitting_count(
         if count - first + 1 >= LINEAR_COUNTS {
             step *= 2;
         }
-        count = (count + step).min(total_items.max(count + 1));
+        count = (count + step).min(total_items);
     };
     let Some(mut failed) = failed else {
         return best;
