@@ -270,3 +270,61 @@ fn replanned_steps_are_the_same_on_any_number_of_threads() {
     }
     assert!(outputs[0] == outputs[1], "the epochs differ");
 }
+
+/// `--jsonl -` streams the schedules to standard output (one document per line) instead of
+/// creating a file named `-`, and refuses to mix them with a JSON summary there.
+#[test]
+fn jsonl_dash_is_standard_output() {
+    let dir = scratch("dash");
+    let mut args: Vec<&str> = vec!["plan"];
+    args.extend(JOB);
+    args.extend([
+        "--global-batch-tokens",
+        "2000000",
+        "--steps",
+        "2",
+        "--jsonl",
+        "-",
+    ]);
+    let manifest = env!("CARGO_MANIFEST_DIR");
+    let batch = format!("{manifest}/tests/fixtures/wikipedia-100k.lengths.txt");
+    let args: Vec<&str> = args
+        .iter()
+        .map(|&a| {
+            if a.starts_with("tests/fixtures/") {
+                batch.as_str()
+            } else {
+                a
+            }
+        })
+        .collect();
+    let run = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_slimpack"))
+            .args(&args)
+            .args(extra)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let output = run(&[]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    for line in stdout.lines() {
+        let document: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(document["format"], "slimpack.schedule");
+    }
+    assert!(!dir.join("-").exists(), "a file named - was written");
+    let output = run(&["--report", "json"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("error: --jsonl - and --report json"),
+        "{stderr}"
+    );
+    assert!(output.stdout.is_empty());
+}

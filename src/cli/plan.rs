@@ -41,7 +41,7 @@ pub struct PlanArgs {
     /// Write one file per step into DIR.
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
-    /// Write one schedule JSON document per line into FILE.
+    /// Write one schedule JSON document per line into FILE (`-`: standard output).
     #[arg(long, value_name = "FILE")]
     jsonl: Option<PathBuf>,
     /// What each step's file holds: json or ir.
@@ -78,7 +78,8 @@ pub struct PlanArgs {
 /// Where the steps go.
 enum Output {
     Directory(PathBuf),
-    Lines(PathBuf, std::io::BufWriter<std::fs::File>),
+    /// JSON lines, to a file or standard output (named for errors).
+    Lines(String, std::io::BufWriter<Box<dyn Write>>),
     Nowhere,
 }
 
@@ -99,9 +100,23 @@ impl Output {
                 if args.emit == PlanEmit::Ir {
                     bail!("--jsonl holds schedule JSON; --emit ir needs --out-dir");
                 }
+                if file.as_os_str() == "-" {
+                    if args.report == ReportFormat::Json {
+                        bail!("--jsonl - and --report json would mix on stdout; give --jsonl FILE");
+                    }
+                    let stdout: Box<dyn Write> = Box::new(std::io::stdout());
+                    return Ok(Output::Lines(
+                        "standard output".into(),
+                        std::io::BufWriter::new(stdout),
+                    ));
+                }
                 let handle = std::fs::File::create(file)
                     .with_context(|| format!("--jsonl: cannot create {}", file.display()))?;
-                Ok(Output::Lines(file.clone(), std::io::BufWriter::new(handle)))
+                let handle: Box<dyn Write> = Box::new(handle);
+                Ok(Output::Lines(
+                    file.display().to_string(),
+                    std::io::BufWriter::new(handle),
+                ))
             }
             (None, None) => Ok(Output::Nowhere),
         }
@@ -130,8 +145,8 @@ impl Output {
                 let document = schedule_json::document(&planned.compiled.ir, predicted())
                     .map_err(|e| format!("step {}: {e}", planned.step))?;
                 serde_json::to_writer(&mut *writer, &document)
-                    .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-                writeln!(writer).map_err(|e| format!("cannot write {}: {e}", path.display()))
+                    .map_err(|e| format!("cannot write {path}: {e}"))?;
+                writeln!(writer).map_err(|e| format!("cannot write {path}: {e}"))
             }
             Output::Nowhere => Ok(()),
         }
@@ -141,7 +156,7 @@ impl Output {
         if let Output::Lines(path, writer) = self {
             writer
                 .flush()
-                .with_context(|| format!("cannot write {}", path.display()))?;
+                .with_context(|| format!("cannot write {path}"))?;
         }
         Ok(())
     }
