@@ -1058,3 +1058,22 @@ fn verify_candidates_applies_to_a_strategy_only() {
     assert_eq!(every["candidate"], chosen["candidate"]);
     assert_eq!(every["step_time_s"], chosen["step_time_s"]);
 }
+
+/// `-o -` is standard output, as for Unix tools: it used to create a file named `-` (in the
+/// working directory, here the repository). With `--report json` on stdout too, the emitted
+/// form and the report would mix, so that is refused as it is without `-o`.
+#[test]
+fn dash_output_is_standard_output() {
+    let (stdout, _) = ok(&["schema", "-o", "-"]);
+    json(&stdout);
+    let mut args = tiny(
+        "tp=1,pp=1,dp=1",
+        &["--batch", LENGTHS, "--emit", "json", "-o", "-"],
+    );
+    let (stdout, _) = ok(&args);
+    assert_eq!(json(&stdout)["format"], "slimpack.schedule");
+    args.extend(["--report", "json"]);
+    bad_input(&args, &["--report json", "stdout"]);
+    let dash = Path::new(env!("CARGO_MANIFEST_DIR")).join("-");
+    assert!(!dash.exists(), "a file named - was written");
+}

@@ -2,7 +2,6 @@
 
 use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
-use std::io::Write;
 use std::path::PathBuf;
 
 use slimpack::tune::autotune;
@@ -322,7 +321,10 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         }
     };
     let emit = args.emit.or(args.output.as_ref().map(|_| Emit::Ir));
-    if emit.is_some() && args.output.is_none() && args.report == ReportFormat::Json {
+    if emit.is_some()
+        && super::output::is_stdout(args.output.as_deref())
+        && args.report == ReportFormat::Json
+    {
         bail!("--emit to standard output and --report json would mix on stdout; give -o FILE");
     }
     // Samples and tokens a strategy delayed to a later step (wlb's outlier queues).
@@ -422,14 +424,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     if let Some(emit) = emit {
         let metrics = simulation.as_ref().map(|(result, _)| &result.metrics);
         let emitted = emitted(emit, &compiled.ir, metrics)?;
-        match &args.output {
-            Some(path) => std::fs::write(path, emitted)
-                .with_context(|| format!("cannot write {}", path.display()))?,
-            None => {
-                let mut stdout = std::io::stdout().lock();
-                stdout.write_all(emitted.as_bytes())?;
-            }
-        }
+        super::output::write(args.output.as_deref(), &emitted)?;
     }
     let mut report = compiled.report(
         simulation

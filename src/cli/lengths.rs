@@ -6,9 +6,7 @@
 //! them, the sample lengths of that global batch (drawn and cut exactly as `compile` draws and
 //! cuts it). A summary line (count, tokens, median, p99, max) goes to stderr.
 
-use anyhow::Context;
 use clap::Args;
-use std::io::Write;
 use std::path::PathBuf;
 
 use super::input::BatchArgs;
@@ -46,15 +44,7 @@ pub fn run(args: LengthsArgs) -> anyhow::Result<()> {
         text.push_str(&length.to_string());
         text.push('\n');
     }
-    match &args.output {
-        Some(path) => std::fs::write(path, &text)
-            .with_context(|| format!("cannot write {}", path.display()))?,
-        None => {
-            let mut stdout = std::io::stdout().lock();
-            stdout.write_all(text.as_bytes())?;
-            stdout.flush()?;
-        }
-    }
+    super::output::write(args.output.as_deref(), &text)?;
     eprintln!("{}", summary(&lengths, &what, dataset.empty));
     Ok(())
 }

@@ -8,6 +8,7 @@ pub mod exit;
 mod input;
 mod lengths;
 mod opt;
+mod output;
 mod passes;
 mod plan;
 mod report;

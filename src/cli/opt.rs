@@ -46,10 +46,6 @@ pub fn run(args: OptArgs) -> anyhow::Result<()> {
     )?;
     args.manager.report_times(&records);
     let printed = text::print(&ir);
-    match &args.output {
-        Some(path) => std::fs::write(path, printed)
-            .with_context(|| format!("cannot write {}", path.display()))?,
-        None => print!("{printed}"),
-    }
+    super::output::write(args.output.as_deref(), &printed)?;
     Ok(())
 }

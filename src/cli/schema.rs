@@ -1,7 +1,6 @@
 //! `slimpack schema`: the JSON Schema of the schedule JSON, generated from its types (the copy
 //! shipped as docs/schedule.schema.json is checked against it by a test).
 
-use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -16,10 +15,6 @@ pub struct SchemaArgs {
 
 pub fn run(args: SchemaArgs) -> anyhow::Result<()> {
     let schema = schedule_json::schema();
-    match &args.output {
-        Some(path) => std::fs::write(path, schema)
-            .with_context(|| format!("cannot write {}", path.display()))?,
-        None => print!("{schema}"),
-    }
+    super::output::write(args.output.as_deref(), &schema)?;
     Ok(())
 }
