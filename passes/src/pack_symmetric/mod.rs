@@ -438,9 +438,13 @@ impl Pass for PackSymmetric {
             ir.place_samples(&placements);
         }
         let (mut packs, mut largest, mut most) = (0usize, 0u64, 0usize);
+        // Bins hold samples in any order: their slices are read in bulk, not sample by sample.
+        let sample_slices = ir.sample_slices();
         for (&replica, groups) in replicas.iter().zip(&plan) {
             for group in groups {
-                let slices: Vec<_> = group.iter().flat_map(|&s| ir.slices_of(s)).collect();
+                let slices: Vec<_> = (group.iter())
+                    .flat_map(|&s| sample_slices.at(ir.position_of(s)).iter().copied())
+                    .collect();
                 for direction in [Direction::Forward, Direction::Backward] {
                     let pack = Pack {
                         direction,
