@@ -140,6 +140,9 @@ impl SchedulePipeline {
 /// stage's order differs only in its warm-up): the forwards each backward pack needs, and the
 /// packs' weights (indexed as `packs_on` orders the packs).
 struct ReplicaPacks {
+    /// needed[b]: the positions of the forward packs holding backward pack b's slices
+    /// (what the zero-bubble split reads too).
+    needed: Vec<Vec<usize>>,
     /// need[b]: forwards that must have run before backward pack b.
     need: Vec<usize>,
     forward_weights: Vec<u64>,
@@ -148,7 +151,8 @@ struct ReplicaPacks {
 
 impl ReplicaPacks {
     fn new(ir: &StepIr, forward: &[PackId], backward: &[PackId], symmetric: bool) -> ReplicaPacks {
-        let need: Vec<usize> = forwards_needed(ir, forward, backward)
+        let needed = forwards_needed(ir, forward, backward);
+        let need: Vec<usize> = needed
             .iter()
             .map(|positions| positions.last().map_or(0, |&last| last + 1))
             .collect();
@@ -159,6 +163,7 @@ impl ReplicaPacks {
         let forward_weights: Vec<u64> = forward.iter().map(|&p| weight(p)).collect();
         let backward_weights: Vec<u64> = backward.iter().map(|&p| weight(p)).collect();
         ReplicaPacks {
+            needed,
             need,
             forward_weights,
             backward_weights,
@@ -400,7 +405,13 @@ pub(crate) fn schedule(ir: &mut StepIr, cost: &CostModel, pass: SchedulePipeline
             }
         }
         if pass.zero_bubble && vpp == 1 {
-            let split = crate::zero_bubble::split_orders(ir, replica, &stage_orders, cost);
+            let split = crate::zero_bubble::split_orders(
+                ir,
+                replica,
+                &stage_orders,
+                (&forward, &backward, &packs.needed),
+                cost,
+            );
             for (stage, ops) in split.iter().enumerate() {
                 split_backwards += ops.iter().filter(|op| op.part == Part::WeightGrad).count();
                 ir.set_stage_ops(replica, stage as u32, ops);

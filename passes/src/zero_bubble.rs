@@ -46,11 +46,14 @@ struct PackCost {
 }
 
 /// The zero-bubble orders of `replica` on each of its stages, from `orders`, its 1F1B orders
-/// (one per stage, forwards and backwards each once). Needs one model chunk per device.
+/// (one per stage, forwards and backwards each once), given its forward and backward packs and
+/// the forwards each backward needs (`schedule_pipeline::forwards_needed`). Needs one model
+/// chunk per device.
 pub(crate) fn split_orders(
     ir: &StepIr,
     replica: ReplicaId,
     orders: &[Vec<PackId>],
+    (forward, backward, needed): (&[PackId], &[PackId], &[Vec<usize>]),
     cost: &CostModel,
 ) -> Vec<Vec<StageOp>> {
     let stages = orders.len();
@@ -58,13 +61,9 @@ pub(crate) fn split_orders(
     let costs = pack_costs(ir, replica, packs, stages, cost);
     let index: HashMap<PackId, usize> = packs.iter().enumerate().map(|(i, &p)| (p, i)).collect();
     // The forwards each backward needs on the last stage.
-    let forward = ir.packs_on(replica, Direction::Forward);
-    let backward = ir.packs_on(replica, Direction::Backward);
     let needs: HashMap<PackId, Vec<PackId>> = backward
         .iter()
-        .zip(crate::schedule_pipeline::forwards_needed(
-            ir, &forward, &backward,
-        ))
+        .zip(needed)
         .map(|(&b, positions)| {
             let mut forwards: Vec<PackId> = positions.iter().map(|&i| forward[i]).collect();
             forwards.sort_unstable();

@@ -6,14 +6,19 @@ use anyhow::Context;
 use std::io::Write;
 use std::path::Path;
 
-/// Whether `path` means standard output (absent, or `-`).
-pub fn is_stdout(path: Option<&Path>) -> bool {
-    path.is_none_or(|path| path.as_os_str() == "-")
+/// The file `path` names, or `None` for standard output (absent, or `-`).
+pub fn file(path: Option<&Path>) -> Option<&Path> {
+    path.filter(|path| path.as_os_str() != "-")
 }
 
-/// Writes `text` to `path`, or to standard output (see [`is_stdout`]).
+/// Whether `path` means standard output (see [`file`]).
+pub fn is_stdout(path: Option<&Path>) -> bool {
+    file(path).is_none()
+}
+
+/// Writes `text` to `path`, or to standard output (see [`file`]).
 pub fn write(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
-    match path.filter(|_| !is_stdout(path)) {
+    match file(path) {
         Some(path) => {
             std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
         }

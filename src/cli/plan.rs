@@ -100,7 +100,7 @@ impl Output {
                 if args.emit == PlanEmit::Ir {
                     bail!("--jsonl holds schedule JSON; --emit ir needs --out-dir");
                 }
-                if file.as_os_str() == "-" {
+                if super::output::is_stdout(Some(file)) {
                     if args.report == ReportFormat::Json {
                         bail!("--jsonl - and --report json would mix on stdout; give --jsonl FILE");
                     }

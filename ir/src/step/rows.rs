@@ -20,13 +20,15 @@ impl<T: Copy> Rows<T> {
             start[key + 1] += start[key];
         }
         let mut next = start.clone();
-        let mut items: Vec<Option<T>> = vec![None; pairs.len()];
+        // Every slot is overwritten: any item fills the vector first.
+        let mut items: Vec<T> = pairs
+            .first()
+            .map_or_else(Vec::new, |&(_, filler)| vec![filler; pairs.len()]);
         for &(key, item) in pairs {
             let at = &mut next[key as usize];
-            items[*at as usize] = Some(item);
+            items[*at as usize] = item;
             *at += 1;
         }
-        let items = items.into_iter().flatten().collect();
         Rows { start, items }
     }
 
