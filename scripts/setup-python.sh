@@ -22,7 +22,11 @@ if [ ! -x "$SLIMPACK_PYTHON_VENV/bin/python" ]; then
 fi
 export SLIMPACK_PYTHON="$SLIMPACK_PYTHON_VENV/bin/python"
 export PATH="$SLIMPACK_PYTHON_VENV/bin:$PATH"  # maturin, for the build without isolation
-pip_quiet() { "$SLIMPACK_PYTHON" -m pip install -q --disable-pip-version-check "$@"; }
+# No download cache: the environment itself is the cache, and torch's wheels (~3 GB with their
+# CUDA libraries) would otherwise sit on the disk twice.
+pip_quiet() {
+    "$SLIMPACK_PYTHON" -m pip install -q --disable-pip-version-check --no-cache-dir "$@"
+}
 
 if ! "$SLIMPACK_PYTHON" -c 'import maturin, numpy, pytest' >/dev/null 2>&1; then
     pip_quiet 'maturin>=1.5,<2' numpy pytest

@@ -105,19 +105,25 @@ fn pipeline_and_data_parallel_steps_equal_the_unsliced_reference() {
     check_reference("tp=1,pp=2,dp=1", SLICED);
     check_reference("tp=1,pp=2,dp=1", PADDED);
     check_reference("tp=1,pp=1,dp=2", SLICED);
-    check_step("dp=2, DP-Merge", &dp_merge_step("tp=1,pp=1,dp=2"));
+    let dir = tempfile::tempdir().unwrap();
+    check_step(
+        "dp=2, DP-Merge",
+        &dp_merge_step("tp=1,pp=1,dp=2", dir.path()),
+    );
     if count >= 4 {
         check_reference("tp=1,pp=2,dp=2", SLICED);
-        check_step("pp=2, dp=2, DP-Merge", &dp_merge_step("tp=1,pp=2,dp=2"));
+        check_step(
+            "pp=2, dp=2, DP-Merge",
+            &dp_merge_step("tp=1,pp=2,dp=2", dir.path()),
+        );
     }
 }
 
 /// A step with a DP-Merge group (both DP ranks run the dominant sample as one CP group, with
-/// continuation slices); its batch file is written to the temporary directory.
-fn dp_merge_step(parallel: &str) -> Vec<String> {
+/// continuation slices); its batch file is written to `dir`.
+fn dp_merge_step(parallel: &str, dir: &std::path::Path) -> Vec<String> {
     let lengths = [480, 20, 12, 30, 9, 64, 3, 40, 100, 7];
-    let path =
-        std::env::temp_dir().join(format!("slimpack-cuda-dp-merge-{}.txt", std::process::id()));
+    let path = dir.join("dp-merge.lengths.txt");
     let text: String = lengths.iter().map(|len| format!("{len}\n")).collect();
     std::fs::write(&path, text).unwrap();
     [

@@ -20,9 +20,8 @@ const SPEC: &[&str] = &[
 ];
 
 fn emit(form: &str) -> std::process::Output {
-    let dir = std::env::temp_dir().join(format!("slimpack-emit-{}-{form}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join(format!("out.{form}"));
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join(format!("out.{form}"));
     let mut args = SPEC.to_vec();
     let out_text = out.display().to_string();
     args.extend(["--emit", form, "-o", &out_text]);

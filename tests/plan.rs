@@ -2,8 +2,6 @@
 //! on its own (`compile --step N`), its summary counts the whole epoch, and nothing but the
 //! summary reaches stderr when it is not a terminal (no progress bar).
 
-use std::path::PathBuf;
-
 mod common;
 use common::slimpack;
 
@@ -26,16 +24,18 @@ const JOB: [&str; 14] = [
     "megatron",
 ];
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("slimpack-plan-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A directory for one test's outputs, removed when the test ends (an epoch's JSONL is ~80 MB).
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("slimpack-plan-")
+        .tempdir()
+        .unwrap()
 }
 
 #[test]
 fn every_planned_step_is_the_compile_of_its_batch() {
-    let dir = scratch("steps");
+    let scratch = scratch();
+    let dir = scratch.path();
     let out = dir.join("steps");
     let out_arg = out.to_str().unwrap().to_string();
     let mut args: Vec<&str> = vec!["plan"];
@@ -76,7 +76,8 @@ fn every_planned_step_is_the_compile_of_its_batch() {
 
 #[test]
 fn an_epoch_covers_every_document_and_only_the_summary_reaches_a_pipe() {
-    let dir = scratch("epoch");
+    let scratch = scratch();
+    let dir = scratch.path();
     let lines = dir.join("plan.jsonl");
     let lines_arg = lines.to_str().unwrap().to_string();
     let mut args: Vec<&str> = vec!["plan"];
@@ -227,7 +228,8 @@ fn bench_planning_prints_one_row_per_size_and_strategy() {
 /// admission left, not the round's last.
 #[test]
 fn replanned_steps_are_the_same_on_any_number_of_threads() {
-    let dir = scratch("threads");
+    let scratch = scratch();
+    let dir = scratch.path();
     let mut outputs = Vec::new();
     for threads in ["1", "4"] {
         let lines = dir.join(format!("plan-{threads}.jsonl"));
@@ -275,7 +277,8 @@ fn replanned_steps_are_the_same_on_any_number_of_threads() {
 /// creating a file named `-`, and refuses to mix them with a JSON summary there.
 #[test]
 fn jsonl_dash_is_standard_output() {
-    let dir = scratch("dash");
+    let scratch = scratch();
+    let dir = scratch.path();
     let mut args: Vec<&str> = vec!["plan"];
     args.extend(JOB);
     args.extend([

@@ -161,7 +161,8 @@ fn run_refuses_models_the_cpu_backend_cannot_execute() {
 
 #[test]
 fn calibrate_writes_tables_the_cost_model_reads() {
-    let path = std::env::temp_dir().join(format!("slimpack-calibrate-{}.json", std::process::id()));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("calibration.json");
     let path_text = path.display().to_string();
     let output = slimpack(&[
         "calibrate",
@@ -181,7 +182,6 @@ fn calibrate_writes_tables_the_cost_model_reads() {
     );
     let calibration =
         slimpack::machine::cost::Calibration::load(&path).expect("a calibration file");
-    std::fs::remove_file(&path).unwrap();
     assert_eq!(calibration.device, "cpu-2core");
     assert_eq!(calibration.tables.len(), 5);
 }

@@ -83,9 +83,8 @@ fn a_driver_missing_a_runtime_symbol_is_refused() {
 fn the_driver_compiles_to_a_native_object_defining_its_entry_points() {
     let program = program(SCHEDULES[0]);
     let llvm_ir = emit_llvm_ir(&program).unwrap();
-    let dir = std::env::temp_dir().join(format!("slimpack-driver-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("driver.o");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("driver.o");
     write_object(&llvm_ir, &path).unwrap();
     let object = std::fs::read(&path).unwrap();
     assert_eq!(&object[..4], b"\x7fELF", "not an ELF object");

@@ -11,10 +11,8 @@ use std::process::Command;
 use common::{check_golden, irdl_file, program, tool, SCHEDULES};
 use slimpack_codegen::mlir::{emit_llvm_ir, emit_lowered, emit_mlir, TO_LLVM_DIALECT};
 
-fn temp_file(name: &str, contents: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("slimpack-codegen-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
+fn temp_file(dir: &tempfile::TempDir, name: &str, contents: &str) -> std::path::PathBuf {
+    let path = dir.path().join(name);
     std::fs::write(&path, contents).unwrap();
     path
 }
@@ -71,9 +69,10 @@ fn mlir_opt(args: &[&str], input: &std::path::Path) -> std::process::Output {
 fn mlir_opt_verifies_the_emitted_dialect_with_the_irdl_file() {
     let Some(_) = tool("mlir-opt-22") else { return };
     let irdl = format!("--irdl-file={}", irdl_file().display());
+    let dir = tempfile::tempdir().unwrap();
     for name in SCHEDULES {
         let text = emit_mlir(&program(name)).unwrap();
-        let path = temp_file(&format!("{name}.mlir"), &text);
+        let path = temp_file(&dir, &format!("{name}.mlir"), &text);
         let output = mlir_opt(&[&irdl, "--verify-each"], &path);
         assert!(
             output.status.success(),
@@ -83,7 +82,7 @@ fn mlir_opt_verifies_the_emitted_dialect_with_the_irdl_file() {
         // A direction the dialect does not define must be rejected: the IRDL file really
         // constrains the ops.
         let broken = text.replacen("direction = \"fwd\"", "direction = \"sideways\"", 1);
-        let path = temp_file(&format!("{name}.broken.mlir"), &broken);
+        let path = temp_file(&dir, &format!("{name}.broken.mlir"), &broken);
         let output = mlir_opt(&[&irdl], &path);
         assert!(
             !output.status.success(),
@@ -95,10 +94,12 @@ fn mlir_opt_verifies_the_emitted_dialect_with_the_irdl_file() {
 
 #[test]
 fn mlir_opt_converts_the_lowered_module_and_llc_compiles_the_llvm_ir() {
+    let dir = tempfile::tempdir().unwrap();
     for name in SCHEDULES {
         let program = program(name);
         if tool("mlir-opt-22").is_some() {
             let lowered = temp_file(
+                &dir,
                 &format!("{name}.lowered.mlir"),
                 &emit_lowered(&program).unwrap(),
             );
@@ -111,7 +112,11 @@ fn mlir_opt_converts_the_lowered_module_and_llc_compiles_the_llvm_ir() {
             );
         }
         if tool("llc-22").is_some() {
-            let llvm_ir = temp_file(&format!("{name}.ll"), &emit_llvm_ir(&program).unwrap());
+            let llvm_ir = temp_file(
+                &dir,
+                &format!("{name}.ll"),
+                &emit_llvm_ir(&program).unwrap(),
+            );
             let object = llvm_ir.with_extension("o");
             let output = Command::new("llc-22")
                 .args(["-filetype=obj", "-o"])

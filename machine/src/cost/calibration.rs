@@ -196,10 +196,10 @@ mod tests {
 
     #[test]
     fn save_and_load_a_file() {
-        let path = std::env::temp_dir().join(format!("slimpack-cal-{}.json", std::process::id()));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("calibration.json");
         sample().save(&path).unwrap();
         let loaded = Calibration::load(&path).unwrap();
-        std::fs::remove_file(&path).unwrap();
         assert_eq!(loaded, sample());
     }
 
