@@ -197,6 +197,8 @@ fn bench_planning_prints_one_row_per_size_and_strategy() {
         "--planning",
         "--planning-sizes",
         "100,1000",
+        "--planning-repeats",
+        "2",
         "--strategies",
         "megatron,bfd",
         "--report",
@@ -217,7 +219,14 @@ fn bench_planning_prints_one_row_per_size_and_strategy() {
     ]) {
         assert!(row["samples"].as_u64().unwrap() >= samples, "{row}");
         assert_eq!(row["strategy"], strategy);
-        assert!(row["wall_ms"].as_f64().unwrap() > 0.0);
+        // Two runs each (far under the cell budget): the median lies between them.
+        assert_eq!(row["runs"], 2, "{row}");
+        let (wall, min, max) = (
+            row["wall_ms"].as_f64().unwrap(),
+            row["min_ms"].as_f64().unwrap(),
+            row["max_ms"].as_f64().unwrap(),
+        );
+        assert!(0.0 < min && min <= wall && wall <= max, "{row}");
         assert_eq!(row["growth"].is_null(), samples == 100, "{row}");
     }
 }

@@ -85,6 +85,10 @@ pub struct BenchArgs {
     /// Batch sizes in samples of --planning, comma-separated.
     #[arg(long, value_name = "N,N,..", value_delimiter = ',', default_values_t = super::bench_planning::DEFAULT_SIZES)]
     planning_sizes: Vec<usize>,
+    /// Runs of each --planning cell (fewer once a cell has taken 10 s); the table gives their
+    /// median.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    planning_repeats: usize,
 }
 
 /// A row of the report (field names and order are the `--report json` contract; `figures`
@@ -204,6 +208,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let strategies = select(args.strategies.as_deref())?;
     let (dataset, options) = job.dataset(&batch_args)?;
     if args.planning {
+        if args.planning_repeats == 0 {
+            bail!("--planning-repeats 0: give at least 1 run");
+        }
         let strategies = select(Some(
             args.strategies.as_deref().unwrap_or("megatron,slimpack"),
         ))?;
@@ -212,6 +219,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             &dataset,
             &options,
             &args.planning_sizes,
+            args.planning_repeats,
             &strategies,
             &choices,
             args.report,

@@ -3,6 +3,11 @@
 //! dataset) and each strategy, one step is planned as `compile --strategy` plans it — every
 //! candidate compiled, verified and simulated, the chosen one lowered — and its wall time is
 //! printed with its growth over the previous size, so the scaling is visible in one run.
+//!
+//! A cell is planned up to `repeats` times, fewer once its runs have taken [`CELL_BUDGET_S`]
+//! (a million samples plan once), and its wall time is the median of its runs: on a shared
+//! machine a single short run can take twice its usual time, and one such run would make a
+//! growth figure of that noise.
 
 use serde::Serialize;
 use std::time::Instant;
@@ -10,7 +15,7 @@ use std::time::Instant;
 use slimpack::compile::lower;
 use slimpack::tune::autotune::{self, TuneOptions};
 use slimpack::tune::strategy::{Choices, StrategyInfo, StrategyState};
-use slimpack_ir::batch::{BatchOptions, Dataset};
+use slimpack_ir::batch::{Batch, BatchOptions, Dataset};
 use slimpack_ir::Spec;
 use slimpack_passes::ManagerOptions;
 
@@ -19,6 +24,9 @@ use super::compile::ReportFormat;
 /// Sample counts of the default table.
 pub const DEFAULT_SIZES: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
 
+/// Wall seconds after which a cell stops repeating.
+pub const CELL_BUDGET_S: f64 = 10.0;
+
 /// One strategy planning one batch size.
 #[derive(Debug, Serialize)]
 struct Measurement {
@@ -26,7 +34,12 @@ struct Measurement {
     tokens: u64,
     strategy: &'static str,
     candidates: usize,
+    /// The median wall time of the cell's runs.
     wall_ms: f64,
+    /// The fastest and slowest run.
+    min_ms: f64,
+    max_ms: f64,
+    runs: usize,
     /// Wall time over the previous size's (None for the first size).
     growth: Option<f64>,
     step_time_s: f64,
@@ -38,6 +51,7 @@ pub fn run(
     dataset: &Dataset,
     options: &BatchOptions,
     sizes: &[usize],
+    repeats: usize,
     strategies: &[&'static StrategyInfo],
     choices: &Choices,
     report: ReportFormat,
@@ -51,26 +65,17 @@ pub fn run(
         };
         let batch = dataset.global_batch(&options)?;
         for &strategy in strategies {
-            let start = Instant::now();
-            let mut state = StrategyState::default();
-            let admitted = autotune::admit(strategy, &mut state, spec, &batch);
-            let choice = autotune::choose_with(
-                strategy,
-                spec,
-                &admitted,
-                &state,
-                choices,
-                &TuneOptions::default(),
-            )?;
-            let candidates = choice.candidates_offered();
-            let step_time_s = choice.best().metrics.step_time_s;
-            let mut compiled = choice.compiled;
-            lower(
-                &mut compiled,
-                &ManagerOptions::default(),
-                &mut std::io::sink(),
-            )?;
-            let wall_ms = start.elapsed().as_secs_f64() * 1e3;
+            let mut walls = Vec::new();
+            let mut planned = None;
+            while walls.len() < repeats && walls.iter().sum::<f64>() < CELL_BUDGET_S * 1e3 {
+                let start = Instant::now();
+                let step = plan_one(strategy, spec, &batch, choices)?;
+                walls.push(start.elapsed().as_secs_f64() * 1e3);
+                planned = Some(step);
+            }
+            let (candidates, step_time_s) = planned.expect("repeats >= 1: a cell runs once");
+            walls.sort_by(f64::total_cmp);
+            let wall_ms = median(&walls);
             let growth = rows
                 .iter()
                 .rev()
@@ -82,6 +87,9 @@ pub fn run(
                 strategy: strategy.name,
                 candidates,
                 wall_ms,
+                min_ms: walls[0],
+                max_ms: walls[walls.len() - 1],
+                runs: walls.len(),
                 growth,
                 step_time_s,
             });
@@ -94,26 +102,66 @@ pub fn run(
     Ok(())
 }
 
+/// Plans one step as `compile --strategy` does; returns the candidates offered and the chosen
+/// step's time.
+fn plan_one(
+    strategy: &'static StrategyInfo,
+    spec: &Spec,
+    batch: &Batch,
+    choices: &Choices,
+) -> anyhow::Result<(usize, f64)> {
+    let mut state = StrategyState::default();
+    let admitted = autotune::admit(strategy, &mut state, spec, batch);
+    let choice = autotune::choose_with(
+        strategy,
+        spec,
+        &admitted,
+        &state,
+        choices,
+        &TuneOptions::default(),
+    )?;
+    let candidates = choice.candidates_offered();
+    let step_time_s = choice.best().metrics.step_time_s;
+    let mut compiled = choice.compiled;
+    lower(
+        &mut compiled,
+        &ManagerOptions::default(),
+        &mut std::io::sink(),
+    )?;
+    Ok((candidates, step_time_s))
+}
+
+/// The median of sorted, non-empty values.
+fn median(sorted: &[f64]) -> f64 {
+    let mid = sorted.len() / 2;
+    if sorted.len() % 2 == 1 {
+        sorted[mid]
+    } else {
+        (sorted[mid - 1] + sorted[mid]) / 2.0
+    }
+}
+
 fn table(spec: &Spec, rows: &[Measurement]) -> String {
     let mut text = format!(
-        "planning one step (tune, compile, verify, simulate, lower): {} on {} ({}, {} devices)\n",
+        "planning one step (tune, compile, verify, simulate, lower; median wall time): {} on {} ({}, {} devices)\n",
         spec.model.name,
         spec.cluster.name,
         spec.parallel,
         spec.parallel.world()
     );
     text.push_str(&format!(
-        "{:>10} {:>14} {:>12} {:>10} {:>12} {:>8}\n",
-        "samples", "tokens", "strategy", "candidates", "wall ms", "growth"
+        "{:>10} {:>14} {:>12} {:>10} {:>12} {:>21} {:>8}\n",
+        "samples", "tokens", "strategy", "candidates", "wall ms", "runs (min-max ms)", "growth"
     ));
     for row in rows {
         text.push_str(&format!(
-            "{:>10} {:>14} {:>12} {:>10} {:>12.1} {:>8}\n",
+            "{:>10} {:>14} {:>12} {:>10} {:>12.1} {:>21} {:>8}\n",
             row.samples,
             row.tokens,
             row.strategy,
             row.candidates,
             row.wall_ms,
+            format!("{} ({:.0}-{:.0})", row.runs, row.min_ms, row.max_ms),
             row.growth.map_or("-".to_string(), |g| format!("{g:.1}x"))
         ));
     }

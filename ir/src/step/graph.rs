@@ -33,9 +33,11 @@ pub struct StepIr {
     replicas: Vec<ReplicaId>,
     /// Padded length of the packs that are padded (see [`StepIr::set_padding`]).
     padding: BTreeMap<PackId, u32>,
-    /// Packs added so far per (replica, direction): the position of the next one. Packs are
-    /// never removed, so this equals `packs_on(..).len()` without walking the replica's edges.
-    pack_counts: HashMap<(ReplicaId, Direction), u32>,
+    /// Per (replica, direction), its packs in position order: what the `Placed` edges say,
+    /// kept as a list because passes read it whole many times (a walk of a replica's edge list
+    /// misses the caches once per pack on a large step). Packs are only ever appended, by
+    /// [`StepIr::add_pack`], which adds the edge and the entry together.
+    placed_packs: HashMap<(ReplicaId, Direction), Vec<PackId>>,
     /// The lowered program, stored by [`crate::program::lower_into`] (phase `lowered`).
     program: Option<Program>,
     /// With model chunks (`vpp > 1`): per (replica, pipeline device), the chunk of each pack
@@ -80,7 +82,7 @@ impl StepIr {
             stages: Vec::new(),
             replicas: Vec::new(),
             padding: BTreeMap::new(),
-            pack_counts: HashMap::new(),
+            placed_packs: HashMap::new(),
             program: None,
             interleave: BTreeMap::new(),
             weight_grads: BTreeMap::new(),
@@ -416,13 +418,13 @@ impl StepIr {
 
     /// Appends a pack of `slices` (in that order) to the replica's packs of its direction.
     pub fn add_pack(&mut self, pack: Pack, replica: ReplicaId, slices: &[SliceId]) -> PackId {
-        let count = self
-            .pack_counts
-            .entry((replica, pack.direction))
-            .or_insert(0);
-        let position = *count;
-        *count += 1;
         let id = PackId(self.graph.add_node(Node::Pack(pack)));
+        let placed = self
+            .placed_packs
+            .entry((replica, pack.direction))
+            .or_default();
+        let position = placed.len() as u32;
+        placed.push(id);
         self.graph
             .add_edge(id.0, replica.0, Edge::Placed { position });
         for (position, slice) in slices.iter().enumerate() {
@@ -446,18 +448,10 @@ impl StepIr {
 
     /// A replica's packs of one direction, in their order.
     pub fn packs_on(&self, replica: ReplicaId, direction: Direction) -> Vec<PackId> {
-        let mut packs: Vec<(u32, PackId)> = self
-            .graph
-            .edges_directed(replica.0, Incoming)
-            .filter_map(|e| match (e.weight(), &self.graph[e.source()]) {
-                (Edge::Placed { position }, Node::Pack(pack)) if pack.direction == direction => {
-                    Some((*position, PackId(e.source())))
-                }
-                _ => None,
-            })
-            .collect();
-        packs.sort();
-        packs.into_iter().map(|(_, id)| id).collect()
+        self.placed_packs
+            .get(&(replica, direction))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// All packs: per replica, forward ones then backward ones, each in order.
