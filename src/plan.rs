@@ -61,6 +61,10 @@ pub struct PlanSummary {
     pub step_time_max_s: f64,
     /// Predicted time of the whole epoch (the sum of the steps), seconds.
     pub epoch_time_s: f64,
+    /// Of `steps`, those after the epoch's batches that drew nothing new and trained what the
+    /// strategy had delayed (wlb's outlier queues), until nothing waited: every document of
+    /// the epoch is planned.
+    pub drain_steps: usize,
     /// Steps whose plan does not fit device memory.
     pub oom_steps: usize,
     /// Steps whose plan peaks above the memory limit (`memory_limit_bytes`): no kept or
@@ -133,6 +137,15 @@ pub fn plan_epoch(
     let limit = options.choices.memory_limit_for(spec);
     summary.memory_limit_bytes = limit;
     let first = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
+    // A batch of the run for the drain steps (its context and source).
+    let like = Batch {
+        samples: Vec::new(),
+        documents: 0,
+        documents_cut: 0,
+        documents_empty: 0,
+        context: first.context,
+        source: first.source.clone(),
+    };
     let tuned = tune_step(
         strategy,
         spec,
@@ -157,19 +170,27 @@ pub fn plan_epoch(
         .threads
         .unwrap_or_else(autotune::available_threads)
         .max(1);
-    while !stream.epoch_done() && summary.steps < max_steps {
-        // One round: the admissions in step order, then the compilations in parallel.
+    while summary.steps < max_steps {
+        // One round: the admissions in step order, then the compilations in parallel. After
+        // the epoch's batches, drain steps until nothing waits.
         let mut round = Vec::with_capacity(threads);
-        while round.len() < threads
-            && !stream.epoch_done()
-            && summary.steps + round.len() < max_steps
-        {
+        while round.len() < threads && summary.steps + round.len() < max_steps {
             let step = summary.steps + round.len() + 1;
-            let batch = autotune::admit(strategy, &mut state, spec, &stream.next_batch()?);
+            let batch = if !stream.epoch_done() {
+                autotune::admit(strategy, &mut state, spec, &stream.next_batch()?)
+            } else if let Some(batch) = state.drain_step(spec, &like) {
+                summary.drain_steps += 1;
+                batch
+            } else {
+                break;
+            };
             let offered = (strategy.candidates)(spec, &batch, &state, options.choices);
             // The state as this step's admission left it: a re-plan offers the candidates of
             // this step (wlb's micro-batch count), whichever step of the round admitted last.
             round.push((step, batch, offered, state.clone()));
+        }
+        if round.is_empty() {
+            break;
         }
         let planned =
             autotune::parallel_map_on(threads, &round, |_, (_, batch, offered, state)| {

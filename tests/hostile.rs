@@ -1077,3 +1077,129 @@ fn dash_output_is_standard_output() {
     let dash = Path::new(env!("CARGO_MANIFEST_DIR")).join("-");
     assert!(!dash.exists(), "a file named - was written");
 }
+
+// ---- found by a hostile session (stop 26) ----
+
+/// An output that names an input is refused before any work, and the input is intact: `-o
+/// in.txt` beside `--batch in.txt` used to replace the dataset with the step.
+#[test]
+fn an_output_never_overwrites_an_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let original = std::fs::read_to_string(LENGTHS).unwrap();
+    let input = write(dir.path(), "in.txt", &original);
+    let same = format!("{}/./in.txt", dir.path().display());
+    bad_input(
+        &[
+            "lengths",
+            "--batch",
+            &input,
+            "--context",
+            "100",
+            "-o",
+            &same,
+        ],
+        &["-o", "--batch file"],
+    );
+    bad_input(
+        &tiny("tp=1", &["--batch", &input, "--emit", "json", "-o", &input]),
+        &["-o", "--batch file"],
+    );
+    bad_input(
+        &tiny("tp=1", &["--batch", &input, "--trace", &input]),
+        &["--trace", "--batch file"],
+    );
+    let out = dir.path().join("o.json");
+    let out = out.to_str().unwrap();
+    bad_input(
+        &tiny("tp=1", &["--batch", &input, "-o", out, "--trace", out]),
+        &["--trace", "-o writes that file too"],
+    );
+    assert_eq!(std::fs::read_to_string(&input).unwrap(), original);
+    assert!(!Path::new(out).exists());
+}
+
+/// Counts that would allocate or spawn without bound are refused with the range.
+#[test]
+fn counts_beyond_the_bound() {
+    let huge = "18446744073709551615";
+    bad_input(
+        &[
+            "plan",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1",
+            "--batch",
+            LENGTHS,
+            "--threads",
+            huge,
+            "--jsonl",
+            "/dev/null",
+        ],
+        &["--threads", "give 1 to"],
+    );
+    bad_input(
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1",
+            "--batch",
+            LENGTHS,
+            "--repeat",
+            huge,
+        ],
+        &["--repeat", "give 1 to 100000"],
+    );
+    bad_input(
+        &tiny("tp=1", &["--batch", LENGTHS, "--step", huge]),
+        &["--step", "the epoch has 1 step "],
+    );
+}
+
+/// A model with as many layers as a u32 holds: the recomputation search's midpoint overflowed
+/// and it never ended. Now it ends, with the plan that does not fit.
+#[test]
+fn the_most_layers_a_model_can_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let lengths = Path::new(env!("CARGO_MANIFEST_DIR")).join(LENGTHS);
+    let config = write(
+        dir.path(),
+        "layers.toml",
+        &format!(
+            "[model]\npreset = \"tiny\"\nlayers = 4294967295\n[cluster]\npreset = \"cpu\"\n\
+             [parallel]\ntp = 1\npp = 1\ndp = 1\n[batch]\nfile = \"{}\"\n",
+            lengths.display()
+        ),
+    );
+    refused(3, &["compile", "--config", &config], &["memory"]);
+}
+
+/// Standard output on a full device is an error line and exit 2, from every subcommand (the
+/// print macros' panic used to be reported as a bug in slimpack).
+#[test]
+fn a_full_standard_output_is_an_error_not_a_bug() {
+    let Ok(full) = std::fs::File::create("/dev/full") else {
+        return; // not on Linux
+    };
+    let output = Command::new(env!("CARGO_BIN_EXE_slimpack"))
+        .args(["passes"])
+        .env_remove("RUST_BACKTRACE")
+        .stdout(Stdio::from(full))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("error: cannot write to standard output"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("internal error"), "{stderr}");
+}

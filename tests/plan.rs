@@ -340,3 +340,43 @@ fn jsonl_dash_is_standard_output() {
     );
     assert!(output.stdout.is_empty());
 }
+
+/// A strategy that delays documents (wlb's outlier queues) gets drain steps after the epoch's
+/// batches, so the plan trains every document of the epoch: it used to end with the outliers
+/// still queued, and said nothing.
+#[test]
+fn an_epoch_plan_trains_every_document_it_drew() {
+    let output = slimpack(&[
+        "plan",
+        "--model",
+        "tiny",
+        "--cluster",
+        "cpu",
+        "--parallel",
+        "tp=1,pp=1,dp=1",
+        "--batch",
+        "tests/fixtures/lengths.txt",
+        "--context",
+        "20000",
+        "--global-batch",
+        "2",
+        "--strategy",
+        "wlb",
+        "--report",
+        "json",
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let lengths = std::fs::read_to_string("tests/fixtures/lengths.txt").unwrap();
+    let lengths: Vec<u64> = lengths
+        .split_whitespace()
+        .map(|l| l.parse().unwrap())
+        .collect();
+    assert_eq!(summary["samples"], lengths.len() as u64, "{summary}");
+    assert_eq!(summary["tokens"], lengths.iter().sum::<u64>(), "{summary}");
+    assert!(summary["drain_steps"].as_u64().unwrap() >= 1, "{summary}");
+}

@@ -117,7 +117,7 @@ impl Pass for AssignRecompute {
             let probe: Vec<u32> = low
                 .iter()
                 .zip(&high)
-                .map(|(&l, &h)| if l < h { (l + h) / 2 } else { h })
+                .map(|(&l, &h)| if l < h { l + (h - l) / 2 } else { h })
                 .collect();
             let device_peaks = peaks(&probe)?;
             for device in 0..pp {

@@ -179,6 +179,16 @@ const MAX_STEPS: usize = 100_000;
 const MEGATRON_PAPER: &str = "megatron-paper";
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let [config, calibration] = args.spec.inputs();
+    super::output::check_distinct(
+        &[
+            config,
+            calibration,
+            ("--dataset", args.dataset.as_deref()),
+            ("--batch", args.batch.batch.as_deref()),
+        ],
+        &[("--json", args.json.as_deref())],
+    )?;
     let job = args.spec.job()?;
     let mut batch_args = args.batch;
     if let Some(dataset) = args.dataset {
@@ -211,6 +221,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if args.planning_repeats == 0 {
             bail!("--planning-repeats 0: give at least 1 run");
         }
+        if args.planning_sizes.contains(&0) {
+            bail!("--planning-sizes: give positive sample counts, got 0");
+        }
         let strategies = select(Some(
             args.strategies.as_deref().unwrap_or("megatron,slimpack"),
         ))?;
@@ -223,6 +236,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             &strategies,
             &choices,
             args.report,
+            args.json.as_deref(),
         );
     }
     let batches = dataset.global_batches(&options, args.steps)?;

@@ -9,6 +9,7 @@
 //! machine a single short run can take twice its usual time, and one such run would make a
 //! growth figure of that noise.
 
+use anyhow::Context;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -55,6 +56,7 @@ pub fn run(
     strategies: &[&'static StrategyInfo],
     choices: &Choices,
     report: ReportFormat,
+    json: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
     let mut rows: Vec<Measurement> = Vec::new();
     for &size in sizes {
@@ -94,6 +96,10 @@ pub fn run(
                 step_time_s,
             });
         }
+    }
+    if let Some(path) = json {
+        std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     match report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),

@@ -45,12 +45,8 @@ pub struct CalibrateArgs {
 /// The longest `--min-seconds` (an hour per point).
 const MAX_MIN_SECONDS: f64 = 3600.0;
 
-/// The most copies measured at once: four per core (more only measure the scheduler).
-fn max_threads() -> usize {
-    4 * std::thread::available_parallelism().map_or(1, |n| n.get())
-}
-
 pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
+    super::output::check_directory("-o", args.output.as_deref())?;
     let gpu = match args.backend {
         Backend::Cpu => {
             if args.cluster.is_some() {
@@ -82,7 +78,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
             args.min_seconds
         );
     }
-    let max_threads = max_threads();
+    let max_threads = super::input::max_threads();
     if !(1..=max_threads).contains(&args.threads) {
         bail!(
             "--threads {}: give 1 to {max_threads} copies (4 per core of this machine)",
@@ -113,7 +109,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
                 .map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?
         }
     };
-    match &args.output {
+    match super::output::file(args.output.as_deref()) {
         Some(path) => {
             calibration.save(path)?;
             eprintln!("wrote {}", path.display());

@@ -157,6 +157,14 @@ pub struct SimulationArgs {
 }
 
 impl SimulationArgs {
+    /// The files these flags write (for [`super::output::check_distinct`]).
+    pub fn outputs(&self) -> [super::output::Named<'_>; 2] {
+        [
+            ("--trace", self.trace.as_deref()),
+            ("--timeline", self.timeline.as_deref()),
+        ]
+    }
+
     /// True when a picture was asked for.
     pub fn wanted(&self) -> bool {
         self.trace.is_some() || self.timeline.is_some()
@@ -304,6 +312,16 @@ struct Chosen {
 }
 
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
+    let [config, calibration] = args.spec.inputs();
+    let [trace, timeline] = args.pictures.outputs();
+    super::output::check_distinct(
+        &[
+            config,
+            calibration,
+            ("--batch", args.batch.batch.as_deref()),
+        ],
+        &[("-o", args.output.as_deref()), trace, timeline],
+    )?;
     let job = args.spec.job()?;
     let strategy = args.strategy_name()?;
     let manager = args.manager.options()?;
@@ -314,7 +332,15 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             let (dataset, options) = job.dataset(&args.batch)?;
             let mut stream = dataset.batch_stream(&options)?;
             let mut batch = stream.next_batch()?;
-            for _ in 1..step {
+            // `plan`'s steps: the first epoch's (the stream would go on into the next).
+            for drawn in 1..step {
+                if stream.epoch_done() {
+                    let steps = match drawn {
+                        1 => "1 step".to_string(),
+                        n => format!("{n} steps"),
+                    };
+                    bail!("--step {step}: the epoch has {steps} (`slimpack plan` lists them)");
+                }
                 batch = stream.next_batch()?;
             }
             batch

@@ -39,6 +39,16 @@ pub struct SpecArgs {
     pub calibration: Option<PathBuf>,
 }
 
+impl SpecArgs {
+    /// The files these flags read (for [`super::output::check_distinct`]).
+    pub fn inputs(&self) -> [super::output::Named<'_>; 2] {
+        [
+            ("--config", self.config.as_deref()),
+            ("--calibration", self.calibration.as_deref()),
+        ]
+    }
+}
+
 /// Where the global batch comes from.
 #[derive(Debug, Default, Args)]
 pub struct BatchArgs {
@@ -355,4 +365,10 @@ pub fn parse_memory_limit(text: &str) -> anyhow::Result<f64> {
         Ok(fraction) if fraction > 0.0 && fraction <= 1.0 => Ok(fraction),
         _ => bail!("--memory-limit {text}: give a fraction of device memory in (0, 1], e.g. 0.92"),
     }
+}
+
+/// The most threads a command runs at once: four per core (more only measure the scheduler, or
+/// spawn threads that wait).
+pub fn max_threads() -> usize {
+    4 * std::thread::available_parallelism().map_or(1, |n| n.get())
 }

@@ -21,6 +21,10 @@ pub struct LengthsArgs {
 }
 
 pub fn run(args: LengthsArgs) -> anyhow::Result<()> {
+    super::output::check_distinct(
+        &[("--batch", args.batch.batch.as_deref())],
+        &[("-o", args.output.as_deref())],
+    )?;
     let (dataset, options) = args.batch.dataset()?;
     let draws = args.batch.context.is_some()
         || args.batch.global_batch.is_some()

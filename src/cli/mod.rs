@@ -70,12 +70,44 @@ pub fn main() -> i32 {
     match dispatched {
         Ok(Ok(())) => exit::SUCCESS,
         Ok(Err(error)) => {
-            eprintln!("error: {}", one_line(&error));
+            say(&format!("error: {}", one_line(&error)));
             exit::status_of(&error)
+        }
+        // A full disk or device behind stdout: the hook has said so; not a bug.
+        Err(payload) if output_failure(&panic_message(payload.as_ref())).is_some() => {
+            exit::BAD_INPUT
         }
         // The panic hook has printed the one line that says it is a bug.
         Err(_) => exit::INTERNAL,
     }
+}
+
+/// Writes a line to stderr, ignoring a failure to (there is nowhere left to say it).
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
+/// The text of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// The standard library's print macros panic when their stream cannot be written (stdout on
+/// a full disk, `/dev/full`): that is the environment's failure, reported as an error line and
+/// exit 2 like any other unwritable output. Returns the line to print, if `message` is one.
+fn output_failure(message: &str) -> Option<String> {
+    [("stdout", "output"), ("stderr", "error")]
+        .iter()
+        .find_map(|(stream, name)| {
+            message
+                .strip_prefix(&format!("failed printing to {stream}: "))
+                .map(|cause| format!("error: cannot write to standard {name}: {cause}"))
+        })
 }
 
 fn dispatch(command: Command) -> anyhow::Result<()> {
@@ -118,16 +150,17 @@ fn install_panic_hook() {
         return;
     }
     std::panic::set_hook(Box::new(|info| {
-        let message = info
-            .payload()
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| info.payload().downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "unknown panic".into());
+        let message = panic_message(info.payload());
+        if let Some(line) = output_failure(&message) {
+            say(&line);
+            return;
+        }
         let location = info
             .location()
             .map(|l| format!(" at {}:{}", l.file(), l.line()))
             .unwrap_or_default();
-        eprintln!("internal error (a bug in slimpack, please report it){location}: {message}");
+        say(&format!(
+            "internal error (a bug in slimpack, please report it){location}: {message}"
+        ));
     }));
 }

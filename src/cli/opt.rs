@@ -25,6 +25,10 @@ pub struct OptArgs {
 }
 
 pub fn run(args: OptArgs) -> anyhow::Result<()> {
+    super::output::check_distinct(
+        &[("the input", Some(&args.input))],
+        &[("-o", args.output.as_deref())],
+    )?;
     let (source, name) = if args.input.as_os_str() == "-" {
         let mut source = String::new();
         std::io::stdin()

@@ -2,9 +2,9 @@
 //! none is given or the file is `-` (the convention of Unix tools; before, `-o -` created a
 //! file named `-`).
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The file `path` names, or `None` for standard output (absent, or `-`).
 pub fn file(path: Option<&Path>) -> Option<&Path> {
@@ -28,5 +28,125 @@ pub fn write(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
             stdout.flush()?;
             Ok(())
         }
+    }
+}
+
+/// Refuses, before any work, an output file whose directory does not exist (a measurement
+/// that runs for minutes should not fail at its last line).
+pub fn check_directory(flag: &str, path: Option<&Path>) -> anyhow::Result<()> {
+    let Some(path) = file(path) else {
+        return Ok(());
+    };
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        bail!(
+            "{flag} {}: the directory {} does not exist",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// A file a command reads or writes, named by its flag (`("--batch", path)`).
+pub type Named<'a> = (&'a str, Option<&'a Path>);
+
+/// Refuses, before any work, an output that would overwrite one of the command's inputs (`-o
+/// in.txt` beside `--batch in.txt` would replace the dataset) or another of its outputs (the
+/// second write would lose the first). Standard output (`-`) and absent paths are skipped.
+pub fn check_distinct(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()> {
+    let outputs: Vec<(&str, &Path)> = outputs
+        .iter()
+        .filter_map(|&(flag, path)| file(path).map(|path| (flag, path)))
+        .collect();
+    for (index, &(flag, path)) in outputs.iter().enumerate() {
+        let input = inputs
+            .iter()
+            .filter_map(|&(input_flag, input)| file(input).map(|input| (input_flag, input)))
+            .find(|&(_, input)| same_file(path, input));
+        if let Some((input_flag, _)) = input {
+            bail!(
+                "{flag} {}: that is the {input_flag} file, which it would overwrite; write \
+                 elsewhere",
+                path.display()
+            );
+        }
+        if let Some(&(other, _)) = outputs[..index]
+            .iter()
+            .find(|&&(_, earlier)| same_file(path, earlier))
+        {
+            bail!(
+                "{flag} {}: {other} writes that file too; give each output its own",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether two paths name one file: the same inode where both exist (links, `./x` and `x`),
+/// else the same absolute path with its directory's links resolved.
+fn same_file(a: &Path, b: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let (Ok(a), Ok(b)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+            return (a.dev(), a.ino()) == (b.dev(), b.ino());
+        }
+    }
+    resolved(a) == resolved(b)
+}
+
+/// `path` made absolute, its parent directory canonical when it exists.
+fn resolved(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(dir), Some(name)) => std::fs::canonicalize(dir)
+            .map(|dir| dir.join(name))
+            .unwrap_or(absolute.clone()),
+        _ => absolute,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_output_may_not_be_an_input_or_another_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.txt");
+        std::fs::write(&input, "1\n").unwrap();
+        let same = dir.path().join(".").join("in.txt");
+        let fresh = dir.path().join("out.json");
+        let error = check_distinct(&[("--batch", Some(&input))], &[("-o", Some(&same))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("-o") && error.contains("--batch file"),
+            "{error}"
+        );
+        // Two outputs naming one file that does not exist yet.
+        let error = check_distinct(&[], &[("-o", Some(&fresh)), ("--trace", Some(&fresh))])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("--trace") && error.contains("-o writes"),
+            "{error}"
+        );
+        // Distinct files, standard output and absent paths pass.
+        let stdout = Path::new("-");
+        check_distinct(
+            &[("--batch", Some(&input)), ("--config", None)],
+            &[
+                ("-o", Some(&fresh)),
+                ("--trace", Some(stdout)),
+                ("--timeline", None),
+            ],
+        )
+        .unwrap();
     }
 }

@@ -163,14 +163,26 @@ impl Output {
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
+    let [config, calibration] = args.spec.inputs();
+    super::output::check_distinct(
+        &[
+            config,
+            calibration,
+            ("--batch", args.batch.batch.as_deref()),
+        ],
+        &[("--jsonl", args.jsonl.as_deref())],
+    )?;
     let job = args.spec.job()?;
     let name = args.strategy.as_deref().unwrap_or("slimpack");
     let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
     if args.steps == Some(0) {
         bail!("--steps 0: plan at least one step");
     }
-    if args.threads == Some(0) {
-        bail!("--threads 0: give at least one thread");
+    if let Some(threads) = args.threads {
+        let max = super::input::max_threads();
+        if !(1..=max).contains(&threads) {
+            bail!("--threads {threads}: give 1 to {max} threads (4 per core of this machine)");
+        }
     }
     let (dataset, batch_options) = job.dataset(&args.batch)?;
     let choices = super::input::tuning_choices(&args.spec, &job, args.memory_limit.as_deref())?;
@@ -204,8 +216,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
     match args.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
         ReportFormat::Text => {
+            let drained = match summary.drain_steps {
+                0 => String::new(),
+                1 => " (the last trains what the strategy delayed)".to_string(),
+                n => format!(" (the last {n} train what the strategy delayed)"),
+            };
             eprintln!(
-                "planned {} steps of {} ({} samples, {} tokens) with {} ({} of {} candidates, tuned in {:.0} ms)",
+                "planned {} steps{drained} of {} ({} samples, {} tokens) with {} ({} of {} candidates, tuned in {:.0} ms)",
                 summary.steps,
                 dataset.name,
                 summary.samples,

@@ -147,6 +147,9 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Compiles (or reads) the step of `args` and measures it: the report `run` prints.
+/// The most executions `--repeat` asks for (each keeps its time for the report).
+pub(crate) const MAX_REPEAT: usize = 100_000;
+
 pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
     let precision = args.precision.kind();
     if args.backend == Backend::Cpu && precision != Precision::Fp32 {
@@ -155,8 +158,8 @@ pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
     if args.backend == Backend::Cuda {
         require_gpu()?;
     }
-    if args.repeat == 0 {
-        bail!("--repeat 0: give at least 1 run");
+    if !(1..=MAX_REPEAT).contains(&args.repeat) {
+        bail!("--repeat {}: give 1 to {MAX_REPEAT} runs", args.repeat);
     }
     if args.driver == DriverArg::Compiled && !COMPILED_DRIVER {
         bail!(compiled_driver_unavailable());

@@ -40,6 +40,13 @@ fn read_step(source: &str, name: &str) -> anyhow::Result<StepIr> {
 }
 
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
+    super::output::check_distinct(
+        &[
+            ("the input", Some(&args.input)),
+            ("--calibration", args.calibration.as_deref()),
+        ],
+        &args.pictures.outputs(),
+    )?;
     let name = args.input.display().to_string();
     let source =
         std::fs::read_to_string(&args.input).with_context(|| format!("cannot read {name}"))?;

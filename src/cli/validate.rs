@@ -157,6 +157,11 @@ struct ValidateReport {
 }
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
+    super::output::check_directory("--out", args.out.as_deref())?;
+    super::output::check_distinct(
+        &[("--calibration", args.calibration.as_deref())],
+        &[("--out", args.out.as_deref())],
+    )?;
     let (cluster, devices) = match args.backend {
         Backend::Cpu => (
             "cpu".to_string(),
@@ -173,8 +178,12 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
             (preset.to_string(), gpus.len())
         }
     };
-    if args.repeat == 0 {
-        bail!("--repeat must be at least 1");
+    if !(1..=super::run::MAX_REPEAT).contains(&args.repeat) {
+        bail!(
+            "--repeat {}: give 1 to {} runs",
+            args.repeat,
+            super::run::MAX_REPEAT
+        );
     }
     if let Some(path) = &args.calibration {
         // Read and checked against the suite's device once, before any schedule runs.

@@ -37,6 +37,9 @@ pub struct CalibrationPoint {
     pub rate: f64,
 }
 
+/// The slowest rate a table may hold (FLOP/s or bytes/s).
+const MIN_RATE: f64 = 1.0;
+
 /// Measured rates of one op kind, sorted by strictly increasing tokens.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "Vec<CalibrationPoint>", into = "Vec<CalibrationPoint>")]
@@ -59,6 +62,14 @@ impl CalibrationTable {
                 return Err(format!(
                     "point {i} ({{tokens: {}, rate: {}}}) must have positive finite values",
                     point.tokens, point.rate
+                ));
+            }
+            // Anything slower is no measurement of a kernel, and would price a step at
+            // infinity (a rate of 1e-300).
+            if point.rate < MIN_RATE {
+                return Err(format!(
+                    "point {i} has rate {}: a measured rate is at least {MIN_RATE} per second",
+                    point.rate
                 ));
             }
             if i > 0 && point.tokens <= points[i - 1].tokens {
@@ -231,6 +242,10 @@ mod tests {
             (
                 r#"{"device":"x","tables":{"gemm-forward":[{"tokens":8,"rate":-1}]}}"#,
                 "positive finite",
+            ),
+            (
+                r#"{"device":"x","tables":{"gemm-forward":[{"tokens":8,"rate":1e-300}]}}"#,
+                "at least 1 per second",
             ),
             (
                 r#"{"device":"x","tables":{"matmul":[]}}"#,
