@@ -1203,3 +1203,36 @@ fn a_full_standard_output_is_an_error_not_a_bug() {
     );
     assert!(!stderr.contains("internal error"), "{stderr}");
 }
+
+/// An error repeats at most 40 characters of a bad value: a 10 MB token used to make a 10 MB
+/// "one-line" error.
+#[test]
+fn an_error_line_stays_short_whatever_the_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = write(dir.path(), "huge.sir", &"x".repeat(10_000_000));
+    let output = slimpack(&["simulate", &huge]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.len() < 1000, "{} bytes of error", stderr.len());
+    assert!(
+        stderr.contains("'xxxx") && stderr.contains("...'"),
+        "{stderr}"
+    );
+}
+
+/// The e-graph's limits are bounded: `eqsat{nodes=10000000}` grew past 9 GB on a tiny step.
+#[test]
+fn eqsat_limits_beyond_the_bound() {
+    bad_input(
+        &tiny(
+            "tp=1,pp=2,dp=2",
+            &[
+                "--batch",
+                LENGTHS,
+                "--passes",
+                "slice{size=2048},assign-dp,pack-fwd,pack-bwd,eqsat{nodes=10000000}",
+            ],
+        ),
+        &["eqsat", "nodes=10000000", "expected 1 to 1000000"],
+    );
+}

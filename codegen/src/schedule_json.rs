@@ -555,7 +555,9 @@ pub fn parse(text: &str) -> Result<ScheduleDocument, ScheduleError> {
     let header: Header = serde_json::from_str(text)?;
     let format = header.format.unwrap_or_default();
     if format != FORMAT {
-        return Err(ScheduleError::Format(format));
+        return Err(ScheduleError::Format(
+            slimpack_ir::clip(&format).into_owned(),
+        ));
     }
     match header.version {
         Some(VERSION) => {

@@ -72,3 +72,21 @@ impl IrError {
 
 /// Result alias for this crate.
 pub type Result<T, E = IrError> = std::result::Result<T, E>;
+
+/// The most characters of a user's value an error message repeats.
+const MAX_QUOTED_CHARS: usize = 40;
+
+/// A user's value as an error message repeats it: whole when short, else its first
+/// [`MAX_QUOTED_CHARS`] characters and `...`, so that one bad token (a 10 MB line) cannot
+/// flood the terminal or make a one-line error megabytes long.
+pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(MAX_QUOTED_CHARS) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((end, _)) => std::borrow::Cow::Owned(format!("{}...", &text[..end])),
+    }
+}
+
+/// [`clip`] in single quotes.
+pub fn quote(text: &str) -> String {
+    format!("'{}'", clip(text))
+}

@@ -9,12 +9,13 @@
 
 pub mod batch;
 mod error;
+pub mod file;
 pub mod program;
 pub mod spec;
 pub mod step;
 pub mod text;
 pub mod verify;
 
-pub use error::{IrError, Result};
+pub use error::{clip, quote, IrError, Result};
 pub use spec::Spec;
 pub use step::StepIr;

@@ -201,6 +201,20 @@ impl PassOptions {
         }
     }
 
+    /// A positive integer of at most `max` (as [`PassOptions::positive`]): for search limits,
+    /// whose memory grows with them.
+    pub fn bounded(&self, option: &str, max: u64) -> Result<Option<u64>> {
+        match self.positive::<u64>(option)? {
+            Some(value) if value > max => Err(PassError::BadOption {
+                pass: self.pass,
+                option: option.to_string(),
+                value: value.to_string(),
+                message: format!("expected 1 to {max}"),
+            }),
+            value => Ok(value),
+        }
+    }
+
     /// One of `valid` (as [`PassOptions::get`]); anything else is an error listing them.
     pub fn choice(&self, option: &str, valid: &[&'static str]) -> Result<Option<&'static str>> {
         let expected = match valid {

@@ -2,7 +2,6 @@
 
 use anyhow::Context;
 use clap::Args;
-use std::io::Read;
 use std::path::PathBuf;
 
 use slimpack_ir::text;
@@ -30,13 +29,11 @@ pub fn run(args: OptArgs) -> anyhow::Result<()> {
         &[("-o", args.output.as_deref())],
     )?;
     let (source, name) = if args.input.as_os_str() == "-" {
-        let mut source = String::new();
-        std::io::stdin()
-            .read_to_string(&mut source)
+        let source = slimpack_ir::file::read_string_from(std::io::stdin().lock())
             .context("cannot read standard input")?;
         (source, "<stdin>".to_string())
     } else {
-        let source = std::fs::read_to_string(&args.input)
+        let source = slimpack_ir::file::read_to_string(&args.input)
             .with_context(|| format!("cannot read {}", args.input.display()))?;
         (source, args.input.display().to_string())
     };

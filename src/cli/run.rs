@@ -206,14 +206,14 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
         );
     }
     if let Some(path) = &args.ir {
-        let source = std::fs::read_to_string(path)
+        let source = slimpack_ir::file::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         let ir = text::parse(&source, &path.display().to_string())?;
         slimpack_ir::verify::verify(&ir)?;
         return Ok((ir, format!("ir {}", path.display())));
     }
     if let Some(path) = &args.schedule {
-        let source = std::fs::read_to_string(path)
+        let source = slimpack_ir::file::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         let document = slimpack_codegen::schedule_json::parse(&source)
             .with_context(|| format!("{}", path.display()))?;

@@ -48,8 +48,8 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         &args.pictures.outputs(),
     )?;
     let name = args.input.display().to_string();
-    let source =
-        std::fs::read_to_string(&args.input).with_context(|| format!("cannot read {name}"))?;
+    let source = slimpack_ir::file::read_to_string(&args.input)
+        .with_context(|| format!("cannot read {name}"))?;
     let ir = read_step(&source, &name)?;
     if ir.phase() < slimpack_ir::step::Phase::Scheduled {
         anyhow::bail!(

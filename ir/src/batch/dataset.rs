@@ -48,7 +48,7 @@ impl Dataset {
     /// Reads a dataset file. An unreadable file is [`IrError::Io`]; bad content is
     /// [`IrError::Batch`] naming the file.
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Dataset> {
-        let bytes = std::fs::read(path).map_err(|error| IrError::io(path, error))?;
+        let bytes = crate::file::read(path).map_err(|error| IrError::io(path, error))?;
         Dataset::parse(&path.display().to_string(), &bytes, options)
     }
 

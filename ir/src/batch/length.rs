@@ -9,8 +9,7 @@
 /// The rule every length must satisfy, appended to each message.
 const VALID: &str = "a length is a whole number of tokens from 0 to 4294967295";
 
-/// Longest excerpt of a bad value quoted in a message.
-const MAX_QUOTED_CHARS: usize = 40;
+use crate::quote;
 
 /// Checks an unsigned integer length.
 pub(super) fn from_u64(value: u64) -> Result<u32, String> {
@@ -100,16 +99,6 @@ pub(super) fn from_digits(text: &[u8]) -> Result<u32, String> {
 /// The message for a value that is not a number at all.
 pub(super) fn not_a_number(text: &str) -> String {
     format!("length {} is not a whole number: {VALID}", quote(text))
-}
-
-/// Quotes a value for a message, shortened so that one bad line cannot flood the terminal.
-pub(super) fn quote(text: &str) -> String {
-    if text.chars().count() <= MAX_QUOTED_CHARS {
-        format!("'{text}'")
-    } else {
-        let head: String = text.chars().take(MAX_QUOTED_CHARS).collect();
-        format!("'{head}...'")
-    }
 }
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ pub struct ConfigFile {
 impl ConfigFile {
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<ConfigFile> {
-        let text = std::fs::read_to_string(path).map_err(|e| IrError::io(path, e))?;
+        let text = crate::file::read_to_string(path).map_err(|e| IrError::io(path, e))?;
         Self::parse(&text, &path.display().to_string())
     }
 

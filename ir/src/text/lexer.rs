@@ -28,9 +28,9 @@ impl Token {
     /// How the token reads in an error message.
     pub fn describe(&self) -> String {
         match self {
-            Token::Word(w) => format!("'{w}'"),
-            Token::Name(n) => format!("'%{n}'"),
-            Token::Str(s) => format!("string \"{s}\""),
+            Token::Word(w) => crate::quote(w),
+            Token::Name(n) => format!("'%{}'", crate::clip(n)),
+            Token::Str(s) => format!("string \"{}\"", crate::clip(s)),
             Token::Equals => "'='".into(),
             Token::LBrace => "'{'".into(),
             Token::RBrace => "'}'".into(),

@@ -161,10 +161,11 @@ impl Calibration {
 
     /// Reads a calibration file.
     pub fn load(path: &Path) -> Result<Calibration> {
-        let text = std::fs::read_to_string(path).map_err(|source| MachineError::Read {
-            path: path.into(),
-            source,
-        })?;
+        let text =
+            slimpack_ir::file::read_to_string(path).map_err(|source| MachineError::Read {
+                path: path.into(),
+                source,
+            })?;
         Calibration::from_json(&text, &path.display().to_string())
     }
 

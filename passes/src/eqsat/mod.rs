@@ -177,22 +177,24 @@ impl Default for Eqsat {
 impl Eqsat {
     fn from_options(options: &PassOptions) -> Result<Eqsat> {
         let declared = "declared with a default";
-        let count = |name: &str| -> Result<usize> {
-            Ok(options.positive::<u64>(name)?.expect(declared) as usize)
+        // Limits well past any useful search: the e-graph's memory grows with them (a million
+        // e-nodes is about a gigabyte).
+        let count = |name: &str, max: u64| -> Result<usize> {
+            Ok(options.bounded(name, max)?.expect(declared) as usize)
         };
         let scope = match options.choice("scope", &["bottleneck", "all"])? {
             Some("all") => Scope::All,
             _ => Scope::Bottleneck,
         };
         Ok(Eqsat {
-            nodes: count("nodes")?,
-            iters: count("iters")?,
+            nodes: count("nodes", 1_000_000)?,
+            iters: count("iters", 1_000)?,
             time_limit: options.positive("ms")?.map(Duration::from_millis),
             grain: options
                 .positive::<u64>("grain")?
                 .map(|g| g.min(u64::from(u32::MAX)) as u32),
-            fanout: count("fanout")?,
-            focus: count("focus")?,
+            fanout: count("fanout", 100)?,
+            focus: count("focus", 10_000)?,
             scope,
             ranks: options.get("ranks", "true or false")?.expect(declared),
         })
