@@ -718,6 +718,23 @@ fn plan_beyond_device_memory_exits_3() {
     let mut weights = args;
     weights[8] = LENGTHS;
     refused(3, &weights, &["does not fit device memory"]);
+    // An epoch plan of such steps is written whole, then exits 3 as compile does (it exited 0);
+    // --allow-oom accepts it.
+    let lines = dir.path().join("plan.jsonl");
+    let lines = lines.to_str().unwrap();
+    let mut plan = weights.to_vec();
+    plan[0] = "plan";
+    plan.extend(["--jsonl", lines]);
+    let output = slimpack(&plan);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("error: 1 of the 1 steps do not fit device memory"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(lines).unwrap().lines().count(), 1);
+    plan.push("--allow-oom");
+    ok(&plan);
     let out = dir.path().join("oom.json");
     let mut allowed = weights.to_vec();
     allowed.extend(["--allow-oom", "--emit", "json", "-o", out.to_str().unwrap()]);

@@ -73,6 +73,10 @@ pub struct PlanArgs {
     /// Steps compiled at once (default: one per core).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+    /// Exit 0 even when some step's plan does not fit device memory (without it such a plan
+    /// is written whole, then the command exits 3, as `compile` does).
+    #[arg(long)]
+    allow_oom: bool,
 }
 
 /// Where the steps go.
@@ -249,6 +253,16 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
                 summary.plan_ms / summary.steps as f64
             );
         }
+    }
+    if summary.oom_steps > 0 && !args.allow_oom {
+        return Err(super::exit::Failure::DoesNotFit(format!(
+            "{} of the {} steps do not fit device memory ({} each; the plan was written, \
+             --allow-oom accepts it)",
+            summary.oom_steps,
+            summary.steps,
+            super::report::gib(job.spec.cluster.gpu.hbm_bytes)
+        ))
+        .into());
     }
     Ok(())
 }
