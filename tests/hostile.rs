@@ -1253,3 +1253,24 @@ fn eqsat_limits_beyond_the_bound() {
         &["eqsat", "nodes=10000000", "expected 1 to 1000000"],
     );
 }
+
+/// A bench whose every strategy is inapplicable to the layout ran nothing and exited 0.
+#[test]
+fn a_bench_with_nothing_to_run() {
+    bad_input(
+        &[
+            "bench",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1,pp=2,dp=1",
+            "--dataset",
+            LENGTHS,
+            "--strategies",
+            "hybrid-cp",
+        ],
+        &["--strategies hybrid-cp", "none applies", "needs pp=1"],
+    );
+}

@@ -380,3 +380,43 @@ fn an_epoch_plan_trains_every_document_it_drew() {
     assert_eq!(summary["tokens"], lengths.iter().sum::<u64>(), "{summary}");
     assert!(summary["drain_steps"].as_u64().unwrap() >= 1, "{summary}");
 }
+
+/// A plan written into a directory that holds an earlier, longer plan removes the earlier step
+/// files it did not write (a reader would take `step-000003.json` for this plan's), and only
+/// those: other files stay.
+#[test]
+fn a_shorter_plan_leaves_no_stale_steps_behind() {
+    let scratch = scratch();
+    let dir = scratch.path();
+    let out = dir.to_str().unwrap();
+    let plan = |steps: &str, emit: &str| {
+        let mut args: Vec<&str> = vec!["plan"];
+        args.extend(JOB);
+        args.extend(["--global-batch-tokens", "2000000", "--steps", steps]);
+        args.extend(["--out-dir", out, "--emit", emit]);
+        let output = slimpack(&args);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    plan("3", "ir");
+    std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+    std::fs::write(dir.join("step-1.json"), "mine").unwrap();
+    plan("2", "json");
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "notes.txt",
+            "step-000001.json",
+            "step-000002.json",
+            "step-1.json"
+        ]
+    );
+}

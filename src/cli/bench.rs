@@ -244,6 +244,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         tune_steps: args.tune_steps,
         drain: args.drain,
     };
+    if let Some(needs) = strategies
+        .iter()
+        .map(|strategy| strategy.not_applicable(&job.spec))
+        .collect::<Option<Vec<_>>>()
+    {
+        let names: Vec<&str> = strategies.iter().map(|s| s.name).collect();
+        bail!(
+            "--strategies {}: none applies to {} ({}): nothing to run",
+            names.join(","),
+            job.spec.parallel,
+            needs.join("; ")
+        );
+    }
     let progress = progress_bar();
     let mut runs = Vec::with_capacity(strategies.len());
     let mut not_applicable = BTreeMap::new();

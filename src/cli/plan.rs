@@ -38,7 +38,8 @@ pub struct PlanArgs {
     /// Strategy (default: slimpack), tuned on the first step and kept for the epoch.
     #[arg(long, value_name = "NAME")]
     strategy: Option<String>,
-    /// Write one file per step into DIR.
+    /// Write one file per step into DIR (`step-000001.json`, ...); step files of an earlier
+    /// plan in DIR that this one did not write are removed, so DIR holds this plan only.
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
     /// Write one schedule JSON document per line into FILE (`-`: standard output).
@@ -156,14 +157,44 @@ impl Output {
         }
     }
 
-    fn finish(&mut self) -> anyhow::Result<()> {
-        if let Output::Lines(path, writer) = self {
-            writer
+    /// Flushes; in a directory, removes the step files this plan did not write (`steps` steps
+    /// of `extension`): an earlier, longer plan's, which a reader would take for this one's.
+    fn finish(&mut self, steps: usize, emit: PlanEmit) -> anyhow::Result<()> {
+        match self {
+            Output::Lines(path, writer) => writer
                 .flush()
-                .with_context(|| format!("cannot write {path}"))?;
+                .with_context(|| format!("cannot write {path}"))?,
+            Output::Directory(dir) => {
+                let extension = match emit {
+                    PlanEmit::Json => "json",
+                    PlanEmit::Ir => "sir",
+                };
+                let entries = std::fs::read_dir(&*dir)
+                    .with_context(|| format!("--out-dir: cannot read {}", dir.display()))?;
+                for entry in entries.flatten() {
+                    let name = entry.file_name();
+                    let Some((step, ext)) = name.to_str().and_then(step_file) else {
+                        continue;
+                    };
+                    if step > steps || ext != extension {
+                        std::fs::remove_file(entry.path()).with_context(|| {
+                            format!("--out-dir: cannot remove {}", entry.path().display())
+                        })?;
+                    }
+                }
+            }
+            Output::Nowhere => {}
         }
         Ok(())
     }
+}
+
+/// The step number and extension of a file named as plan names them (`step-000012.json`).
+fn step_file(name: &str) -> Option<(usize, &str)> {
+    let (stem, extension) = name.strip_prefix("step-")?.split_once('.')?;
+    let valid = stem.len() >= 6 && stem.bytes().all(|b| b.is_ascii_digit());
+    let step = stem.parse().ok().filter(|_| valid)?;
+    matches!(extension, "json" | "sir").then_some((step, extension))
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
@@ -216,7 +247,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         },
     )?;
     bar.finish_and_clear();
-    output.finish()?;
+    output.finish(summary.steps, args.emit)?;
     match args.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
         ReportFormat::Text => {
