@@ -877,7 +877,7 @@ fn already_handled_pipelines_and_outputs() {
             "tp=1",
             &["--batch", LENGTHS, "--emit", "json", "--report", "json"],
         ),
-        &["would mix on stdout"],
+        &["-o - and --report json would both write standard output"],
     );
     bad_input(
         &tiny(
@@ -1090,7 +1090,7 @@ fn dash_output_is_standard_output() {
     let (stdout, _) = ok(&args);
     assert_eq!(json(&stdout)["format"], "slimpack.schedule");
     args.extend(["--report", "json"]);
-    bad_input(&args, &["--report json", "stdout"]);
+    bad_input(&args, &["-o - and --report json", "standard output"]);
     let dash = Path::new(env!("CARGO_MANIFEST_DIR")).join("-");
     assert!(!dash.exists(), "a file named - was written");
 }
@@ -1273,4 +1273,37 @@ fn a_bench_with_nothing_to_run() {
         ],
         &["--strategies hybrid-cp", "none applies", "needs pp=1"],
     );
+}
+
+/// `-` is standard output for every output flag, and two outputs there are refused: `--trace
+/// -` and `bench --json -` used to create a file named `-`.
+#[test]
+fn every_output_flag_takes_dash_for_standard_output() {
+    let (stdout, _) = ok(&tiny("tp=1", &["--batch", LENGTHS, "--trace", "-"]));
+    assert!(json(&stdout)["traceEvents"].is_array(), "{stdout}");
+    bad_input(
+        &tiny(
+            "tp=1",
+            &["--batch", LENGTHS, "--trace", "-", "--report", "json"],
+        ),
+        &["--trace - and --report json would both write standard output"],
+    );
+    bad_input(
+        &[
+            "bench",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1",
+            "--dataset",
+            LENGTHS,
+            "--json",
+            "-",
+        ],
+        &["--json - and the report would both write standard output"],
+    );
+    let dash = Path::new(env!("CARGO_MANIFEST_DIR")).join("-");
+    assert!(!dash.exists(), "a file named - was written");
 }

@@ -187,7 +187,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ("--dataset", args.dataset.as_deref()),
             ("--batch", args.batch.batch.as_deref()),
         ],
-        &[("--json", args.json.as_deref())],
+        // The report (a table or JSON) always goes to standard output.
+        &[
+            ("the report", super::output::stdout_if(true)),
+            ("--json", args.json.as_deref()),
+        ],
     )?;
     let job = args.spec.job()?;
     let mut batch_args = args.batch;

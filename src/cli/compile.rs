@@ -1,6 +1,6 @@
 //! `slimpack compile`: spec + batch in, step IR out, with a report.
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
 
@@ -176,12 +176,10 @@ impl SimulationArgs {
         let result = sim::simulate(ir, &slimpack::machine::machine_model(&ir.spec))?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
         if let Some(path) = &self.trace {
-            std::fs::write(path, sim::trace::chrome_trace(&result))
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            super::output::write(Some(path), &sim::trace::chrome_trace(&result))?;
         }
         if let Some(path) = &self.timeline {
-            std::fs::write(path, sim::svg::timeline(&result))
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            super::output::write(Some(path), &sim::svg::timeline(&result))?;
         }
         Ok((result, ms))
     }
@@ -314,13 +312,26 @@ struct Chosen {
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let [config, calibration] = args.spec.inputs();
     let [trace, timeline] = args.pictures.outputs();
+    // The step goes to standard output unless -o names a file; the JSON report always does.
+    let step_out = match args.output.as_deref() {
+        None => super::output::stdout_if(args.emit.is_some()),
+        given => given,
+    };
     super::output::check_distinct(
         &[
             config,
             calibration,
             ("--batch", args.batch.batch.as_deref()),
         ],
-        &[("-o", args.output.as_deref()), trace, timeline],
+        &[
+            (
+                "--report json",
+                super::output::stdout_if(args.report == ReportFormat::Json),
+            ),
+            ("-o", step_out),
+            trace,
+            timeline,
+        ],
     )?;
     let job = args.spec.job()?;
     let strategy = args.strategy_name()?;
@@ -347,12 +358,6 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         }
     };
     let emit = args.emit.or(args.output.as_ref().map(|_| Emit::Ir));
-    if emit.is_some()
-        && super::output::is_stdout(args.output.as_deref())
-        && args.report == ReportFormat::Json
-    {
-        bail!("--emit to standard output and --report json would mix on stdout; give -o FILE");
-    }
     // Samples and tokens a strategy delayed to a later step (wlb's outlier queues).
     let mut delayed: Option<(usize, u64)> = None;
     if strategy.is_none() && args.tune_budget_ms.is_some() {

@@ -54,10 +54,28 @@ pub fn check_directory(flag: &str, path: Option<&Path>) -> anyhow::Result<()> {
 /// A file a command reads or writes, named by its flag (`("--batch", path)`).
 pub type Named<'a> = (&'a str, Option<&'a Path>);
 
+/// Standard output as an output of [`check_distinct`], when `used`: for what a command prints
+/// there itself (`("--report json", stdout_if(json))`).
+pub fn stdout_if(used: bool) -> Option<&'static Path> {
+    used.then_some(Path::new("-"))
+}
+
 /// Refuses, before any work, an output that would overwrite one of the command's inputs (`-o
 /// in.txt` beside `--batch in.txt` would replace the dataset) or another of its outputs (the
-/// second write would lose the first). Standard output (`-`) and absent paths are skipped.
+/// second write would lose the first), standard output (`-`) included: two outputs there would
+/// mix. Absent paths are skipped.
 pub fn check_distinct(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()> {
+    let on_stdout: Vec<&str> = outputs
+        .iter()
+        .filter(|&&(_, path)| path.is_some() && is_stdout(path))
+        .map(|&(flag, _)| flag)
+        .collect();
+    if let [first, second, ..] = on_stdout[..] {
+        bail!(
+            "{second} - and {first} would both write standard output and mix; give {second} \
+             a file"
+        );
+    }
     let outputs: Vec<(&str, &Path)> = outputs
         .iter()
         .filter_map(|&(flag, path)| file(path).map(|path| (flag, path)))
@@ -122,6 +140,17 @@ mod tests {
         std::fs::write(&input, "1\n").unwrap();
         let same = dir.path().join(".").join("in.txt");
         let fresh = dir.path().join("out.json");
+        let stdout = Path::new("-");
+        let error = check_distinct(
+            &[],
+            &[
+                ("--report json", stdout_if(true)),
+                ("--trace", Some(stdout)),
+            ],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(error.starts_with("--trace - and --report json"), "{error}");
         let error = check_distinct(&[("--batch", Some(&input))], &[("-o", Some(&same))])
             .unwrap_err()
             .to_string();
@@ -137,8 +166,7 @@ mod tests {
             error.contains("--trace") && error.contains("-o writes"),
             "{error}"
         );
-        // Distinct files, standard output and absent paths pass.
-        let stdout = Path::new("-");
+        // Distinct files, standard output once and absent paths pass.
         check_distinct(
             &[("--batch", Some(&input)), ("--config", None)],
             &[

@@ -106,9 +106,6 @@ impl Output {
                     bail!("--jsonl holds schedule JSON; --emit ir needs --out-dir");
                 }
                 if super::output::is_stdout(Some(file)) {
-                    if args.report == ReportFormat::Json {
-                        bail!("--jsonl - and --report json would mix on stdout; give --jsonl FILE");
-                    }
                     let stdout: Box<dyn Write> = Box::new(std::io::stdout());
                     return Ok(Output::Lines(
                         "standard output".into(),
@@ -205,7 +202,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             calibration,
             ("--batch", args.batch.batch.as_deref()),
         ],
-        &[("--jsonl", args.jsonl.as_deref())],
+        &[
+            (
+                "--report json",
+                super::output::stdout_if(args.report == ReportFormat::Json),
+            ),
+            ("--jsonl", args.jsonl.as_deref()),
+        ],
     )?;
     let job = args.spec.job()?;
     let name = args.strategy.as_deref().unwrap_or("slimpack");

@@ -45,7 +45,14 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             ("the input", Some(&args.input)),
             ("--calibration", args.calibration.as_deref()),
         ],
-        &args.pictures.outputs(),
+        &[
+            &[(
+                "--report json",
+                super::output::stdout_if(args.report == ReportFormat::Json),
+            )][..],
+            &args.pictures.outputs(),
+        ]
+        .concat(),
     )?;
     let name = args.input.display().to_string();
     let source = slimpack_ir::file::read_to_string(&args.input)

@@ -25,7 +25,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 use serde::Serialize;
 
@@ -160,7 +160,13 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
     super::output::check_directory("--out", args.out.as_deref())?;
     super::output::check_distinct(
         &[("--calibration", args.calibration.as_deref())],
-        &[("--out", args.out.as_deref())],
+        &[
+            (
+                "--report json",
+                super::output::stdout_if(args.report == ReportFormat::Json),
+            ),
+            ("--out", args.out.as_deref()),
+        ],
     )?;
     let (cluster, devices) = match args.backend {
         Backend::Cpu => (
@@ -239,7 +245,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
     };
     let json = serde_json::to_string_pretty(&report)?;
     if let Some(path) = &args.out {
-        std::fs::write(path, &json).with_context(|| format!("cannot write {}", path.display()))?;
+        super::output::write(Some(path), &format!("{json}\n"))?;
     }
     match args.report {
         ReportFormat::Json => println!("{json}"),
