@@ -1307,3 +1307,20 @@ fn every_output_flag_takes_dash_for_standard_output() {
     let dash = Path::new(env!("CARGO_MANIFEST_DIR")).join("-");
     assert!(!dash.exists(), "a file named - was written");
 }
+
+/// The same for a value the parser reads whole, past the lexer: a 1 MB number in a step file.
+#[test]
+fn an_error_line_stays_short_for_a_huge_number() {
+    let dir = tempfile::tempdir().unwrap();
+    let (step, _) = ok(&tiny(
+        "tp=1",
+        &["--batch", LENGTHS, "--passes", "", "--emit", "ir"],
+    ));
+    let huge = step.replacen("len=1200", &format!("len={}", "9".repeat(1_000_000)), 1);
+    let path = write(dir.path(), "huge-number.sir", &huge);
+    let output = slimpack(&["opt", &path, "--passes", ""]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.len() < 1000, "{} bytes of error", stderr.len());
+    assert!(stderr.contains("9999..."), "{stderr}");
+}

@@ -346,44 +346,56 @@ fn jsonl_dash_is_standard_output() {
 /// still queued, and said nothing.
 #[test]
 fn an_epoch_plan_trains_every_document_it_drew() {
-    let output = slimpack(&[
-        "plan",
-        "--model",
-        "tiny",
-        "--cluster",
-        "cpu",
-        "--parallel",
-        "tp=1,pp=1,dp=1",
-        "--batch",
-        "tests/fixtures/lengths.txt",
-        "--context",
-        "20000",
-        "--global-batch",
-        "2",
-        "--strategy",
-        "wlb",
-        "--report",
-        "json",
-    ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let lengths = std::fs::read_to_string("tests/fixtures/lengths.txt").unwrap();
-    let lengths: Vec<u64> = lengths
-        .split_whitespace()
-        .map(|l| l.parse().unwrap())
-        .collect();
-    assert_eq!(summary["samples"], lengths.len() as u64, "{summary}");
-    assert_eq!(summary["tokens"], lengths.iter().sum::<u64>(), "{summary}");
-    assert!(summary["drain_steps"].as_u64().unwrap() >= 1, "{summary}");
+    let scratch = scratch();
+    let mut plans = Vec::new();
+    for threads in ["1", "3"] {
+        let lines = scratch.path().join(format!("plan-{threads}.jsonl"));
+        let output = slimpack(&[
+            "plan",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1,pp=1,dp=1",
+            "--batch",
+            "tests/fixtures/lengths.txt",
+            "--context",
+            "20000",
+            "--global-batch",
+            "2",
+            "--strategy",
+            "wlb",
+            "--threads",
+            threads,
+            "--jsonl",
+            lines.to_str().unwrap(),
+            "--report",
+            "json",
+        ]);
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let lengths = std::fs::read_to_string("tests/fixtures/lengths.txt").unwrap();
+        let lengths: Vec<u64> = lengths
+            .split_whitespace()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        assert_eq!(summary["samples"], lengths.len() as u64, "{summary}");
+        assert_eq!(summary["tokens"], lengths.iter().sum::<u64>(), "{summary}");
+        assert!(summary["drain_steps"].as_u64().unwrap() >= 1, "{summary}");
+        plans.push(std::fs::read_to_string(lines).unwrap());
+    }
+    // The drain steps are planned in the rounds as the epoch's are: the same on any threads.
+    assert_eq!(plans[0], plans[1]);
 }
 
-/// A plan written into a directory that holds an earlier, longer plan removes the earlier step
-/// files it did not write (a reader would take `step-000003.json` for this plan's), and only
-/// those: other files stay.
+/// A plan written into a directory that holds an earlier, longer plan of the same form removes
+/// that plan's later step files (a reader would take `step-000003.json` for this plan's), and
+/// only those: other files, and step files of the other form, stay.
 #[test]
 fn a_shorter_plan_leaves_no_stale_steps_behind() {
     let scratch = scratch();
@@ -401,6 +413,7 @@ fn a_shorter_plan_leaves_no_stale_steps_behind() {
             String::from_utf8_lossy(&output.stderr)
         );
     };
+    plan("3", "json");
     plan("3", "ir");
     std::fs::write(dir.join("notes.txt"), "mine").unwrap();
     std::fs::write(dir.join("step-1.json"), "mine").unwrap();
@@ -410,13 +423,15 @@ fn a_shorter_plan_leaves_no_stale_steps_behind() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     names.sort();
-    assert_eq!(
-        names,
-        [
-            "notes.txt",
-            "step-000001.json",
-            "step-000002.json",
-            "step-1.json"
-        ]
-    );
+    // The ir files are another form of plan, left as they are.
+    let expected = [
+        "notes.txt",
+        "step-000001.json",
+        "step-000001.sir",
+        "step-000002.json",
+        "step-000002.sir",
+        "step-000003.sir",
+        "step-1.json",
+    ];
+    assert_eq!(names, expected);
 }

@@ -1,21 +1,28 @@
-//! Reading the files a user names, whole but bounded: a path to `/dev/zero`, a pipe that never
-//! ends or a mistaken multi-gigabyte file is refused once it passes [`MAX_INPUT_BYTES`],
-//! instead of growing a buffer until the machine runs out of memory.
+//! Reading the files a user names, whole. A regular file is read at its size (a large JSONL
+//! corpus to tokenize is legitimate); a stream — a pipe, standard input, a device such as
+//! `/dev/zero` — is refused once it passes [`MAX_INPUT_BYTES`], instead of growing a buffer
+//! until the machine runs out of memory.
 
 use std::io::Read;
 use std::path::Path;
 
-/// The largest input slimpack reads: 2 GiB (a length file of 300 million documents; the step
-/// and schedule files slimpack writes are far below it). Reading doubles its buffer, so the
-/// refusal costs at most twice this in memory.
+/// The most a stream may hold: 2 GiB (a length file of 300 million documents; the step and
+/// schedule files slimpack writes are far below it).
 pub const MAX_INPUT_BYTES: u64 = 2 << 30;
 
-/// The bytes of `path`, or an error past [`MAX_INPUT_BYTES`].
+/// The bytes of `path`: a regular file whole, a stream up to [`MAX_INPUT_BYTES`].
 pub fn read(path: &Path) -> std::io::Result<Vec<u8>> {
-    read_from(std::fs::File::open(path)?)
+    let mut file = std::fs::File::open(path)?;
+    let metadata = file.metadata()?;
+    if metadata.is_file() {
+        let mut bytes = Vec::with_capacity(metadata.len() as usize);
+        file.read_to_end(&mut bytes)?;
+        return Ok(bytes);
+    }
+    read_from(file)
 }
 
-/// The bytes of `source` (a file, standard input), or an error past [`MAX_INPUT_BYTES`].
+/// The bytes of a stream (standard input, a pipe), or an error past [`MAX_INPUT_BYTES`].
 pub fn read_from(source: impl Read) -> std::io::Result<Vec<u8>> {
     read_limited(source, MAX_INPUT_BYTES)
 }
@@ -27,8 +34,8 @@ fn read_limited(source: impl Read, max: u64) -> std::io::Result<Vec<u8>> {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!(
-                "more than {}: slimpack reads its inputs whole (split a larger corpus, and \
-                 concatenate the `slimpack lengths` of its parts)",
+                "more than {} from a stream (a pipe or device): slimpack reads its inputs \
+                 whole; give a file",
                 size(max)
             ),
         ));
@@ -44,12 +51,12 @@ fn size(bytes: u64) -> String {
     }
 }
 
-/// The text of `path` (UTF-8), or an error past [`MAX_INPUT_BYTES`].
+/// The text of `path` (UTF-8), read as [`read`] reads.
 pub fn read_to_string(path: &Path) -> std::io::Result<String> {
     utf8(read(path)?)
 }
 
-/// The text of `source` (UTF-8), or an error past [`MAX_INPUT_BYTES`].
+/// The text of a stream (UTF-8), or an error past [`MAX_INPUT_BYTES`].
 pub fn read_string_from(source: impl Read) -> std::io::Result<String> {
     utf8(read_from(source)?)
 }

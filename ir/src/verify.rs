@@ -17,7 +17,8 @@
 //!   two replicas have the same ranks; DP-Merge groups (replicas of two or more ranks) are
 //!   pairwise disjoint.
 //! - `pack-placement`: every pack is placed on a replica, is not empty, and holds only slices of
-//!   samples placed on that replica.
+//!   samples placed on that replica; a replica's pack lists (`StepIr::packs_on`) are the order
+//!   of its placement edges.
 //! - `pack-cap`: a pack's tokens do not exceed its cap.
 //! - `pack-size`: a pack's tokens, and the keys its slices attend to (each slice's prefix and
 //!   itself), each fit the 32-bit offsets of its varlen layout (`cu_seqlens_q/k`).
@@ -440,6 +441,17 @@ impl Verifier<'_> {
         for &replica in ir.replicas() {
             for direction in [Direction::Forward, Direction::Backward] {
                 let packs = self.index.packs_on(ir, replica, direction);
+                // The list the passes read (`StepIr::packs_on`) is what the edges say.
+                if ir.packs_on(replica, direction) != packs {
+                    self.report(
+                        At::Replica(replica),
+                        "pack-placement",
+                        format!(
+                            "its {} pack list is not the order of its placement edges",
+                            direction.keyword()
+                        ),
+                    );
+                }
                 for (position, pack) in packs.into_iter().enumerate() {
                     self.pack_position[pack.node().index()] = position;
                     for (member, slice) in self.index.pack_slices(pack).enumerate() {
@@ -796,7 +808,7 @@ impl Verifier<'_> {
 mod tests {
     use super::*;
     use crate::batch::Sample;
-    use crate::step::{BatchInfo, Edge};
+    use crate::step::{BatchInfo, Direction, Edge, Pack};
     use crate::Spec;
 
     /// `slice-chain` cannot be broken through the text form or the public API (both build the
@@ -822,5 +834,41 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(errors[0].invariant, "slice-chain");
         assert_eq!(errors[0].location, "%d0.0");
+    }
+
+    /// The pack lists `StepIr::packs_on` reads are kept beside the placement edges; the
+    /// public API changes both together, so this test cuts an edge by hand.
+    #[test]
+    fn a_pack_list_that_disagrees_with_the_edges_is_reported() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+        let mut ir = StepIr::new(spec, BatchInfo::default());
+        let sample = ir.add_sample(Sample {
+            len: 10,
+            doc: 0,
+            piece: 0,
+        });
+        let slices = ir.set_slices(sample, &[10]);
+        let replica = ir.add_replica(vec![0]);
+        ir.place_sample(sample, replica);
+        let pack = ir.add_pack(
+            Pack {
+                direction: Direction::Forward,
+                cap: None,
+            },
+            replica,
+            &slices,
+        );
+        let edge = ir
+            .graph()
+            .find_edge(pack.node(), replica.node())
+            .expect("the placement edge exists");
+        ir.graph_mut().remove_edge(edge);
+        let errors = check(&ir);
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.message.contains("fwd pack list is not the order")),
+            "{errors:?}"
+        );
     }
 }

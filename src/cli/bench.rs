@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -180,6 +180,7 @@ const MEGATRON_PAPER: &str = "megatron-paper";
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let [config, calibration] = args.spec.inputs();
+    super::output::check_directory("--json", args.json.as_deref())?;
     super::output::check_distinct(
         &[
             config,
@@ -342,8 +343,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         strategies,
     };
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        super::output::write(Some(path), &(serde_json::to_string_pretty(&report)? + "\n"))?;
     }
     match args.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),

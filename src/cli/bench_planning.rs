@@ -9,7 +9,6 @@
 //! machine a single short run can take twice its usual time, and one such run would make a
 //! growth figure of that noise.
 
-use anyhow::Context;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -98,8 +97,7 @@ pub fn run(
         }
     }
     if let Some(path) = json {
-        std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        super::output::write(Some(path), &(serde_json::to_string_pretty(&rows)? + "\n"))?;
     }
     match report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),

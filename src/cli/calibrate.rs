@@ -78,13 +78,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
             args.min_seconds
         );
     }
-    let max_threads = super::input::max_threads();
-    if !(1..=max_threads).contains(&args.threads) {
-        bail!(
-            "--threads {}: give 1 to {max_threads} copies (4 per core of this machine)",
-            args.threads
-        );
-    }
+    super::input::check_threads(args.threads)?;
     let mut options = CalibrationOptions {
         min_seconds: args.min_seconds,
         threads: args.threads,

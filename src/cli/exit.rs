@@ -4,8 +4,10 @@
 //! - 2 ([`BAD_INPUT`]): bad input; one `error: ...` line names the file, flag or value and what
 //!   would be valid. clap's usage errors (unknown flag, missing value) also exit 2, in clap's
 //!   own form.
-//! - 3 ([`DOES_NOT_FIT`]): the plan does not fit device memory on any candidate; the line gives
-//!   the best candidate's peak and the capacity.
+//! - 3 ([`DOES_NOT_FIT`]): the plan does not fit device memory on any candidate (or, with a
+//!   strategy, the memory limit); the line gives the best candidate's peak and the capacity.
+//!   `plan` writes every step first, then exits 3 if one does not fit device memory (its steps
+//!   over the memory limit are re-planned and counted, not refused).
 //! - 1 ([`INTERNAL`]): a bug in slimpack: a broken internal invariant panics, and the panic
 //!   hook prints one line that says so.
 //!

@@ -367,8 +367,12 @@ pub fn parse_memory_limit(text: &str) -> anyhow::Result<f64> {
     }
 }
 
-/// The most threads a command runs at once: four per core (more only measure the scheduler, or
-/// spawn threads that wait).
-pub fn max_threads() -> usize {
-    4 * std::thread::available_parallelism().map_or(1, |n| n.get())
+/// Refuses a `--threads` outside 1 to four per core (more only measure the scheduler, or spawn
+/// threads that wait; a huge count used to abort allocating their table).
+pub fn check_threads(threads: usize) -> anyhow::Result<()> {
+    let max = 4 * std::thread::available_parallelism().map_or(1, |n| n.get());
+    if !(1..=max).contains(&threads) {
+        bail!("--threads {threads}: give 1 to {max} (4 per core of this machine)");
+    }
+    Ok(())
 }

@@ -126,8 +126,12 @@ fn dispatch(command: Command) -> anyhow::Result<()> {
     }
 }
 
+/// The longest run without a space an error line keeps whole: longer ones are a user's value
+/// (a 10 MB token or number in a step file) and are cut to [`slimpack_ir::clip`]'s excerpt.
+const MAX_WORD_CHARS: usize = 200;
+
 /// The error and its causes on one line (`a: b: c`), without repeating a cause that the
-/// message already contains.
+/// message already contains, and without any one long value repeated whole.
 fn one_line(error: &anyhow::Error) -> String {
     let mut line = String::new();
     for cause in error.chain() {
@@ -141,6 +145,13 @@ fn one_line(error: &anyhow::Error) -> String {
         line.push_str(&text);
     }
     line.replace('\n', " ")
+        .split(' ')
+        .map(|word| match word.chars().count() > MAX_WORD_CHARS {
+            true => slimpack_ir::clip(word),
+            false => std::borrow::Cow::Borrowed(word),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// A panic is a bug in slimpack, not bad input: say so in one line, without a backtrace

@@ -24,9 +24,10 @@ pub fn write(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
         }
         None => {
             let mut stdout = std::io::stdout().lock();
-            stdout.write_all(text.as_bytes())?;
-            stdout.flush()?;
-            Ok(())
+            stdout
+                .write_all(text.as_bytes())
+                .and_then(|()| stdout.flush())
+                .context("cannot write to standard output")
         }
     }
 }
@@ -105,17 +106,29 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Whether two paths name one file: the same inode where both exist (links, `./x` and `x`),
-/// else the same absolute path with its directory's links resolved.
+/// Whether two paths name one regular file: the same inode where both exist (links, `./x` and
+/// `x`), else the same absolute path with its directory's links resolved. Devices and pipes
+/// never clash (`--trace /dev/null --timeline /dev/null` writes nothing twice).
 fn same_file(a: &Path, b: &Path) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt;
-        if let (Ok(a), Ok(b)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-            return (a.dev(), a.ino()) == (b.dev(), b.ino());
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => {
+            if !(a.is_file() && b.is_file()) {
+                return false;
+            }
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::MetadataExt;
+                (a.dev(), a.ino()) == (b.dev(), b.ino())
+            }
+            #[cfg(not(unix))]
+            {
+                false
+            }
         }
+        (Err(_), Err(_)) => resolved(a) == resolved(b),
+        // One exists and the other does not: two files.
+        _ => false,
     }
-    resolved(a) == resolved(b)
 }
 
 /// `path` made absolute, its parent directory canonical when it exists.
@@ -166,6 +179,15 @@ mod tests {
             error.contains("--trace") && error.contains("-o writes"),
             "{error}"
         );
+        // Devices never clash.
+        let null = Path::new("/dev/null");
+        if null.exists() {
+            check_distinct(
+                &[("--batch", Some(null))],
+                &[("-o", Some(null)), ("--trace", Some(null))],
+            )
+            .unwrap();
+        }
         // Distinct files, standard output once and absent paths pass.
         check_distinct(
             &[("--batch", Some(&input)), ("--config", None)],

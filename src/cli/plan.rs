@@ -38,8 +38,9 @@ pub struct PlanArgs {
     /// Strategy (default: slimpack), tuned on the first step and kept for the epoch.
     #[arg(long, value_name = "NAME")]
     strategy: Option<String>,
-    /// Write one file per step into DIR (`step-000001.json`, ...); step files of an earlier
-    /// plan in DIR that this one did not write are removed, so DIR holds this plan only.
+    /// Write one file per step into DIR (`step-000001.json`, ...); the step files of an
+    /// earlier, longer plan of the same form (json or ir) are removed, so that they cannot be
+    /// taken for this plan's (the summary says how many).
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
     /// Write one schedule JSON document per line into FILE (`-`: standard output).
@@ -154,9 +155,10 @@ impl Output {
         }
     }
 
-    /// Flushes; in a directory, removes the step files this plan did not write (`steps` steps
-    /// of `extension`): an earlier, longer plan's, which a reader would take for this one's.
-    fn finish(&mut self, steps: usize, emit: PlanEmit) -> anyhow::Result<()> {
+    /// Flushes; in a directory, removes the step files of `emit`'s form past `steps` (an
+    /// earlier, longer plan's, which a reader would take for this one's) and returns how many.
+    fn finish(&mut self, steps: usize, emit: PlanEmit) -> anyhow::Result<usize> {
+        let mut removed = 0;
         match self {
             Output::Lines(path, writer) => writer
                 .flush()
@@ -173,16 +175,18 @@ impl Output {
                     let Some((step, ext)) = name.to_str().and_then(step_file) else {
                         continue;
                     };
-                    if step > steps || ext != extension {
+                    let is_file = entry.file_type().is_ok_and(|t| t.is_file());
+                    if is_file && ext == extension && step > steps {
                         std::fs::remove_file(entry.path()).with_context(|| {
                             format!("--out-dir: cannot remove {}", entry.path().display())
                         })?;
+                        removed += 1;
                     }
                 }
             }
             Output::Nowhere => {}
         }
-        Ok(())
+        Ok(removed)
     }
 }
 
@@ -217,10 +221,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         bail!("--steps 0: plan at least one step");
     }
     if let Some(threads) = args.threads {
-        let max = super::input::max_threads();
-        if !(1..=max).contains(&threads) {
-            bail!("--threads {threads}: give 1 to {max} threads (4 per core of this machine)");
-        }
+        super::input::check_threads(threads)?;
     }
     let (dataset, batch_options) = job.dataset(&args.batch)?;
     let choices = super::input::tuning_choices(&args.spec, &job, args.memory_limit.as_deref())?;
@@ -250,7 +251,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         },
     )?;
     bar.finish_and_clear();
-    output.finish(summary.steps, args.emit)?;
+    let stale = output.finish(summary.steps, args.emit)?;
     match args.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
         ReportFormat::Text => {
@@ -286,6 +287,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
                 summary.plan_ms,
                 summary.plan_ms / summary.steps as f64
             );
+            if stale > 0 {
+                eprintln!("  removed {stale} step files of an earlier, longer plan from --out-dir");
+            }
         }
     }
     if summary.oom_steps > 0 && !args.allow_oom {

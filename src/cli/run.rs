@@ -146,10 +146,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Compiles (or reads) the step of `args` and measures it: the report `run` prints.
 /// The most executions `--repeat` asks for (each keeps its time for the report).
-pub(crate) const MAX_REPEAT: usize = 100_000;
+const MAX_REPEAT: usize = 100_000;
 
+/// Refuses a `--repeat` outside 1..=[`MAX_REPEAT`] (`run` and `validate`).
+pub(crate) fn check_repeat(repeat: usize) -> anyhow::Result<()> {
+    if !(1..=MAX_REPEAT).contains(&repeat) {
+        bail!("--repeat {repeat}: give 1 to {MAX_REPEAT} runs");
+    }
+    Ok(())
+}
+
+/// Compiles (or reads) the step of `args` and measures it: the report `run` prints.
 pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
     let precision = args.precision.kind();
     if args.backend == Backend::Cpu && precision != Precision::Fp32 {
@@ -158,9 +166,7 @@ pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
     if args.backend == Backend::Cuda {
         require_gpu()?;
     }
-    if !(1..=MAX_REPEAT).contains(&args.repeat) {
-        bail!("--repeat {}: give 1 to {MAX_REPEAT} runs", args.repeat);
-    }
+    check_repeat(args.repeat)?;
     if args.driver == DriverArg::Compiled && !COMPILED_DRIVER {
         bail!(compiled_driver_unavailable());
     }

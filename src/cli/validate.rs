@@ -184,13 +184,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
             (preset.to_string(), gpus.len())
         }
     };
-    if !(1..=super::run::MAX_REPEAT).contains(&args.repeat) {
-        bail!(
-            "--repeat {}: give 1 to {} runs",
-            args.repeat,
-            super::run::MAX_REPEAT
-        );
-    }
+    super::run::check_repeat(args.repeat)?;
     if let Some(path) = &args.calibration {
         // Read and checked against the suite's device once, before any schedule runs.
         let spec = slimpack_ir::Spec::from_presets("tiny", &cluster, "tp=1,pp=1,dp=1")?;
