@@ -1324,3 +1324,36 @@ fn an_error_line_stays_short_for_a_huge_number() {
     assert!(stderr.len() < 1000, "{} bytes of error", stderr.len());
     assert!(stderr.contains("9999..."), "{stderr}");
 }
+
+/// bench's two modes take different flags: each refuses the other's instead of ignoring it
+/// (`bench --planning --steps 5` planned as if --steps were not there).
+#[test]
+fn bench_flags_of_the_other_mode() {
+    let bench = |extra: &[&'static str]| {
+        let mut args = vec![
+            "bench",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1",
+            "--dataset",
+            LENGTHS,
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    bad_input(
+        &bench(&["--planning", "--steps", "5"]),
+        &["--steps applies to the side-by-side run, not to --planning"],
+    );
+    bad_input(
+        &bench(&["--planning", "--drain"]),
+        &["--drain applies to the side-by-side run"],
+    );
+    bad_input(
+        &bench(&["--planning-sizes", "100"]),
+        &["--planning-sizes applies to --planning"],
+    );
+}

@@ -49,13 +49,13 @@ pub struct BenchArgs {
     /// The dataset to draw global batches from (the same as --batch).
     #[arg(long, value_name = "FILE")]
     dataset: Option<PathBuf>,
-    /// Number of global batches (steps), drawn in a seeded order (--seed).
-    #[arg(long, default_value_t = 10, value_name = "N")]
-    steps: usize,
+    /// Number of global batches (steps), drawn in a seeded order (--seed). Default 10.
+    #[arg(long, value_name = "N")]
+    steps: Option<usize>,
     /// Steps every strategy tunes its configuration on: each candidate is scored on these
-    /// steps together (total step time, fitting the memory limit on each).
-    #[arg(long, default_value_t = DEFAULT_TUNE_STEPS, value_name = "K")]
-    tune_steps: usize,
+    /// steps together (total step time, fitting the memory limit on each). Default 3.
+    #[arg(long, value_name = "K")]
+    tune_steps: Option<usize>,
     /// The fraction of device memory a step may peak at: tuning keeps configurations within
     /// it, and a step over it is re-planned.
     #[arg(long, default_value = "0.92", value_name = "FRACTION")]
@@ -82,14 +82,17 @@ pub struct BenchArgs {
     /// --planning-sizes samples (strategies: --strategies, default megatron,slimpack).
     #[arg(long)]
     planning: bool,
-    /// Batch sizes in samples of --planning, comma-separated.
-    #[arg(long, value_name = "N,N,..", value_delimiter = ',', default_values_t = super::bench_planning::DEFAULT_SIZES)]
-    planning_sizes: Vec<usize>,
+    /// Batch sizes in samples of --planning, comma-separated (default 1000,10000,100000,1000000).
+    #[arg(long, value_name = "N,N,..", value_delimiter = ',')]
+    planning_sizes: Option<Vec<usize>>,
     /// Runs of each --planning cell (fewer once a cell has taken 10 s); the table gives their
-    /// median.
-    #[arg(long, value_name = "N", default_value_t = 3)]
-    planning_repeats: usize,
+    /// median. Default 3.
+    #[arg(long, value_name = "N")]
+    planning_repeats: Option<usize>,
 }
+
+/// Global batches a side-by-side run draws unless --steps says.
+const DEFAULT_STEPS: usize = 10;
 
 /// A row of the report (field names and order are the `--report json` contract; `figures`
 /// follow, in name order).
@@ -212,10 +215,36 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         batch_args.batch = Some(dataset);
     }
-    if !(1..=MAX_STEPS).contains(&args.steps) {
-        bail!("--steps {}: give 1 to {MAX_STEPS} steps", args.steps);
+    if args.planning {
+        // The planning table draws one batch per size and tunes on it alone.
+        let side_by_side = [
+            ("--steps", args.steps.is_some()),
+            ("--tune-steps", args.tune_steps.is_some()),
+            ("--drain", args.drain),
+            ("--global-batch", batch_args.global_batch.is_some()),
+            (
+                "--global-batch-tokens",
+                batch_args.global_batch_tokens.is_some(),
+            ),
+        ];
+        if let Some((flag, _)) = side_by_side.iter().find(|(_, given)| *given) {
+            bail!("{flag} applies to the side-by-side run, not to --planning (its sizes are --planning-sizes)");
+        }
+    } else if let Some(flag) = [
+        ("--planning-sizes", args.planning_sizes.is_some()),
+        ("--planning-repeats", args.planning_repeats.is_some()),
+    ]
+    .iter()
+    .find_map(|&(flag, given)| given.then_some(flag))
+    {
+        bail!("{flag} applies to --planning, which was not given");
     }
-    if args.tune_steps == 0 {
+    let steps = args.steps.unwrap_or(DEFAULT_STEPS);
+    let tune_steps = args.tune_steps.unwrap_or(DEFAULT_TUNE_STEPS);
+    if !(1..=MAX_STEPS).contains(&steps) {
+        bail!("--steps {steps}: give 1 to {MAX_STEPS} steps");
+    }
+    if tune_steps == 0 {
         bail!("--tune-steps 0: give at least 1 step to tune on");
     }
     let choices = super::input::tuning_choices(&args.spec, &job, Some(&args.memory_limit))?;
@@ -223,10 +252,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let strategies = select(args.strategies.as_deref())?;
     let (dataset, options) = job.dataset(&batch_args)?;
     if args.planning {
-        if args.planning_repeats == 0 {
+        let repeats = args
+            .planning_repeats
+            .unwrap_or(super::bench_planning::DEFAULT_REPEATS);
+        let sizes = args
+            .planning_sizes
+            .unwrap_or(super::bench_planning::DEFAULT_SIZES.to_vec());
+        if repeats == 0 {
             bail!("--planning-repeats 0: give at least 1 run");
         }
-        if args.planning_sizes.contains(&0) {
+        if sizes.contains(&0) {
             bail!("--planning-sizes: give positive sample counts, got 0");
         }
         let strategies = select(Some(
@@ -236,17 +271,17 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             &job.spec,
             &dataset,
             &options,
-            &args.planning_sizes,
-            args.planning_repeats,
+            &sizes,
+            repeats,
             &strategies,
             &choices,
             args.report,
             args.json.as_deref(),
         );
     }
-    let batches = dataset.global_batches(&options, args.steps)?;
+    let batches = dataset.global_batches(&options, steps)?;
     let rules = RunRules {
-        tune_steps: args.tune_steps,
+        tune_steps,
         drain: args.drain,
     };
     if let Some(needs) = strategies
@@ -298,15 +333,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             global_batch: options.global_batch,
             global_batch_tokens: options.global_batch_tokens,
             seed: options.seed,
-            steps: args.steps,
-            tune_steps: args.tune_steps.min(args.steps),
+            steps,
+            tune_steps: tune_steps.min(steps),
             memory_limit,
             drain: args.drain,
             recompute: match args.spec.recompute {
                 Some(_) => job.spec.model.recompute.to_string(),
                 None => "search".to_string(),
             },
-            rules: rules_text(args.tune_steps.min(args.steps), memory_limit, args.drain),
+            rules: rules_text(tune_steps.min(steps), memory_limit, args.drain),
             best_peer,
             chosen: runs
                 .iter()

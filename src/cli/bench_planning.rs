@@ -24,6 +24,9 @@ use super::compile::ReportFormat;
 /// Sample counts of the default table.
 pub const DEFAULT_SIZES: [usize; 4] = [1_000, 10_000, 100_000, 1_000_000];
 
+/// Runs of each cell unless --planning-repeats says.
+pub const DEFAULT_REPEATS: usize = 3;
+
 /// Wall seconds after which a cell stops repeating.
 pub const CELL_BUDGET_S: f64 = 10.0;
 
