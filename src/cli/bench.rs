@@ -182,14 +182,14 @@ const MAX_STEPS: usize = 100_000;
 const MEGATRON_PAPER: &str = "megatron-paper";
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let [config, calibration] = args.spec.inputs();
     super::output::check_directory("--json", args.json.as_deref())?;
+    let [config, calibration, batch] = super::input::job_inputs(&args.spec, &args.batch);
     super::output::check_distinct(
         &[
             config,
             calibration,
+            batch,
             ("--dataset", args.dataset.as_deref()),
-            ("--batch", args.batch.batch.as_deref()),
         ],
         // The report (a table or JSON) always goes to standard output.
         &[

@@ -36,6 +36,17 @@ pub enum ReportFormat {
     Json,
 }
 
+impl ReportFormat {
+    /// The report as an output of [`super::output::check_distinct`]: JSON goes to standard
+    /// output (text to stderr).
+    pub fn output(self) -> super::output::Named<'static> {
+        (
+            "--report json",
+            super::output::stdout_if(self == ReportFormat::Json),
+        )
+    }
+}
+
 /// Pass-manager flags shared by `compile` and `opt`.
 #[derive(Debug, Args)]
 pub struct PassManagerArgs {
@@ -310,7 +321,6 @@ struct Chosen {
 }
 
 pub fn run(args: CompileArgs) -> anyhow::Result<()> {
-    let [config, calibration] = args.spec.inputs();
     let [trace, timeline] = args.pictures.outputs();
     // The step goes to standard output unless -o names a file; the JSON report always does.
     let step_out = match args.output.as_deref() {
@@ -318,20 +328,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         given => given,
     };
     super::output::check_distinct(
-        &[
-            config,
-            calibration,
-            ("--batch", args.batch.batch.as_deref()),
-        ],
-        &[
-            (
-                "--report json",
-                super::output::stdout_if(args.report == ReportFormat::Json),
-            ),
-            ("-o", step_out),
-            trace,
-            timeline,
-        ],
+        &super::input::job_inputs(&args.spec, &args.batch),
+        &[args.report.output(), ("-o", step_out), trace, timeline],
     )?;
     let job = args.spec.job()?;
     let strategy = args.strategy_name()?;

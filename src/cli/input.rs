@@ -39,14 +39,13 @@ pub struct SpecArgs {
     pub calibration: Option<PathBuf>,
 }
 
-impl SpecArgs {
-    /// The files these flags read (for [`super::output::check_distinct`]).
-    pub fn inputs(&self) -> [super::output::Named<'_>; 2] {
-        [
-            ("--config", self.config.as_deref()),
-            ("--calibration", self.calibration.as_deref()),
-        ]
-    }
+/// The files a job's flags read (for [`super::output::check_distinct`]).
+pub fn job_inputs<'a>(spec: &'a SpecArgs, batch: &'a BatchArgs) -> [super::output::Named<'a>; 3] {
+    [
+        ("--config", spec.config.as_deref()),
+        ("--calibration", spec.calibration.as_deref()),
+        ("--batch", batch.batch.as_deref()),
+    ]
 }
 
 /// Where the global batch comes from.

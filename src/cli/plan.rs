@@ -199,20 +199,9 @@ fn step_file(name: &str) -> Option<(usize, &str)> {
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
-    let [config, calibration] = args.spec.inputs();
     super::output::check_distinct(
-        &[
-            config,
-            calibration,
-            ("--batch", args.batch.batch.as_deref()),
-        ],
-        &[
-            (
-                "--report json",
-                super::output::stdout_if(args.report == ReportFormat::Json),
-            ),
-            ("--jsonl", args.jsonl.as_deref()),
-        ],
+        &super::input::job_inputs(&args.spec, &args.batch),
+        &[args.report.output(), ("--jsonl", args.jsonl.as_deref())],
     )?;
     let job = args.spec.job()?;
     let name = args.strategy.as_deref().unwrap_or("slimpack");

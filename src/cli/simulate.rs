@@ -45,14 +45,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
             ("the input", Some(&args.input)),
             ("--calibration", args.calibration.as_deref()),
         ],
-        &[
-            &[(
-                "--report json",
-                super::output::stdout_if(args.report == ReportFormat::Json),
-            )][..],
-            &args.pictures.outputs(),
-        ]
-        .concat(),
+        &[&[args.report.output()][..], &args.pictures.outputs()].concat(),
     )?;
     let name = args.input.display().to_string();
     let source = slimpack_ir::file::read_to_string(&args.input)

@@ -160,13 +160,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
     super::output::check_directory("--out", args.out.as_deref())?;
     super::output::check_distinct(
         &[("--calibration", args.calibration.as_deref())],
-        &[
-            (
-                "--report json",
-                super::output::stdout_if(args.report == ReportFormat::Json),
-            ),
-            ("--out", args.out.as_deref()),
-        ],
+        &[args.report.output(), ("--out", args.out.as_deref())],
     )?;
     let (cluster, devices) = match args.backend {
         Backend::Cpu => (
