@@ -18,7 +18,8 @@
 //!   pairwise disjoint.
 //! - `pack-placement`: every pack is placed on a replica, is not empty, and holds only slices of
 //!   samples placed on that replica; a replica's pack lists (`StepIr::packs_on`) are the order
-//!   of its placement edges.
+//!   of its placement edges, and a pack's slice list (`StepIr::pack_members`) the order of its
+//!   member edges.
 //! - `pack-cap`: a pack's tokens do not exceed its cap.
 //! - `pack-size`: a pack's tokens, and the keys its slices attend to (each slice's prefix and
 //!   itself), each fit the 32-bit offsets of its varlen layout (`cu_seqlens_q/k`).
@@ -454,6 +455,20 @@ impl Verifier<'_> {
                 }
                 for (position, pack) in packs.into_iter().enumerate() {
                     self.pack_position[pack.node().index()] = position;
+                    // The slice list the passes read (`StepIr::pack_members`) is what the
+                    // edges say.
+                    if !ir
+                        .pack_members(pack)
+                        .iter()
+                        .copied()
+                        .eq(self.index.pack_slices(pack))
+                    {
+                        self.report(
+                            At::Pack(pack),
+                            "pack-placement",
+                            "its slice list is not the order of its member edges".into(),
+                        );
+                    }
                     for (member, slice) in self.index.pack_slices(pack).enumerate() {
                         self.member_position.insert(pack, slice, member);
                     }
@@ -834,6 +849,41 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(errors[0].invariant, "slice-chain");
         assert_eq!(errors[0].location, "%d0.0");
+    }
+
+    /// A pack's slice list and its member edges, likewise (the edges reordered by hand).
+    #[test]
+    fn a_slice_list_that_disagrees_with_the_edges_is_reported() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+        let mut ir = StepIr::new(spec, BatchInfo::default());
+        let sample = ir.add_sample(Sample {
+            len: 10,
+            doc: 0,
+            piece: 0,
+        });
+        let slices = ir.set_slices(sample, &[4, 6]);
+        let replica = ir.add_replica(vec![0]);
+        ir.place_sample(sample, replica);
+        let pack = ir.add_pack(
+            Pack {
+                direction: Direction::Forward,
+                cap: None,
+            },
+            replica,
+            &slices,
+        );
+        assert!(check(&ir).iter().all(|e| !e.message.contains("slice list")));
+        for (slice, position) in [(slices[0], 1), (slices[1], 0)] {
+            let edge = ir.graph().find_edge(slice.node(), pack.node()).unwrap();
+            ir.graph_mut()[edge] = Edge::Member { position };
+        }
+        let errors = check(&ir);
+        assert!(
+            errors.iter().any(|e| e
+                .message
+                .contains("slice list is not the order of its member edges")),
+            "{errors:?}"
+        );
     }
 
     /// The pack lists `StepIr::packs_on` reads are kept beside the placement edges; the

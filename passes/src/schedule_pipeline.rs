@@ -259,7 +259,7 @@ fn symmetric_packs(ir: &StepIr, forward: &[PackId], backward: &[PackId]) -> bool
 pub(crate) fn forward_positions(ir: &StepIr, forward: &[PackId]) -> FxHashMap<SliceId, usize> {
     let mut position: FxHashMap<SliceId, usize> = FxHashMap::default();
     for (index, &pack) in forward.iter().enumerate() {
-        for slice in ir.pack_slices(pack) {
+        for &slice in ir.pack_members(pack) {
             position.entry(slice).or_insert(index);
         }
     }
@@ -277,7 +277,7 @@ pub(crate) fn forwards_needed(
     backward
         .iter()
         .map(|&pack| {
-            let mut positions: Vec<usize> = (ir.pack_slices(pack).iter())
+            let mut positions: Vec<usize> = (ir.pack_members(pack).iter())
                 .filter_map(|slice| position.get(slice).copied())
                 .collect();
             positions.sort_unstable();

@@ -239,7 +239,7 @@ fn pack_costs(
         .map(|&pack| {
             let direction = ir.pack(pack).direction;
             let pairs: Vec<(u64, u64)> = ir
-                .pack_slices(pack)
+                .pack_members(pack)
                 .iter()
                 .map(|&s| {
                     let slice = ir.slice(s);

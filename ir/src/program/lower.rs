@@ -30,9 +30,9 @@ pub fn lower(ir: &StepIr) -> Program {
         let replica = ir.replicas()[replica_index as usize];
         let direction = ir.pack(pack).direction;
         let slices: Vec<SliceLayout> = ir
-            .pack_slices(pack)
-            .into_iter()
-            .map(|slice| {
+            .pack_members(pack)
+            .iter()
+            .map(|&slice| {
                 let s = ir.slice(slice);
                 SliceLayout {
                     sample: sample_slices.sample_position(slice),

@@ -38,6 +38,14 @@ pub struct StepIr {
     /// misses the caches once per pack on a large step). Packs are only ever appended, by
     /// [`StepIr::add_pack`], which adds the edge and the entry together.
     placed_packs: HashMap<(ReplicaId, Direction), Vec<PackId>>,
+    /// Every pack's slices in their order, packs one after another: what the `Member` edges
+    /// say, kept together because passes, the simulator and the lowering read packs whole (a
+    /// walk of a pack's edge list misses the caches once per slice on a large step). Like
+    /// `placed_packs`, only [`StepIr::add_pack`] writes it, with the edges; the verifier checks
+    /// the two agree.
+    pack_members: Vec<SliceId>,
+    /// The range of `pack_members` of each pack, indexed by node index (`(0, 0)` for others).
+    member_ranges: Vec<(u32, u32)>,
     /// The lowered program, stored by [`crate::program::lower_into`] (phase `lowered`).
     program: Option<Program>,
     /// With model chunks (`vpp > 1`): per (replica, pipeline device), the chunk of each pack
@@ -83,6 +91,8 @@ impl StepIr {
             replicas: Vec::new(),
             padding: BTreeMap::new(),
             placed_packs: HashMap::new(),
+            pack_members: Vec::new(),
+            member_ranges: Vec::new(),
             program: None,
             interleave: BTreeMap::new(),
             weight_grads: BTreeMap::new(),
@@ -436,6 +446,14 @@ impl StepIr {
                 },
             );
         }
+        // Fewer members than edges, and petgraph's edge indices are 32-bit.
+        let first = self.pack_members.len() as u32;
+        self.pack_members.extend_from_slice(slices);
+        let index = id.0.index();
+        if self.member_ranges.len() <= index {
+            self.member_ranges.resize(index + 1, (0, 0));
+        }
+        self.member_ranges[index] = (first, self.pack_members.len() as u32);
         id
     }
 
@@ -475,17 +493,16 @@ impl StepIr {
     }
 
     /// Slices of a pack, in their order inside the pack.
+    pub fn pack_members(&self, pack: PackId) -> &[SliceId] {
+        match self.member_ranges.get(pack.0.index()) {
+            Some(&(from, to)) => &self.pack_members[from as usize..to as usize],
+            None => &[],
+        }
+    }
+
+    /// Slices of a pack, in their order inside the pack, as a vector of their own.
     pub fn pack_slices(&self, pack: PackId) -> Vec<SliceId> {
-        let mut slices: Vec<(u32, SliceId)> = self
-            .graph
-            .edges_directed(pack.0, Incoming)
-            .filter_map(|e| match e.weight() {
-                Edge::Member { position } => Some((*position, SliceId(e.source()))),
-                _ => None,
-            })
-            .collect();
-        slices.sort();
-        slices.into_iter().map(|(_, id)| id).collect()
+        self.pack_members(pack).to_vec()
     }
 
     /// Packs a slice belongs to (any direction).
@@ -521,7 +538,7 @@ impl StepIr {
 
     /// Tokens in a pack.
     pub fn pack_tokens(&self, pack: PackId) -> u64 {
-        self.pack_slices(pack)
+        self.pack_members(pack)
             .iter()
             .map(|&s| u64::from(self.slice(s).len))
             .sum()

@@ -84,7 +84,7 @@ pub fn print(ir: &StepIr) -> String {
                     let _ = write!(out, " pad={padded}");
                 }
                 let members: Vec<&str> = ir
-                    .pack_slices(pack_id)
+                    .pack_members(pack_id)
                     .iter()
                     .map(|&s| names.slice(s))
                     .collect();

@@ -292,7 +292,7 @@ impl<'a> Builder<'a> {
                     self.pack_of_node[pack.node().index()] = index;
                     let first = self.slices.len() as u32;
                     let mut tokens = 0;
-                    for slice_id in ir.pack_slices(pack) {
+                    for &slice_id in ir.pack_members(pack) {
                         let slice = *ir.slice(slice_id);
                         let (len, prefix) = (u64::from(slice.len), u64::from(slice.start));
                         tokens += len;

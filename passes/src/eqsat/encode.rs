@@ -52,9 +52,9 @@ impl ReplicaPlan {
                     .into_iter()
                     .map(|pack| {
                         let mut spans: Vec<Span> = ir
-                            .pack_slices(pack)
-                            .into_iter()
-                            .map(|slice_id| {
+                            .pack_members(pack)
+                            .iter()
+                            .map(|&slice_id| {
                                 let slice = ir.slice(slice_id);
                                 Span {
                                     sample: index[&ir.sample_of(slice_id)],

@@ -170,7 +170,7 @@ pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)], cost: &Cos
                 Layout::Copy(old) => {
                     for pack in ir.packs_on(*old, direction) {
                         let slices: Vec<SliceId> =
-                            ir.pack_slices(pack).iter().map(|s| copied[s]).collect();
+                            ir.pack_members(pack).iter().map(|s| copied[s]).collect();
                         new.add_pack(*ir.pack(pack), id, &slices);
                     }
                 }

@@ -87,7 +87,7 @@ pub(super) fn list_schedule(
     let ranks = &ir.replica(replica).ranks;
     let seconds = |pack: PackId, direction: Direction| {
         let slices: Vec<(u64, u64)> = ir
-            .pack_slices(pack)
+            .pack_members(pack)
             .iter()
             .map(|&s| {
                 let slice = ir.slice(s);

@@ -116,9 +116,9 @@ impl Plan {
             {
                 for pack in ir.packs_on(replica_id, direction) {
                     let slices = ir
-                        .pack_slices(pack)
-                        .into_iter()
-                        .map(|slice| {
+                        .pack_members(pack)
+                        .iter()
+                        .map(|&slice| {
                             let bounds = ir.slice(slice);
                             TokenSlice {
                                 sample: SampleId(sample_index[&ir.sample_of(slice)]),
