@@ -16,6 +16,7 @@ impl StepIr {
             documents_cut: batch.documents_cut as u64,
         };
         let mut ir = StepIr::new(spec, info);
+        ir.reserve_samples(batch.samples.len());
         for sample in &batch.samples {
             ir.add_sample(*sample);
         }

@@ -152,9 +152,28 @@ impl StepIr {
 
     /// Adds a sample with one slice covering it.
     pub fn add_sample(&mut self, sample: Sample) -> SampleId {
+        assert!(sample.len > 0, "a sample of no tokens; this is a bug");
         let id = self.add_bare_sample(sample);
-        self.set_slices(id, &[sample.len]);
+        // A new sample has no slices to replace or to chain after.
+        let slice = self.graph.add_node(Node::Slice(Slice {
+            start: 0,
+            len: sample.len,
+        }));
+        self.graph.add_edge(id.0, slice, Edge::Contains);
         id
+    }
+
+    /// Room for `samples` more samples, each with one slice and a forward and a backward pack
+    /// (what the packers add for them at most), so that building a large step does not grow
+    /// and copy its tables again and again.
+    pub fn reserve_samples(&mut self, samples: usize) {
+        self.graph.reserve_nodes(samples.saturating_mul(4));
+        // Contains, two Member edges, two Placed edges.
+        self.graph.reserve_edges(samples.saturating_mul(5));
+        self.samples.reserve(samples);
+        self.sample_replica.reserve(samples);
+        self.sample_position
+            .reserve(self.graph.node_bound() + samples.saturating_mul(2));
     }
 
     /// Adds a sample without slices (the parser adds them one by one).
