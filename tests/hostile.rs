@@ -1221,6 +1221,43 @@ fn a_full_standard_output_is_an_error_not_a_bug() {
     assert!(!stderr.contains("internal error"), "{stderr}");
 }
 
+/// Standard output closed before the process starts (`>&-`): Rust's standard library takes
+/// every write to a closed descriptor as done, so the output was lost and the exit status 0.
+/// Now the first write to it is an error line and exit 2; a command that writes only files runs.
+#[test]
+fn a_closed_standard_output_is_an_error_not_lost_output() {
+    let run = |args: &str| {
+        Command::new("sh")
+            .args([
+                "-c",
+                &format!("exec \"$0\" {args} >&-"),
+                env!("CARGO_BIN_EXE_slimpack"),
+            ])
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap()
+    };
+    for args in ["passes", "schema"] {
+        let output = run(args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args}: {stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            "error: cannot write to standard output: it is closed",
+            "{args}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("step.sir");
+    let output = run(&format!(
+        "compile --model tiny --cluster cpu --parallel tp=1,pp=1,dp=1 --batch {LENGTHS} -o {}",
+        out.display()
+    ));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(out.exists());
+}
+
 /// An error repeats at most 40 characters of a bad value: a 10 MB token used to make a 10 MB
 /// "one-line" error.
 #[test]

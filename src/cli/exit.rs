@@ -13,8 +13,8 @@
 //!
 //! A closed standard output (`slimpack passes | head -c1`) ends the process the way it ends
 //! `cat` or `yes`: quietly, by SIGPIPE, without a message. An output that cannot be written
-//! otherwise (stdout on a full disk or `/dev/full`) is an error line and exit 2, whichever
-//! subcommand wrote it.
+//! otherwise (stdout on a full disk or `/dev/full`, or closed before the process started:
+//! `>&-`) is an error line and exit 2, whichever subcommand wrote it.
 
 /// The command did what was asked.
 pub const SUCCESS: i32 = 0;

@@ -57,6 +57,7 @@ enum Command {
 /// Runs the command line and returns the process exit status (see [`exit`]).
 pub fn main() -> i32 {
     exit::quiet_on_closed_pipe();
+    output::guard_closed_stdout();
     install_panic_hook();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -104,9 +105,12 @@ fn output_failure(message: &str) -> Option<String> {
     [("stdout", "output"), ("stderr", "error")]
         .iter()
         .find_map(|(stream, name)| {
-            message
-                .strip_prefix(&format!("failed printing to {stream}: "))
-                .map(|cause| format!("error: cannot write to standard {name}: {cause}"))
+            let cause = message.strip_prefix(&format!("failed printing to {stream}: "))?;
+            let cause = match *stream == "stdout" && output::stdout_closed() {
+                true => "it is closed",
+                false => cause,
+            };
+            Some(format!("error: cannot write to standard {name}: {cause}"))
         })
 }
 

@@ -5,6 +5,7 @@
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The file `path` names, or `None` for standard output (absent, or `-`).
 pub fn file(path: Option<&Path>) -> Option<&Path> {
@@ -16,12 +17,58 @@ pub fn is_stdout(path: Option<&Path>) -> bool {
     file(path).is_none()
 }
 
+/// Whether the process started with standard output closed, as [`see_closed_stdout`] saw it.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+
+/// Runs before `main` (an `.init_array` function, before the standard library's start-up,
+/// which reopens a closed descriptor 1 on `/dev/null`): only here is a closed standard output
+/// still visible as one.
+#[cfg(target_os = "linux")]
+#[used]
+#[link_section = ".init_array"]
+static SEE_CLOSED_STDOUT: extern "C" fn() = see_closed_stdout;
+
+#[cfg(target_os = "linux")]
+extern "C" fn see_closed_stdout() {
+    // SAFETY: `fcntl(F_GETFD)` only queries the descriptor.
+    if unsafe { libc::fcntl(1, libc::F_GETFD) } == -1 {
+        STDOUT_CLOSED.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A process started with standard output closed (`>&-`) would write its output to the
+/// `/dev/null` the standard library put there, and exit 0: the output lost without a word.
+/// Descriptor 1 is pointed at `/dev/full` instead, so the first write fails, and
+/// [`stdout_closed`] lets the error say why (exit 2, like any output that cannot be written);
+/// a command that writes only files runs as usual. Call it first thing in `main`.
+pub fn guard_closed_stdout() {
+    if !stdout_closed() {
+        return;
+    }
+    #[cfg(unix)]
+    // SAFETY: `open` and `dup2` make descriptors the process owns, at startup, before any
+    // other code uses descriptor 1.
+    unsafe {
+        let full = libc::open(c"/dev/full".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if full != -1 && full != 1 {
+            libc::dup2(full, 1);
+            libc::close(full);
+        }
+    }
+}
+
+/// Whether the process started with standard output closed (see [`guard_closed_stdout`]).
+pub fn stdout_closed() -> bool {
+    STDOUT_CLOSED.load(Ordering::Relaxed)
+}
+
 /// Writes `text` to `path`, or to standard output (see [`file`]).
 pub fn write(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
     match file(path) {
         Some(path) => {
             std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
         }
+        None if stdout_closed() => bail!("cannot write to standard output: it is closed"),
         None => {
             let mut stdout = std::io::stdout().lock();
             stdout
@@ -71,6 +118,9 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()>
         .filter(|&&(_, path)| path.is_some() && is_stdout(path))
         .map(|&(flag, _)| flag)
         .collect();
+    if let (Some(first), true) = (on_stdout.first(), stdout_closed()) {
+        bail!("{first} writes standard output, which is closed; redirect it");
+    }
     if let [first, second, ..] = on_stdout[..] {
         bail!(
             "{second} - and {first} would both write standard output and mix; give {second} \
