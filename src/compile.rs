@@ -86,6 +86,46 @@ pub fn lower(
     Ok(())
 }
 
+/// Compiles a strategy's chosen step again, with `manager`'s IR printing and dumps, and lowers
+/// it: the tuner compiles its candidates without them (they would show every candidate), so
+/// this is how `compile --strategy ... --dump-dir` shows the passes that made the chosen step.
+/// The passes are those `chosen` records, on its spec (the candidate's) and `batch` (the
+/// admitted one); they are deterministic, so the replay makes the chosen step again, which is
+/// checked: on a difference (a bug) the chosen step is kept, and a note says that the IR
+/// shown is not its own.
+pub fn replay_shown(
+    chosen: Compiled,
+    batch: &Batch,
+    manager: &ManagerOptions,
+    print_sink: &mut dyn Write,
+) -> Result<Compiled> {
+    let entries: Vec<String> = chosen
+        .passes
+        .iter()
+        .map(|record| record.pipeline_entry.clone())
+        .chain(["lower".to_string()])
+        .collect();
+    let pipeline = parse_pipeline(&entries.join(","))?;
+    let mut chosen = chosen;
+    lower(
+        &mut chosen,
+        &ManagerOptions::default(),
+        &mut std::io::sink(),
+    )?;
+    let spec = &chosen.ir.spec;
+    let cx = PassContext::for_spec(spec);
+    let replayed = compile_entries(spec, batch, &pipeline, &cx, manager, print_sink)?;
+    if slimpack_ir::text::print(&replayed.ir) == slimpack_ir::text::print(&chosen.ir) {
+        return Ok(replayed);
+    }
+    let _ = writeln!(
+        print_sink,
+        "note: the passes shown made a step other than the chosen one (a bug in slimpack, \
+         please report it); the chosen step is the one compiled"
+    );
+    Ok(chosen)
+}
+
 /// The machine-readable summary of a compilation (`compile --report json`).
 #[derive(Debug, Serialize)]
 pub struct CompileReport<'a> {

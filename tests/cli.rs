@@ -339,6 +339,60 @@ fn dump_dir_holds_numbered_before_and_after_files() {
     );
 }
 
+/// With a strategy, the dumps and printed IR are those of the chosen candidate's passes (the
+/// tuner compiles candidates without them; they used to show only the final lowering): the
+/// last dump is the step compiled, byte for byte.
+#[test]
+fn a_strategy_dumps_and_prints_the_chosen_candidates_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let dumps = dir.path().join("dumps");
+    let step = dir.path().join("step.sir");
+    let args = compile_with(&[
+        "--batch",
+        &fixture("lengths.txt"),
+        "--strategy",
+        "slimpack",
+        "--dump-dir",
+        dumps.to_str().unwrap(),
+        "--print-ir-after",
+        "schedule-pipeline",
+        "-o",
+        step.to_str().unwrap(),
+    ]);
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let output = slimpack(&refs);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(stderr.contains("IR after schedule-pipeline"), "{stderr}");
+    assert!(!stderr.contains("note:"), "{stderr}");
+    let mut names: Vec<String> = std::fs::read_dir(&dumps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names[0], "00-input.sir");
+    assert!(
+        names.iter().any(|n| n.ends_with("-assign-dp.after.sir")),
+        "{names:?}"
+    );
+    assert!(
+        names
+            .iter()
+            .any(|n| n.ends_with("-schedule-pipeline.after.sir")),
+        "{names:?}"
+    );
+    let last = names
+        .iter()
+        .filter(|n| n.ends_with(".after.sir"))
+        .last()
+        .unwrap();
+    assert!(last.ends_with("-lower.after.sir"), "{names:?}");
+    assert_eq!(
+        std::fs::read_to_string(dumps.join(last)).unwrap(),
+        std::fs::read_to_string(&step).unwrap()
+    );
+}
+
 /// `lengths` tokenizes a corpus once into the length file the other commands read; with a
 /// draw flag it prints the samples of that global batch, cut as `compile` cuts them.
 #[test]

@@ -39,6 +39,16 @@ pub struct ManagerOptions {
     pub dump_dir: Option<PathBuf>,
 }
 
+impl ManagerOptions {
+    /// Whether a run prints or dumps the IR (`--print-ir-*`, `--dump-dir`).
+    pub fn shows_ir(&self) -> bool {
+        self.dump_dir.is_some()
+            || self.print.after_all
+            || !self.print.after.is_empty()
+            || !self.print.before.is_empty()
+    }
+}
+
 impl Default for ManagerOptions {
     fn default() -> Self {
         ManagerOptions {

@@ -407,7 +407,16 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 skipped: choice.skipped,
             };
             let mut compiled = choice.compiled;
-            slimpack::compile::lower(&mut compiled, &manager, &mut std::io::stderr())?;
+            if manager.shows_ir() {
+                compiled = slimpack::compile::replay_shown(
+                    compiled,
+                    &batch,
+                    &manager,
+                    &mut std::io::stderr(),
+                )?;
+            } else {
+                slimpack::compile::lower(&mut compiled, &manager, &mut std::io::stderr())?;
+            }
             (compiled, Some(chosen))
         }
         None => {
