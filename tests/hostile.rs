@@ -1182,21 +1182,28 @@ fn counts_beyond_the_bound() {
 }
 
 /// A model with as many layers as a u32 holds: the recomputation search's midpoint overflowed
-/// and it never ended. Now it ends, with the plan that does not fit.
+/// and it never ended; such a model is now refused by its size. The most layers the tiny
+/// model's widths allow end too, with the plan that does not fit.
 #[test]
 fn the_most_layers_a_model_can_name() {
     let dir = tempfile::tempdir().unwrap();
     let lengths = Path::new(env!("CARGO_MANIFEST_DIR")).join(LENGTHS);
-    let config = write(
-        dir.path(),
-        "layers.toml",
-        &format!(
-            "[model]\npreset = \"tiny\"\nlayers = 4294967295\n[cluster]\npreset = \"cpu\"\n\
-             [parallel]\ntp = 1\npp = 1\ndp = 1\n[batch]\nfile = \"{}\"\n",
-            lengths.display()
-        ),
+    let config = |layers: u32| {
+        write(
+            dir.path(),
+            &format!("layers-{layers}.toml"),
+            &format!(
+                "[model]\npreset = \"tiny\"\nlayers = {layers}\n[cluster]\npreset = \"cpu\"\n\
+                 [parallel]\ntp = 1\npp = 1\ndp = 1\n[batch]\nfile = \"{}\"\n",
+                lengths.display()
+            ),
+        )
+    };
+    bad_input(
+        &["compile", "--config", &config(u32::MAX)],
+        &["layers must be at most 65536"],
     );
-    refused(3, &["compile", "--config", &config], &["memory"]);
+    refused(3, &["compile", "--config", &config(32768)], &["memory"]);
 }
 
 /// Standard output on a full device is an error line and exit 2, from every subcommand (the
@@ -1393,4 +1400,219 @@ fn bench_flags_of_the_other_mode() {
         &bench(&["--planning-sizes", "100"]),
         &["--planning-sizes applies to --planning"],
     );
+}
+
+// ---- found by a hostile run of this session ----
+
+/// Model sizes past any real model overflowed the memory model's 64-bit byte counts, and the
+/// simulator stopped on its own invariant (exit 1, "a task frees more bytes than held").
+#[test]
+fn absurd_model_sizes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = |name: &str, model: &str| {
+        let lengths = std::fs::canonicalize(LENGTHS).unwrap();
+        write(
+            dir.path(),
+            name,
+            &format!(
+                "[model]\npreset = \"tiny\"\n{model}\n[cluster]\npreset = \"cpu\"\n\
+                 [parallel]\ntp = 1\npp = 1\ndp = 1\n[batch]\nfile = \"{}\"\n",
+                lengths.display()
+            ),
+        )
+    };
+    let huge = config("huge.toml", "layers = 4294967295\nhidden = 4294967295");
+    bad_input(
+        &["compile", "--config", &huge],
+        &["layers must be at most 65536"],
+    );
+    let wide = config("wide.toml", "layers = 8\nhidden = 1048576\nffn = 4194304");
+    bad_input(
+        &["compile", "--config", &wide],
+        &["must be at most 33554432"],
+    );
+}
+
+/// A rate so slow that step times overflow to infinity made the list scheduler stop on its
+/// own invariant (exit 1); infinite and NaN step times were reported for others.
+#[test]
+fn rates_below_one_per_second_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let lengths = std::fs::canonicalize(LENGTHS).unwrap();
+    let config = write(
+        dir.path(),
+        "slow.toml",
+        &format!(
+            "[model]\npreset = \"llama-7b\"\n[cluster]\npreset = \"h100-sxm\"\n\
+             [cluster.gpu]\npeak_flops = 1e-300\n[parallel]\ntp = 8\npp = 2\ndp = 2\n\
+             [batch]\nfile = \"{}\"\n",
+            lengths.display()
+        ),
+    );
+    bad_input(
+        &["compile", "--config", &config],
+        &["gpu.peak_flops must be a number of at least 1", "1e-300"],
+    );
+}
+
+/// A sample longer than half the 32-bit key range: two of its slices in one pack overflow the
+/// varlen offsets, and the slimpack strategy's own sliced candidates failed its verifier, so
+/// the whole compile failed (exit 2) where no plan fits memory (exit 3).
+#[test]
+fn a_sample_near_the_token_limit_is_planned_without_slices() {
+    let dir = tempfile::tempdir().unwrap();
+    let lengths = write(dir.path(), "big.txt", "4294967295\n");
+    refused(
+        3,
+        &tiny("tp=1,pp=1,dp=1", &["--batch", &lengths]),
+        &["does not fit device memory"],
+    );
+}
+
+/// `opt --no-verify` let a broken step file reach the passes, which stopped on their own
+/// invariants (exit 1); the file is verified whatever the flag.
+#[test]
+fn no_verify_still_verifies_the_file_opt_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let packed = dir.path().join("packed.sir");
+    ok(&tiny(
+        "tp=1,pp=2,dp=4",
+        &[
+            "--batch",
+            LENGTHS,
+            "--passes",
+            "assign-dp,slice{size=1000},pack-fwd,pack-bwd",
+            "--emit",
+            "ir",
+            "-o",
+            packed.to_str().unwrap(),
+        ],
+    ));
+    let text = std::fs::read_to_string(&packed).unwrap();
+    // One slice named twice in the forward packs.
+    let line = text
+        .lines()
+        .find(|l| l.contains(" fwd ") && l.contains(", "))
+        .expect("a forward pack of two slices");
+    let members = &line[line.find('[').unwrap() + 1..line.find(']').unwrap()];
+    let first = members.split(", ").next().unwrap();
+    let broken_line = line.replace(members, &format!("{first}, {first}"));
+    let broken = write(dir.path(), "broken.sir", &text.replace(line, &broken_line));
+    bad_input(
+        &["opt", &broken, "--no-verify", "--passes", "eqsat"],
+        &["verifier"],
+    );
+}
+
+/// Outputs that would overwrite an input or each other, found by name: the lengths file a
+/// config names, a step file `plan --out-dir` would replace or remove, a dump, and
+/// `/dev/stdout` beside the JSON report. Each is refused before any work; the input is intact.
+#[test]
+fn outputs_that_would_overwrite_inputs_by_other_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let lengths = std::fs::read_to_string(LENGTHS).unwrap();
+    let data = write(dir.path(), "data.txt", &lengths);
+    let config = write(
+        dir.path(),
+        "job.toml",
+        "[model]\npreset = \"tiny\"\n[cluster]\npreset = \"cpu\"\n[parallel]\ntp = 1\npp = 2\n\
+         dp = 2\n[batch]\nfile = \"data.txt\"\n",
+    );
+    bad_input(
+        &["compile", "--config", &config, "--emit", "ir", "-o", &data],
+        &["the --config [batch] file"],
+    );
+    bad_input(
+        &["plan", "--config", &config, "--jsonl", &data],
+        &["the --config [batch] file"],
+    );
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let step = write(&out, "step-000002.json", &lengths);
+    let plan = [
+        "plan",
+        "--model",
+        "tiny",
+        "--cluster",
+        "cpu",
+        "--parallel",
+        "tp=1,pp=1,dp=2",
+        "--strategy",
+        "megatron",
+        "--global-batch",
+        "4",
+        "--steps",
+        "1",
+        "--batch",
+        &step,
+        "--out-dir",
+        out.to_str().unwrap(),
+    ];
+    bad_input(&plan, &["--out-dir", "writes files of that name"]);
+    let dumps = dir.path().join("dumps");
+    std::fs::create_dir(&dumps).unwrap();
+    let dumped = dumps.join("00-input.sir");
+    bad_input(
+        &tiny(
+            "tp=1,pp=2,dp=2",
+            &[
+                "--batch",
+                LENGTHS,
+                "--dump-dir",
+                dumps.to_str().unwrap(),
+                "-o",
+                dumped.to_str().unwrap(),
+            ],
+        ),
+        &["--dump-dir", "writes files of that name"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1,pp=2,dp=2",
+            &[
+                "--batch",
+                LENGTHS,
+                "--emit",
+                "ir",
+                "-o",
+                "/dev/stdout",
+                "--report",
+                "json",
+            ],
+        ),
+        &["would both write standard output"],
+    );
+    assert_eq!(std::fs::read_to_string(&data).unwrap(), lengths);
+    assert_eq!(std::fs::read_to_string(&step).unwrap(), lengths);
+}
+
+/// Control characters of a bad value were echoed raw: an escape sequence restyled the
+/// terminal. They are shown escaped.
+#[test]
+fn control_characters_in_a_bad_value_are_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let lengths = write(dir.path(), "ansi.txt", "100\n\u{1b}[31mRED\u{1b}[0m\n");
+    let output = slimpack(&tiny("tp=1,pp=2,dp=2", &["--batch", &lengths]));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+    assert!(stderr.contains("\\u{1b}[31mRED"), "{stderr}");
+}
+
+/// A plan refused for memory (exit 3) wrote its --timeline all the same, over whatever the
+/// file held; it writes nothing now, as it writes no step.
+#[test]
+fn a_refused_plan_writes_no_pictures() {
+    let dir = tempfile::tempdir().unwrap();
+    let lengths = write(dir.path(), "big.txt", "100000000\n");
+    let timeline = write(dir.path(), "keep.svg", "keep");
+    refused(
+        3,
+        &tiny(
+            "tp=1,pp=2,dp=2",
+            &["--batch", &lengths, "--timeline", &timeline],
+        ),
+        &["does not fit device memory"],
+    );
+    assert_eq!(std::fs::read_to_string(&timeline).unwrap(), "keep");
 }

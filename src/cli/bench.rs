@@ -183,14 +183,13 @@ const MEGATRON_PAPER: &str = "megatron-paper";
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     super::output::check_directory("--json", args.json.as_deref())?;
-    let [config, calibration, batch] = super::input::job_inputs(&args.spec, &args.batch);
+    let inputs = super::input::job_inputs(&args.spec, &args.batch);
     super::output::check_distinct(
         &[
-            config,
-            calibration,
-            batch,
-            ("--dataset", args.dataset.as_deref()),
-        ],
+            &inputs.named()[..],
+            &[("--dataset", args.dataset.as_deref())],
+        ]
+        .concat(),
         // The report (a table or JSON) always goes to standard output.
         &[
             ("the report", super::output::stdout_if(true)),

@@ -65,7 +65,8 @@ pub struct PassManagerArgs {
     /// Print each pass's wall time (to stderr).
     #[arg(long)]
     time_passes: bool,
-    /// Do not run the verifier on the input and after each pass.
+    /// Do not run the verifier after each pass (an IR file `opt` reads is verified all the
+    /// same: passes assume a valid step).
     #[arg(long)]
     no_verify: bool,
 }
@@ -182,17 +183,23 @@ impl SimulationArgs {
     }
 
     /// Simulates `ir` and writes the pictures asked for; returns the result and its wall ms.
+    /// Simulates `ir`, timed (milliseconds); the pictures are written by [`Self::write`].
     pub fn simulate(&self, ir: &StepIr) -> anyhow::Result<(SimResult, f64)> {
         let start = std::time::Instant::now();
         let result = sim::simulate(ir, &slimpack::machine::machine_model(&ir.spec))?;
         let ms = start.elapsed().as_secs_f64() * 1e3;
+        Ok((result, ms))
+    }
+
+    /// Writes the trace and timeline asked for.
+    pub fn write(&self, result: &SimResult) -> anyhow::Result<()> {
         if let Some(path) = &self.trace {
-            super::output::write(Some(path), &sim::trace::chrome_trace(&result))?;
+            super::output::write(Some(path), &sim::trace::chrome_trace(result))?;
         }
         if let Some(path) = &self.timeline {
-            super::output::write(Some(path), &sim::svg::timeline(&result))?;
+            super::output::write(Some(path), &sim::svg::timeline(result))?;
         }
-        Ok((result, ms))
+        Ok(())
     }
 }
 
@@ -327,13 +334,20 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         None => super::output::stdout_if(args.emit.is_some()),
         given => given,
     };
+    let inputs = super::input::job_inputs(&args.spec, &args.batch);
     super::output::check_distinct(
-        &super::input::job_inputs(&args.spec, &args.batch),
+        &inputs.named(),
         &[args.report.output(), ("-o", step_out), trace, timeline],
     )?;
     let job = args.spec.job()?;
     let strategy = args.strategy_name()?;
     let manager = args.manager.options()?;
+    super::output::check_generated(
+        "--dump-dir",
+        manager.dump_dir.as_deref(),
+        super::output::is_dump_name,
+        &[&inputs.named()[..], &[("-o", step_out), trace, timeline]].concat(),
+    )?;
     let batch = match args.step {
         None => job.batch(&args.batch)?,
         Some(0) => bail!("--step 0: steps are numbered from 1"),
@@ -458,6 +472,10 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    // A plan refused above writes nothing, pictures included.
+    if let Some((result, _)) = &simulation {
+        args.pictures.write(result)?;
     }
     if let Some(emit) = emit {
         let metrics = simulation.as_ref().map(|(result, _)| &result.metrics);

@@ -39,13 +39,40 @@ pub struct SpecArgs {
     pub calibration: Option<PathBuf>,
 }
 
-/// The files a job's flags read (for [`super::output::check_distinct`]).
-pub fn job_inputs<'a>(spec: &'a SpecArgs, batch: &'a BatchArgs) -> [super::output::Named<'a>; 3] {
-    [
-        ("--config", spec.config.as_deref()),
-        ("--calibration", spec.calibration.as_deref()),
-        ("--batch", batch.batch.as_deref()),
-    ]
+/// The files a job reads, for [`super::output::check_distinct`]: those its flags name
+/// (`--config`, `--calibration`, `--batch`) and the lengths file a config's `[batch]` table
+/// names, where no `--batch` overrides it.
+pub struct JobInputs<'a> {
+    flags: [super::output::Named<'a>; 3],
+    config_batch: Option<PathBuf>,
+}
+
+impl JobInputs<'_> {
+    pub fn named(&self) -> Vec<super::output::Named<'_>> {
+        let mut named = self.flags.to_vec();
+        named.push(("--config [batch]", self.config_batch.as_deref()));
+        named
+    }
+}
+
+pub fn job_inputs<'a>(spec: &'a SpecArgs, batch: &'a BatchArgs) -> JobInputs<'a> {
+    // A config that does not load names no file here; the job's own reading reports why.
+    let config_batch = match (&spec.config, &batch.batch) {
+        (Some(config), None) => ConfigFile::load(config).ok().and_then(|loaded| {
+            let file = loaded.batch?.get("file")?.as_str()?.to_string();
+            let dir = config.parent().unwrap_or(Path::new(""));
+            Some(dir.join(file))
+        }),
+        _ => None,
+    };
+    JobInputs {
+        flags: [
+            ("--config", spec.config.as_deref()),
+            ("--calibration", spec.calibration.as_deref()),
+            ("--batch", batch.batch.as_deref()),
+        ],
+        config_batch,
+    }
 }
 
 /// Where the global batch comes from.

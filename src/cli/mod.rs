@@ -148,8 +148,17 @@ fn one_line(error: &anyhow::Error) -> String {
         }
         line.push_str(&text);
     }
-    line.replace('\n', " ")
-        .split(' ')
+    // A value from the user's files is shown, but not its control characters: an escape
+    // sequence would restyle the terminal, a NUL or a carriage return hide the text.
+    let line: String = line
+        .chars()
+        .map(|c| match c {
+            '\n' | '\t' => " ".to_string(),
+            c if c.is_control() => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect();
+    line.split(' ')
         .map(|word| match word.chars().count() > MAX_WORD_CHARS {
             true => slimpack_ir::clip(word),
             false => std::borrow::Cow::Borrowed(word),

@@ -5,7 +5,7 @@ use clap::Args;
 use std::path::PathBuf;
 
 use slimpack_ir::text;
-use slimpack_passes::{parse_pipeline, run_pipeline};
+use slimpack_passes::{parse_pipeline, run_pipeline, PassError};
 
 use super::compile::PassManagerArgs;
 
@@ -25,7 +25,7 @@ pub struct OptArgs {
 
 pub fn run(args: OptArgs) -> anyhow::Result<()> {
     super::output::check_distinct(
-        &[("the input", Some(&args.input))],
+        &[("input", Some(&args.input))],
         &[("-o", args.output.as_deref())],
     )?;
     let (source, name) = if args.input.as_os_str() == "-" {
@@ -39,12 +39,23 @@ pub fn run(args: OptArgs) -> anyhow::Result<()> {
     };
     let pipeline = parse_pipeline(&args.passes)?;
     let mut ir = text::parse(&source, &name)?;
-    let records = run_pipeline(
-        &mut ir,
-        &pipeline,
-        &args.manager.options()?,
-        &mut std::io::stderr(),
+    let options = args.manager.options()?;
+    super::output::check_generated(
+        "--dump-dir",
+        options.dump_dir.as_deref(),
+        super::output::is_dump_name,
+        &[("input", Some(&args.input)), ("-o", args.output.as_deref())],
     )?;
+    // The file is untrusted and the passes assume a valid step (a broken one can make them
+    // fail on an internal invariant): it is verified even with --no-verify, which skips the
+    // checks after each pass.
+    if !options.verify {
+        slimpack_ir::verify::verify(&ir).map_err(|source| PassError::Invalid {
+            after: None,
+            source,
+        })?;
+    }
+    let records = run_pipeline(&mut ir, &pipeline, &options, &mut std::io::stderr())?;
     args.manager.report_times(&records);
     let printed = text::print(&ir);
     super::output::write(args.output.as_deref(), &printed)?;

@@ -7,9 +7,13 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The file `path` names, or `None` for standard output (absent, or `-`).
+/// Names of standard output: `-`, and the device files that open descriptor 1 again (writing
+/// through one of those beside a second output on standard output would interleave the two).
+const STDOUT_NAMES: [&str; 4] = ["-", "/dev/stdout", "/dev/fd/1", "/proc/self/fd/1"];
+
+/// The file `path` names, or `None` for standard output (absent, `-` or `/dev/stdout`).
 pub fn file(path: Option<&Path>) -> Option<&Path> {
-    path.filter(|path| path.as_os_str() != "-")
+    path.filter(|path| !STDOUT_NAMES.iter().any(|name| path.as_os_str() == *name))
 }
 
 /// Whether `path` means standard output (see [`file`]).
@@ -154,6 +158,51 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()>
         }
     }
     Ok(())
+}
+
+/// Refuses, before any work, a file the command reads or writes that it would overwrite or
+/// remove by writing `dir` (given with `flag`), where it owns the files whose names
+/// `generated` accepts: `--dump-dir`'s dumps, `plan --out-dir`'s step files.
+pub fn check_generated(
+    flag: &str,
+    dir: Option<&Path>,
+    generated: impl Fn(&str) -> bool,
+    files: &[Named],
+) -> anyhow::Result<()> {
+    let Some(dir) = dir else {
+        return Ok(());
+    };
+    let place = |dir: &Path| dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    for &(file_flag, path) in files {
+        let Some(path) = file(path) else {
+            continue;
+        };
+        let name = path
+            .file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or("");
+        let parent = match path.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        if generated(name) && place(parent) == place(dir) {
+            bail!(
+                "{file_flag} {}: {flag} {} writes files of that name there; give it a \
+                 directory of its own",
+                path.display(),
+                dir.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The names of the pass manager's dumps (`00-input.sir`, `NN-<pass>.before.sir`, ...).
+pub fn is_dump_name(name: &str) -> bool {
+    name.len() > 3
+        && name.as_bytes()[..2].iter().all(u8::is_ascii_digit)
+        && name.as_bytes()[2] == b'-'
+        && name.ends_with(".sir")
 }
 
 /// Whether two paths name one regular file: the same inode where both exist (links, `./x` and

@@ -202,9 +202,17 @@ fn step_file(name: &str) -> Option<(usize, &str)> {
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
+    let inputs = super::input::job_inputs(&args.spec, &args.batch);
     super::output::check_distinct(
-        &super::input::job_inputs(&args.spec, &args.batch),
+        &inputs.named(),
         &[args.report.output(), ("--jsonl", args.jsonl.as_deref())],
+    )?;
+    // Writing the steps replaces, and removes past the last step, files named as steps.
+    super::output::check_generated(
+        "--out-dir",
+        args.out_dir.as_deref(),
+        |name| step_file(name).is_some(),
+        &inputs.named(),
     )?;
     let job = args.spec.job()?;
     let name = args.strategy.as_deref().unwrap_or("slimpack");
@@ -281,6 +289,11 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             );
             if stale > 0 {
                 eprintln!("  removed {stale} step files of an earlier, longer plan from --out-dir");
+            }
+            if args.out_dir.is_none() && args.jsonl.is_none() {
+                eprintln!(
+                    "  the steps were not written (--out-dir DIR or --jsonl FILE keeps them)"
+                );
             }
         }
     }

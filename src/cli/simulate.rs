@@ -42,7 +42,7 @@ fn read_step(source: &str, name: &str) -> anyhow::Result<StepIr> {
 pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
     super::output::check_distinct(
         &[
-            ("the input", Some(&args.input)),
+            ("input", Some(&args.input)),
             ("--calibration", args.calibration.as_deref()),
         ],
         &[&[args.report.output()][..], &args.pictures.outputs()].concat(),
@@ -61,6 +61,7 @@ pub fn run(args: SimulateArgs) -> anyhow::Result<()> {
         super::input::use_calibration_file(path, &ir.spec)?;
     }
     let (result, ms) = args.pictures.simulate(&ir)?;
+    args.pictures.write(&result)?;
     match args.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&result.metrics)?),
         ReportFormat::Text => {

@@ -163,10 +163,15 @@ pub fn candidates_with(
         }
     }
     let context = capacity(batch);
+    // A pack attends to the sum of its slices' keys (each slice's prefix and itself), held in
+    // the 32-bit offsets of a varlen layout: two slices of a sample longer than half that
+    // range in one pack would overflow them, so such a batch is not sliced.
+    let longest = batch.samples.iter().map(|s| s.len).max().unwrap_or(0);
+    let slicing = ideas.slicing && longest <= u32::MAX / 2;
     let mut candidates = Vec::new();
     for grouping in groupings {
         let sizes = match grouping {
-            _ if !ideas.slicing => vec![(context, context)],
+            _ if !slicing => vec![(context, context)],
             Grouping::Merge { .. } => merge_slice_sizes(context),
             Grouping::Static(_) => slice_sizes(context),
         };
@@ -177,7 +182,7 @@ pub fn candidates_with(
         // S7); packs of the whole context hold a long sample's slices by themselves.
         let cuts = |cap: u32| -> &[bool] {
             match grouping {
-                Grouping::Static(_) if ideas.slicing && cap < context => &[false, true],
+                Grouping::Static(_) if slicing && cap < context => &[false, true],
                 _ => &[false],
             }
         };
@@ -196,7 +201,7 @@ pub fn candidates_with(
                     format!("dp-merge={memory}"),
                 ),
             };
-            if ideas.slicing {
+            if slicing {
                 passes.push(match by_cost {
                     true => format!("slice{{size={size},by=cost}}"),
                     false => format!("slice{{size={size}}}"),

@@ -156,10 +156,11 @@ impl ClusterSpec {
             ("intra_node.bandwidth", self.intra_node.bandwidth),
             ("inter_node.bandwidth", self.inter_node.bandwidth),
         ] {
-            if !(value.is_finite() && value > 0.0) {
+            // At least one (FLOP or byte) per second: slower rates make step times overflow.
+            if !(value.is_finite() && value >= 1.0) {
                 return Err(IrError::spec(
                     &what,
-                    format!("{field} must be a positive number, got {value}"),
+                    format!("{field} must be a number of at least 1 (per second), got {value:?}"),
                 ));
             }
         }

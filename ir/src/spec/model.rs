@@ -226,17 +226,17 @@ impl ModelSpec {
         })
     }
 
-    /// Checks the shape on its own (positive sizes, heads divisible by K/V heads).
+    /// Checks the shape on its own (positive sizes within bounds, heads divisible by K/V heads).
     pub fn validate(&self) -> Result<()> {
         let what = format!("model '{}'", self.name);
-        for (field, value) in [
-            ("layers", self.layers),
-            ("hidden", self.hidden),
-            ("heads", self.heads),
-            ("kv_heads", self.kv_heads),
-            ("head_dim", self.head_dim),
-            ("ffn", self.ffn),
-            ("vocab", self.vocab),
+        for (field, value, most) in [
+            ("layers", self.layers, 1 << 16),
+            ("hidden", self.hidden, 1 << 20),
+            ("heads", self.heads, 1 << 16),
+            ("kv_heads", self.kv_heads, 1 << 16),
+            ("head_dim", self.head_dim, 1 << 16),
+            ("ffn", self.ffn, 1 << 22),
+            ("vocab", self.vocab, 1 << 26),
         ] {
             if value == 0 {
                 return Err(IrError::spec(
@@ -244,6 +244,28 @@ impl ModelSpec {
                     format!("{field} must be positive, got 0"),
                 ));
             }
+            if value > most {
+                return Err(IrError::spec(
+                    &what,
+                    format!("{field} must be at most {most}, got {value}"),
+                ));
+            }
+        }
+        // What a token keeps on a device grows with the layers' widths (tens of bytes per
+        // element); bounded so that a batch's bytes (up to 2^32 tokens) fit the memory
+        // model's 64-bit counters. A trillion-parameter model needs about a quarter of it.
+        let widths =
+            u64::from(self.hidden) + u64::from(self.ffn) + self.q_width() + 2 * self.kv_width();
+        let most = 1u64 << 25;
+        if widths * u64::from(self.layers) > most {
+            return Err(IrError::spec(
+                &what,
+                format!(
+                    "layers x (hidden + ffn + heads x head_dim + 2 x kv_heads x head_dim) must \
+                     be at most {most}, got {} x {widths}",
+                    self.layers
+                ),
+            ));
         }
         if self.heads % self.kv_heads != 0 {
             return Err(IrError::spec(
