@@ -1616,3 +1616,28 @@ fn a_refused_plan_writes_no_pictures() {
     );
     assert_eq!(std::fs::read_to_string(&timeline).unwrap(), "keep");
 }
+
+/// `--synthetic` without a parameter its distribution needs was reported in the config
+/// table's terms (`[batch] synthetic: dist = "lognormal" needs median`), or as "count must
+/// be at least 1, got 0" for a count never given.
+#[test]
+fn synthetic_flag_errors_speak_of_the_flag() {
+    bad_input(
+        &tiny("tp=1,pp=1,dp=1", &["--synthetic", "lognormal:count=5"]),
+        &["--synthetic 'lognormal:count=5': lognormal needs median, sigma"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1,pp=1,dp=1",
+            &["--synthetic", "lognormal:median=10,sigma=1"],
+        ),
+        &["lognormal needs count"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1,pp=1,dp=1",
+            &["--synthetic", "lognormal:median=10,sigma=1,shape=2,count=3"],
+        ),
+        &["--synthetic: lognormal takes median and sigma, not shape"],
+    );
+}

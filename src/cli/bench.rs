@@ -263,6 +263,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if sizes.contains(&0) {
             bail!("--planning-sizes: give positive sample counts, got 0");
         }
+        let most = slimpack_ir::batch::MAX_SAMPLES;
+        if let Some(size) = sizes.iter().find(|&&size| size > most) {
+            bail!("--planning-sizes: {size} samples is more than a batch holds ({most})");
+        }
         let strategies = select(Some(
             args.strategies.as_deref().unwrap_or("megatron,slimpack"),
         ))?;

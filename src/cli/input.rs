@@ -365,6 +365,28 @@ fn parse_synthetic(text: &str) -> anyhow::Result<SyntheticConfig> {
             other => bail!("--synthetic: unknown parameter '{other}' (valid: median, sigma, scale, shape, count, max, seed)"),
         }
     }
+    // Said in the flag's terms here (the config table's checks name `[batch]` keys).
+    let (name, own, others) = match dist {
+        DistributionKind::Lognormal => ("lognormal", ["median", "sigma"], ["scale", "shape"]),
+        DistributionKind::Pareto => ("pareto", ["scale", "shape"], ["median", "sigma"]),
+    };
+    if let Some(other) = others.iter().find(|key| seen.contains(key)) {
+        bail!(
+            "--synthetic: {name} takes {} and {}, not {other}",
+            own[0],
+            own[1]
+        );
+    }
+    let missing: Vec<&str> = [own[0], own[1], "count"]
+        .into_iter()
+        .filter(|key| !seen.contains(key))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "--synthetic '{text}': {name} needs {}; {usage}",
+            missing.join(", ")
+        );
+    }
     Ok(config)
 }
 
