@@ -57,8 +57,10 @@ impl JobInputs<'_> {
 
 pub fn job_inputs<'a>(spec: &'a SpecArgs, batch: &'a BatchArgs) -> JobInputs<'a> {
     // A config that does not load names no file here; the job's own reading reports why.
-    let config_batch = match (&spec.config, &batch.batch) {
-        (Some(config), None) => ConfigFile::load(config).ok().and_then(|loaded| {
+    // `--batch` and `--synthetic` replace the config's dataset.
+    let replaced = batch.batch.is_some() || batch.synthetic.is_some();
+    let config_batch = match (&spec.config, replaced) {
+        (Some(config), false) => ConfigFile::load(config).ok().and_then(|loaded| {
             let file = loaded.batch?.get("file")?.as_str()?.to_string();
             let dir = config.parent().unwrap_or(Path::new(""));
             Some(dir.join(file))

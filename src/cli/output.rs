@@ -53,8 +53,18 @@ pub fn guard_closed_stdout() {
     // SAFETY: `open` and `dup2` make descriptors the process owns, at startup, before any
     // other code uses descriptor 1.
     unsafe {
-        let full = libc::open(c"/dev/full".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-        if full != -1 && full != 1 {
+        let mut full = libc::open(c"/dev/full".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if full == -1 {
+            // Without /dev/full: a pipe nobody reads, whose first write ends the process by
+            // SIGPIPE (status 141, as a closed pipe does), which loses no output unsaid.
+            let mut ends = [0; 2];
+            if libc::pipe(ends.as_mut_ptr()) != 0 {
+                return;
+            }
+            libc::close(ends[0]);
+            full = ends[1];
+        }
+        if full != 1 {
             libc::dup2(full, 1);
             libc::close(full);
         }
@@ -172,7 +182,12 @@ pub fn check_generated(
     let Some(dir) = dir else {
         return Ok(());
     };
-    let place = |dir: &Path| dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    // A directory not made yet (the manager makes --dump-dir) is compared as an absolute path.
+    let place = |dir: &Path| {
+        dir.canonicalize()
+            .or_else(|_| std::path::absolute(dir))
+            .unwrap_or_else(|_| dir.to_path_buf())
+    };
     for &(file_flag, path) in files {
         let Some(path) = file(path) else {
             continue;
@@ -199,9 +214,8 @@ pub fn check_generated(
 
 /// The names of the pass manager's dumps (`00-input.sir`, `NN-<pass>.before.sir`, ...).
 pub fn is_dump_name(name: &str) -> bool {
-    name.len() > 3
-        && name.as_bytes()[..2].iter().all(u8::is_ascii_digit)
-        && name.as_bytes()[2] == b'-'
+    name.split_once('-')
+        .is_some_and(|(number, _)| number.len() >= 2 && number.bytes().all(|b| b.is_ascii_digit()))
         && name.ends_with(".sir")
 }
 

@@ -107,9 +107,6 @@ impl Output {
                     bail!("--jsonl holds schedule JSON; --emit ir needs --out-dir");
                 }
                 if super::output::is_stdout(Some(file)) {
-                    if super::output::stdout_closed() {
-                        bail!("--jsonl -: standard output is closed");
-                    }
                     let stdout: Box<dyn Write> = Box::new(std::io::stdout());
                     return Ok(Output::Lines(
                         "standard output".into(),

@@ -164,10 +164,13 @@ pub fn candidates_with(
     }
     let context = capacity(batch);
     // A pack attends to the sum of its slices' keys (each slice's prefix and itself), held in
-    // the 32-bit offsets of a varlen layout: two slices of a sample longer than half that
-    // range in one pack would overflow them, so such a batch is not sliced.
+    // the 32-bit offsets of a varlen layout. Whole samples sum to at most the batch's tokens;
+    // a pack holding k slices of one sample of L tokens attends to up to k·L keys, and packs
+    // of the context hold eight slices of an eighth (more where slices are cut by cost). So a
+    // batch with a sample past 2^26 tokens (64 times that, far beyond any context trained on)
+    // is not sliced.
     let longest = batch.samples.iter().map(|s| s.len).max().unwrap_or(0);
-    let slicing = ideas.slicing && longest <= u32::MAX / 2;
+    let slicing = ideas.slicing && longest <= u32::MAX / 64;
     let mut candidates = Vec::new();
     for grouping in groupings {
         let sizes = match grouping {

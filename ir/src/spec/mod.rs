@@ -74,6 +74,24 @@ impl Spec {
                 ),
             ));
         }
+        // What a token keeps on a device grows with its layers' widths (tens of bytes per
+        // element); bounded so that a batch's bytes (up to 2^32 tokens) fit the memory
+        // model's 64-bit counters. The Megatron 1T GPT (128 layers of hidden 25,600) needs 0.8
+        // of it on one device, an eighth with pp=8.
+        let most = 1u64 << 25;
+        let device_layers = u64::from(model.layers / parallel.pp);
+        if model.token_widths() * device_layers > most {
+            return Err(IrError::spec(
+                layout,
+                format!(
+                    "the layers one device holds x (hidden + ffn + heads x head_dim + 2 x \
+                     kv_heads x head_dim) must be at most {most}, got {device_layers} x {} for \
+                     model '{}' (more pipeline stages hold fewer layers each)",
+                    model.token_widths(),
+                    model.name
+                ),
+            ));
+        }
         if parallel.tp > self.cluster.gpus_per_node {
             return Err(IrError::spec(
                 layout,

@@ -226,7 +226,8 @@ impl ModelSpec {
         })
     }
 
-    /// Checks the shape on its own (positive sizes within bounds, heads divisible by K/V heads).
+    /// Checks the shape on its own (positive sizes within bounds, heads divisible by K/V heads;
+    /// [`crate::Spec::validate`] bounds what one device holds).
     pub fn validate(&self) -> Result<()> {
         let what = format!("model '{}'", self.name);
         for (field, value, most) in [
@@ -251,22 +252,6 @@ impl ModelSpec {
                 ));
             }
         }
-        // What a token keeps on a device grows with the layers' widths (tens of bytes per
-        // element); bounded so that a batch's bytes (up to 2^32 tokens) fit the memory
-        // model's 64-bit counters. A trillion-parameter model needs about a quarter of it.
-        let widths =
-            u64::from(self.hidden) + u64::from(self.ffn) + self.q_width() + 2 * self.kv_width();
-        let most = 1u64 << 25;
-        if widths * u64::from(self.layers) > most {
-            return Err(IrError::spec(
-                &what,
-                format!(
-                    "layers x (hidden + ffn + heads x head_dim + 2 x kv_heads x head_dim) must \
-                     be at most {most}, got {} x {widths}",
-                    self.layers
-                ),
-            ));
-        }
         if self.heads % self.kv_heads != 0 {
             return Err(IrError::spec(
                 &what,
@@ -287,6 +272,12 @@ impl ModelSpec {
     /// Width of each of the K and V projection outputs (`kv_heads * head_dim`).
     pub fn kv_width(&self) -> u64 {
         u64::from(self.kv_heads) * u64::from(self.head_dim)
+    }
+
+    /// The widths a token's saved bytes per layer grow with: hidden, ffn, the query and the
+    /// key and value projections.
+    pub fn token_widths(&self) -> u64 {
+        u64::from(self.hidden) + u64::from(self.ffn) + self.q_width() + 2 * self.kv_width()
     }
 
     /// Parameters of one transformer layer: Q, K, V, O projections, the three SwiGLU matrices,
