@@ -435,3 +435,41 @@ fn a_shorter_plan_leaves_no_stale_steps_behind() {
     ];
     assert_eq!(names, expected);
 }
+
+/// A step file that is a link to another file (an input, say) is replaced by the new step, not
+/// written through: the batch file a hard link in the directory pointed at was overwritten
+/// with schedule JSON.
+#[test]
+fn a_step_file_that_links_elsewhere_is_replaced_not_written_through() {
+    let scratch = scratch();
+    let dir = scratch.path();
+    let lengths = std::fs::read_to_string("tests/fixtures/lengths.txt").unwrap();
+    let batch = dir.join("batch.txt");
+    std::fs::write(&batch, &lengths).unwrap();
+    let out = dir.join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::hard_link(&batch, out.join("step-000001.json")).unwrap();
+    let output = slimpack(&[
+        "plan",
+        "--model",
+        "tiny",
+        "--cluster",
+        "cpu",
+        "--parallel",
+        "tp=1,pp=1,dp=1",
+        "--strategy",
+        "megatron",
+        "--batch",
+        batch.to_str().unwrap(),
+        "--out-dir",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&batch).unwrap(), lengths);
+    let step = std::fs::read_to_string(out.join("step-000001.json")).unwrap();
+    assert!(step.contains("slimpack.schedule"), "{step}");
+}

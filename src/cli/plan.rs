@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use slimpack::plan::{plan_epoch, PlanOptions, PlannedStep};
 use slimpack::tune::autotune::{TuneOptions, Verify};
@@ -38,9 +38,10 @@ pub struct PlanArgs {
     /// Strategy (default: slimpack), tuned on the first step and kept for the epoch.
     #[arg(long, value_name = "NAME")]
     strategy: Option<String>,
-    /// Write one file per step into DIR (`step-000001.json`, ...); the step files of an
-    /// earlier, longer plan of the same form (json or ir) are removed, so that they cannot be
-    /// taken for this plan's (the summary says how many).
+    /// Write one file per step into DIR (`step-000001.json`, ...); an earlier plan's step
+    /// files of the same form (json or ir) are removed when the first step is written, so that
+    /// none can be taken for this plan's, even if it is interrupted (the summary says how many
+    /// were past its last step).
     #[arg(long, value_name = "DIR")]
     out_dir: Option<PathBuf>,
     /// Write one schedule JSON document per line into FILE (`-`: standard output).
@@ -83,7 +84,12 @@ pub struct PlanArgs {
 
 /// Where the steps go.
 enum Output {
-    Directory(PathBuf),
+    /// Step files in a directory; `removed`: the step numbers of an earlier plan's files the
+    /// first write removed (`None` before it).
+    Directory {
+        dir: PathBuf,
+        removed: Option<Vec<usize>>,
+    },
     /// JSON lines, to a file or standard output (named for errors).
     Lines(String, std::io::BufWriter<Box<dyn Write>>),
     Nowhere,
@@ -100,7 +106,10 @@ impl Output {
             (Some(dir), None) => {
                 std::fs::create_dir_all(dir)
                     .with_context(|| format!("--out-dir: cannot create {}", dir.display()))?;
-                Ok(Output::Directory(dir.clone()))
+                Ok(Output::Directory {
+                    dir: dir.clone(),
+                    removed: None,
+                })
             }
             (None, Some(file)) => {
                 if args.emit == PlanEmit::Ir {
@@ -128,7 +137,7 @@ impl Output {
     fn write(&mut self, emit: PlanEmit, planned: &PlannedStep) -> Result<(), String> {
         let predicted = || serde_json::to_value(&planned.metrics).ok();
         match self {
-            Output::Directory(dir) => {
+            Output::Directory { dir, removed } => {
                 let (text, extension) = match emit {
                     PlanEmit::Json => {
                         let document = schedule_json::document(&planned.compiled.ir, predicted())
@@ -140,8 +149,17 @@ impl Output {
                     }
                     PlanEmit::Ir => (text::print(&planned.compiled.ir), "sir"),
                 };
+                if removed.is_none() {
+                    // The first step clears the directory of an earlier plan's step files of
+                    // this form, so that an interrupted run leaves no mix of two plans.
+                    *removed = Some(clear_steps(dir, extension).map_err(|e| format!("{e:#}"))?);
+                }
+                // Written aside and renamed into place: a step file that is a link (to an
+                // input, say) is replaced, not written through.
                 let path = dir.join(format!("step-{:06}.{extension}", planned.step));
-                std::fs::write(&path, text)
+                let partial = dir.join(format!(".step-{:06}.{extension}.partial", planned.step));
+                std::fs::write(&partial, text)
+                    .and_then(|()| std::fs::rename(&partial, &path))
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))
             }
             Output::Lines(path, writer) => {
@@ -155,39 +173,46 @@ impl Output {
         }
     }
 
-    /// Flushes; in a directory, removes the step files of `emit`'s form past `steps` (an
-    /// earlier, longer plan's, which a reader would take for this one's) and returns how many.
-    fn finish(&mut self, steps: usize, emit: PlanEmit) -> anyhow::Result<usize> {
-        let mut removed = 0;
+    /// Flushes; in a directory, returns how many step files of an earlier, longer plan (past
+    /// `steps`) the first write removed.
+    fn finish(&mut self, steps: usize) -> anyhow::Result<usize> {
         match self {
-            Output::Lines(path, writer) => writer
-                .flush()
-                .with_context(|| format!("cannot write {path}"))?,
-            Output::Directory(dir) => {
-                let extension = match emit {
-                    PlanEmit::Json => "json",
-                    PlanEmit::Ir => "sir",
-                };
-                let entries = std::fs::read_dir(&*dir)
-                    .with_context(|| format!("--out-dir: cannot read {}", dir.display()))?;
-                for entry in entries.flatten() {
-                    let name = entry.file_name();
-                    let Some((step, ext)) = name.to_str().and_then(step_file) else {
-                        continue;
-                    };
-                    let is_file = entry.file_type().is_ok_and(|t| t.is_file());
-                    if is_file && ext == extension && step > steps {
-                        std::fs::remove_file(entry.path()).with_context(|| {
-                            format!("--out-dir: cannot remove {}", entry.path().display())
-                        })?;
-                        removed += 1;
-                    }
-                }
+            Output::Lines(path, writer) => {
+                writer
+                    .flush()
+                    .with_context(|| format!("cannot write {path}"))?;
+                Ok(0)
             }
-            Output::Nowhere => {}
+            Output::Directory { removed, .. } => Ok(removed
+                .iter()
+                .flatten()
+                .filter(|&&step| step > steps)
+                .count()),
+            Output::Nowhere => Ok(0),
         }
-        Ok(removed)
     }
+}
+
+/// Removes the step files of form `extension` from `dir`; returns their step numbers.
+fn clear_steps(dir: &Path, extension: &str) -> anyhow::Result<Vec<usize>> {
+    let mut removed = Vec::new();
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("--out-dir: cannot read {}", dir.display()))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some((step, ext)) = name.to_str().and_then(step_file) else {
+            continue;
+        };
+        let is_file = entry
+            .file_type()
+            .is_ok_and(|t| t.is_file() || t.is_symlink());
+        if is_file && ext == extension {
+            std::fs::remove_file(entry.path())
+                .with_context(|| format!("--out-dir: cannot remove {}", entry.path().display()))?;
+            removed.push(step);
+        }
+    }
+    Ok(removed)
 }
 
 /// The step number and extension of a file named as plan names them (`step-000012.json`).
@@ -248,7 +273,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         },
     )?;
     bar.finish_and_clear();
-    let stale = output.finish(summary.steps, args.emit)?;
+    let stale = output.finish(summary.steps)?;
     match args.report {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&summary)?),
         ReportFormat::Text => {

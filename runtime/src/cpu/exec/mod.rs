@@ -115,6 +115,9 @@ pub fn execute_program(
     let collectives = Collectives::new(plan.dp, plan.pp(), &abort);
     let mut exchanges = merged_group_exchanges(plan, &abort);
     let epoch = Instant::now();
+    // A worker the OS cannot start (a thread or memory limit): the ones started are aborted
+    // (they wait with timeouts and watch `abort`) and joined, and the step fails with why.
+    let mut not_started: Option<(String, std::io::Error)> = None;
     let outcomes: Vec<std::thread::Result<Result<Outcome>>> = std::thread::scope(|scope| {
         let mut handles = Vec::with_capacity(devices.len());
         for (inbox, &device) in inboxes.into_iter().zip(&devices) {
@@ -136,14 +139,30 @@ pub fn execute_program(
                 epoch,
                 abort: Arc::clone(&abort),
             };
-            let thread = std::thread::Builder::new()
-                .name(format!("rank{}-stage{}", device.rank, device.stage))
+            let name = format!("rank{}-stage{}", device.rank, device.stage);
+            match std::thread::Builder::new()
+                .name(name.clone())
                 .spawn_scoped(scope, move || worker.run())
-                .expect("the OS can start a worker thread");
-            handles.push(thread);
+            {
+                Ok(thread) => handles.push(thread),
+                Err(error) => {
+                    abort.store(true, std::sync::atomic::Ordering::Relaxed);
+                    not_started = Some((name, error));
+                    break;
+                }
+            }
         }
         handles.into_iter().map(|h| h.join()).collect()
     });
+    if let Some((worker, error)) = not_started {
+        return Err(CpuError::WorkerFailed {
+            worker,
+            message: format!(
+                "the OS could not start its thread ({error}); {} workers were asked for",
+                devices.len()
+            ),
+        });
+    }
     let outcomes = collect_outcomes(&devices, outcomes, is_abort, |worker, message| {
         CpuError::WorkerFailed { worker, message }
     })?;
