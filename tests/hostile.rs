@@ -1646,3 +1646,50 @@ fn synthetic_flag_errors_speak_of_the_flag() {
         &["--synthetic: lognormal takes median and sigma, not shape"],
     );
 }
+
+/// A step file given with the other format's flag was reported as the other parser's
+/// syntax error; unsorted `--planning-sizes` printed growth against the wrong row; `schema -o`
+/// into a missing directory did not name the flag.
+#[test]
+fn misdirected_files_and_sizes_are_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let ir = dir.path().join("step.sir");
+    let json = dir.path().join("step.json");
+    for (emit, path) in [("ir", &ir), ("json", &json)] {
+        ok(&tiny(
+            "tp=1,pp=1,dp=1",
+            &[
+                "--batch",
+                LENGTHS,
+                "--strategy",
+                "megatron",
+                "--emit",
+                emit,
+                "-o",
+                path.to_str().unwrap(),
+            ],
+        ));
+    }
+    bad_input(
+        &[
+            "run",
+            "--backend",
+            "cpu",
+            "--schedule",
+            ir.to_str().unwrap(),
+        ],
+        &["this is step IR (text); give it with --ir"],
+    );
+    bad_input(
+        &["run", "--backend", "cpu", "--ir", json.to_str().unwrap()],
+        &["this is schedule JSON; give it with --schedule"],
+    );
+    let mut sizes = tiny("tp=1,pp=1,dp=1", &["--batch", LENGTHS]);
+    sizes[0] = "bench";
+    sizes.extend(["--planning", "--planning-sizes", "100,10"]);
+    bad_input(&sizes, &["give increasing sample counts", "100 then 10"]);
+    bad_input(
+        &["schema", "-o", "/nonexistent/schema.json"],
+        &["-o /nonexistent/schema.json", "does not exist"],
+    );
+}

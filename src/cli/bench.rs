@@ -263,6 +263,14 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         if sizes.contains(&0) {
             bail!("--planning-sizes: give positive sample counts, got 0");
         }
+        if let Some(pair) = sizes.windows(2).find(|pair| pair[0] >= pair[1]) {
+            bail!(
+                "--planning-sizes: give increasing sample counts (each row's growth is over the \
+                 one before), got {} then {}",
+                pair[0],
+                pair[1]
+            );
+        }
         let most = slimpack_ir::batch::MAX_SAMPLES;
         if let Some(size) = sizes.iter().find(|&&size| size > most) {
             bail!("--planning-sizes: {size} samples is more than a batch holds ({most})");

@@ -49,8 +49,8 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     super::output::check_directory("-o", args.output.as_deref())?;
     let gpu = match args.backend {
         Backend::Cpu => {
-            if args.cluster.is_some() {
-                bail!("--cluster: the cpu backend calibrates the cpu preset (give --backend cuda for a GPU's)");
+            if let Some(cluster) = args.cluster.as_deref().filter(|&name| name != "cpu") {
+                bail!("--cluster {cluster}: the cpu backend calibrates the cpu preset (give --backend cuda for a GPU's)");
             }
             None
         }

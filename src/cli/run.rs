@@ -211,9 +211,17 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
             "{flag} cannot be combined with {file}: the step file carries its own spec and batch"
         );
     }
+    // A schedule JSON document starts with `{`; the text IR never does.
+    let is_json = |source: &str| source.trim_start().starts_with('{');
     if let Some(path) = &args.ir {
         let source = slimpack_ir::file::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
+        if is_json(&source) {
+            bail!(
+                "--ir {}: this is schedule JSON; give it with --schedule",
+                path.display()
+            );
+        }
         let ir = text::parse(&source, &path.display().to_string())?;
         slimpack_ir::verify::verify(&ir)?;
         return Ok((ir, format!("ir {}", path.display())));
@@ -221,6 +229,12 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
     if let Some(path) = &args.schedule {
         let source = slimpack_ir::file::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
+        if !is_json(&source) && source.trim_start().starts_with("step") {
+            bail!(
+                "--schedule {}: this is step IR (text); give it with --ir",
+                path.display()
+            );
+        }
         let document = slimpack_codegen::schedule_json::parse(&source)
             .with_context(|| format!("{}", path.display()))?;
         let ir = slimpack_codegen::schedule_json::to_ir(&document)

@@ -14,6 +14,7 @@ pub struct SchemaArgs {
 }
 
 pub fn run(args: SchemaArgs) -> anyhow::Result<()> {
+    super::output::check_directory("-o", args.output.as_deref())?;
     let schema = schedule_json::schema();
     super::output::write(args.output.as_deref(), &schema)?;
     Ok(())
