@@ -65,6 +65,12 @@ pub struct PlanSummary {
     /// strategy had delayed (wlb's outlier queues), until nothing waited: every document of
     /// the epoch is planned.
     pub drain_steps: usize,
+    /// Samples and tokens a strategy still held back when the plan ended (`--steps` cut it
+    /// before the drain): they are in none of its steps. Absent for strategies that delay none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delayed_samples: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delayed_tokens: Option<u64>,
     /// Steps whose plan does not fit device memory.
     pub oom_steps: usize,
     /// Steps whose plan peaks above the memory limit (`memory_limit_bytes`): no kept or
@@ -209,6 +215,11 @@ pub fn plan_epoch(
                 replanned,
             )?;
         }
+    }
+    if let Some(wlb) = &state.wlb {
+        let (samples, tokens) = wlb.delay.backlog();
+        summary.delayed_samples = Some(samples as u64);
+        summary.delayed_tokens = Some(tokens);
     }
     summary.step_time_mean_s = summary.epoch_time_s / summary.steps as f64;
     summary.plan_ms = start.elapsed().as_secs_f64() * 1e3;

@@ -473,3 +473,39 @@ fn a_step_file_that_links_elsewhere_is_replaced_not_written_through() {
     let step = std::fs::read_to_string(out.join("step-000001.json")).unwrap();
     assert!(step.contains("slimpack.schedule"), "{step}");
 }
+
+/// A plan that `--steps` ends before wlb's drain says what it still holds back (it said
+/// nothing, and those documents were in no step).
+#[test]
+fn a_cut_plan_reports_what_the_strategy_still_delays() {
+    let output = slimpack(&[
+        "plan",
+        "--model",
+        "tiny",
+        "--cluster",
+        "cpu",
+        "--parallel",
+        "tp=1,pp=2,dp=2",
+        "--batch",
+        "tests/fixtures/wikipedia-100k.lengths.txt",
+        "--context",
+        "4096",
+        "--global-batch-tokens",
+        "65536",
+        "--strategy",
+        "wlb",
+        "--steps",
+        "3",
+        "--report",
+        "json",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["drain_steps"], 0);
+    assert!(
+        summary["delayed_samples"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
+    assert!(summary["delayed_tokens"].as_u64().unwrap() > 0, "{summary}");
+}

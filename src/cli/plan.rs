@@ -312,6 +312,14 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             if stale > 0 {
                 eprintln!("  removed {stale} step files of an earlier, longer plan from --out-dir");
             }
+            if let (Some(samples @ 1..), Some(tokens)) =
+                (summary.delayed_samples, summary.delayed_tokens)
+            {
+                eprintln!(
+                    "  {samples} samples ({tokens} tokens) the strategy delayed are in no step \
+                     (--steps ended the plan before they were drained)"
+                );
+            }
             if args.out_dir.is_none() && args.jsonl.is_none() {
                 eprintln!(
                     "  the steps were not written (--out-dir DIR or --jsonl FILE keeps them)"
