@@ -132,7 +132,7 @@ fn check_options(name: &str, format: DatasetFormat, options: &LoadOptions) -> Re
             "`field` (a length per record) cannot be combined with `text_field`/`tokenizer` or the corpus format (a text per record to tokenize)".to_string()
         }
         _ => format!(
-            "`field`, `text_field` and `tokenizer` apply to JSONL files only, and this file is read as {format}"
+            "--length-field, --text-field and --tokenizer (`field`, `text_field`, `tokenizer` in a config) apply to JSONL files only, and this file is read as {format}"
         ),
     };
     Err(batch_error(name, message))
@@ -235,7 +235,7 @@ mod tests {
             .to_string();
         assert_eq!(
             message,
-            "d: `field`, `text_field` and `tokenizer` apply to JSONL files only, and this file is read as text"
+            "d: --length-field, --text-field and --tokenizer (`field`, `text_field`, `tokenizer` in a config) apply to JSONL files only, and this file is read as text"
         );
         let options = LoadOptions {
             field: Some("len".into()),

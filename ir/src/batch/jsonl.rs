@@ -117,7 +117,7 @@ fn record_length(record: &Map<String, Value>, field: Option<&str>) -> Result<u32
         let wanted = match field {
             Some(field) => format!("no length field '{field}'"),
             None => format!(
-                "no length field (looked for {}; set `field` to name it, or `text_field` to tokenize a text)",
+                "no length field (looked for {}; name it with --length-field (`field` in a config), or a text to tokenize with --text-field (`text_field`))",
                 quoted_list(DEFAULT_LENGTH_FIELDS.iter().copied())
             ),
         };
@@ -137,7 +137,7 @@ fn record_tokens(
 ) -> Result<u32, String> {
     let Some(value) = record.get(field) else {
         return Err(format!(
-            "no text field '{field}' (set `text_field` to name it); the record has {}",
+            "no text field '{field}' (name it with --text-field, `text_field` in a config); the record has {}",
             record_fields(record)
         ));
     };
