@@ -851,17 +851,16 @@ mod tests {
         assert_eq!(errors[0].location, "%d0.0");
     }
 
-    /// A pack's slice list and its member edges, likewise (the edges reordered by hand).
-    #[test]
-    fn a_slice_list_that_disagrees_with_the_edges_is_reported() {
+    /// A tiny step with one sample cut into slices of `lengths`, all in one forward pack.
+    fn one_forward_pack(lengths: &[u32]) -> (StepIr, PackId, ReplicaId, Vec<SliceId>) {
         let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
         let mut ir = StepIr::new(spec, BatchInfo::default());
         let sample = ir.add_sample(Sample {
-            len: 10,
+            len: lengths.iter().sum(),
             doc: 0,
             piece: 0,
         });
-        let slices = ir.set_slices(sample, &[4, 6]);
+        let slices = ir.set_slices(sample, lengths);
         let replica = ir.add_replica(vec![0]);
         ir.place_sample(sample, replica);
         let pack = ir.add_pack(
@@ -872,42 +871,14 @@ mod tests {
             replica,
             &slices,
         );
-        assert!(check(&ir).iter().all(|e| !e.message.contains("slice list")));
-        for (slice, position) in [(slices[0], 1), (slices[1], 0)] {
-            let edge = ir.graph().find_edge(slice.node(), pack.node()).unwrap();
-            ir.graph_mut()[edge] = Edge::Member { position };
-        }
-        let errors = check(&ir);
-        assert!(
-            errors.iter().any(|e| e
-                .message
-                .contains("slice list is not the order of its member edges")),
-            "{errors:?}"
-        );
+        (ir, pack, replica, slices)
     }
 
     /// The pack lists `StepIr::packs_on` reads are kept beside the placement edges; the
     /// public API changes both together, so this test cuts an edge by hand.
     #[test]
     fn a_pack_list_that_disagrees_with_the_edges_is_reported() {
-        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
-        let mut ir = StepIr::new(spec, BatchInfo::default());
-        let sample = ir.add_sample(Sample {
-            len: 10,
-            doc: 0,
-            piece: 0,
-        });
-        let slices = ir.set_slices(sample, &[10]);
-        let replica = ir.add_replica(vec![0]);
-        ir.place_sample(sample, replica);
-        let pack = ir.add_pack(
-            Pack {
-                direction: Direction::Forward,
-                cap: None,
-            },
-            replica,
-            &slices,
-        );
+        let (mut ir, pack, replica, _) = one_forward_pack(&[10]);
         let edge = ir
             .graph()
             .find_edge(pack.node(), replica.node())
@@ -918,6 +889,25 @@ mod tests {
             errors
                 .iter()
                 .any(|e| e.message.contains("fwd pack list is not the order")),
+            "{errors:?}"
+        );
+    }
+
+    /// A pack's slice list (`StepIr::pack_members`) and its member edges, likewise (the edges
+    /// reordered by hand).
+    #[test]
+    fn a_slice_list_that_disagrees_with_the_edges_is_reported() {
+        let (mut ir, pack, _, slices) = one_forward_pack(&[4, 6]);
+        assert!(check(&ir).iter().all(|e| !e.message.contains("slice list")));
+        for (slice, position) in [(slices[0], 1), (slices[1], 0)] {
+            let edge = ir.graph().find_edge(slice.node(), pack.node()).unwrap();
+            ir.graph_mut()[edge] = Edge::Member { position };
+        }
+        let errors = check(&ir);
+        assert!(
+            errors.iter().any(|e| e
+                .message
+                .contains("slice list is not the order of its member edges")),
             "{errors:?}"
         );
     }
