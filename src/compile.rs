@@ -94,7 +94,7 @@ pub fn lower(
 /// checked: on a difference (a bug) the chosen step is kept, and a note says that the IR
 /// shown is not its own.
 pub fn replay_shown(
-    chosen: Compiled,
+    mut chosen: Compiled,
     batch: &Batch,
     manager: &ManagerOptions,
     print_sink: &mut dyn Write,
@@ -106,7 +106,6 @@ pub fn replay_shown(
         .chain(["lower".to_string()])
         .collect();
     let pipeline = parse_pipeline(&entries.join(","))?;
-    let mut chosen = chosen;
     lower(
         &mut chosen,
         &ManagerOptions::default(),

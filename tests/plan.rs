@@ -24,6 +24,17 @@ const JOB: [&str; 14] = [
     "megatron",
 ];
 
+/// Runs `slimpack` with `args`, which must succeed (its stderr shown where it does not).
+fn succeed(args: &[&str]) -> std::process::Output {
+    let output = slimpack(args);
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
 /// A directory for one test's outputs, removed when the test ends (an epoch's JSONL is ~80 MB).
 fn scratch() -> tempfile::TempDir {
     tempfile::Builder::new()
@@ -42,12 +53,7 @@ fn every_planned_step_is_the_compile_of_its_batch() {
     args.extend(JOB);
     args.extend(["--global-batch-tokens", "2000000"]);
     args.extend(["--steps", "3", "--out-dir", &out_arg, "--report", "json"]);
-    let output = slimpack(&args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = succeed(&args);
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(summary["steps"], 3);
     for step in 1..=3 {
@@ -59,12 +65,7 @@ fn every_planned_step_is_the_compile_of_its_batch() {
         args.extend(JOB);
         args.extend(["--global-batch-tokens", "2000000"]);
         args.extend(["--step", &step_arg, "--emit", "json", "-o", &single_arg]);
-        let output = slimpack(&args);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        succeed(&args);
         let compiled = std::fs::read_to_string(&single).unwrap();
         assert!(planned == compiled, "step {step}: plan and compile differ");
     }
@@ -90,12 +91,7 @@ fn an_epoch_covers_every_document_and_only_the_summary_reaches_a_pipe() {
         "--report",
         "json",
     ]);
-    let output = slimpack(&args);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let output = succeed(&args);
     // stderr is a pipe here: no progress bar, and the summary went to stdout.
     assert!(
         output.stderr.is_empty(),
@@ -182,7 +178,7 @@ fn text_summary_goes_to_stderr_and_bad_flags_are_one_line_errors() {
 
 #[test]
 fn bench_planning_prints_one_row_per_size_and_strategy() {
-    let output = slimpack(&[
+    let output = succeed(&[
         "bench",
         "--model",
         "llama-7b",
@@ -204,11 +200,6 @@ fn bench_planning_prints_one_row_per_size_and_strategy() {
         "--report",
         "json",
     ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(rows.len(), 4);
     for (row, (samples, strategy)) in rows.iter().zip([
@@ -243,7 +234,7 @@ fn replanned_steps_are_the_same_on_any_number_of_threads() {
     for threads in ["1", "4"] {
         let lines = dir.join(format!("plan-{threads}.jsonl"));
         let lines_arg = lines.to_str().unwrap().to_string();
-        let output = slimpack(&[
+        let output = succeed(&[
             "plan",
             "--model",
             "llama-7b",
@@ -270,11 +261,6 @@ fn replanned_steps_are_the_same_on_any_number_of_threads() {
             "--report",
             "json",
         ]);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
         let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         assert!(summary["replanned"].as_u64().unwrap() > 0, "{summary}");
         outputs.push(std::fs::read_to_string(&lines).unwrap());
@@ -350,7 +336,7 @@ fn an_epoch_plan_trains_every_document_it_drew() {
     let mut plans = Vec::new();
     for threads in ["1", "3"] {
         let lines = scratch.path().join(format!("plan-{threads}.jsonl"));
-        let output = slimpack(&[
+        let output = succeed(&[
             "plan",
             "--model",
             "tiny",
@@ -373,11 +359,6 @@ fn an_epoch_plan_trains_every_document_it_drew() {
             "--report",
             "json",
         ]);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
         let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         let lengths = std::fs::read_to_string("tests/fixtures/lengths.txt").unwrap();
         let lengths: Vec<u64> = lengths
@@ -406,12 +387,7 @@ fn a_shorter_plan_leaves_no_stale_steps_behind() {
         args.extend(JOB);
         args.extend(["--global-batch-tokens", "2000000", "--steps", steps]);
         args.extend(["--out-dir", out, "--emit", emit]);
-        let output = slimpack(&args);
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        succeed(&args);
     };
     plan("3", "json");
     plan("3", "ir");
@@ -449,7 +425,7 @@ fn a_step_file_that_links_elsewhere_is_replaced_not_written_through() {
     let out = dir.join("out");
     std::fs::create_dir(&out).unwrap();
     std::fs::hard_link(&batch, out.join("step-000001.json")).unwrap();
-    let output = slimpack(&[
+    succeed(&[
         "plan",
         "--model",
         "tiny",
@@ -464,11 +440,6 @@ fn a_step_file_that_links_elsewhere_is_replaced_not_written_through() {
         "--out-dir",
         out.to_str().unwrap(),
     ]);
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
     assert_eq!(std::fs::read_to_string(&batch).unwrap(), lengths);
     let step = std::fs::read_to_string(out.join("step-000001.json")).unwrap();
     assert!(step.contains("slimpack.schedule"), "{step}");
@@ -478,7 +449,7 @@ fn a_step_file_that_links_elsewhere_is_replaced_not_written_through() {
 /// nothing, and those documents were in no step).
 #[test]
 fn a_cut_plan_reports_what_the_strategy_still_delays() {
-    let output = slimpack(&[
+    let output = succeed(&[
         "plan",
         "--model",
         "tiny",
@@ -499,8 +470,6 @@ fn a_cut_plan_reports_what_the_strategy_still_delays() {
         "--report",
         "json",
     ]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stderr}");
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(summary["drain_steps"], 0);
     assert!(

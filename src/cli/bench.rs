@@ -183,10 +183,10 @@ const MEGATRON_PAPER: &str = "megatron-paper";
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     super::output::check_directory("--json", args.json.as_deref())?;
-    let inputs = super::input::job_inputs(&args.spec, &args.batch);
+    let job = args.spec.job()?;
     super::output::check_distinct(
         &[
-            &inputs.named()[..],
+            &job.inputs(&args.spec, &args.batch).named()[..],
             &[("--dataset", args.dataset.as_deref())],
         ]
         .concat(),
@@ -196,7 +196,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             ("--json", args.json.as_deref()),
         ],
     )?;
-    let job = args.spec.job()?;
     let mut batch_args = args.batch;
     if let Some(dataset) = args.dataset {
         if let Some(batch) = &batch_args.batch {
@@ -226,16 +225,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 batch_args.global_batch_tokens.is_some(),
             ),
         ];
-        if let Some((flag, _)) = side_by_side.iter().find(|(_, given)| *given) {
+        if let Some(flag) = super::input::first_given(side_by_side) {
             bail!("{flag} applies to the side-by-side run, not to --planning (its sizes are --planning-sizes)");
         }
-    } else if let Some(flag) = [
+    } else if let Some(flag) = super::input::first_given([
         ("--planning-sizes", args.planning_sizes.is_some()),
         ("--planning-repeats", args.planning_repeats.is_some()),
-    ]
-    .iter()
-    .find_map(|&(flag, given)| given.then_some(flag))
-    {
+    ]) {
         bail!("{flag} applies to --planning, which was not given");
     }
     let steps = args.steps.unwrap_or(DEFAULT_STEPS);

@@ -182,7 +182,6 @@ impl SimulationArgs {
         self.trace.is_some() || self.timeline.is_some()
     }
 
-    /// Simulates `ir` and writes the pictures asked for; returns the result and its wall ms.
     /// Simulates `ir`, timed (milliseconds); the pictures are written by [`Self::write`].
     pub fn simulate(&self, ir: &StepIr) -> anyhow::Result<(SimResult, f64)> {
         let start = std::time::Instant::now();
@@ -334,12 +333,12 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         None => super::output::stdout_if(args.emit.is_some()),
         given => given,
     };
-    let inputs = super::input::job_inputs(&args.spec, &args.batch);
+    let job = args.spec.job()?;
+    let inputs = job.inputs(&args.spec, &args.batch);
     super::output::check_distinct(
         &inputs.named(),
         &[args.report.output(), ("-o", step_out), trace, timeline],
     )?;
-    let job = args.spec.job()?;
     let strategy = args.strategy_name()?;
     let manager = args.manager.options()?;
     super::output::check_generated(

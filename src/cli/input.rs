@@ -41,7 +41,7 @@ pub struct SpecArgs {
 
 /// The files a job reads, for [`super::output::check_distinct`]: those its flags name
 /// (`--config`, `--calibration`, `--batch`) and the lengths file a config's `[batch]` table
-/// names, where no `--batch` overrides it.
+/// names, where no `--batch` or `--synthetic` replaces it.
 pub struct JobInputs<'a> {
     flags: [super::output::Named<'a>; 3],
     config_batch: Option<PathBuf>,
@@ -52,28 +52,6 @@ impl JobInputs<'_> {
         let mut named = self.flags.to_vec();
         named.push(("--config [batch]", self.config_batch.as_deref()));
         named
-    }
-}
-
-pub fn job_inputs<'a>(spec: &'a SpecArgs, batch: &'a BatchArgs) -> JobInputs<'a> {
-    // A config that does not load names no file here; the job's own reading reports why.
-    // `--batch` and `--synthetic` replace the config's dataset.
-    let replaced = batch.batch.is_some() || batch.synthetic.is_some();
-    let config_batch = match (&spec.config, replaced) {
-        (Some(config), false) => ConfigFile::load(config).ok().and_then(|loaded| {
-            let file = loaded.batch?.get("file")?.as_str()?.to_string();
-            let dir = config.parent().unwrap_or(Path::new(""));
-            Some(dir.join(file))
-        }),
-        _ => None,
-    };
-    JobInputs {
-        flags: [
-            ("--config", spec.config.as_deref()),
-            ("--calibration", spec.calibration.as_deref()),
-            ("--batch", batch.batch.as_deref()),
-        ],
-        config_batch,
     }
 }
 
@@ -116,7 +94,7 @@ pub struct BatchArgs {
 /// The first spec or batch flag given, by name: a step read from a file carries its own spec
 /// and batch, so such a flag would be silently ignored.
 pub fn first_job_flag(spec: &SpecArgs, batch: &BatchArgs) -> Option<&'static str> {
-    [
+    first_given([
         ("--config", spec.config.is_some()),
         ("--model", spec.model.is_some()),
         ("--cluster", spec.cluster.is_some()),
@@ -133,9 +111,14 @@ pub fn first_job_flag(spec: &SpecArgs, batch: &BatchArgs) -> Option<&'static str
         ("--global-batch", batch.global_batch.is_some()),
         ("--global-batch-tokens", batch.global_batch_tokens.is_some()),
         ("--seed", batch.seed.is_some()),
-    ]
-    .into_iter()
-    .find_map(|(flag, given)| given.then_some(flag))
+    ])
+}
+
+/// The first of `flags` given (each with whether it was), by name.
+pub fn first_given<'a>(flags: impl IntoIterator<Item = (&'a str, bool)>) -> Option<&'a str> {
+    flags
+        .into_iter()
+        .find_map(|(flag, given)| given.then_some(flag))
 }
 
 /// A job: the spec, and the raw `[batch]` table of its config file with the file's directory.
@@ -207,6 +190,26 @@ pub fn use_calibration_file(path: &Path, spec: &Spec) -> anyhow::Result<()> {
 }
 
 impl Job {
+    /// The files this job reads (see [`JobInputs`]).
+    pub fn inputs<'a>(&self, spec: &'a SpecArgs, batch: &'a BatchArgs) -> JobInputs<'a> {
+        let replaced = batch.batch.is_some() || batch.synthetic.is_some();
+        let config_batch = match &self.config_batch {
+            Some((table, dir, _)) if !replaced => table
+                .get("file")
+                .and_then(|file| file.as_str())
+                .map(|file| dir.join(file)),
+            _ => None,
+        };
+        JobInputs {
+            flags: [
+                ("--config", spec.config.as_deref()),
+                ("--calibration", spec.calibration.as_deref()),
+                ("--batch", batch.batch.as_deref()),
+            ],
+            config_batch,
+        }
+    }
+
     /// The dataset and batch options: the config's `[batch]` table overridden by the flags.
     pub fn dataset(&self, args: &BatchArgs) -> anyhow::Result<(Dataset, BatchOptions)> {
         resolve_dataset(self.config_batch.as_ref(), args)

@@ -28,6 +28,13 @@ pub fn run(args: OptArgs) -> anyhow::Result<()> {
         &[("input", Some(&args.input))],
         &[("-o", args.output.as_deref())],
     )?;
+    let options = args.manager.options()?;
+    super::output::check_generated(
+        "--dump-dir",
+        options.dump_dir.as_deref(),
+        super::output::is_dump_name,
+        &[("input", Some(&args.input)), ("-o", args.output.as_deref())],
+    )?;
     let (source, name) = if args.input.as_os_str() == "-" {
         let source = slimpack_ir::file::read_string_from(std::io::stdin().lock())
             .context("cannot read standard input")?;
@@ -39,13 +46,6 @@ pub fn run(args: OptArgs) -> anyhow::Result<()> {
     };
     let pipeline = parse_pipeline(&args.passes)?;
     let mut ir = text::parse(&source, &name)?;
-    let options = args.manager.options()?;
-    super::output::check_generated(
-        "--dump-dir",
-        options.dump_dir.as_deref(),
-        super::output::is_dump_name,
-        &[("input", Some(&args.input)), ("-o", args.output.as_deref())],
-    )?;
     // The file is untrusted and the passes assume a valid step (a broken one can make them
     // fail on an internal invariant): it is verified even with --no-verify, which skips the
     // checks after each pass.

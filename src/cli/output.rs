@@ -99,10 +99,7 @@ pub fn check_directory(flag: &str, path: Option<&Path>) -> anyhow::Result<()> {
     let Some(path) = file(path) else {
         return Ok(());
     };
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
+    let dir = directory_of(path);
     if !dir.is_dir() {
         bail!(
             "{flag} {}: the directory {} does not exist",
@@ -182,12 +179,7 @@ pub fn check_generated(
     let Some(dir) = dir else {
         return Ok(());
     };
-    // A directory not made yet (the manager makes --dump-dir) is compared as an absolute path.
-    let place = |dir: &Path| {
-        dir.canonicalize()
-            .or_else(|_| std::path::absolute(dir))
-            .unwrap_or_else(|_| dir.to_path_buf())
-    };
+    let placed = place(dir);
     for &(file_flag, path) in files {
         let Some(path) = file(path) else {
             continue;
@@ -196,11 +188,7 @@ pub fn check_generated(
             .file_name()
             .and_then(|name| name.to_str())
             .unwrap_or("");
-        let parent = match path.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => parent,
-            _ => Path::new("."),
-        };
-        if generated(name) && place(parent) == place(dir) {
+        if generated(name) && place(directory_of(path)) == placed {
             bail!(
                 "{file_flag} {}: {flag} {} writes files of that name there; give it a \
                  directory of its own",
@@ -246,12 +234,25 @@ fn same_file(a: &Path, b: &Path) -> bool {
 
 /// `path` made absolute, its parent directory canonical when it exists.
 fn resolved(path: &Path) -> PathBuf {
-    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
-    match (absolute.parent(), absolute.file_name()) {
-        (Some(dir), Some(name)) => std::fs::canonicalize(dir)
-            .map(|dir| dir.join(name))
-            .unwrap_or(absolute.clone()),
-        _ => absolute,
+    match path.file_name() {
+        Some(name) => place(directory_of(path)).join(name),
+        None => std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()),
+    }
+}
+
+/// A directory as paths are compared: canonical where it exists, else absolute (one not made
+/// yet, as `--dump-dir` before the pass manager makes it).
+fn place(dir: &Path) -> PathBuf {
+    dir.canonicalize()
+        .or_else(|_| std::path::absolute(dir))
+        .unwrap_or_else(|_| dir.to_path_buf())
+}
+
+/// The directory `path` is in (`.` for a bare name).
+fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
     }
 }
 

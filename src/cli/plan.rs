@@ -156,8 +156,9 @@ impl Output {
                 }
                 // Written aside and renamed into place: a step file that is a link (to an
                 // input, say) is replaced, not written through.
-                let path = dir.join(format!("step-{:06}.{extension}", planned.step));
-                let partial = dir.join(format!(".step-{:06}.{extension}.partial", planned.step));
+                let name = format!("step-{:06}.{extension}", planned.step);
+                let path = dir.join(&name);
+                let partial = dir.join(format!(".{name}.partial"));
                 std::fs::write(&partial, text)
                     .and_then(|()| std::fs::rename(&partial, &path))
                     .map_err(|e| format!("cannot write {}: {e}", path.display()))
@@ -224,7 +225,8 @@ fn step_file(name: &str) -> Option<(usize, &str)> {
 }
 
 pub fn run(args: PlanArgs) -> anyhow::Result<()> {
-    let inputs = super::input::job_inputs(&args.spec, &args.batch);
+    let job = args.spec.job()?;
+    let inputs = job.inputs(&args.spec, &args.batch);
     super::output::check_distinct(
         &inputs.named(),
         &[args.report.output(), ("--jsonl", args.jsonl.as_deref())],
@@ -236,7 +238,6 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         |name| step_file(name).is_some(),
         &inputs.named(),
     )?;
-    let job = args.spec.job()?;
     let name = args.strategy.as_deref().unwrap_or("slimpack");
     let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
     if args.steps == Some(0) {

@@ -57,6 +57,7 @@ pub struct Fill {
 /// and the one of fewest tokens (each the first such, as Python's `min` picks) are the roots
 /// of two [`FirstMin`] trees, so a fill is O(n log count), not O(n count).
 pub fn fill(lengths: &[u32], workloads: &[f64], count: usize, cap: u32) -> Fill {
+    debug_assert_eq!(lengths.len(), workloads.len(), "a workload per length");
     // Each item's length and workload travel with it through the sort (longest first, then by
     // index: the stable order), so the fill reads them in order rather than at random.
     let mut order: Vec<(std::cmp::Reverse<u32>, usize, f64)> = lengths
