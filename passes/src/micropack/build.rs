@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId};
+use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId, SliceId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
 
@@ -85,8 +85,8 @@ pub(crate) fn pack_direction(
                 message: format!("replica already has {} packs", direction.keyword()),
             });
         }
-        let mut chains = Vec::new();
-        let mut ids = Vec::new();
+        // Every chain's items and slice ids in one table each, a chain's at `bounds[c]..bounds[c + 1]`.
+        let (mut items, mut ids, mut bounds) = (Vec::new(), Vec::new(), vec![0]);
         let mut release = Vec::new();
         let forward_packs = ir.packs_on(replica, Direction::Forward);
         let forward_position = match direction {
@@ -94,46 +94,39 @@ pub(crate) fn pack_direction(
             Direction::Forward => Default::default(),
         };
         for sample in ir.samples_on(replica) {
-            let mut slices = sample_slices.at(ir.position_of(sample)).to_vec();
+            let start = ids.len();
+            ids.extend_from_slice(sample_slices.at(ir.position_of(sample)));
             if direction == Direction::Backward {
-                slices.reverse();
+                ids[start..].reverse();
             }
             // A backward chain is released once the sample's forward is complete: at the
             // position of the forward pack that holds its last slice.
             release.push(
-                slices
-                    .first()
+                ids.get(start)
                     .filter(|_| direction == Direction::Backward)
                     .and_then(|s| forward_position.get(s).copied())
                     .unwrap_or(0),
             );
-            chains.push(
-                slices
-                    .iter()
-                    .map(|&s| {
-                        let slice = ir.slice(s);
-                        Item {
-                            cost: cost
-                                .slice_flops(
-                                    u64::from(slice.len),
-                                    u64::from(slice.start),
-                                    direction,
-                                )
-                                .total(),
-                            tokens: slice.len,
-                        }
-                    })
-                    .collect::<Vec<_>>(),
-            );
-            ids.push(slices);
+            items.extend(ids[start..].iter().map(|&s| {
+                let slice = ir.slice(s);
+                Item {
+                    cost: cost
+                        .slice_flops(u64::from(slice.len), u64::from(slice.start), direction)
+                        .total(),
+                    tokens: slice.len,
+                }
+            }));
+            bounds.push(ids.len());
         }
+        let chains: Vec<&[Item]> = bounds.windows(2).map(|w| &items[w[0]..w[1]]).collect();
+        let ids: Vec<&[SliceId]> = bounds.windows(2).map(|w| &ids[w[0]..w[1]]).collect();
         if chains.is_empty() {
             continue;
         }
         let parts = if direction == Direction::Backward {
             windowed(&chains, &release, forward_packs.len(), cap)
         } else {
-            let tokens: u64 = chains.iter().flatten().map(|i| u64::from(i.tokens)).sum();
+            let tokens: u64 = items.iter().map(|i| u64::from(i.tokens)).sum();
             let by_cap = tokens.div_ceil(u64::from(cap)) as usize;
             partition(
                 &chains,
@@ -196,7 +189,7 @@ const BACKWARD_WINDOW: usize = 4;
 /// their release, each group partitioned into as many packs as its window has forward packs
 /// (more if the cap needs them), in window order.
 fn windowed(
-    chains: &[Vec<Item>],
+    chains: &[&[Item]],
     release: &[usize],
     forward_packs: usize,
     cap: u32,
@@ -211,13 +204,15 @@ fn windowed(
         if members.is_empty() {
             continue;
         }
-        let sub: Vec<Vec<Item>> = members.iter().map(|&c| chains[c].clone()).collect();
+        let sub: Vec<&[Item]> = members.iter().map(|&c| chains[c]).collect();
         let sub_release: Vec<usize> = members
             .iter()
             .map(|&c| release[c].saturating_sub(window * BACKWARD_WINDOW))
             .collect();
         let in_window = (forward_packs - window * BACKWARD_WINDOW).min(BACKWARD_WINDOW);
-        let tokens: u64 = sub.iter().flatten().map(|i| u64::from(i.tokens)).sum();
+        let tokens: u64 = (sub.iter().flat_map(|c| c.iter()))
+            .map(|i| u64::from(i.tokens))
+            .sum();
         let count = in_window
             .max(tokens.div_ceil(u64::from(cap)) as usize)
             .max(1);

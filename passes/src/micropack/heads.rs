@@ -139,7 +139,7 @@ pub(super) struct FirstHeads {
 }
 
 impl FirstHeads {
-    pub fn new(chains: &[Vec<Item>]) -> FirstHeads {
+    pub fn new(chains: &[&[Item]]) -> FirstHeads {
         let mut ascending: Vec<Head> = chains
             .iter()
             .enumerate()
@@ -244,7 +244,7 @@ impl<'a> Heads<'a> {
     }
 
     /// Whether chain `c`'s next item is an available head.
-    pub fn contains(&self, c: usize, chains: &[Vec<Item>], next: &[usize]) -> bool {
+    pub fn contains(&self, c: usize, chains: &[&[Item]], next: &[usize]) -> bool {
         let Some(item) = chains[c].get(next[c]) else {
             return false;
         };
@@ -370,6 +370,7 @@ mod tests {
             .iter()
             .map(|&cost| vec![Item { cost, tokens: 1 }])
             .collect();
+        let chains: Vec<&[Item]> = chains.iter().map(Vec::as_slice).collect();
         let firsts = FirstHeads::new(&chains);
         let mut heads = Heads::new(&firsts);
         heads.start(head(2.0, 0));

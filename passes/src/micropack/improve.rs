@@ -15,19 +15,14 @@ const SWAP_CANDIDATES: usize = 64;
 /// Moves single slices out of the most loaded pack into another pack their order constraints
 /// allow (between the packs of the chain's neighbours, not before its release, within the cap),
 /// or swaps one with a lighter slice of another pack, while that lowers the maximum.
-pub(super) fn improve(
-    chains: &[Vec<Item>],
-    release: &[usize],
-    cap: u32,
-    partition: &mut Partition,
-) {
+pub(super) fn improve(chains: &[&[Item]], release: &[usize], cap: u32, partition: &mut Partition) {
     let packs = partition.len();
-    let mut pack_of: Vec<Vec<usize>> = chains.iter().map(|c| vec![0; c.len()]).collect();
+    let mut pack_of = PackOf::new(chains);
     let mut loads = vec![0.0; packs];
     let mut tokens = vec![0u64; packs];
     for (k, members) in partition.iter().enumerate() {
         for &(c, i) in members {
-            pack_of[c][i] = k;
+            pack_of.set(c, i, k);
             loads[k] += chains[c][i].cost;
             tokens[k] += u64::from(chains[c][i].tokens);
         }
@@ -42,9 +37,14 @@ pub(super) fn improve(
         let mut best: Option<(f64, usize, usize)> = None; // (new pair max, member index, target)
         for (m, &(c, i)) in partition[heavy].iter().enumerate() {
             let item = chains[c][i];
-            let low = if i > 0 { pack_of[c][i - 1] } else { release[c] }.max(release[c]);
+            let low = if i > 0 {
+                pack_of.at(c, i - 1)
+            } else {
+                release[c]
+            }
+            .max(release[c]);
             let high = if i + 1 < chains[c].len() {
-                pack_of[c][i + 1]
+                pack_of.at(c, i + 1)
             } else {
                 packs - 1
             };
@@ -69,16 +69,16 @@ pub(super) fn improve(
             tokens[heavy] -= shift.1;
             loads[target] += shift.0;
             tokens[target] += shift.1;
-            pack_of[c][i] = target;
+            pack_of.set(c, i, target);
             partition[target].push((c, i));
             continue;
         }
         // No single move helps: try the best swap of a slice of the heavy pack with one of
         // another pack, both within their order windows and the caps.
-        let window = |c: usize, i: usize, pack_of: &[Vec<usize>]| {
-            let low = if i > 0 { pack_of[c][i - 1] } else { 0 }.max(release[c]);
+        let window = |c: usize, i: usize, pack_of: &PackOf| {
+            let low = if i > 0 { pack_of.at(c, i - 1) } else { 0 }.max(release[c]);
             let high = if i + 1 < chains[c].len() {
-                pack_of[c][i + 1]
+                pack_of.at(c, i + 1)
             } else {
                 packs - 1
             };
@@ -122,12 +122,42 @@ pub(super) fn improve(
         let token_delta = i64::from(chains[ca][ia].tokens) - i64::from(chains[cb][ib].tokens);
         partition[heavy][a] = (cb, ib);
         partition[target][b] = (ca, ia);
-        pack_of[ca][ia] = target;
-        pack_of[cb][ib] = heavy;
+        pack_of.set(ca, ia, target);
+        pack_of.set(cb, ib, heavy);
         loads[heavy] -= delta;
         loads[target] += delta;
         tokens[heavy] = (tokens[heavy] as i64 - token_delta) as u64;
         tokens[target] = (tokens[target] as i64 + token_delta) as u64;
     }
     partition.retain(|p| !p.is_empty());
+}
+
+/// The pack of every item, in one table indexed by chain and position.
+struct PackOf {
+    /// Where each chain's items start in `pack`.
+    first: Vec<usize>,
+    pack: Vec<usize>,
+}
+
+impl PackOf {
+    fn new(chains: &[&[Item]]) -> PackOf {
+        let mut first = Vec::with_capacity(chains.len());
+        let mut total = 0;
+        for chain in chains {
+            first.push(total);
+            total += chain.len();
+        }
+        PackOf {
+            first,
+            pack: vec![0; total],
+        }
+    }
+
+    fn at(&self, chain: usize, index: usize) -> usize {
+        self.pack[self.first[chain] + index]
+    }
+
+    fn set(&mut self, chain: usize, index: usize, pack: usize) {
+        self.pack[self.first[chain] + index] = pack;
+    }
 }

@@ -42,13 +42,25 @@ pub type Partition = Vec<Vec<(usize, usize)>>;
 /// most `cap` tokens, balancing cost. Chain `c` may enter pack `k` only from `k >= release[c]`
 /// (the backward packer releases a sample once its forward is done, so backward pack k does
 /// not wait on forwards far beyond forward pack k). Returns the packs in run order.
-pub fn partition(chains: &[Vec<Item>], release: &[usize], packs: usize, cap: u32) -> Partition {
+pub fn partition<C: AsRef<[Item]>>(
+    chains: &[C],
+    release: &[usize],
+    packs: usize,
+    cap: u32,
+) -> Partition {
+    let chains: Vec<&[Item]> = chains.iter().map(AsRef::as_ref).collect();
+    let chains = chains.as_slice();
     let order = ChainOrder::new(chains, release);
     let mut best = smallest_fitting_count(chains, release, &order, packs.max(1), cap);
     // Tighten: bisect the smallest uniform budget that the same greedy fits into as many packs.
     let mut high = max_load(chains, &best);
-    let mut low = (chains.iter().flatten().map(|i| i.cost).sum::<f64>() / best.len() as f64)
-        .max(chains.iter().flatten().map(|i| i.cost).fold(0.0, f64::max));
+    let mut low = (order.total_cost / best.len() as f64).max(
+        chains
+            .iter()
+            .flat_map(|c| c.iter())
+            .map(|i| i.cost)
+            .fold(0.0, f64::max),
+    );
     for _ in 0..BISECTION_STEPS {
         if high - low <= 1e-4 * high {
             break;
@@ -88,13 +100,13 @@ const LINEAR_COUNTS: usize = 8;
 /// above one that does not fit, which need not be the smallest overall. With no count below
 /// the number of slices fitting, the partition into that many packs is returned as it is.
 fn smallest_fitting_count(
-    chains: &[Vec<Item>],
+    chains: &[&[Item]],
     release: &[usize],
     order: &ChainOrder,
     first: usize,
     cap: u32,
 ) -> Partition {
-    let total_items: usize = chains.iter().map(Vec::len).sum();
+    let total_items: usize = chains.iter().map(|c| c.len()).sum();
     // The last count possible keeps its partition even when it does not fit.
     let attempt_count = |count: usize| {
         attempt(
@@ -140,7 +152,7 @@ const TOKEN_SCAN: usize = 64;
 const BISECTION_STEPS: usize = 16;
 
 /// The largest pack cost of a partition.
-fn max_load(chains: &[Vec<Item>], partition: &Partition) -> f64 {
+fn max_load(chains: &[&[Item]], partition: &Partition) -> f64 {
     partition
         .iter()
         .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum::<f64>())
@@ -159,7 +171,7 @@ struct ChainOrder {
 }
 
 impl ChainOrder {
-    fn new(chains: &[Vec<Item>], release: &[usize]) -> ChainOrder {
+    fn new(chains: &[&[Item]], release: &[usize]) -> ChainOrder {
         let mut waiting: Vec<usize> = (0..chains.len())
             .filter(|&c| !chains[c].is_empty())
             .collect();
@@ -170,8 +182,10 @@ impl ChainOrder {
             waiting,
             by_length,
             firsts: FirstHeads::new(chains),
-            total_cost: chains.iter().flatten().map(|i| i.cost).sum(),
-            total_tokens: chains.iter().flatten().map(|i| u64::from(i.tokens)).sum(),
+            total_cost: chains.iter().flat_map(|c| c.iter()).map(|i| i.cost).sum(),
+            total_tokens: (chains.iter().flat_map(|c| c.iter()))
+                .map(|i| u64::from(i.tokens))
+                .sum(),
         }
     }
 }
@@ -185,7 +199,7 @@ impl ChainOrder {
 /// partial partition as not fitting (the pack-count search then tries the next count without
 /// finishing a doomed pass, which would make it quadratic in the packs).
 fn attempt(
-    chains: &[Vec<Item>],
+    chains: &[&[Item]],
     release: &[usize],
     order: &ChainOrder,
     count: usize,
@@ -213,6 +227,12 @@ fn attempt(
         let packs_left = count - k;
         if !keep_failure && remaining_tokens > u64::from(cap) * packs_left as u64 {
             return (result, false);
+        }
+        if let Some(budget) = fixed {
+            if remaining_cost > packs_left as f64 * budget * (1.0 + 1e-6) + 1e-6 * order.total_cost
+            {
+                return (result, false);
+            }
         }
         let last = packs_left == 1 && fixed.is_none();
         // Release the chains due by this pack (all of them in the last pack); an empty set of
@@ -296,6 +316,9 @@ fn attempt(
         if tokens > u64::from(cap) {
             fits = false;
         }
+        if fixed.is_some_and(|budget| cost > budget * (1.0 + 1e-9)) {
+            return (result, false);
+        }
         remaining_cost -= cost;
         remaining_tokens -= tokens;
         if !members.is_empty() {
@@ -308,7 +331,7 @@ fn attempt(
     (result, fits && heads.is_empty() && unreleased == 0)
 }
 
-fn take(chain: usize, item: Item, next: &mut [usize], heads: &mut Heads, chains: &[Vec<Item>]) {
+fn take(chain: usize, item: Item, next: &mut [usize], heads: &mut Heads, chains: &[&[Item]]) {
     heads.remove(&Head {
         cost: item.cost,
         chain,
