@@ -8,19 +8,25 @@
 //! memory limit is re-tuned on its own batch, for every strategy, as a run does
 //! ([`crate::tune::run`]). Each step is lowered and given to the
 //! caller's sink with its predicted metrics, in step order, then dropped: memory holds the
-//! dataset and at most one step per worker thread, whatever the number of steps.
+//! dataset and at most two steps per worker thread, whatever the number of steps.
 //!
 //! [`plan_batch`] plans one batch on its own the same way (tuned on itself), and
 //! [`plan_pipeline`] with an explicit pass pipeline instead of a strategy: the library calls
 //! behind the Python package's `slimpack.plan`.
 //!
-//! Steps after the first are compiled in rounds of one step per thread (their admissions,
-//! which carry state, run in step order first), so the output is the same on any number of
-//! cores. The first step's tuning runs its candidates on every core.
+//! Steps after the first are admitted in step order (admissions carry the strategy's state)
+//! and compiled on worker threads, each step from what its admission gave it, while the
+//! calling thread hands the finished ones to the sink in order ([`plan_in_parallel`]): the
+//! output is the same on any number of cores, and the sink's writing overlaps the planning.
+//! The first step's tuning runs its candidates on every core.
 
+use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Mutex};
 use std::time::Instant;
 
-use slimpack_ir::batch::{Batch, BatchOptions, Dataset};
+use slimpack_ir::batch::{Batch, BatchOptions, BatchStream, Dataset};
 use slimpack_ir::Spec;
 use slimpack_machine::sim::Metrics;
 use slimpack_passes::ManagerOptions;
@@ -176,46 +182,33 @@ pub fn plan_epoch(
         .threads
         .unwrap_or_else(autotune::available_threads)
         .max(1);
-    while summary.steps < max_steps {
-        // One round: the admissions in step order, then the compilations in parallel. After
-        // the epoch's batches, drain steps until nothing waits.
-        let mut round = Vec::with_capacity(threads);
-        while round.len() < threads && summary.steps + round.len() < max_steps {
-            let step = summary.steps + round.len() + 1;
-            let batch = if !stream.epoch_done() {
-                autotune::admit(strategy, &mut state, spec, &stream.next_batch()?)
-            } else if let Some(batch) = state.drain_step(spec, &like) {
-                summary.drain_steps += 1;
-                batch
-            } else {
-                break;
-            };
-            let offered = (strategy.candidates)(spec, &batch, &state, options.choices);
-            // The state as this step's admission left it: a re-plan offers the candidates of
-            // this step (wlb's micro-batch count), whichever step of the round admitted last.
-            round.push((step, batch, offered, state.clone()));
+    let context = StepContext {
+        strategy,
+        spec,
+        kept: &kept,
+        options,
+        manager: &manager,
+        limit,
+    };
+    let mut admission = Admission {
+        strategy,
+        spec,
+        choices: options.choices,
+        stream,
+        state,
+        like,
+        next: 2,
+        max_steps,
+    };
+    if threads == 1 {
+        while let Some(admitted) = admission.next(&mut summary)? {
+            let outcome = context.plan(&admitted);
+            hand_on_outcome(&mut summary, sink, admitted, outcome)?;
         }
-        if round.is_empty() {
-            break;
-        }
-        let planned =
-            autotune::parallel_map_on(threads, &round, |_, (_, batch, offered, state)| {
-                let step = (batch, offered.as_slice());
-                plan_step(strategy, spec, step, &kept, state, options, &manager, limit)
-            });
-        for ((step, batch, _, _), outcome) in round.into_iter().zip(planned) {
-            let (compiled, metrics, replanned) = outcome?;
-            hand_on(
-                &mut summary,
-                sink,
-                step,
-                batch,
-                compiled,
-                metrics,
-                replanned,
-            )?;
-        }
+    } else {
+        plan_in_parallel(&context, &mut admission, threads, &mut summary, sink)?;
     }
+    let state = admission.state;
     if let Some(wlb) = &state.wlb {
         let (samples, tokens) = wlb.delay.backlog();
         summary.delayed_samples = Some(samples as u64);
@@ -348,42 +341,251 @@ fn tune_step(
     })
 }
 
-/// One later step with the best of the kept configurations (re-tuned when none compiles or
-/// the best is over the memory limit), lowered. Returns the step, its metrics and whether it
-/// was re-tuned.
-#[allow(clippy::too_many_arguments)]
-fn plan_step(
+/// What every later step is planned with.
+struct StepContext<'a> {
     strategy: &'static StrategyInfo,
-    spec: &Spec,
-    (batch, offered): (&Batch, &[strategy::Candidate]),
-    kept: &[strategy::Candidate],
-    state: &StrategyState,
-    options: &PlanOptions,
-    manager: &ManagerOptions,
+    spec: &'a Spec,
+    /// The configurations the tuning kept.
+    kept: &'a [strategy::Candidate],
+    options: &'a PlanOptions<'a>,
+    manager: &'a ManagerOptions,
     limit: u64,
-) -> Result<(Compiled, Metrics, bool), PlanError> {
-    // The bench's rule, for every strategy: a step no kept configuration compiles (a document
-    // longer than megatron's bins) or whose best is over the memory limit is re-tuned on its
-    // own batch (and kept re-tuned only where that fits).
-    let step = kept::choose_for_step(strategy, spec, batch, offered, kept, limit, &options.tune)?;
-    let (mut compiled, mut metrics, mut replanned) = match step {
-        // The tuned configuration over the limit, a kept one or a twin within it: re-planned
-        // against that step (only a faster fitting plan replaces it).
-        Some(choice)
-            if !choice.tuned_fits && autotune::within(&choice.evaluation.metrics, limit) =>
-        {
-            let incumbent = choice.evaluation.metrics.step_time_s;
-            let (choices, tune) = (options.choices, &options.tune);
-            match autotune::choose_below(strategy, spec, batch, state, choices, tune, incumbent)? {
-                Some(better) => {
-                    let metrics = better.best().metrics.clone();
-                    (better.compiled, metrics, true)
+}
+
+/// A later step admitted in step order, waiting to be planned.
+struct Admitted {
+    step: usize,
+    batch: Batch,
+    /// The candidates a re-plan of this step offers.
+    offered: Vec<strategy::Candidate>,
+    /// The strategy's state as this step's admission left it.
+    state: StrategyState,
+}
+
+/// A planned step: the lowered step, its metrics and whether it was re-tuned.
+type StepOutcome = Result<(Compiled, Metrics, bool), PlanError>;
+
+/// The admissions of the later steps, in step order (they carry the strategy's state): the
+/// epoch's batches, then drain steps until nothing waits, up to the step limit.
+struct Admission<'a> {
+    strategy: &'static StrategyInfo,
+    spec: &'a Spec,
+    choices: &'a Choices,
+    stream: BatchStream<'a>,
+    state: StrategyState,
+    /// A batch of the run for the drain steps (its context and source).
+    like: Batch,
+    /// The number of the next step.
+    next: usize,
+    max_steps: usize,
+}
+
+impl Admission<'_> {
+    fn next(&mut self, summary: &mut PlanSummary) -> Result<Option<Admitted>, PlanError> {
+        if self.next > self.max_steps {
+            return Ok(None);
+        }
+        let (strategy, spec) = (self.strategy, self.spec);
+        let batch = if !self.stream.epoch_done() {
+            autotune::admit(strategy, &mut self.state, spec, &self.stream.next_batch()?)
+        } else if let Some(batch) = self.state.drain_step(spec, &self.like) {
+            summary.drain_steps += 1;
+            batch
+        } else {
+            return Ok(None);
+        };
+        let offered = (strategy.candidates)(spec, &batch, &self.state, self.choices);
+        let step = self.next;
+        self.next += 1;
+        Ok(Some(Admitted {
+            step,
+            batch,
+            offered,
+            state: self.state.clone(),
+        }))
+    }
+}
+
+/// Plans the later steps on `threads` workers while this thread admits them and hands them
+/// on in step order: at most two steps per worker are admitted and not yet handed on (memory
+/// stays bounded), and no worker waits for a slower step or for the sink, which writes the
+/// schedules. Every step is planned from what its admission gave it, so the steps are those
+/// of a plan on one thread. A worker's panic (a bug) is resumed here once the workers stopped.
+fn plan_in_parallel(
+    context: &StepContext,
+    admission: &mut Admission,
+    threads: usize,
+    summary: &mut PlanSummary,
+    sink: &mut dyn FnMut(PlannedStep) -> Result<(), String>,
+) -> Result<(), PlanError> {
+    let stop = AtomicBool::new(false);
+    let (work, jobs) = mpsc::channel::<Admitted>();
+    let jobs = Mutex::new(jobs);
+    let ended = std::thread::scope(|scope| {
+        // Owned here, so that the workers waiting for work end when this ends (or unwinds).
+        let work = work;
+        let (finished, results) = mpsc::channel::<Finished>();
+        let (jobs, stop) = (&jobs, &stop);
+        for _ in 0..threads {
+            let finished = finished.clone();
+            scope.spawn(move || loop {
+                let job = match jobs.lock() {
+                    Ok(jobs) => jobs.recv(),
+                    Err(_) => return,
+                };
+                let Ok(admitted) = job else { return };
+                if stop.load(Ordering::Relaxed) {
+                    return;
                 }
-                None => (choice.compiled, choice.evaluation.metrics, true),
+                let outcome =
+                    std::panic::catch_unwind(AssertUnwindSafe(|| context.plan(&admitted)));
+                let message = match outcome {
+                    Ok(outcome) => Finished::Step(Box::new((admitted, outcome))),
+                    Err(panic) => Finished::Panicked(panic),
+                };
+                if finished.send(message).is_err() {
+                    return;
+                }
+            });
+        }
+        drop(finished);
+        let ended = hand_on_in_order(admission, 2 * threads, &work, &results, summary, sink);
+        // The workers drop what is still queued and stop after the step they plan.
+        stop.store(true, Ordering::Relaxed);
+        ended
+    });
+    match ended {
+        Ok(()) => Ok(()),
+        Err(Ended::Failed(error)) => Err(error),
+        Err(Ended::Panicked(panic)) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// What a worker of [`plan_in_parallel`] sends back.
+enum Finished {
+    Step(Box<(Admitted, StepOutcome)>),
+    Panicked(Box<dyn std::any::Any + Send>),
+}
+
+/// Why [`hand_on_in_order`] stopped before the last step.
+enum Ended {
+    Failed(PlanError),
+    Panicked(Box<dyn std::any::Any + Send>),
+}
+
+/// The admitting and handing-on side of [`plan_in_parallel`]: admits up to `window` steps
+/// ahead of the next one to hand on.
+fn hand_on_in_order(
+    admission: &mut Admission,
+    window: usize,
+    work: &mpsc::Sender<Admitted>,
+    results: &mpsc::Receiver<Finished>,
+    summary: &mut PlanSummary,
+    sink: &mut dyn FnMut(PlannedStep) -> Result<(), String>,
+) -> Result<(), Ended> {
+    let mut done: BTreeMap<usize, (Admitted, StepOutcome)> = BTreeMap::new();
+    let (mut in_flight, mut admitting, mut next) = (0, true, admission.next);
+    loop {
+        while admitting && in_flight < window {
+            match admission.next(summary).map_err(Ended::Failed)? {
+                Some(admitted) => {
+                    in_flight += 1;
+                    // The workers wait for work until this side ends: the send succeeds.
+                    let _ = work.send(admitted);
+                }
+                None => admitting = false,
             }
         }
-        Some(choice) => (choice.compiled, choice.evaluation.metrics, false),
-        None => {
+        if in_flight == 0 {
+            return Ok(());
+        }
+        // Workers end only when told to or when a panic was sent: the receive succeeds.
+        match results.recv() {
+            Ok(Finished::Step(step)) => {
+                done.insert(step.0.step, *step);
+            }
+            Ok(Finished::Panicked(panic)) => return Err(Ended::Panicked(panic)),
+            Err(_) => unreachable!("every planning worker ended with steps in flight"),
+        }
+        while let Some((admitted, outcome)) = done.remove(&next) {
+            hand_on_outcome(summary, sink, admitted, outcome).map_err(Ended::Failed)?;
+            in_flight -= 1;
+            next += 1;
+        }
+    }
+}
+
+/// Counts a planned later step in and gives it to the sink (or returns its error).
+fn hand_on_outcome(
+    summary: &mut PlanSummary,
+    sink: &mut dyn FnMut(PlannedStep) -> Result<(), String>,
+    admitted: Admitted,
+    outcome: StepOutcome,
+) -> Result<(), PlanError> {
+    let (compiled, metrics, replanned) = outcome?;
+    let step = admitted.step;
+    hand_on(
+        summary,
+        sink,
+        step,
+        admitted.batch,
+        compiled,
+        metrics,
+        replanned,
+    )
+}
+
+impl StepContext<'_> {
+    /// One later step with the best of the kept configurations (re-tuned when none compiles or
+    /// the best is over the memory limit), lowered.
+    fn plan(&self, admitted: &Admitted) -> StepOutcome {
+        let (strategy, spec, limit, options) = (self.strategy, self.spec, self.limit, self.options);
+        let (batch, offered, state) = (&admitted.batch, &admitted.offered, &admitted.state);
+        // The bench's rule, for every strategy: a step no kept configuration compiles (a
+        // document longer than megatron's bins) or whose best is over the memory limit is
+        // re-tuned on its own batch (and kept re-tuned only where that fits).
+        let step = kept::choose_for_step(
+            strategy,
+            spec,
+            batch,
+            offered,
+            self.kept,
+            limit,
+            &options.tune,
+        )?;
+        let (mut compiled, mut metrics, mut replanned) = match step {
+            // The tuned configuration over the limit, a kept one or a twin within it: re-planned
+            // against that step (only a faster fitting plan replaces it).
+            Some(choice)
+                if !choice.tuned_fits && autotune::within(&choice.evaluation.metrics, limit) =>
+            {
+                let incumbent = choice.evaluation.metrics.step_time_s;
+                let (choices, tune) = (options.choices, &options.tune);
+                match autotune::choose_below(
+                    strategy, spec, batch, state, choices, tune, incumbent,
+                )? {
+                    Some(better) => {
+                        let metrics = better.best().metrics.clone();
+                        (better.compiled, metrics, true)
+                    }
+                    None => (choice.compiled, choice.evaluation.metrics, true),
+                }
+            }
+            Some(choice) => (choice.compiled, choice.evaluation.metrics, false),
+            None => {
+                let choice = autotune::choose_with(
+                    strategy,
+                    spec,
+                    batch,
+                    state,
+                    options.choices,
+                    &options.tune,
+                )?;
+                let metrics = choice.evaluations[choice.chosen].metrics.clone();
+                (choice.compiled, metrics, true)
+            }
+        };
+        if !replanned && (metrics.oom || metrics.peak_memory_bytes > limit) {
             let choice = autotune::choose_with(
                 strategy,
                 spec,
@@ -392,22 +594,16 @@ fn plan_step(
                 options.choices,
                 &options.tune,
             )?;
-            let metrics = choice.evaluations[choice.chosen].metrics.clone();
-            (choice.compiled, metrics, true)
+            let best = &choice.evaluations[choice.chosen];
+            if !best.metrics.oom && best.metrics.peak_memory_bytes <= limit {
+                metrics = best.metrics.clone();
+                compiled = choice.compiled;
+                replanned = true;
+            }
         }
-    };
-    if !replanned && (metrics.oom || metrics.peak_memory_bytes > limit) {
-        let choice =
-            autotune::choose_with(strategy, spec, batch, state, options.choices, &options.tune)?;
-        let best = &choice.evaluations[choice.chosen];
-        if !best.metrics.oom && best.metrics.peak_memory_bytes <= limit {
-            metrics = best.metrics.clone();
-            compiled = choice.compiled;
-            replanned = true;
-        }
+        lower(&mut compiled, self.manager, &mut std::io::sink())?;
+        Ok((compiled, metrics, replanned))
     }
-    lower(&mut compiled, manager, &mut std::io::sink())?;
-    Ok((compiled, metrics, replanned))
 }
 
 /// Counts a step into the summary and gives it to the sink.
@@ -437,4 +633,76 @@ fn hand_on(
         metrics,
     })
     .map_err(PlanError::Sink)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tune::strategy::{self, Choices};
+
+    /// 8,000 documents of 50..2,000 tokens: about 20 steps of 400K tokens.
+    fn dataset() -> Dataset {
+        Dataset {
+            name: "synthetic".into(),
+            lengths: (0..8_000u32).map(|i| 50 + (i * 7919) % 1950).collect(),
+            empty: 0,
+        }
+    }
+
+    /// Plans with megatron on `threads` threads, the sink failing at step `fail_at`: the steps
+    /// the sink saw, and the plan's outcome.
+    fn plan_failing_at(
+        threads: usize,
+        fail_at: usize,
+    ) -> (Vec<usize>, Result<PlanSummary, PlanError>) {
+        let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,cp=1,pp=2,dp=4").unwrap();
+        let batch_options = BatchOptions {
+            global_batch_tokens: Some(400_000),
+            context: Some(32768),
+            ..BatchOptions::default()
+        };
+        let choices = Choices::fixed(spec.model.recompute);
+        let options = PlanOptions {
+            strategy: strategy::lookup("megatron").unwrap(),
+            choices: &choices,
+            tune: TuneOptions::default(),
+            max_steps: None,
+            threads: Some(threads),
+        };
+        let mut seen = Vec::new();
+        let outcome = plan_epoch(&spec, &dataset(), &batch_options, &options, &mut |step| {
+            seen.push(step.step);
+            match step.step == fail_at {
+                true => Err("disk full".into()),
+                false => Ok(()),
+            }
+        });
+        (seen, outcome)
+    }
+
+    #[test]
+    fn steps_reach_the_sink_in_order_on_any_number_of_threads() {
+        for threads in [1, 3] {
+            let (seen, outcome) = plan_failing_at(threads, usize::MAX);
+            let summary = outcome.unwrap();
+            assert!(summary.steps > 10, "{} steps", summary.steps);
+            assert_eq!(
+                seen,
+                (1..=summary.steps).collect::<Vec<_>>(),
+                "{threads} threads"
+            );
+        }
+    }
+
+    #[test]
+    fn a_failing_sink_stops_the_plan_at_that_step() {
+        for threads in [1, 3] {
+            let (seen, outcome) = plan_failing_at(threads, 4);
+            assert_eq!(seen, [1, 2, 3, 4], "{threads} threads");
+            match outcome {
+                Err(PlanError::Sink(message)) => assert_eq!(message, "disk full"),
+                other => panic!("{threads} threads: {:?}", other.map(|s| s.steps)),
+            }
+        }
+    }
 }
