@@ -1585,7 +1585,7 @@ fn outputs_that_would_overwrite_inputs_by_other_names() {
                 "json",
             ],
         ),
-        &["would both write standard output"],
+        &["-o /dev/stdout and --report json would both write standard output"],
     );
     assert_eq!(std::fs::read_to_string(&data).unwrap(), lengths);
     assert_eq!(std::fs::read_to_string(&step).unwrap(), lengths);

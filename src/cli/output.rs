@@ -124,18 +124,18 @@ pub fn stdout_if(used: bool) -> Option<&'static Path> {
 /// second write would lose the first), standard output (`-`) included: two outputs there would
 /// mix. Absent paths are skipped.
 pub fn check_distinct(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()> {
-    let on_stdout: Vec<&str> = outputs
+    let on_stdout: Vec<(&str, &Path)> = outputs
         .iter()
-        .filter(|&&(_, path)| path.is_some() && is_stdout(path))
-        .map(|&(flag, _)| flag)
+        .filter_map(|&(flag, path)| path.filter(|_| is_stdout(path)).map(|path| (flag, path)))
         .collect();
-    if let (Some(first), true) = (on_stdout.first(), stdout_closed()) {
+    if let (Some((first, _)), true) = (on_stdout.first(), stdout_closed()) {
         bail!("{first} writes standard output, which is closed; redirect it");
     }
-    if let [first, second, ..] = on_stdout[..] {
+    if let [(first, _), (second, path), ..] = on_stdout[..] {
         bail!(
-            "{second} - and {first} would both write standard output and mix; give {second} \
-             a file"
+            "{second} {} and {first} would both write standard output and mix; give {second} \
+             a file",
+            path.display()
         );
     }
     let outputs: Vec<(&str, &Path)> = outputs
