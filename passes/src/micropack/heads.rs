@@ -57,6 +57,9 @@ struct ReleaseGroup {
     present: usize,
     /// No head below this position is present.
     lowest: usize,
+    /// The last bound's count of keys at or under it: the next search starts there (the room
+    /// of a pack only shrinks as it fills, so the next count is near).
+    hint: usize,
 }
 
 impl ReleaseGroup {
@@ -68,6 +71,7 @@ impl ReleaseGroup {
             heads,
             present,
             lowest: 0,
+            hint: 0,
         }
     }
 
@@ -103,8 +107,9 @@ impl ReleaseGroup {
         scan: usize,
         fits: &impl Fn(&Head) -> bool,
     ) -> Option<Head> {
-        let room = cost_key(room);
-        let mut slot = self.find(self.keys.partition_point(|&k| k <= room) as u32);
+        let count = count_at_most(&self.keys, cost_key(room), self.hint);
+        self.hint = count;
+        let mut slot = self.find(count as u32);
         for _ in 0..scan {
             if slot == 0 {
                 return None;
@@ -116,6 +121,39 @@ impl ReleaseGroup {
             slot = self.find(slot - 1);
         }
         None
+    }
+}
+
+/// How many of the ascending `keys` are at most `key` (`partition_point`), searched from
+/// `hint` outward in doubling steps and then by bisection: O(log d) for an answer `d` away.
+fn count_at_most(keys: &[u64], key: u64, hint: usize) -> usize {
+    let hint = hint.min(keys.len());
+    let at_most = |k: &u64| *k <= key;
+    if hint < keys.len() && keys[hint] <= key {
+        // The answer is above `hint`: keys[..low] are all at most `key`.
+        let (mut low, mut step) = (hint + 1, 1);
+        loop {
+            let high = (low + step).min(keys.len());
+            if high == keys.len() || keys[high] > key {
+                return low + keys[low..high].partition_point(at_most);
+            }
+            (low, step) = (high + 1, step * 2);
+        }
+    }
+    if hint == 0 || keys[hint - 1] <= key {
+        return hint;
+    }
+    // The answer is below `hint`: keys[high..] are all over `key`.
+    let (mut high, mut step) = (hint - 1, 1);
+    loop {
+        let low = high.saturating_sub(step);
+        if keys[low] <= key {
+            return low + 1 + keys[low + 1..high].partition_point(at_most);
+        }
+        if low == 0 {
+            return 0;
+        }
+        (high, step) = (low, step * 2);
     }
 }
 
@@ -362,6 +400,28 @@ mod tests {
         // Present from the top: 8.0, 3.0, 3.0, 1.0.
         assert_eq!(group.largest_fitting(bound, 3, &cheap), None);
         assert_eq!(group.largest_fitting(bound, 4, &cheap), Some(head(1.0, 1)));
+    }
+
+    #[test]
+    fn the_search_from_a_hint_counts_as_partition_point() {
+        // Keys with repeats, every bound from below the first to above the last, every hint.
+        let keys: Vec<u64> = [1, 3, 3, 3, 4, 7, 9, 9, 12, 20, 21, 21, 21, 30]
+            .iter()
+            .map(|&k| k * 10)
+            .collect();
+        for length in 0..=keys.len() {
+            let keys = &keys[..length];
+            for key in 0..320 {
+                let expected = keys.partition_point(|&k| k <= key);
+                for hint in 0..=length + 2 {
+                    assert_eq!(
+                        count_at_most(keys, key, hint),
+                        expected,
+                        "{keys:?}, key {key}, hint {hint}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
