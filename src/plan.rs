@@ -109,6 +109,12 @@ pub struct PlanOptions<'a> {
 pub enum PlanError {
     #[error(transparent)]
     Batch(#[from] slimpack_ir::IrError),
+    /// Drawing the batch of a step after the first failed (the steps before it were planned).
+    #[error("step {step}: {source}")]
+    Draw {
+        step: usize,
+        source: slimpack_ir::IrError,
+    },
     #[error(transparent)]
     Tune(#[from] autotune::TuneError),
     #[error(transparent)]
@@ -201,10 +207,7 @@ pub fn plan_epoch(
         max_steps,
     };
     if threads == 1 {
-        while let Some(admitted) = admission.next(&mut summary)? {
-            let outcome = context.plan(&admitted);
-            hand_on_outcome(&mut summary, sink, admitted, outcome)?;
-        }
+        plan_in_order(&context, &mut admission, &mut summary, sink)?;
     } else {
         plan_in_parallel(&context, &mut admission, threads, &mut summary, sink)?;
     }
@@ -387,7 +390,11 @@ impl Admission<'_> {
         }
         let (strategy, spec) = (self.strategy, self.spec);
         let batch = if !self.stream.epoch_done() {
-            autotune::admit(strategy, &mut self.state, spec, &self.stream.next_batch()?)
+            let drawn = (self.stream.next_batch()).map_err(|source| PlanError::Draw {
+                step: self.next,
+                source,
+            })?;
+            autotune::admit(strategy, &mut self.state, spec, &drawn)
         } else if let Some(batch) = self.state.drain_step(spec, &self.like) {
             summary.drain_steps += 1;
             batch
@@ -404,6 +411,20 @@ impl Admission<'_> {
             state: self.state.clone(),
         }))
     }
+}
+
+/// Plans the later steps one after the other on this thread.
+fn plan_in_order(
+    context: &StepContext,
+    admission: &mut Admission,
+    summary: &mut PlanSummary,
+    sink: &mut dyn FnMut(PlannedStep) -> Result<(), String>,
+) -> Result<(), PlanError> {
+    while let Some(admitted) = admission.next(summary)? {
+        let outcome = context.plan(&admitted);
+        hand_on_outcome(summary, sink, admitted, outcome)?;
+    }
+    Ok(())
 }
 
 /// Plans the later steps on `threads` workers while this thread admits them and hands them
@@ -426,9 +447,10 @@ fn plan_in_parallel(
         let work = work;
         let (finished, results) = mpsc::channel::<Finished>();
         let (jobs, stop) = (&jobs, &stop);
+        let mut started = 0;
         for _ in 0..threads {
             let finished = finished.clone();
-            scope.spawn(move || loop {
+            let worker = move || loop {
                 let job = match jobs.lock() {
                     Ok(jobs) => jobs.recv(),
                     Err(_) => return,
@@ -446,9 +468,17 @@ fn plan_in_parallel(
                 if finished.send(message).is_err() {
                     return;
                 }
-            });
+            };
+            // Threads the system will not start (a process limit) leave the work to the others.
+            match std::thread::Builder::new().spawn_scoped(scope, worker) {
+                Ok(_) => started += 1,
+                Err(_) => break,
+            }
         }
         drop(finished);
+        if started == 0 {
+            return Err(Ended::NoWorker);
+        }
         let ended = hand_on_in_order(admission, 2 * threads, &work, &results, summary, sink);
         // The workers drop what is still queued and stop after the step they plan.
         stop.store(true, Ordering::Relaxed);
@@ -456,6 +486,7 @@ fn plan_in_parallel(
     });
     match ended {
         Ok(()) => Ok(()),
+        Err(Ended::NoWorker) => plan_in_order(context, admission, summary, sink),
         Err(Ended::Failed(error)) => Err(error),
         Err(Ended::Panicked(panic)) => std::panic::resume_unwind(panic),
     }
@@ -467,8 +498,11 @@ enum Finished {
     Panicked(Box<dyn std::any::Any + Send>),
 }
 
-/// Why [`hand_on_in_order`] stopped before the last step.
+/// Why [`hand_on_in_order`] stopped before the last step, or [`plan_in_parallel`] did not
+/// start it.
 enum Ended {
+    /// No worker thread could start.
+    NoWorker,
     Failed(PlanError),
     Panicked(Box<dyn std::any::Any + Send>),
 }
@@ -485,19 +519,23 @@ fn hand_on_in_order(
 ) -> Result<(), Ended> {
     let mut done: BTreeMap<usize, (Admitted, StepOutcome)> = BTreeMap::new();
     let (mut in_flight, mut admitting, mut next) = (0, true, admission.next);
+    // An admission that failed ends the plan once the steps before it are handed on, as on
+    // one thread.
+    let mut failed = None;
     loop {
         while admitting && in_flight < window {
-            match admission.next(summary).map_err(Ended::Failed)? {
-                Some(admitted) => {
+            match admission.next(summary) {
+                Ok(Some(admitted)) => {
                     in_flight += 1;
                     // The workers wait for work until this side ends: the send succeeds.
                     let _ = work.send(admitted);
                 }
-                None => admitting = false,
+                Ok(None) => admitting = false,
+                Err(error) => (admitting, failed) = (false, Some(error)),
             }
         }
         if in_flight == 0 {
-            return Ok(());
+            return failed.map_or(Ok(()), |error| Err(Ended::Failed(error)));
         }
         // Workers end only when told to or when a panic was sent: the receive succeeds.
         match results.recv() {
@@ -649,18 +687,15 @@ mod tests {
         }
     }
 
-    /// Plans with megatron on `threads` threads, the sink failing at step `fail_at`: the steps
-    /// the sink saw, and the plan's outcome.
-    fn plan_failing_at(
+    /// Plans `dataset` with megatron on `threads` threads, the sink failing at step
+    /// `fail_at`: the steps the sink saw, and the plan's outcome.
+    fn plan_of(
+        dataset: &Dataset,
+        batch_options: &BatchOptions,
         threads: usize,
         fail_at: usize,
     ) -> (Vec<usize>, Result<PlanSummary, PlanError>) {
         let spec = Spec::from_presets("llama-7b", "h100-sxm", "tp=8,cp=1,pp=2,dp=4").unwrap();
-        let batch_options = BatchOptions {
-            global_batch_tokens: Some(400_000),
-            context: Some(32768),
-            ..BatchOptions::default()
-        };
         let choices = Choices::fixed(spec.model.recompute);
         let options = PlanOptions {
             strategy: strategy::lookup("megatron").unwrap(),
@@ -670,7 +705,7 @@ mod tests {
             threads: Some(threads),
         };
         let mut seen = Vec::new();
-        let outcome = plan_epoch(&spec, &dataset(), &batch_options, &options, &mut |step| {
+        let outcome = plan_epoch(&spec, dataset, batch_options, &options, &mut |step| {
             seen.push(step.step);
             match step.step == fail_at {
                 true => Err("disk full".into()),
@@ -678,6 +713,19 @@ mod tests {
             }
         });
         (seen, outcome)
+    }
+
+    /// [`plan_of`] the synthetic dataset in steps of 400K tokens.
+    fn plan_failing_at(
+        threads: usize,
+        fail_at: usize,
+    ) -> (Vec<usize>, Result<PlanSummary, PlanError>) {
+        let batch_options = BatchOptions {
+            global_batch_tokens: Some(400_000),
+            context: Some(32768),
+            ..BatchOptions::default()
+        };
+        plan_of(&dataset(), &batch_options, threads, fail_at)
     }
 
     #[test]
@@ -704,5 +752,38 @@ mod tests {
                 other => panic!("{threads} threads: {:?}", other.map(|s| s.steps)),
             }
         }
+    }
+
+    /// A batch that cannot be drawn ends the plan with every step before it handed on, on any
+    /// number of threads (workers had planned later steps; they were dropped unsaid).
+    #[test]
+    fn a_batch_that_cannot_be_drawn_ends_the_plan_after_the_steps_before_it() {
+        // Short documents, then one whose tokens with any others overflow a batch's count.
+        let mut lengths = vec![1000; 50];
+        lengths.push(u32::MAX - 295);
+        let dataset = Dataset {
+            name: "overflowing".into(),
+            lengths,
+            empty: 0,
+        };
+        let batch_options = BatchOptions {
+            global_batch_tokens: Some(1500),
+            context: Some(65536),
+            seed: 3,
+            ..BatchOptions::default()
+        };
+        let (one, outcome) = plan_of(&dataset, &batch_options, 1, usize::MAX);
+        let Err(PlanError::Draw { step, .. }) = outcome else {
+            panic!("{:?}", outcome.map(|s| s.steps));
+        };
+        assert!(step > 2, "the overflowing batch is step {step}");
+        assert_eq!(one, (1..step).collect::<Vec<_>>());
+        let (three, outcome) = plan_of(&dataset, &batch_options, 3, usize::MAX);
+        assert!(
+            matches!(outcome, Err(PlanError::Draw { step: s, .. }) if s == step),
+            "{:?}",
+            outcome.map(|s| s.steps)
+        );
+        assert_eq!(three, one);
     }
 }

@@ -1228,41 +1228,54 @@ fn a_full_standard_output_is_an_error_not_a_bug() {
     assert!(!stderr.contains("internal error"), "{stderr}");
 }
 
-/// Standard output closed before the process starts (`>&-`): Rust's standard library takes
-/// every write to a closed descriptor as done, so the output was lost and the exit status 0.
-/// Now the first write to it is an error line and exit 2; a command that writes only files runs.
+/// Standard output closed before the process starts (`>&-`), or open for reading only
+/// (`1<file`): Rust's standard library takes every write to a closed descriptor, and every
+/// write failing with `EBADF`, as done, so the output was lost and the exit status 0. Now the
+/// first write to it is an error line and exit 2 (the file read from is left as it was); a
+/// command that writes only files runs.
 #[test]
-fn a_closed_standard_output_is_an_error_not_lost_output() {
+fn an_unwritable_standard_output_is_an_error_not_lost_output() {
     if !cfg!(target_os = "linux") {
         return; // seen before the standard library's start-up, on Linux only
     }
-    let run = |args: &str| {
+    let dir = tempfile::tempdir().unwrap();
+    let readable = write(dir.path(), "readable.txt", "kept\n");
+    let run = |args: &str, redirect: &str| {
         Command::new("sh")
             .args([
                 "-c",
-                &format!("exec \"$0\" {args} >&-"),
+                &format!("exec \"$0\" {args} {redirect}"),
                 env!("CARGO_BIN_EXE_slimpack"),
             ])
             .env_remove("RUST_BACKTRACE")
             .output()
             .unwrap()
     };
-    for args in ["passes", "schema"] {
-        let output = run(args);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{args}: {stderr}");
-        assert_eq!(
-            stderr.trim_end(),
-            "error: cannot write to standard output: it is closed",
-            "{args}"
-        );
+    let read_only = format!("1<{readable}");
+    for (redirect, why) in [
+        (">&-", "closed"),
+        (read_only.as_str(), "open for reading only"),
+    ] {
+        for args in ["passes", "schema"] {
+            let output = run(args, redirect);
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert_eq!(output.status.code(), Some(2), "{args} {redirect}: {stderr}");
+            assert_eq!(
+                stderr.trim_end(),
+                format!("error: cannot write to standard output: it is {why}"),
+                "{args} {redirect}"
+            );
+        }
     }
-    let dir = tempfile::tempdir().unwrap();
+    assert_eq!(std::fs::read_to_string(&readable).unwrap(), "kept\n");
     let out = dir.path().join("step.sir");
-    let output = run(&format!(
-        "compile --model tiny --cluster cpu --parallel tp=1,pp=1,dp=1 --batch {LENGTHS} -o {}",
-        out.display()
-    ));
+    let output = run(
+        &format!(
+            "compile --model tiny --cluster cpu --parallel tp=1,pp=1,dp=1 --batch {LENGTHS} -o {}",
+            out.display()
+        ),
+        ">&-",
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(0), "{stderr}");
     assert!(out.exists());

@@ -393,6 +393,8 @@ fn a_shorter_plan_leaves_no_stale_steps_behind() {
     plan("3", "ir");
     std::fs::write(dir.join("notes.txt"), "mine").unwrap();
     std::fs::write(dir.join("step-1.json"), "mine").unwrap();
+    // What an interrupted plan leaves of the step it was writing.
+    std::fs::write(dir.join(".step-000004.json.partial"), "{\"form").unwrap();
     plan("2", "json");
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
@@ -410,6 +412,32 @@ fn a_shorter_plan_leaves_no_stale_steps_behind() {
         "step-1.json",
     ];
     assert_eq!(names, expected);
+}
+
+/// A step that cannot be written (here a directory stands where its file goes) is an error
+/// line, and what was written of it aside is removed, not left beside the plan.
+#[test]
+fn a_step_that_cannot_be_written_leaves_nothing_aside() {
+    let scratch = scratch();
+    let dir = scratch.path();
+    std::fs::create_dir(dir.join("step-000002.json")).unwrap();
+    let mut args: Vec<&str> = vec!["plan"];
+    args.extend(JOB);
+    args.extend(["--global-batch-tokens", "2000000", "--steps", "3"]);
+    args.extend(["--out-dir", dir.to_str().unwrap()]);
+    let output = slimpack(&args);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("cannot write") && stderr.contains("step-000002.json"),
+        "{stderr}"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["step-000001.json", "step-000002.json"]);
 }
 
 /// A step file that is a link to another file (an input, say) is replaced by the new step, not

@@ -57,7 +57,7 @@ enum Command {
 /// Runs the command line and returns the process exit status (see [`exit`]).
 pub fn main() -> i32 {
     exit::quiet_on_closed_pipe();
-    output::guard_closed_stdout();
+    output::guard_unwritable_stdout();
     install_panic_hook();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -106,9 +106,9 @@ fn output_failure(message: &str) -> Option<String> {
         .iter()
         .find_map(|(stream, name)| {
             let cause = message.strip_prefix(&format!("failed printing to {stream}: "))?;
-            let cause = match *stream == "stdout" && output::stdout_closed() {
-                true => "it is closed",
-                false => cause,
+            let cause = match *stream {
+                "stdout" => output::stdout_unwritable().unwrap_or(cause),
+                _ => cause,
             };
             Some(format!("error: cannot write to standard {name}: {cause}"))
         })

@@ -5,7 +5,7 @@
 use anyhow::{bail, Context};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Names of standard output: `-`, and the device files that open descriptor 1 again (writing
 /// through one of those beside a second output on standard output would interleave the two).
@@ -21,8 +21,11 @@ pub fn is_stdout(path: Option<&Path>) -> bool {
     file(path).is_none()
 }
 
-/// Whether the process started with standard output closed, as [`see_closed_stdout`] saw it.
-static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+/// Why the process cannot write its standard output, as [`see_unwritable_stdout`] saw it at
+/// start-up: 0 it can, [`CLOSED`] or [`READ_ONLY`].
+static STDOUT_STATE: AtomicU8 = AtomicU8::new(0);
+const CLOSED: u8 = 1;
+const READ_ONLY: u8 = 2;
 
 /// Runs before `main` (an `.init_array` function, before the standard library's start-up,
 /// which reopens a closed descriptor 1 on `/dev/null`): only here is a closed standard output
@@ -30,23 +33,30 @@ static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 #[cfg(target_os = "linux")]
 #[used]
 #[link_section = ".init_array"]
-static SEE_CLOSED_STDOUT: extern "C" fn() = see_closed_stdout;
+static SEE_UNWRITABLE_STDOUT: extern "C" fn() = see_unwritable_stdout;
 
 #[cfg(target_os = "linux")]
-extern "C" fn see_closed_stdout() {
-    // SAFETY: `fcntl(F_GETFD)` only queries the descriptor.
-    if unsafe { libc::fcntl(1, libc::F_GETFD) } == -1 {
-        STDOUT_CLOSED.store(true, Ordering::Relaxed);
-    }
+extern "C" fn see_unwritable_stdout() {
+    // SAFETY: `fcntl(F_GETFL)` only queries the descriptor.
+    let flags = unsafe { libc::fcntl(1, libc::F_GETFL) };
+    let state = match flags {
+        -1 => CLOSED,
+        _ if flags & libc::O_ACCMODE == libc::O_RDONLY => READ_ONLY,
+        _ => return,
+    };
+    STDOUT_STATE.store(state, Ordering::Relaxed);
 }
 
 /// A process started with standard output closed (`>&-`) would write its output to the
-/// `/dev/null` the standard library put there, and exit 0: the output lost without a word.
-/// Descriptor 1 is pointed at `/dev/full` instead, so the first write fails, and
-/// [`stdout_closed`] lets the error say why (exit 2, like any output that cannot be written);
-/// a command that writes only files runs as usual. Call it first thing in `main`.
-pub fn guard_closed_stdout() {
-    if !stdout_closed() {
+/// `/dev/null` the standard library put there, and one started with it open for reading only
+/// (`1<file`) would have every write fail with `EBADF`, which the standard library takes for
+/// success: both exit 0 with the output lost without a word. Descriptor 1 is pointed at
+/// `/dev/full` instead (the file opened for reading is left as it is), so the first write
+/// fails, and [`stdout_unwritable`] lets the error say why (exit 2, like any output that
+/// cannot be written); a command that writes only files runs as usual. Call it first thing in
+/// `main`.
+pub fn guard_unwritable_stdout() {
+    if stdout_unwritable().is_none() {
         return;
     }
     #[cfg(unix)]
@@ -71,9 +81,14 @@ pub fn guard_closed_stdout() {
     }
 }
 
-/// Whether the process started with standard output closed (see [`guard_closed_stdout`]).
-pub fn stdout_closed() -> bool {
-    STDOUT_CLOSED.load(Ordering::Relaxed)
+/// Why the process cannot write its standard output, in words (`it is closed`), if it
+/// cannot (see [`guard_unwritable_stdout`]).
+pub fn stdout_unwritable() -> Option<&'static str> {
+    match STDOUT_STATE.load(Ordering::Relaxed) {
+        CLOSED => Some("it is closed"),
+        READ_ONLY => Some("it is open for reading only"),
+        _ => None,
+    }
 }
 
 /// Writes `text` to `path`, or to standard output (see [`file`]).
@@ -82,8 +97,10 @@ pub fn write(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
         Some(path) => {
             std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
         }
-        None if stdout_closed() => bail!("cannot write to standard output: it is closed"),
         None => {
+            if let Some(why) = stdout_unwritable() {
+                bail!("cannot write to standard output: {why}");
+            }
             let mut stdout = std::io::stdout().lock();
             stdout
                 .write_all(text.as_bytes())
@@ -128,8 +145,8 @@ pub fn check_distinct(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()>
         .iter()
         .filter_map(|&(flag, path)| path.filter(|_| is_stdout(path)).map(|path| (flag, path)))
         .collect();
-    if let (Some((first, _)), true) = (on_stdout.first(), stdout_closed()) {
-        bail!("{first} writes standard output, which is closed; redirect it");
+    if let (Some((first, _)), Some(why)) = (on_stdout.first(), stdout_unwritable()) {
+        bail!("{first} writes standard output, but {why}; redirect it");
     }
     if let [(first, _), (second, path), ..] = on_stdout[..] {
         bail!(

@@ -161,7 +161,11 @@ impl Output {
                 let partial = dir.join(format!(".{name}.partial"));
                 std::fs::write(&partial, text)
                     .and_then(|()| std::fs::rename(&partial, &path))
-                    .map_err(|e| format!("cannot write {}: {e}", path.display()))
+                    .map_err(|e| {
+                        // What was written of it (a full disk, a directory in its place).
+                        let _ = std::fs::remove_file(&partial);
+                        format!("cannot write {}: {e}", path.display())
+                    })
             }
             Output::Lines(path, writer) => {
                 let document = schedule_json::document(&planned.compiled.ir, predicted())
@@ -201,7 +205,12 @@ fn clear_steps(dir: &Path, extension: &str) -> anyhow::Result<Vec<usize>> {
         .with_context(|| format!("--out-dir: cannot read {}", dir.display()))?;
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some((step, ext)) = name.to_str().and_then(step_file) else {
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        // A step being written (left by an interrupted plan) is removed too, not counted.
+        let partial = partial_step(name);
+        let Some((step, ext)) = step_file(partial.unwrap_or(name)) else {
             continue;
         };
         let is_file = entry
@@ -210,10 +219,17 @@ fn clear_steps(dir: &Path, extension: &str) -> anyhow::Result<Vec<usize>> {
         if is_file && ext == extension {
             std::fs::remove_file(entry.path())
                 .with_context(|| format!("--out-dir: cannot remove {}", entry.path().display()))?;
-            removed.push(step);
+            if partial.is_none() {
+                removed.push(step);
+            }
         }
     }
     Ok(removed)
+}
+
+/// The step file name a step being written stands for (`.step-000012.json.partial`).
+fn partial_step(name: &str) -> Option<&str> {
+    name.strip_prefix('.')?.strip_suffix(".partial")
 }
 
 /// The step number and extension of a file named as plan names them (`step-000012.json`).
@@ -284,8 +300,9 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
                 n => format!(" (the last {n} train what the strategy delayed)"),
             };
             eprintln!(
-                "planned {} steps{drained} of {} ({} samples, {} tokens) with {} ({} of {} candidates, tuned in {:.0} ms)",
+                "planned {} step{}{drained} of {} ({} samples, {} tokens) with {} ({} of {} candidates, tuned in {:.0} ms)",
                 summary.steps,
+                if summary.steps == 1 { "" } else { "s" },
                 dataset.name,
                 summary.samples,
                 summary.tokens,

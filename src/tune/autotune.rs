@@ -597,28 +597,35 @@ pub fn parallel_map_on<T: Sync, R: Send>(
     }
     let next = AtomicUsize::new(0);
     let mut slots: Vec<Option<R>> = (0..items.len()).map(|_| None).collect();
+    let work = || {
+        let mut done = Vec::new();
+        loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            let Some(item) = items.get(index) else {
+                return done;
+            };
+            done.push((index, f(index, item)));
+        }
+    };
     std::thread::scope(|scope| {
+        // Threads the system will not start (a process limit) leave their share to the others,
+        // or to this thread when none starts.
         let workers: Vec<_> = (0..threads)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut done = Vec::new();
-                    loop {
-                        let index = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(item) = items.get(index) else {
-                            return done;
-                        };
-                        done.push((index, f(index, item)));
-                    }
-                })
-            })
+            .map_while(|_| std::thread::Builder::new().spawn_scoped(scope, work).ok())
             .collect();
+        let mut finished = Vec::new();
+        if workers.is_empty() {
+            finished.push(work());
+        }
         for worker in workers {
-            let done = worker
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            for (index, result) in done {
-                slots[index] = Some(result);
-            }
+            finished.push(
+                worker
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            );
+        }
+        for (index, result) in finished.into_iter().flatten() {
+            slots[index] = Some(result);
         }
     });
     slots

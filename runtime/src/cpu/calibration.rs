@@ -36,7 +36,7 @@ use slimpack_machine::cost::{
 
 use super::batch::{SampleId, TokenBatch, TokenSlice};
 use super::config::ModelConfig;
-use super::error::Result;
+use super::error::{CpuError, Result};
 use super::params::Params;
 use super::profile::{self, OpTimes};
 use super::stage::LayerRange;
@@ -172,12 +172,21 @@ fn measure_point(
     let params = Params::init(config, 1);
     let batch = TokenBatch::synthetic(config, &[n], 2)?;
     let runs: Vec<Result<Vec<PackTimes>>> = std::thread::scope(|scope| {
+        let run = || repeated_runs(config, &params, &batch, options.min_seconds);
+        // A copy the system will not start a thread for (a process limit) is an error: the
+        // point measures `threads` copies at once.
         let handles: Vec<_> = (0..options.threads.max(1))
-            .map(|_| scope.spawn(|| repeated_runs(config, &params, &batch, options.min_seconds)))
+            .map(|_| std::thread::Builder::new().spawn_scoped(scope, run))
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().expect("a calibration thread panicked"))
+            .map(|handle| match handle {
+                Ok(handle) => handle.join().expect("a calibration thread panicked"),
+                Err(error) => Err(CpuError::WorkerFailed {
+                    worker: "calibration".into(),
+                    message: format!("cannot start a thread: {error}"),
+                }),
+            })
             .collect()
     });
     let mut all = Vec::new();
