@@ -100,7 +100,7 @@ pub struct PlanOptions<'a> {
     pub tune: TuneOptions,
     /// Plan at most this many steps (default: the whole epoch).
     pub max_steps: Option<usize>,
-    /// Steps compiled at once after the first (default: one per available core).
+    /// Worker threads planning the steps after the first (default: one per available core).
     pub threads: Option<usize>,
 }
 

@@ -73,7 +73,8 @@ pub struct PlanArgs {
     /// fastest candidate within it, and a later step over it is re-tuned.
     #[arg(long, value_name = "FRACTION")]
     memory_limit: Option<String>,
-    /// Steps compiled at once (default: one per core).
+    /// Worker threads planning the steps after the first (default: one per core; at most two
+    /// steps per worker are in memory). The output is the same on any number.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Exit 0 even when some step's plan does not fit device memory (without it such a plan
