@@ -591,6 +591,11 @@ impl StepContext<'_> {
             limit,
             &options.tune,
         )?;
+        // The step tuned on its own batch, as the first step was.
+        let retune = || {
+            let (choices, tune) = (options.choices, &options.tune);
+            autotune::choose_with(strategy, spec, batch, state, choices, tune)
+        };
         let (mut compiled, mut metrics, mut replanned) = match step {
             // The tuned configuration over the limit, a kept one or a twin within it: re-planned
             // against that step (only a faster fitting plan replaces it).
@@ -611,27 +616,13 @@ impl StepContext<'_> {
             }
             Some(choice) => (choice.compiled, choice.evaluation.metrics, false),
             None => {
-                let choice = autotune::choose_with(
-                    strategy,
-                    spec,
-                    batch,
-                    state,
-                    options.choices,
-                    &options.tune,
-                )?;
+                let choice = retune()?;
                 let metrics = choice.evaluations[choice.chosen].metrics.clone();
                 (choice.compiled, metrics, true)
             }
         };
         if !replanned && (metrics.oom || metrics.peak_memory_bytes > limit) {
-            let choice = autotune::choose_with(
-                strategy,
-                spec,
-                batch,
-                state,
-                options.choices,
-                &options.tune,
-            )?;
+            let choice = retune()?;
             let best = &choice.evaluations[choice.chosen];
             if !best.metrics.oom && best.metrics.peak_memory_bytes <= limit {
                 metrics = best.metrics.clone();
