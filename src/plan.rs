@@ -184,9 +184,11 @@ pub fn plan_epoch(
         ..
     } = tuned.planned;
     hand_on(&mut summary, sink, 1, batch, compiled, metrics, false)?;
+    // No more workers than later steps can use.
     let threads = options
         .threads
         .unwrap_or_else(autotune::available_threads)
+        .min(max_steps.saturating_sub(1))
         .max(1);
     let context = StepContext {
         strategy,
@@ -203,7 +205,7 @@ pub fn plan_epoch(
         stream,
         state,
         like,
-        next: 2,
+        next_step: 2,
         max_steps,
     };
     if threads == 1 {
@@ -379,19 +381,19 @@ struct Admission<'a> {
     /// A batch of the run for the drain steps (its context and source).
     like: Batch,
     /// The number of the next step.
-    next: usize,
+    next_step: usize,
     max_steps: usize,
 }
 
 impl Admission<'_> {
     fn next(&mut self, summary: &mut PlanSummary) -> Result<Option<Admitted>, PlanError> {
-        if self.next > self.max_steps {
+        if self.next_step > self.max_steps {
             return Ok(None);
         }
         let (strategy, spec) = (self.strategy, self.spec);
         let batch = if !self.stream.epoch_done() {
             let drawn = (self.stream.next_batch()).map_err(|source| PlanError::Draw {
-                step: self.next,
+                step: self.next_step,
                 source,
             })?;
             autotune::admit(strategy, &mut self.state, spec, &drawn)
@@ -402,8 +404,8 @@ impl Admission<'_> {
             return Ok(None);
         };
         let offered = (strategy.candidates)(spec, &batch, &self.state, self.choices);
-        let step = self.next;
-        self.next += 1;
+        let step = self.next_step;
+        self.next_step += 1;
         Ok(Some(Admitted {
             step,
             batch,
@@ -431,7 +433,9 @@ fn plan_in_order(
 /// on in step order: at most two steps per worker are admitted and not yet handed on (memory
 /// stays bounded), and no worker waits for a slower step or for the sink, which writes the
 /// schedules. Every step is planned from what its admission gave it, so the steps are those
-/// of a plan on one thread. A worker's panic (a bug) is resumed here once the workers stopped.
+/// of a plan on one thread. An error ends the plan once the steps before it are handed on
+/// and the workers finished the steps they were planning (a step is not interrupted). A
+/// worker's panic (a bug) is resumed here as soon as it arrives, once the workers stopped.
 fn plan_in_parallel(
     context: &StepContext,
     admission: &mut Admission,
@@ -461,11 +465,11 @@ fn plan_in_parallel(
                 }
                 let outcome =
                     std::panic::catch_unwind(AssertUnwindSafe(|| context.plan(&admitted)));
-                let message = match outcome {
-                    Ok(outcome) => Finished::Step(Box::new((admitted, outcome))),
-                    Err(panic) => Finished::Panicked(panic),
+                let (message, panicked) = match outcome {
+                    Ok(outcome) => (Finished::Step(Box::new((admitted, outcome))), false),
+                    Err(panic) => (Finished::Panicked(panic), true),
                 };
-                if finished.send(message).is_err() {
+                if finished.send(message).is_err() || panicked {
                     return;
                 }
             };
@@ -479,16 +483,25 @@ fn plan_in_parallel(
         if started == 0 {
             return Err(Ended::NoWorker);
         }
-        let ended = hand_on_in_order(admission, 2 * threads, &work, &results, summary, sink);
-        // The workers drop what is still queued and stop after the step they plan.
-        stop.store(true, Ordering::Relaxed);
-        ended
+        // However this side ends (a panic in the sink included), the workers drop what is
+        // still queued and stop after the step they plan.
+        let _stop = StopOnDrop(stop);
+        hand_on_in_order(admission, 2 * started, &work, &results, summary, sink)
     });
     match ended {
         Ok(()) => Ok(()),
         Err(Ended::NoWorker) => plan_in_order(context, admission, summary, sink),
         Err(Ended::Failed(error)) => Err(error),
         Err(Ended::Panicked(panic)) => std::panic::resume_unwind(panic),
+    }
+}
+
+/// Tells [`plan_in_parallel`]'s workers to stop when dropped.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -518,7 +531,7 @@ fn hand_on_in_order(
     sink: &mut dyn FnMut(PlannedStep) -> Result<(), String>,
 ) -> Result<(), Ended> {
     let mut done: BTreeMap<usize, (Admitted, StepOutcome)> = BTreeMap::new();
-    let (mut in_flight, mut admitting, mut next) = (0, true, admission.next);
+    let (mut in_flight, mut admitting, mut next) = (0, true, admission.next_step);
     // An admission that failed ends the plan once the steps before it are handed on, as on
     // one thread.
     let mut failed = None;

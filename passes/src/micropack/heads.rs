@@ -57,8 +57,9 @@ struct ReleaseGroup {
     present: usize,
     /// No head below this position is present.
     lowest: usize,
-    /// The last bound's count of keys at or under it: the next search starts there (the room
-    /// of a pack only shrinks as it fills, so the next count is near).
+    /// The last bound's count of keys at or under it: the next search starts there (a pack's
+    /// room shrinks as it fills, so the next count is usually near; it goes back up at the
+    /// next pack, which the search handles as well).
     hint: usize,
 }
 

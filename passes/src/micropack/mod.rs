@@ -197,7 +197,11 @@ impl ChainOrder {
 /// A pack over the cap fails the partition, so once the tokens left exceed `cap` times the
 /// packs left the pass cannot fit: unless `keep_failure`, it stops there and returns the
 /// partial partition as not fitting (the pack-count search then tries the next count without
-/// finishing a doomed pass, which would make it quadratic in the packs).
+/// finishing a doomed pass, which would make it quadratic in the packs). Under a `fixed`
+/// budget the pass also stops, as not fitting, once the cost left exceeds the packs left at
+/// that budget or a pack went over it: the budget bisection, its only caller, rejects such a
+/// pass anyway (it accepts a pass whose every pack is within `budget·(1 + 1e-9)`; the looser
+/// `1e-6` margins below keep the summation's rounding from stopping a pass it would accept).
 fn attempt(
     chains: &[&[Item]],
     release: &[usize],
