@@ -88,14 +88,25 @@ fn inferred_kind(first: &Map<String, Value>) -> RecordKind {
 }
 
 /// Parses one line into a JSON object; the error message starts with the column.
+///
+/// A string escape of a lone UTF-16 surrogate (`"\ud800"`, which Python's `json.dumps`
+/// writes for text decoded with `surrogateescape`, and `json.loads` reads back) is no
+/// character, so strict JSON refuses it: such a line is read with each lone surrogate as
+/// U+FFFD, the replacement character a tokenizer sees for any undecodable text.
 fn parse_record(line: &[u8]) -> Result<Map<String, Value>, String> {
-    let value: Value = serde_json::from_slice(line).map_err(|error| {
-        format!(
-            "column {}: malformed JSON: {}",
-            error.column(),
-            json_message(&error)
-        )
-    })?;
+    let strict = serde_json::from_slice::<Value>(line);
+    let value = match strict {
+        Ok(value) => value,
+        Err(error) => replace_lone_surrogates(line)
+            .and_then(|repaired| serde_json::from_slice::<Value>(&repaired).ok())
+            .ok_or_else(|| {
+                format!(
+                    "column {}: malformed JSON: {}",
+                    error.column(),
+                    json_message(&error)
+                )
+            })?,
+    };
     match value {
         Value::Object(record) => Ok(record),
         other => Err(format!(
@@ -103,6 +114,43 @@ fn parse_record(line: &[u8]) -> Result<Map<String, Value>, String> {
             value_kind(&other)
         )),
     }
+}
+
+/// `line` with every `\uXXXX` escape of a UTF-16 surrogate that is not half of a pair
+/// replaced by `\ufffd`; `None` when it has none.
+fn replace_lone_surrogates(line: &[u8]) -> Option<Vec<u8>> {
+    // The code unit of the `\uXXXX` escape at `at`, if there is one.
+    let unit = |at: usize| -> Option<u16> {
+        let hex = line.get(at..at + 6)?.strip_prefix(b"\\u")?;
+        u16::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+    };
+    let high = |unit: u16| (0xD800..0xDC00).contains(&unit);
+    let low = |unit: u16| (0xDC00..0xE000).contains(&unit);
+    let mut repaired = Vec::with_capacity(line.len());
+    let (mut at, mut replaced) = (0, false);
+    while at < line.len() {
+        if line[at] != b'\\' {
+            repaired.push(line[at]);
+            at += 1;
+            continue;
+        }
+        match unit(at) {
+            Some(first) if high(first) && unit(at + 6).is_some_and(low) => {
+                repaired.extend_from_slice(&line[at..at + 12]);
+                at += 12;
+            }
+            Some(lone) if high(lone) || low(lone) => {
+                repaired.extend_from_slice(b"\\ufffd");
+                (at, replaced) = (at + 6, true);
+            }
+            // Any other escape, two bytes at a time (so `\\` never starts one).
+            _ => {
+                repaired.extend_from_slice(&line[at..(at + 2).min(line.len())]);
+                at += 2;
+            }
+        }
+    }
+    replaced.then_some(repaired)
 }
 
 /// The length of a record under `field`, or under the first default length field present.
@@ -194,6 +242,26 @@ mod tests {
 
     fn message(text: &str, options: &LoadOptions) -> String {
         lengths(text, options).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn lone_surrogate_escapes_read_as_replacement_characters() {
+        let text = |line: &str| -> String {
+            let record = parse_record(line.as_bytes()).unwrap();
+            record["text"].as_str().unwrap().to_string()
+        };
+        // Lone high, lone low, a high before a non-surrogate, at the end of a string.
+        assert_eq!(text(r#"{"text": "a\ud800b"}"#), "a\u{fffd}b");
+        assert_eq!(text(r#"{"text": "a\uDC00"}"#), "a\u{fffd}");
+        assert_eq!(text(r#"{"text": "\ud83d\u0041"}"#), "\u{fffd}A");
+        // A pair is one character; an escaped backslash before `ud800` is no escape of it.
+        assert_eq!(text(r#"{"text": "\ud83d\ude00 \\ud800"}"#), "\u{1f600} \\ud800");
+        assert_eq!(text(r#"{"text": "\\\ud800"}"#), "\\\u{fffd}");
+        // Other malformed lines keep their error.
+        let error = parse_record(br#"{"text": "\ud800" "#).unwrap_err();
+        assert!(error.contains("malformed JSON"), "{error}");
+        let options = LoadOptions::default();
+        assert_eq!(lengths("{\"text\": \"\\udfff\"}", &options).unwrap().len(), 1);
     }
 
     #[test]
