@@ -1706,3 +1706,27 @@ fn misdirected_files_and_sizes_are_named_as_such() {
         &["-o /nonexistent/schema.json", "does not exist"],
     );
 }
+
+/// A cap below the longest unsliced sample: pack-fwd put that sample in a pack over the cap,
+/// which the verifier refused with a message about the IR, and `--no-verify` let through as
+/// a schedule (exit 0). The pass now says what to do, verifier or not.
+#[test]
+fn a_cap_below_the_longest_unsliced_sample_is_refused_by_the_packer() {
+    for verify in [None, Some("--no-verify")] {
+        let mut extra = vec![
+            "--batch",
+            LENGTHS,
+            "--passes",
+            "assign-dp,pack-fwd{cap=4096}",
+        ];
+        extra.extend(verify);
+        bad_input(
+            &tiny("tp=1,pp=1,dp=1", &extra),
+            &[
+                "pass 'pack-fwd'",
+                "a slice of 17000 tokens is longer than the cap of 4096 tokens",
+                "slice{size=4096}",
+            ],
+        );
+    }
+}

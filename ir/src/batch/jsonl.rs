@@ -255,13 +255,19 @@ mod tests {
         assert_eq!(text(r#"{"text": "a\uDC00"}"#), "a\u{fffd}");
         assert_eq!(text(r#"{"text": "\ud83d\u0041"}"#), "\u{fffd}A");
         // A pair is one character; an escaped backslash before `ud800` is no escape of it.
-        assert_eq!(text(r#"{"text": "\ud83d\ude00 \\ud800"}"#), "\u{1f600} \\ud800");
+        assert_eq!(
+            text(r#"{"text": "\ud83d\ude00 \\ud800"}"#),
+            "\u{1f600} \\ud800"
+        );
         assert_eq!(text(r#"{"text": "\\\ud800"}"#), "\\\u{fffd}");
         // Other malformed lines keep their error.
         let error = parse_record(br#"{"text": "\ud800" "#).unwrap_err();
         assert!(error.contains("malformed JSON"), "{error}");
         let options = LoadOptions::default();
-        assert_eq!(lengths("{\"text\": \"\\udfff\"}", &options).unwrap().len(), 1);
+        assert_eq!(
+            lengths("{\"text\": \"\\udfff\"}", &options).unwrap().len(),
+            1
+        );
     }
 
     #[test]

@@ -118,6 +118,22 @@ pub(crate) fn pack_direction(
             }));
             bounds.push(ids.len());
         }
+        // A slice longer than the cap fits no pack: the partition would put it in one over
+        // the cap (which the verifier refuses, and `--no-verify` would let through).
+        if let Some(longest) = items
+            .iter()
+            .map(|item| item.tokens)
+            .max()
+            .filter(|&t| t > cap)
+        {
+            return Err(crate::PassError::Failed {
+                pass,
+                message: format!(
+                    "a slice of {longest} tokens is longer than the cap of {cap} tokens per \
+                     pack: cut the samples first (slice{{size={cap}}}) or raise cap"
+                ),
+            });
+        }
         let chains: Vec<&[Item]> = bounds.windows(2).map(|w| &items[w[0]..w[1]]).collect();
         let ids: Vec<&[SliceId]> = bounds.windows(2).map(|w| &ids[w[0]..w[1]]).collect();
         if chains.is_empty() {
