@@ -57,8 +57,13 @@ const LENGTHS: &str = "tests/fixtures/lengths.txt";
 
 /// `compile` of the tiny model on the cpu preset with `parallel`, then `extra`.
 fn tiny<'a>(parallel: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    on_tiny("compile", parallel, extra)
+}
+
+/// `command` with the tiny model on the cpu preset with `parallel`, then `extra`.
+fn on_tiny<'a>(command: &'a str, parallel: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
-        "compile",
+        command,
         "--model",
         "tiny",
         "--cluster",
@@ -341,21 +346,18 @@ fn cpu_run_of_a_huge_document_is_refused_up_front() {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "huge.txt", "50000000\n");
     bad_input(
-        &[
+        &on_tiny(
             "run",
-            "--backend",
-            "cpu",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
             "tp=1,pp=1,dp=1",
-            "--batch",
-            &path,
-            "--strategy",
-            "slimpack",
-        ],
+            &[
+                "--backend",
+                "cpu",
+                "--batch",
+                &path,
+                "--strategy",
+                "slimpack",
+            ],
+        ),
         &[
             "needs about",
             "GiB of memory by the simulator's estimate",
@@ -455,19 +457,11 @@ fn batch_with_synthetic() {
 #[test]
 fn bench_dataset_with_batch() {
     bad_input(
-        &[
+        &on_tiny(
             "bench",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
             "tp=1,pp=1,dp=2",
-            "--dataset",
-            LENGTHS,
-            "--batch",
-            LENGTHS,
-        ],
+            &["--dataset", LENGTHS, "--batch", LENGTHS],
+        ),
         &["--dataset", "--batch", "give one"],
     );
 }
@@ -552,21 +546,11 @@ fn world_not_a_multiple_of_the_node_is_accepted_and_said() {
 #[test]
 fn repeat_zero() {
     bad_input(
-        &[
+        &on_tiny(
             "run",
-            "--backend",
-            "cpu",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
             "tp=1",
-            "--batch",
-            LENGTHS,
-            "--repeat",
-            "0",
-        ],
+            &["--backend", "cpu", "--batch", LENGTHS, "--repeat", "0"],
+        ),
         &["--repeat 0"],
     );
 }
@@ -574,19 +558,11 @@ fn repeat_zero() {
 #[test]
 fn bench_steps_beyond_the_bound() {
     bad_input(
-        &[
+        &on_tiny(
             "bench",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
             "tp=1",
-            "--dataset",
-            LENGTHS,
-            "--steps",
-            "1000000000",
-        ],
+            &["--dataset", LENGTHS, "--steps", "1000000000"],
+        ),
         &["--steps 1000000000", "give 1 to 100000"],
     );
 }
@@ -942,40 +918,25 @@ fn already_handled_backends() {
     // tests/cuda_gpu.rs runs them.
     if slimpack::gpu::gpus().is_err() {
         bad_input(
-            &[
+            &on_tiny(
                 "run",
-                "--backend",
-                "cuda",
-                "--model",
-                "tiny",
-                "--cluster",
-                "cpu",
-                "--parallel",
                 "tp=1",
-                "--batch",
-                LENGTHS,
-                "--strategy",
-                "slimpack",
-            ],
+                &[
+                    "--backend",
+                    "cuda",
+                    "--batch",
+                    LENGTHS,
+                    "--strategy",
+                    "slimpack",
+                ],
+            ),
             &["--backend cuda: "],
         );
         bad_input(&["calibrate", "--backend", "cuda"], &["--backend cuda: "]);
         bad_input(&["validate", "--backend", "cuda"], &["--backend cuda: "]);
     }
     bad_input(
-        &[
-            "run",
-            "--backend",
-            "cpu",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
-            "tp=1",
-            "--batch",
-            LENGTHS,
-        ],
+        &on_tiny("run", "tp=1", &["--backend", "cpu", "--batch", LENGTHS]),
         &["give --strategy NAME"],
     );
     bad_input(
@@ -1140,39 +1101,26 @@ fn an_output_never_overwrites_an_input() {
 fn counts_beyond_the_bound() {
     let huge = "18446744073709551615";
     bad_input(
-        &[
+        &on_tiny(
             "plan",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
             "tp=1",
-            "--batch",
-            LENGTHS,
-            "--threads",
-            huge,
-            "--jsonl",
-            "/dev/null",
-        ],
+            &[
+                "--batch",
+                LENGTHS,
+                "--threads",
+                huge,
+                "--jsonl",
+                "/dev/null",
+            ],
+        ),
         &["--threads", "give 1 to"],
     );
     bad_input(
-        &[
+        &on_tiny(
             "run",
-            "--backend",
-            "cpu",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
             "tp=1",
-            "--batch",
-            LENGTHS,
-            "--repeat",
-            huge,
-        ],
+            &["--backend", "cpu", "--batch", LENGTHS, "--repeat", huge],
+        ),
         &["--repeat", "give 1 to 100000"],
     );
     bad_input(
@@ -1318,19 +1266,11 @@ fn eqsat_limits_beyond_the_bound() {
 #[test]
 fn a_bench_with_nothing_to_run() {
     bad_input(
-        &[
+        &on_tiny(
             "bench",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
             "tp=1,pp=2,dp=1",
-            "--dataset",
-            LENGTHS,
-            "--strategies",
-            "hybrid-cp",
-        ],
+            &["--dataset", LENGTHS, "--strategies", "hybrid-cp"],
+        ),
         &["--strategies hybrid-cp", "none applies", "needs pp=1"],
     );
 }
@@ -1349,19 +1289,7 @@ fn every_output_flag_takes_dash_for_standard_output() {
         &["--trace - and --report json would both write standard output"],
     );
     bad_input(
-        &[
-            "bench",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
-            "tp=1",
-            "--dataset",
-            LENGTHS,
-            "--json",
-            "-",
-        ],
+        &on_tiny("bench", "tp=1", &["--dataset", LENGTHS, "--json", "-"]),
         &["--json - and the report would both write standard output"],
     );
     let dash = Path::new(env!("CARGO_MANIFEST_DIR")).join("-");
