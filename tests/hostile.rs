@@ -8,16 +8,10 @@
 
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
-fn slimpack(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_slimpack"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("RUST_BACKTRACE")
-        .output()
-        .expect("the slimpack binary runs")
-}
+mod common;
+use common::{on_tiny, slimpack};
 
 /// Asserts exit status `code`, one `error:` line on stderr holding every needle, and an empty
 /// stdout.
@@ -58,21 +52,6 @@ const LENGTHS: &str = "tests/fixtures/lengths.txt";
 /// `compile` of the tiny model on the cpu preset with `parallel`, then `extra`.
 fn tiny<'a>(parallel: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     on_tiny("compile", parallel, extra)
-}
-
-/// `command` with the tiny model on the cpu preset with `parallel`, then `extra`.
-fn on_tiny<'a>(command: &'a str, parallel: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        command,
-        "--model",
-        "tiny",
-        "--cluster",
-        "cpu",
-        "--parallel",
-        parallel,
-    ];
-    args.extend_from_slice(extra);
-    args
 }
 
 fn write(dir: &Path, name: &str, content: &str) -> String {

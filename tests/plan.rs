@@ -3,7 +3,7 @@
 //! summary reaches stderr when it is not a terminal (no progress bar).
 
 mod common;
-use common::slimpack;
+use common::{on_tiny, slimpack};
 
 /// A job with one candidate (recompute and CP fixed), so tuning once on the first step and
 /// tuning every step choose the same configuration.
@@ -33,6 +33,16 @@ fn succeed(args: &[&str]) -> std::process::Output {
         String::from_utf8_lossy(&output.stderr)
     );
     output
+}
+
+/// The names of the files in `dir`, sorted.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
 }
 
 /// A directory for one test's outputs, removed when the test ends (an epoch's JSONL is ~80 MB).
@@ -300,7 +310,7 @@ fn jsonl_dash_is_standard_output() {
         std::process::Command::new(env!("CARGO_BIN_EXE_slimpack"))
             .args(&args)
             .args(extra)
-            .current_dir(&dir)
+            .current_dir(dir)
             .output()
             .unwrap()
     };
@@ -336,29 +346,26 @@ fn an_epoch_plan_trains_every_document_it_drew() {
     let mut plans = Vec::new();
     for threads in ["1", "3"] {
         let lines = scratch.path().join(format!("plan-{threads}.jsonl"));
-        let output = succeed(&[
+        let output = succeed(&on_tiny(
             "plan",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
             "tp=1,pp=1,dp=1",
-            "--batch",
-            "tests/fixtures/lengths.txt",
-            "--context",
-            "20000",
-            "--global-batch",
-            "2",
-            "--strategy",
-            "wlb",
-            "--threads",
-            threads,
-            "--jsonl",
-            lines.to_str().unwrap(),
-            "--report",
-            "json",
-        ]);
+            &[
+                "--batch",
+                "tests/fixtures/lengths.txt",
+                "--context",
+                "20000",
+                "--global-batch",
+                "2",
+                "--strategy",
+                "wlb",
+                "--threads",
+                threads,
+                "--jsonl",
+                lines.to_str().unwrap(),
+                "--report",
+                "json",
+            ],
+        ));
         let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
         let lengths = std::fs::read_to_string("tests/fixtures/lengths.txt").unwrap();
         let lengths: Vec<u64> = lengths
@@ -396,11 +403,7 @@ fn a_shorter_plan_leaves_no_stale_steps_behind() {
     // What an interrupted plan leaves of the step it was writing.
     std::fs::write(dir.join(".step-000004.json.partial"), "{\"form").unwrap();
     plan("2", "json");
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
+    let names = names_in(dir);
     // The ir files are another form of plan, left as they are.
     let expected = [
         "notes.txt",
@@ -432,11 +435,7 @@ fn a_step_that_cannot_be_written_leaves_nothing_aside() {
         stderr.contains("cannot write") && stderr.contains("step-000002.json"),
         "{stderr}"
     );
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().into_string().unwrap())
-        .collect();
-    names.sort();
+    let names = names_in(dir);
     assert_eq!(names, ["step-000001.json", "step-000002.json"]);
 }
 
@@ -453,21 +452,18 @@ fn a_step_file_that_links_elsewhere_is_replaced_not_written_through() {
     let out = dir.join("out");
     std::fs::create_dir(&out).unwrap();
     std::fs::hard_link(&batch, out.join("step-000001.json")).unwrap();
-    succeed(&[
+    succeed(&on_tiny(
         "plan",
-        "--model",
-        "tiny",
-        "--cluster",
-        "cpu",
-        "--parallel",
         "tp=1,pp=1,dp=1",
-        "--strategy",
-        "megatron",
-        "--batch",
-        batch.to_str().unwrap(),
-        "--out-dir",
-        out.to_str().unwrap(),
-    ]);
+        &[
+            "--strategy",
+            "megatron",
+            "--batch",
+            batch.to_str().unwrap(),
+            "--out-dir",
+            out.to_str().unwrap(),
+        ],
+    ));
     assert_eq!(std::fs::read_to_string(&batch).unwrap(), lengths);
     let step = std::fs::read_to_string(out.join("step-000001.json")).unwrap();
     assert!(step.contains("slimpack.schedule"), "{step}");
@@ -477,27 +473,24 @@ fn a_step_file_that_links_elsewhere_is_replaced_not_written_through() {
 /// nothing, and those documents were in no step).
 #[test]
 fn a_cut_plan_reports_what_the_strategy_still_delays() {
-    let output = succeed(&[
+    let output = succeed(&on_tiny(
         "plan",
-        "--model",
-        "tiny",
-        "--cluster",
-        "cpu",
-        "--parallel",
         "tp=1,pp=2,dp=2",
-        "--batch",
-        "tests/fixtures/wikipedia-100k.lengths.txt",
-        "--context",
-        "4096",
-        "--global-batch-tokens",
-        "65536",
-        "--strategy",
-        "wlb",
-        "--steps",
-        "3",
-        "--report",
-        "json",
-    ]);
+        &[
+            "--batch",
+            "tests/fixtures/wikipedia-100k.lengths.txt",
+            "--context",
+            "4096",
+            "--global-batch-tokens",
+            "65536",
+            "--strategy",
+            "wlb",
+            "--steps",
+            "3",
+            "--report",
+            "json",
+        ],
+    ));
     let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(summary["drain_steps"], 0);
     assert!(

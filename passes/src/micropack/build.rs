@@ -85,7 +85,8 @@ pub(crate) fn pack_direction(
                 message: format!("replica already has {} packs", direction.keyword()),
             });
         }
-        // Every chain's items and slice ids in one table each, a chain's at `bounds[c]..bounds[c + 1]`.
+        // Every chain's items and slice ids in one table each: chain `c` is at
+        // `bounds[c]..bounds[c + 1]`.
         let (mut items, mut ids, mut bounds) = (Vec::new(), Vec::new(), vec![0]);
         let mut release = Vec::new();
         let forward_packs = ir.packs_on(replica, Direction::Forward);
