@@ -12,7 +12,8 @@
 //!   when the batch was cut to one.
 //! - `slice-cover`: the slices of a sample are disjoint and cover `[0, len)` exactly: no token
 //!   lost or duplicated; every slice has at least one token.
-//! - `slice-chain`: dependency edges chain each sample's slices in offset order (j -> j+1).
+//! - `slice-chain`: dependency edges chain each sample's slices in offset order (j -> j+1), and
+//!   the slice table the passes read agrees with the slice nodes and their edges.
 //! - `replica-ranks`: a replica has at least one DP rank, each in `[0, dp)`, none repeated; no
 //!   two replicas have the same ranks; DP-Merge groups (replicas of two or more ranks) are
 //!   pairwise disjoint.
@@ -67,7 +68,9 @@ use petgraph::graph::DiGraph;
 
 use crate::error::{IrError, Result};
 use crate::spec::Recompute;
-use crate::step::{Direction, PackId, Part, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr};
+use crate::step::{
+    Direction, Node, PackId, Part, Phase, ReplicaId, SampleId, SliceId, StageId, StepIr,
+};
 use crate::text::Names;
 
 mod index;
@@ -360,6 +363,21 @@ impl Verifier<'_> {
                         slice_name,
                         "slice-chain",
                         "dependency edge does not lead to the next slice in offset order".into(),
+                    );
+                }
+                // The slice table the passes read must say what the graph says.
+                let node = match &ir.graph()[slice_id.node()] {
+                    Node::Slice(node) => Some(*node),
+                    _ => None,
+                };
+                if node != Some(slice)
+                    || ir.sample_of(slice_id) != sample_id
+                    || ir.next_slice(slice_id) != slices.get(j + 1).copied()
+                {
+                    self.report(
+                        slice_name,
+                        "slice-chain",
+                        "the slice table disagrees with the graph's slice node or edges".into(),
                     );
                 }
             }
@@ -849,6 +867,30 @@ mod tests {
         assert_eq!(errors.len(), 1, "{errors:?}");
         assert_eq!(errors[0].invariant, "slice-chain");
         assert_eq!(errors[0].location, "%d0.0");
+    }
+
+    /// The slice table the passes read (`StepIr::slice`, `next_slice`, `sample_of`) is kept
+    /// beside the slice nodes; the public API changes both together, so this test rewrites a
+    /// node by hand.
+    #[test]
+    fn a_slice_table_that_disagrees_with_the_nodes_is_reported() {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+        let mut ir = StepIr::new(spec, BatchInfo::default());
+        let sample = ir.add_sample(Sample {
+            len: 10,
+            doc: 0,
+            piece: 0,
+        });
+        let slices = ir.set_slices(sample, &[4, 6]);
+        assert!(check(&ir).is_empty());
+        ir.graph_mut()[slices[1].node()] = Node::Slice(crate::step::Slice { start: 5, len: 5 });
+        let errors = check(&ir);
+        assert!(
+            errors.iter().any(
+                |e| e.invariant == "slice-chain" && e.message.contains("slice table disagrees")
+            ),
+            "{errors:?}"
+        );
     }
 
     /// A tiny step with one sample cut into slices of `lengths`, all in one forward pack.

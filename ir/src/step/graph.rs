@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rustc_hash::FxHashMap;
 
-use petgraph::stable_graph::StableDiGraph;
+use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 use petgraph::Direction::{Incoming, Outgoing};
 
@@ -61,6 +61,33 @@ pub struct StepIr {
     sample_replica: Vec<Option<ReplicaId>>,
     /// Per replica, the batch positions of the samples placed on it.
     replica_samples: FxHashMap<ReplicaId, BTreeSet<u32>>,
+    /// Every slice's tokens, sample and next slice, indexed by node index: what its node and
+    /// its `Contains` and `Next` edges say, kept in one dense table because passes, the
+    /// simulator and the lowering read slices one by one in pack order (on a large step each
+    /// read of a node, and each walk of its edge list, missed the caches). Only the methods
+    /// that add and remove slices write it, with the graph; the verifier checks the two agree.
+    slice_rows: Vec<SliceRow>,
+}
+
+/// A slice's row in [`StepIr`]'s slice table (`sample == NO_NODE` for a node that is no slice).
+#[derive(Debug, Clone, Copy)]
+struct SliceRow {
+    slice: Slice,
+    /// The sample's node index.
+    sample: u32,
+    /// The next slice's node index (`NO_NODE` for the sample's last).
+    next: u32,
+}
+
+/// No node, in [`SliceRow`]s.
+const NO_NODE: u32 = u32::MAX;
+
+impl SliceRow {
+    const ABSENT: SliceRow = SliceRow {
+        slice: Slice { start: 0, len: 0 },
+        sample: NO_NODE,
+        next: NO_NODE,
+    };
 }
 
 impl StepIr {
@@ -99,6 +126,7 @@ impl StepIr {
             sample_position: Vec::new(),
             sample_replica: Vec::new(),
             replica_samples: FxHashMap::default(),
+            slice_rows: Vec::new(),
         };
         for stage in stages {
             // A stage's own mode equal to the model's is no mode of its own (as
@@ -155,11 +183,13 @@ impl StepIr {
         assert!(sample.len > 0, "a sample of no tokens; this is a bug");
         let id = self.add_bare_sample(sample);
         // A new sample has no slices to replace or to chain after.
-        let slice = self.graph.add_node(Node::Slice(Slice {
-            start: 0,
-            len: sample.len,
-        }));
-        self.graph.add_edge(id.0, slice, Edge::Contains);
+        self.add_slice_node(
+            id,
+            Slice {
+                start: 0,
+                len: sample.len,
+            },
+        );
         id
     }
 
@@ -173,6 +203,8 @@ impl StepIr {
         self.samples.reserve(samples);
         self.sample_replica.reserve(samples);
         self.sample_position
+            .reserve(self.graph.node_bound() + samples.saturating_mul(2));
+        self.slice_rows
             .reserve(self.graph.node_bound() + samples.saturating_mul(2));
     }
 
@@ -211,9 +243,17 @@ impl StepIr {
     }
 
     pub fn slice(&self, id: SliceId) -> &Slice {
-        match &self.graph[id.0] {
-            Node::Slice(slice) => slice,
-            other => panic!("{id:?} is not a slice but {other:?}; this is a bug"),
+        match self.slice_rows.get(id.0.index()) {
+            Some(row) if row.sample != NO_NODE => &row.slice,
+            _ => self.not_a_slice(id),
+        }
+    }
+
+    #[cold]
+    fn not_a_slice(&self, id: SliceId) -> ! {
+        match self.graph.node_weight(id.0) {
+            Some(other) => panic!("{id:?} is not a slice but {other:?}; this is a bug"),
+            None => panic!("{id:?} is no node; this is a bug"),
         }
     }
 
@@ -230,18 +270,38 @@ impl StepIr {
     }
 
     /// Every sample's slices in offset order (as [`StepIr::slices_of`]), by batch position,
-    /// and every slice's sample position, gathered in one pass over the edge table: for
+    /// and every slice's sample position, gathered in one pass over the slice table: for
     /// passes that visit every sample or slice, where a walk of each node's edge list misses
     /// the caches on a large step.
     pub fn sample_slices(&self) -> SampleSlices {
+        let slices = (self.slice_rows.iter().enumerate())
+            .filter(|(_, row)| row.sample != NO_NODE)
+            .map(|(index, row)| {
+                let sample = SampleId(NodeIndex::new(row.sample as usize));
+                (sample, SliceId(NodeIndex::new(index)))
+            });
+        self.gather_sample_slices(slices)
+    }
+
+    /// As [`StepIr::sample_slices`], read from the `Contains` edges instead of the slice table
+    /// (for the verifier, which checks the two agree).
+    pub(crate) fn sample_slices_by_edges(&self) -> SampleSlices {
+        let slices = (self.graph.edge_references())
+            .filter(|edge| *edge.weight() == Edge::Contains)
+            .map(|edge| (SampleId(edge.source()), SliceId(edge.target())));
+        self.gather_sample_slices(slices)
+    }
+
+    fn gather_sample_slices(
+        &self,
+        slices: impl Iterator<Item = (SampleId, SliceId)>,
+    ) -> SampleSlices {
         let mut contains: Vec<(u32, SliceId)> = Vec::with_capacity(self.samples.len());
         let mut sample_at = vec![u32::MAX; self.graph.node_bound()];
-        for edge in self.graph.edge_references() {
-            if *edge.weight() == Edge::Contains {
-                let position = self.position_of(SampleId(edge.source()));
-                contains.push((position, SliceId(edge.target())));
-                sample_at[edge.target().index()] = position;
-            }
+        for (sample, slice) in slices {
+            let position = self.position_of(sample);
+            contains.push((position, slice));
+            sample_at[slice.0.index()] = position;
         }
         let mut slices = Rows::new(self.samples.len(), &contains);
         slices.sort_rows_by_key(|&s| (self.slice(s).start, s));
@@ -250,19 +310,18 @@ impl StepIr {
 
     /// The sample a slice belongs to.
     pub fn sample_of(&self, slice: SliceId) -> SampleId {
-        self.graph
-            .edges_directed(slice.0, Incoming)
-            .find(|e| matches!(e.weight(), Edge::Contains))
-            .map(|e| SampleId(e.source()))
-            .unwrap_or_else(|| panic!("{slice:?} has no sample; this is a bug"))
+        match self.slice_rows.get(slice.0.index()) {
+            Some(row) if row.sample != NO_NODE => SampleId(NodeIndex::new(row.sample as usize)),
+            _ => panic!("{slice:?} has no sample; this is a bug"),
+        }
     }
 
     /// The slice that follows `slice` in its sample (by the dependency edge).
     pub fn next_slice(&self, slice: SliceId) -> Option<SliceId> {
-        self.graph
-            .edges_directed(slice.0, Outgoing)
-            .find(|e| matches!(e.weight(), Edge::Next))
-            .map(|e| SliceId(e.target()))
+        match self.slice_rows.get(slice.0.index()) {
+            Some(row) if row.next != NO_NODE => Some(SliceId(NodeIndex::new(row.next as usize))),
+            _ => None,
+        }
     }
 
     /// All slices, grouped by sample in batch order, each sample's in offset order.
@@ -288,6 +347,7 @@ impl StepIr {
                 "re-slicing a packed slice; this is a bug"
             );
             self.graph.remove_node(old.0);
+            self.slice_rows[old.0.index()] = SliceRow::ABSENT;
         }
         let mut start = 0;
         let mut created = Vec::with_capacity(lengths.len());
@@ -302,11 +362,27 @@ impl StepIr {
     /// parser adds slices in offset order).
     pub fn add_slice(&mut self, sample: SampleId, slice: Slice) -> SliceId {
         let previous = self.slices_of(sample).last().copied();
-        let id = SliceId(self.graph.add_node(Node::Slice(slice)));
-        self.graph.add_edge(sample.0, id.0, Edge::Contains);
+        let id = self.add_slice_node(sample, slice);
         if let Some(previous) = previous {
             self.graph.add_edge(previous.0, id.0, Edge::Next);
+            self.slice_rows[previous.0.index()].next = id.0.index() as u32;
         }
+        id
+    }
+
+    /// Adds a slice node of `sample`, with its `Contains` edge and its row, chained to nothing.
+    fn add_slice_node(&mut self, sample: SampleId, slice: Slice) -> SliceId {
+        let id = SliceId(self.graph.add_node(Node::Slice(slice)));
+        self.graph.add_edge(sample.0, id.0, Edge::Contains);
+        let index = id.0.index();
+        if self.slice_rows.len() <= index {
+            self.slice_rows.resize(index + 1, SliceRow::ABSENT);
+        }
+        self.slice_rows[index] = SliceRow {
+            slice,
+            sample: sample.0.index() as u32,
+            next: NO_NODE,
+        };
         id
     }
 
@@ -813,7 +889,7 @@ mod tests {
     use crate::Spec;
 
     #[test]
-    fn sample_slices_are_each_samples_slices_in_offset_order() {
+    fn the_slice_table_is_each_samples_slices_in_offset_order() {
         let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
         let mut ir = StepIr::new(spec, BatchInfo::default());
         let samples: Vec<SampleId> = (0..5u32)
@@ -848,8 +924,11 @@ mod tests {
         for &sample in &samples {
             let position = ir.position_of(sample);
             assert_eq!(table.at(position), ir.slices_of(sample));
-            for &slice in table.at(position) {
+            for (j, &slice) in table.at(position).iter().enumerate() {
                 assert_eq!(table.sample_position(slice), position);
+                assert_eq!(ir.sample_of(slice), sample);
+                assert_eq!(ir.next_slice(slice), table.at(position).get(j + 1).copied());
+                assert!(matches!(ir.graph()[slice.0], Node::Slice(s) if s == *ir.slice(slice)));
             }
         }
     }

@@ -67,7 +67,7 @@ impl Index {
                 Edge::Contains | Edge::Order { .. } => {}
             }
         }
-        let slices = ir.sample_slices();
+        let slices = ir.sample_slices_by_edges();
         let mut members = Rows::new(bound, &members);
         members.sort_rows_by_key(|&member| member);
         let mut packs = Rows::new(bound, &packs);
