@@ -97,9 +97,10 @@ impl Pass for AssignDp {
         let replicas: Vec<_> = (0..bins as u32)
             .map(|group| ir.add_replica((group * cp..(group + 1) * cp).collect()))
             .collect();
-        for (index, &sample) in ir.samples().to_vec().iter().enumerate() {
-            ir.place_sample(sample, replicas[bin_of[index]]);
-        }
+        let placements: Vec<_> = (ir.samples().iter().zip(&bin_of))
+            .map(|(&sample, &bin)| (sample, replicas[bin]))
+            .collect();
+        ir.place_samples(&placements);
         Ok(Statistics::new()
             .with("replicas", bins)
             .with("refinement_steps", steps)
