@@ -13,8 +13,10 @@ Usage: scripts/heldout-corpora.py [--slimpack target/release/slimpack] [NAME ...
 import argparse
 import glob
 import gzip
+import html
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -27,6 +29,16 @@ def files_under(patterns):
     for pattern in patterns:
         seen.extend(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
     return sorted(set(seen))
+
+
+def files_walked(roots, suffixes):
+    """Files under `roots` ending in one of `suffixes`, in path order, links not followed (a
+    recursive glob follows linked directories, and LLVM's tree links into itself)."""
+    found = []
+    for root in roots:
+        for directory, _, names in os.walk(root):
+            found.extend(os.path.join(directory, n) for n in names if n.endswith(suffixes))
+    return sorted(p for p in found if os.path.isfile(p) and not os.path.islink(p))
 
 
 def read_text(path):
@@ -74,6 +86,56 @@ def java_sources(by_module):
             yield "\n".join(archive.read(n).decode("utf-8", errors="replace") for n in modules[module])
 
 
+def python_packages():
+    """One document per top-level Python package (its .py files concatenated in path order) or
+    single-file module, from the system's and pyenv's Python libraries; a package installed
+    alike in several Pythons counts once."""
+    roots = sorted(glob.glob("/usr/lib/python3.*")) + sorted(site_packages())
+    seen = set()
+    for root in roots:
+        if not os.path.isdir(root):
+            continue
+        for entry in sorted(os.listdir(root)):
+            path = os.path.join(root, entry)
+            if entry in ("__pycache__", "site-packages", "dist-packages", "lib-dynload"):
+                continue
+            if os.path.islink(path):
+                continue
+            text = None
+            if os.path.isfile(path) and entry.endswith(".py"):
+                text = read_text(path)
+            elif os.path.isdir(path):
+                files = files_walked([path], (".py",))
+                if files:
+                    text = "\n".join(
+                        f"# file: {os.path.relpath(f, root)}\n{read_text(f)}" for f in files
+                    )
+            if text and text not in seen:
+                seen.add(text)
+                yield text
+
+
+def html_pages(roots):
+    """One document per HTML page, as text: scripts and styles dropped, tags stripped, entities
+    unescaped, runs of blanks collapsed (mdBook's print.html, a copy of a whole book, skipped)."""
+    scripts = re.compile(r"<(script|style)\b.*?</\1>", re.S | re.I)
+    tags = re.compile(r"<[^>]+>")
+    blanks = re.compile(r"[ \t\r\f\v]+")
+    empty_lines = re.compile(r"\n\s*\n+")
+    for path in files_walked(roots, (".html",)):
+        if os.path.basename(path) == "print.html":
+            continue
+        text = html.unescape(tags.sub(" ", scripts.sub(" ", read_text(path))))
+        yield empty_lines.sub("\n\n", blanks.sub(" ", text)).strip()
+
+
+def rust_toolchain():
+    """The stable Rust toolchain's directory (else the first installed): one copy of its docs."""
+    toolchains = sorted(glob.glob(f"{HOME}/.rustup/toolchains/*"))
+    stable = [t for t in toolchains if os.path.basename(t).startswith("stable-")]
+    return (stable or toolchains or ["/nonexistent"])[0]
+
+
 def site_packages():
     return glob.glob("/root/.pyenv/versions/*/lib/python3*/site-packages") + glob.glob(
         "/usr/lib/python3/dist-packages"
@@ -92,6 +154,19 @@ CORPORA = {
     # Repository-level code: one document per crate / per JDK module (most far above 128K).
     "rust-repos": lambda: per_directory(f"{HOME}/.cargo/registry/src", "*/*"),
     "java-modules": lambda: java_sources(by_module=True),
+    # Added for the held-out sweep: LLVM's TableGen sources and generated tables (one per file,
+    # up to ~6 MB each), Python code one document per package, the Rust toolchain's HTML
+    # documentation as text (one per page: short pages, a few very long ones).
+    "tablegen": lambda: (read_text(p) for p in files_walked(
+        sorted(glob.glob("/usr/lib/llvm-*")), (".td", ".def", ".inc"))),
+    "python-packages": python_packages,
+    "rust-docs": lambda: html_pages([
+        path
+        for book in ("std", "core", "alloc", "proc_macro", "book", "reference", "nomicon",
+                     "rust-by-example", "cargo", "rustc", "rustdoc", "edition-guide",
+                     "embedded-book", "error_codes", "clippy")
+        for path in glob.glob(f"{rust_toolchain()}/share/doc/rust/html/{book}")
+    ]),
 }
 
 

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# The held-out sweep of docs/BENCHMARKS.md ("Held-out sweep"): slimpack against the peers on 42
+# layouts that no scenario uses, over nine corpora (the shared three and six held-out ones built
+# from text on this machine by scripts/heldout-corpora.py, three of them never used before the
+# sweep), 3 steps each, by the scoreboard's rules (tuned on 2 steps, a 92% memory limit, drained:
+# wlb trains what it delayed in extra steps). Short by design: it looks for layouts where
+# slimpack loses, and prints every run's ratio to the best peer.
+#
+#   scripts/heldout-sweep.sh             # all 42 runs (about 10-20 minutes on 2 cores)
+#   scripts/heldout-sweep.sh R16 R27     # only these
+#
+# Needs ../shared/data. Writes target/sweep/<run>.json and prints a markdown table of the runs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DATA=../shared/data
+HELDOUT=target/heldout
+# run: corpus model parallel context global-batch-tokens
+RUNS=(
+    "R01 python-packages llama-7b  tp=4,pp=1,dp=32 32768  8388608"
+    "R02 python-packages llama-34b tp=8,pp=2,dp=8  131072 8388608"
+    "R03 python-packages llama-70b tp=8,pp=4,dp=4  262144 8388608"
+    "R04 tablegen        llama-13b tp=4,pp=4,dp=8  65536  8388608"
+    "R05 tablegen        llama-70b tp=8,pp=8,dp=2  131072 8388608"
+    "R06 tablegen        llama-7b  tp=8,pp=2,dp=32 262144 8388608"
+    "R07 rust-docs       llama-7b  tp=4,pp=2,dp=8  32768  4194304"
+    "R08 rust-docs       llama-13b tp=8,pp=1,dp=16 65536  4194304"
+    "R09 rust-docs       llama-34b tp=8,pp=4,dp=4  131072 4194304"
+    "R10 cxx-headers     llama-34b tp=4,pp=4,dp=16 65536  16777216"
+    "R11 java-modules    llama-13b tp=8,pp=2,dp=16 262144 16777216"
+    "R12 rust-files      llama-70b tp=8,pp=8,dp=8  131072 16777216"
+    "R13 wikipedia       llama-13b tp=4,pp=8,dp=4  32768  8388608"
+    "R14 prolong_like    llama-34b tp=8,pp=2,dp=16 65536  16777216"
+    "R15 wlbllm_like     llama-7b  tp=4,pp=4,dp=8  131072 16777216"
+    "R16 rust-docs       llama-13b tp=4,pp=2,dp=32 131072 8388608"
+    "R17 rust-docs       llama-70b tp=8,pp=8,dp=4  65536  4194304"
+    "R18 tablegen        llama-7b  tp=4,pp=1,dp=64 65536  8388608"
+    "R19 python-packages llama-34b tp=8,pp=8,dp=2  32768  8388608"
+    "R20 python-packages llama-13b tp=8,pp=4,dp=8  262144 8388608"
+    "R21 rust-files      llama-7b  tp=8,pp=1,dp=32 65536  16777216"
+    "R22 cxx-headers     llama-70b tp=8,pp=4,dp=16 131072 16777216"
+    "R23 java-modules    llama-34b tp=4,pp=8,dp=4  262144 16777216"
+    "R24 wlbllm_like     llama-13b tp=8,pp=1,dp=32 32768  16777216"
+    "R25 prolong_like    llama-7b  tp=8,pp=4,dp=8  262144 16777216"
+    "R26 rust-docs       llama-7b  tp=8,pp=2,dp=16 262144 4194304"
+    "R27 rust-docs       llama-34b tp=8,pp=2,dp=16 131072 8388608"
+    "R28 tablegen        llama-34b tp=8,pp=4,dp=16 131072 8388608"
+    "R29 python-packages llama-13b tp=4,pp=2,dp=16 65536  8388608"
+    "R30 wikipedia       llama-7b  tp=4,pp=2,dp=32 131072 8388608"
+    "R31 rust-docs       llama-70b tp=8,pp=4,dp=2  262144 4194304"
+    "R32 rust-docs       llama-7b  tp=4,pp=8,dp=2  65536  4194304"
+    "R33 tablegen        llama-13b tp=8,pp=8,dp=1  65536  8388608"
+    "R34 tablegen        llama-70b tp=4,pp=8,dp=4  262144 8388608"
+    "R35 python-packages llama-7b  tp=8,pp=8,dp=8  131072 8388608"
+    "R36 python-packages llama-34b tp=4,pp=4,dp=8  65536  4194304"
+    "R37 cxx-headers     llama-7b  tp=4,pp=8,dp=16 32768  8388608"
+    "R38 java-modules    llama-70b tp=8,pp=2,dp=16 131072 16777216"
+    "R39 rust-files      llama-13b tp=4,pp=4,dp=32 262144 16777216"
+    "R40 wikipedia       llama-70b tp=8,pp=2,dp=8  32768  8388608"
+    "R41 prolong_like    llama-13b tp=4,pp=1,dp=16 32768  4194304"
+    "R42 wlbllm_like     llama-34b tp=4,pp=8,dp=8  65536  16777216"
+)
+STRATEGIES=megatron,megatron-paper,bfd,kk,wlb,slimpack
+
+wanted=("$@")
+selected=()
+for run in "${RUNS[@]}"; do
+    read -r id _ <<<"$run"
+    if [ ${#wanted[@]} -eq 0 ] || [[ " ${wanted[*]} " == *" $id "* ]]; then
+        selected+=("$run")
+    fi
+done
+if [ ${#selected[@]} -eq 0 ]; then
+    echo "error: no run named ${wanted[*]} (valid: R01-R42)" >&2
+    exit 2
+fi
+
+source scripts/setup.sh
+cargo build --release --quiet
+S=${CARGO_TARGET_DIR:-target}/release/slimpack
+mkdir -p target/sweep
+
+dataset() {
+    case "$1" in
+        wikipedia | prolong_like | wlbllm_like) echo "$DATA/$1.lengths.txt" ;;
+        *) echo "$HELDOUT/$1.lengths.txt" ;;
+    esac
+}
+missing=()
+for run in "${selected[@]}"; do
+    read -r _ corpus _ <<<"$run"
+    file=$(dataset "$corpus")
+    if [ ! -f "$file" ] && [[ "$file" == $HELDOUT/* ]] && [[ " ${missing[*]} " != *" $corpus "* ]]; then
+        missing+=("$corpus")
+    fi
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    python3 scripts/heldout-corpora.py --slimpack "$S" --out "$HELDOUT" "${missing[@]}"
+fi
+
+jsons=()
+for run in "${selected[@]}"; do
+    read -r id corpus model parallel context tokens <<<"$run"
+    file=$(dataset "$corpus")
+    if [ ! -f "$file" ]; then
+        echo "$id: $corpus is not on this machine, skipped" >&2
+        continue
+    fi
+    start=$SECONDS
+    "$S" bench --model "$model" --cluster h100-sxm --parallel "$parallel" --context "$context" \
+        --global-batch-tokens "$tokens" --dataset "$file" --steps 3 --tune-steps 2 \
+        --memory-limit 0.92 --drain --strategies "$STRATEGIES" \
+        --json "target/sweep/$id.json" >/dev/null
+    echo "$id: $corpus $model $parallel ${context} ${tokens} ($((SECONDS - start)) s)" >&2
+    jsons+=("$id|$corpus $model $parallel $context $tokens|target/sweep/$id.json")
+done
+
+python3 - "${jsons[@]}" <<'PY'
+import json, sys
+
+print("| run | corpus | model | layout | context | batch tokens | slimpack PF/s | best peer | vs best peer | vs megatron |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+losses = 0
+for arg in sys.argv[1:]:
+    run, what, path = arg.split("|")
+    corpus, model, parallel, context, tokens = what.split()
+    report = json.load(open(path))
+    figures = {s["name"]: s for s in report["strategies"]}
+    def useful(name):
+        return figures[name]["useful_flops_per_s"] / 1e15
+    ours = useful("slimpack")
+    peers = {n: useful(n) for n in figures if n != "slimpack"}
+    best = max(peers, key=peers.get)
+    ratio = ours / peers[best]
+    losses += ratio < 1.0
+    print(f"| {run} | {corpus} | {model} | {parallel} | {int(context) // 1024}K | "
+          f"{int(tokens) / 2**20:g}M | {ours:.2f} | {best} {peers[best]:.2f} | "
+          f"{'**' if ratio < 1.0 else ''}{ratio:.3f}x{'**' if ratio < 1.0 else ''} | "
+          f"{ours / peers['megatron']:.3f}x |")
+print(f"\n{losses} of {len(sys.argv) - 1} runs below 1.00x the best peer")
+PY
