@@ -7,6 +7,10 @@
 //! is kept beside the graph) and schedule order (pack -> next pack on one stage of one replica; a zero-bubble
 //! schedule's deferred weight-gradient ops are kept beside the chain, see [`Part`]).
 //!
+//! Tables beside the graph repeat, for bulk reads, what some nodes and edges say: every slice's
+//! tokens, sample and next slice; each replica's packs and each pack's slices in order. Only the
+//! mutations that change the graph write them, and the verifier checks they agree with it.
+//!
 //! Every sample always has at least one slice: a freshly built IR has one whole-sample slice per
 //! sample, and `slice` refines them. The [`Phase`] records how far compilation went; it only
 //! moves forward. Ids are typed wrappers around petgraph node indices; iteration orders are
