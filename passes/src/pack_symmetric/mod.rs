@@ -298,10 +298,11 @@ impl PackSymmetric {
             let mut count = default_count(items.tokens(), cap, replicas)
                 .max(halves.div_ceil(replicas) * replicas);
             // Terminates: at one micro-batch per sample every sample fits (none exceeds cap).
+            // A fill that delays a sample stops there: only the count that delays none is kept.
+            let order = wlb::FillOrder::new(&items.lengths, &workloads);
             loop {
-                let fill = wlb::fill(&items.lengths, &workloads, count, cap);
-                if fill.delayed.is_empty() {
-                    return Ok(fill.micro_batches);
+                if let Some(micro_batches) = order.fill_all(count, cap) {
+                    return Ok(micro_batches);
                 }
                 count += replicas;
             }

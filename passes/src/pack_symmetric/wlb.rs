@@ -57,39 +57,74 @@ pub struct Fill {
 /// and the one of fewest tokens (each the first such, as Python's `min` picks) are the roots
 /// of two [`FirstMin`] trees, so a fill is O(n log count), not O(n count).
 pub fn fill(lengths: &[u32], workloads: &[f64], count: usize, cap: u32) -> Fill {
-    debug_assert_eq!(lengths.len(), workloads.len(), "a workload per length");
-    // Each item's length and workload travel with it through the sort (longest first, then by
-    // index: the stable order), so the fill reads them in order rather than at random.
-    let mut order: Vec<(std::cmp::Reverse<u32>, usize, f64)> = lengths
-        .iter()
-        .zip(workloads)
-        .enumerate()
-        .map(|(item, (&len, &work))| (std::cmp::Reverse(len), item, work))
-        .collect();
-    order.sort_unstable_by_key(|&(len, item, _)| (len, item));
-    let mut micro_batches = vec![Vec::new(); count];
-    let mut by_load = FirstMin::new(count, 0.0f64);
-    let mut by_tokens = FirstMin::new(count, 0u64);
-    let mut delayed = Vec::new();
-    for (std::cmp::Reverse(len), item, work) in order {
-        let len = u64::from(len);
-        let target = [by_load.first(), by_tokens.first()]
-            .into_iter()
-            .flatten()
-            .find(|&mb| by_tokens.value(mb) + len <= u64::from(cap));
-        match target {
-            Some(mb) => {
-                debug_assert!(work >= 0.0, "a negative workload");
-                micro_batches[mb].push(item);
-                by_tokens.set(mb, by_tokens.value(mb) + len);
-                by_load.set(mb, by_load.value(mb) + work);
-            }
-            None => delayed.push(item),
+    FillOrder::new(lengths, workloads).fill(count, cap)
+}
+
+/// A step's items in the order [`fill`] takes them, sorted once for fills into several counts.
+pub struct FillOrder {
+    /// Each item's length, index and workload, longest first, then by index (the stable
+    /// order): the fill reads them in order rather than at random.
+    order: Vec<(u32, usize, f64)>,
+}
+
+impl FillOrder {
+    pub fn new(lengths: &[u32], workloads: &[f64]) -> FillOrder {
+        debug_assert_eq!(lengths.len(), workloads.len(), "a workload per length");
+        let mut order: Vec<(u32, usize, f64)> = (lengths.iter().zip(workloads).enumerate())
+            .map(|(item, (&len, &work))| (len, item, work))
+            .collect();
+        order.sort_unstable_by_key(|&(len, item, _)| (std::cmp::Reverse(len), item));
+        FillOrder { order }
+    }
+
+    /// [`fill`] into `count` micro-batches.
+    pub fn fill(&self, count: usize, cap: u32) -> Fill {
+        let mut delayed = Vec::new();
+        let micro_batches = self.place(count, cap, |item| {
+            delayed.push(item);
+            true
+        });
+        Fill {
+            micro_batches: micro_batches.expect("a fill that goes on past delays ends"),
+            delayed,
         }
     }
-    Fill {
-        micro_batches,
-        delayed,
+
+    /// The micro-batches of [`fill`] into `count` when it delays nothing; `None` as soon as it
+    /// delays an item (the rest is not filled).
+    pub fn fill_all(&self, count: usize, cap: u32) -> Option<Vec<Vec<usize>>> {
+        self.place(count, cap, |_| false)
+    }
+
+    /// Places the items in order; an item that fits nowhere goes to `delay`, and the fill
+    /// stops (`None`) where that returns false.
+    fn place(
+        &self,
+        count: usize,
+        cap: u32,
+        mut delay: impl FnMut(usize) -> bool,
+    ) -> Option<Vec<Vec<usize>>> {
+        let mut micro_batches = vec![Vec::new(); count];
+        let mut by_load = FirstMin::new(count, 0.0f64);
+        let mut by_tokens = FirstMin::new(count, 0u64);
+        for &(len, item, work) in &self.order {
+            let len = u64::from(len);
+            let target = [by_load.first(), by_tokens.first()]
+                .into_iter()
+                .flatten()
+                .find(|&mb| by_tokens.value(mb) + len <= u64::from(cap));
+            match target {
+                Some(mb) => {
+                    debug_assert!(work >= 0.0, "a negative workload");
+                    micro_batches[mb].push(item);
+                    by_tokens.set(mb, by_tokens.value(mb) + len);
+                    by_load.set(mb, by_load.value(mb) + work);
+                }
+                None if delay(item) => {}
+                None => return None,
+            }
+        }
+        Some(micro_batches)
     }
 }
 
@@ -320,9 +355,12 @@ mod tests {
                 .iter()
                 .map(|&l| if quadratic { f64::from(l * l) } else { f64::from(l) })
                 .collect();
+            let scans = fill_by_scans(&lengths, &workloads, count, cap);
+            proptest::prop_assert_eq!(fill(&lengths, &workloads, count, cap), scans.clone());
+            // The early-stopping fill the count search uses: the same micro-batches, or none.
             proptest::prop_assert_eq!(
-                fill(&lengths, &workloads, count, cap),
-                fill_by_scans(&lengths, &workloads, count, cap)
+                FillOrder::new(&lengths, &workloads).fill_all(count, cap),
+                scans.delayed.is_empty().then_some(scans.micro_batches)
             );
         }
     }
