@@ -14,7 +14,7 @@
 //! `map_kwargs={"batch_size": N}` for the same). TRL's segment tree over free space answers
 //! "the smallest free space >= length"; here a two-level bitmap over the spaces `0..=cap` does (a
 //! bit per space, a summary bit per 64; the caps of real contexts, up to 2^20 tokens, make at most
-//! 256 summary words), or an ordered set for larger caps. Each space's bins form a FIFO list
+//! 257 summary words), or an ordered set for larger caps. Each space's bins form a FIFO list
 //! threaded through one array, so a step of a million samples packs without an allocation per
 //! bin or per space. The tests check the bins against TRL's algorithm on an ordered map.
 
@@ -238,7 +238,14 @@ mod tests {
             lengths in proptest::collection::vec(1u32..20_000, 0..300),
             cap in 1u32..20_000,
             large in proptest::bool::ANY,
+            oversize in proptest::bool::weighted(0.1),
         ) {
+            // Lengths up to the cap (a tenth of the cases keep longer ones: the error's index).
+            let lengths: Vec<u32> = if oversize {
+                lengths
+            } else {
+                lengths.iter().map(|&l| (l - 1) % cap + 1).collect()
+            };
             let (lengths, cap) = if large {
                 let scale = BITMAP_CAP / 10_000 + 1;
                 (lengths.iter().map(|&l| l * scale).collect::<Vec<_>>(), cap * scale)
