@@ -844,19 +844,25 @@ mod tests {
     use crate::step::{BatchInfo, Direction, Edge, Pack};
     use crate::Spec;
 
+    /// A tiny step with one sample cut into slices of `lengths`, which the verifier accepts.
+    fn one_sliced_sample(lengths: &[u32]) -> (StepIr, Vec<SliceId>) {
+        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+        let mut ir = StepIr::new(spec, BatchInfo::default());
+        let sample = ir.add_sample(Sample {
+            len: lengths.iter().sum(),
+            doc: 0,
+            piece: 0,
+        });
+        let slices = ir.set_slices(sample, lengths);
+        assert!(check(&ir).is_empty());
+        (ir, slices)
+    }
+
     /// `slice-chain` cannot be broken through the text form or the public API (both build the
     /// chain from offsets), so this test cuts an edge by hand.
     #[test]
     fn a_missing_dependency_edge_is_reported() {
-        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
-        let mut ir = StepIr::new(spec, BatchInfo::default());
-        let sample = ir.add_sample(Sample {
-            len: 10,
-            doc: 0,
-            piece: 0,
-        });
-        let slices = ir.set_slices(sample, &[4, 6]);
-        assert!(check(&ir).is_empty());
+        let (mut ir, slices) = one_sliced_sample(&[4, 6]);
         let edge = ir
             .graph()
             .find_edge(slices[0].node(), slices[1].node())
@@ -874,15 +880,7 @@ mod tests {
     /// node by hand.
     #[test]
     fn a_slice_table_that_disagrees_with_the_nodes_is_reported() {
-        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
-        let mut ir = StepIr::new(spec, BatchInfo::default());
-        let sample = ir.add_sample(Sample {
-            len: 10,
-            doc: 0,
-            piece: 0,
-        });
-        let slices = ir.set_slices(sample, &[4, 6]);
-        assert!(check(&ir).is_empty());
+        let (mut ir, slices) = one_sliced_sample(&[4, 6]);
         ir.graph_mut()[slices[1].node()] = Node::Slice(crate::step::Slice { start: 5, len: 5 });
         let errors = check(&ir);
         assert!(
