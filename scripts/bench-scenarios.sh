@@ -37,18 +37,14 @@ source scripts/setup.sh
 cargo build --release --quiet
 S=${CARGO_TARGET_DIR:-target}/release/slimpack
 mkdir -p target/bench
-# The held-out corpora the chosen scenarios read and this machine has not built yet.
-missing=()
+# The held-out corpora the chosen scenarios read (built if this machine has not yet).
+corpora=()
 for id in "${ids[@]}"; do
-    if [[ "${SCENARIOS[$id]}" =~ $HELDOUT/([a-z-]+)\.lengths\.txt ]] \
-        && [ ! -f "$HELDOUT/${BASH_REMATCH[1]}.lengths.txt" ] \
-        && [[ " ${missing[*]} " != *" ${BASH_REMATCH[1]} "* ]]; then
-        missing+=("${BASH_REMATCH[1]}")
+    if [[ "${SCENARIOS[$id]}" =~ $HELDOUT/([a-z-]+)\.lengths\.txt ]]; then
+        corpora+=("${BASH_REMATCH[1]}")
     fi
 done
-if [ ${#missing[@]} -gt 0 ]; then
-    python3 scripts/heldout-corpora.py --slimpack "$S" --out "$HELDOUT" "${missing[@]}"
-fi
+build_missing_heldout "$S" "${corpora[@]}"
 for id in "${ids[@]}"; do
     echo "=== $id: ${SCENARIOS[$id]}"
     start=$SECONDS

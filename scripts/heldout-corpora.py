@@ -13,6 +13,7 @@ Usage: scripts/heldout-corpora.py [--slimpack target/release/slimpack] [NAME ...
 import argparse
 import glob
 import gzip
+import hashlib
 import html
 import json
 import os
@@ -110,8 +111,9 @@ def python_packages():
                     text = "\n".join(
                         f"# file: {os.path.relpath(f, root)}\n{read_text(f)}" for f in files
                     )
-            if text and text not in seen:
-                seen.add(text)
+            digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest() if text else None
+            if digest and digest not in seen:
+                seen.add(digest)
                 yield text
 
 

@@ -13,8 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DATA=../shared/data
-HELDOUT=target/heldout
+source scripts/scenarios.sh
 # run: corpus model parallel context global-batch-tokens
 RUNS=(
     "R01 python-packages llama-7b  tp=4,pp=1,dp=32 32768  8388608"
@@ -88,17 +87,14 @@ dataset() {
         *) echo "$HELDOUT/$1.lengths.txt" ;;
     esac
 }
-missing=()
+corpora=()
 for run in "${selected[@]}"; do
     read -r _ corpus _ <<<"$run"
-    file=$(dataset "$corpus")
-    if [ ! -f "$file" ] && [[ "$file" == $HELDOUT/* ]] && [[ " ${missing[*]} " != *" $corpus "* ]]; then
-        missing+=("$corpus")
+    if [[ "$(dataset "$corpus")" == $HELDOUT/* ]]; then
+        corpora+=("$corpus")
     fi
 done
-if [ ${#missing[@]} -gt 0 ]; then
-    python3 scripts/heldout-corpora.py --slimpack "$S" --out "$HELDOUT" "${missing[@]}"
-fi
+build_missing_heldout "$S" "${corpora[@]}"
 
 jsons=()
 failed=0

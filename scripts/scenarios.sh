@@ -25,3 +25,19 @@ declare -A SCENARIOS=(
     [H6]="--model llama-13b --parallel tp=8,pp=4,dp=4 --context 131072 --global-batch-tokens 16777216 --dataset $HELDOUT/cxx-headers.lengths.txt"
     [H7]="--model llama-70b --parallel tp=8,pp=4,dp=8 --context 65536 --global-batch-tokens 8388608 --dataset $HELDOUT/rust-files.lengths.txt"
 )
+
+# Builds those of the named held-out corpora not built yet into $HELDOUT (scripts/heldout-corpora.py,
+# tokenized by the slimpack binary given first); a name given twice is built once.
+build_missing_heldout() {
+    local slimpack=$1 name
+    shift
+    local missing=()
+    for name in "$@"; do
+        if [ ! -f "$HELDOUT/$name.lengths.txt" ] && [[ " ${missing[*]} " != *" $name "* ]]; then
+            missing+=("$name")
+        fi
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        python3 scripts/heldout-corpora.py --slimpack "$slimpack" --out "$HELDOUT" "${missing[@]}"
+    fi
+}

@@ -17,7 +17,8 @@ use super::ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
 use super::node::{
     BatchInfo, Direction, Edge, Node, Pack, Part, Phase, Replica, Sample, Slice, Stage, StageOp,
 };
-use super::Rows;
+use super::slices::{SliceRow, NO_NODE};
+use super::{Rows, SampleSlices};
 use crate::program::Program;
 use crate::spec::{Recompute, Spec};
 
@@ -67,27 +68,6 @@ pub struct StepIr {
     /// read of a node, and each walk of its edge list, missed the caches). Only the methods
     /// that add and remove slices write it, with the graph; the verifier checks the two agree.
     slice_rows: Vec<SliceRow>,
-}
-
-/// A slice's row in [`StepIr`]'s slice table (`sample == NO_NODE` for a node that is no slice).
-#[derive(Debug, Clone, Copy)]
-struct SliceRow {
-    slice: Slice,
-    /// The sample's node index.
-    sample: u32,
-    /// The next slice's node index (`NO_NODE` for the sample's last).
-    next: u32,
-}
-
-/// No node, in [`SliceRow`]s.
-const NO_NODE: u32 = u32::MAX;
-
-impl SliceRow {
-    const ABSENT: SliceRow = SliceRow {
-        slice: Slice { start: 0, len: 0 },
-        sample: NO_NODE,
-        next: NO_NODE,
-    };
 }
 
 impl StepIr {
@@ -189,6 +169,7 @@ impl StepIr {
                 start: 0,
                 len: sample.len,
             },
+            None,
         );
         id
     }
@@ -349,11 +330,12 @@ impl StepIr {
             self.graph.remove_node(old.0);
             self.slice_rows[old.0.index()] = SliceRow::ABSENT;
         }
-        let mut start = 0;
+        let (mut start, mut previous) = (0, None);
         let mut created = Vec::with_capacity(lengths.len());
         for &len in lengths {
-            created.push(self.add_slice(sample, Slice { start, len }));
-            start += len;
+            let id = self.add_slice_node(sample, Slice { start, len }, previous);
+            created.push(id);
+            (start, previous) = (start + len, Some(id));
         }
         created
     }
@@ -362,16 +344,17 @@ impl StepIr {
     /// parser adds slices in offset order).
     pub fn add_slice(&mut self, sample: SampleId, slice: Slice) -> SliceId {
         let previous = self.slices_of(sample).last().copied();
-        let id = self.add_slice_node(sample, slice);
-        if let Some(previous) = previous {
-            self.graph.add_edge(previous.0, id.0, Edge::Next);
-            self.slice_rows[previous.0.index()].next = id.0.index() as u32;
-        }
-        id
+        self.add_slice_node(sample, slice, previous)
     }
 
-    /// Adds a slice node of `sample`, with its `Contains` edge and its row, chained to nothing.
-    fn add_slice_node(&mut self, sample: SampleId, slice: Slice) -> SliceId {
+    /// Adds a slice node of `sample`, with its `Contains` edge, its row, and its `Next` edge
+    /// from `previous` (the sample's last slice so far, if any).
+    fn add_slice_node(
+        &mut self,
+        sample: SampleId,
+        slice: Slice,
+        previous: Option<SliceId>,
+    ) -> SliceId {
         let id = SliceId(self.graph.add_node(Node::Slice(slice)));
         self.graph.add_edge(sample.0, id.0, Edge::Contains);
         let index = id.0.index();
@@ -383,6 +366,10 @@ impl StepIr {
             sample: sample.0.index() as u32,
             next: NO_NODE,
         };
+        if let Some(previous) = previous {
+            self.graph.add_edge(previous.0, id.0, Edge::Next);
+            self.slice_rows[previous.0.index()].next = index as u32;
+        }
         id
     }
 
@@ -855,81 +842,5 @@ impl StepIr {
     /// The underlying graph, read-only (for the verifier and debugging tools).
     pub fn graph(&self) -> &StableDiGraph<Node, Edge> {
         &self.graph
-    }
-}
-
-/// Every sample's slices, by the sample's batch position, and every slice's sample (see
-/// [`StepIr::sample_slices`]).
-#[derive(Debug, Clone, Default)]
-pub struct SampleSlices {
-    slices: Rows<SliceId>,
-    /// By slice node index: the batch position of the slice's sample (`u32::MAX`: none).
-    sample_at: Vec<u32>,
-}
-
-impl SampleSlices {
-    /// The slices of the sample at batch position `position`, in offset order.
-    pub fn at(&self, position: u32) -> &[SliceId] {
-        self.slices.row(position as usize)
-    }
-
-    /// The batch position of a slice's sample (as `position_of(sample_of(slice))`).
-    pub fn sample_position(&self, slice: SliceId) -> u32 {
-        match self.sample_at.get(slice.0.index()) {
-            Some(&position) if position != u32::MAX => position,
-            _ => panic!("{slice:?} has no sample; this is a bug"),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::batch::Sample;
-    use crate::Spec;
-
-    #[test]
-    fn the_slice_table_is_each_samples_slices_in_offset_order() {
-        let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
-        let mut ir = StepIr::new(spec, BatchInfo::default());
-        let samples: Vec<SampleId> = (0..5u32)
-            .map(|i| {
-                ir.add_sample(Sample {
-                    len: 10 + i,
-                    doc: u64::from(i),
-                    piece: 0,
-                })
-            })
-            .collect();
-        // Re-slicing frees slice nodes and edges that later slices reuse, so neither node
-        // nor edge order is offset order.
-        let mut state = 7u64;
-        for round in 0..20u32 {
-            for &sample in &samples {
-                state = state
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                let len = ir.sample(sample).len;
-                let cut = 1 + (state >> 33) as u32 % (len - 1);
-                let lengths = match (state >> 40) % 3 {
-                    0 => vec![len],
-                    1 => vec![cut, len - cut],
-                    _ if cut > 1 => vec![1, cut - 1, len - cut],
-                    _ => vec![len - round % 2 - 1, 1 + round % 2],
-                };
-                ir.set_slices(sample, &lengths);
-            }
-        }
-        let table = ir.sample_slices();
-        for &sample in &samples {
-            let position = ir.position_of(sample);
-            assert_eq!(table.at(position), ir.slices_of(sample));
-            for (j, &slice) in table.at(position).iter().enumerate() {
-                assert_eq!(table.sample_position(slice), position);
-                assert_eq!(ir.sample_of(slice), sample);
-                assert_eq!(ir.next_slice(slice), table.at(position).get(j + 1).copied());
-                assert!(matches!(ir.graph()[slice.0], Node::Slice(s) if s == *ir.slice(slice)));
-            }
-        }
     }
 }

@@ -21,10 +21,12 @@ mod graph;
 mod ids;
 mod node;
 mod rows;
+mod slices;
 
-pub use graph::{SampleSlices, StepIr};
+pub use graph::StepIr;
 pub use ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
 pub use node::{
     BatchInfo, Direction, Edge, Node, Pack, Part, Phase, Replica, Sample, Slice, Stage, StageOp,
 };
 pub(crate) use rows::Rows;
+pub use slices::SampleSlices;

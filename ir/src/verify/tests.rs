@@ -1,0 +1,115 @@
+//! The verifier's tests that break an invariant by hand (the text form and the public API
+//! cannot), and check it is reported.
+
+use super::*;
+use crate::batch::Sample;
+use crate::step::{BatchInfo, Direction, Edge, Pack};
+use crate::Spec;
+
+/// A tiny step with one sample cut into slices of `lengths`, which the verifier accepts.
+fn one_sliced_sample(lengths: &[u32]) -> (StepIr, Vec<SliceId>) {
+    let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+    let mut ir = StepIr::new(spec, BatchInfo::default());
+    let sample = ir.add_sample(Sample {
+        len: lengths.iter().sum(),
+        doc: 0,
+        piece: 0,
+    });
+    let slices = ir.set_slices(sample, lengths);
+    assert!(check(&ir).is_empty());
+    (ir, slices)
+}
+
+/// `slice-chain` cannot be broken through the text form or the public API (both build the
+/// chain from offsets), so this test cuts an edge by hand.
+#[test]
+fn a_missing_dependency_edge_is_reported() {
+    let (mut ir, slices) = one_sliced_sample(&[4, 6]);
+    let edge = ir
+        .graph()
+        .find_edge(slices[0].node(), slices[1].node())
+        .expect("the chain edge exists");
+    assert_eq!(ir.graph()[edge], Edge::Next);
+    ir.graph_mut().remove_edge(edge);
+    let errors = check(&ir);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].invariant, "slice-chain");
+    assert_eq!(errors[0].location, "%d0.0");
+}
+
+/// The slice table the passes read (`StepIr::slice`, `next_slice`, `sample_of`) is kept
+/// beside the slice nodes; the public API changes both together, so this test rewrites a
+/// node by hand.
+#[test]
+fn a_slice_table_that_disagrees_with_the_nodes_is_reported() {
+    let (mut ir, slices) = one_sliced_sample(&[4, 6]);
+    ir.graph_mut()[slices[1].node()] = Node::Slice(crate::step::Slice { start: 5, len: 5 });
+    let errors = check(&ir);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.invariant == "slice-chain" && e.message.contains("slice table disagrees")),
+        "{errors:?}"
+    );
+}
+
+/// A tiny step with one sample cut into slices of `lengths`, all in one forward pack.
+fn one_forward_pack(lengths: &[u32]) -> (StepIr, PackId, ReplicaId, Vec<SliceId>) {
+    let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+    let mut ir = StepIr::new(spec, BatchInfo::default());
+    let sample = ir.add_sample(Sample {
+        len: lengths.iter().sum(),
+        doc: 0,
+        piece: 0,
+    });
+    let slices = ir.set_slices(sample, lengths);
+    let replica = ir.add_replica(vec![0]);
+    ir.place_sample(sample, replica);
+    let pack = ir.add_pack(
+        Pack {
+            direction: Direction::Forward,
+            cap: None,
+        },
+        replica,
+        &slices,
+    );
+    (ir, pack, replica, slices)
+}
+
+/// The pack lists `StepIr::packs_on` reads are kept beside the placement edges; the
+/// public API changes both together, so this test cuts an edge by hand.
+#[test]
+fn a_pack_list_that_disagrees_with_the_edges_is_reported() {
+    let (mut ir, pack, replica, _) = one_forward_pack(&[10]);
+    let edge = ir
+        .graph()
+        .find_edge(pack.node(), replica.node())
+        .expect("the placement edge exists");
+    ir.graph_mut().remove_edge(edge);
+    let errors = check(&ir);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.message.contains("fwd pack list is not the order")),
+        "{errors:?}"
+    );
+}
+
+/// A pack's slice list (`StepIr::pack_members`) and its member edges, likewise (the edges
+/// reordered by hand).
+#[test]
+fn a_slice_list_that_disagrees_with_the_edges_is_reported() {
+    let (mut ir, pack, _, slices) = one_forward_pack(&[4, 6]);
+    assert!(check(&ir).iter().all(|e| !e.message.contains("slice list")));
+    for (slice, position) in [(slices[0], 1), (slices[1], 0)] {
+        let edge = ir.graph().find_edge(slice.node(), pack.node()).unwrap();
+        ir.graph_mut()[edge] = Edge::Member { position };
+    }
+    let errors = check(&ir);
+    assert!(
+        errors.iter().any(|e| e
+            .message
+            .contains("slice list is not the order of its member edges")),
+        "{errors:?}"
+    );
+}
