@@ -42,7 +42,7 @@ fn step_cost(ir: &StepIr) -> f64 {
     super::placement::step_seconds(ir, &slimpack_machine::machine_model(&ir.spec))
 }
 
-const PACKED: &str = "assign-dp,slice{size=8192},pack-fwd{cap=32768},pack-bwd{cap=32768}";
+const PACKED: &str = "assign-dp,slice{size=8192},pack-fwd{cap=16384},pack-bwd{cap=16384}";
 
 fn long_tailed() -> Vec<u32> {
     (0..96u32)

@@ -294,6 +294,11 @@ impl<'a> Heads<'a> {
             })
     }
 
+    /// The open heads, largest first.
+    pub fn open_heads(&self) -> Vec<Head> {
+        self.open.iter().rev().copied().collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.open.is_empty() && self.fresh_count == 0
     }

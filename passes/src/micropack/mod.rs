@@ -6,7 +6,9 @@
 //! another; pack `k` gets the budget `remaining cost / remaining packs` and repeatedly takes the
 //! chain head with the largest cost that still fits the budget and the token cap (best fit
 //! decreasing over chain heads). A chain whose remaining length would not fit in the remaining
-//! packs is urgent: its head goes in now. Because packs are filled in order and a chain's next
+//! packs is urgent: its head goes in now; a chain a pack started continues in the next pack
+//! first, whatever the budget, so a sample's slices sit in consecutive packs (the memory it
+//! holds until its backward spans few packs). Because packs are filled in order and a chain's next
 //! slice only becomes a head once the previous one is placed, the order constraints hold by
 //! construction. The last pack takes what is left; if that breaks the token cap, the pack count
 //! grows and the partition is rebuilt: one count at a time at first, then galloping and
@@ -275,6 +277,8 @@ fn attempt(
             }
         }
         heads.seal();
+        // The chains a previous pack started: each continues in this pack (below).
+        let continuing = heads.open_heads();
         // Only chains of several slices can become urgent before the last pack.
         let mut urgent: Vec<usize> = by_length[..long_enough]
             .iter()
@@ -292,6 +296,26 @@ fn attempt(
             cost += item.cost;
             tokens += u64::from(item.tokens);
             members.push((chain, next[chain] - 1));
+        }
+        // A started chain's next slice goes in the next pack, whatever the cost budget (the
+        // token cap permitting): a sample's slices then sit in consecutive packs. Its
+        // activations and K/V stay alive from its first slice's forward to its backward, so a
+        // chain spread over the step (its first slice in an early pack, the rest when they turn
+        // urgent at the end, with other chains' tails) holds memory over all the packs between
+        // and makes long chains overlap: the held-out sweep's R16 found slicing raising the
+        // peak that way.
+        for head in continuing {
+            if members.iter().any(|&(c, _)| c == head.chain) {
+                continue;
+            }
+            let item = chains[head.chain][next[head.chain]];
+            if tokens + u64::from(item.tokens) > u64::from(cap) {
+                continue;
+            }
+            take(head.chain, item, &mut next, &mut heads, chains);
+            cost += item.cost;
+            tokens += u64::from(item.tokens);
+            members.push((head.chain, next[head.chain] - 1));
         }
         while !heads.is_empty() {
             let room = if last { f64::INFINITY } else { budget - cost };
@@ -375,6 +399,40 @@ mod tests {
         for (chain, indices) in seen.iter().enumerate() {
             assert_eq!(indices, &(0..chains[chain].len()).collect::<Vec<_>>());
         }
+    }
+
+    #[test]
+    fn a_started_chain_continues_in_the_next_pack() {
+        // A long sample's slices cost more the later they are (attention over the prefix);
+        // short samples fill the rest. Without the rule a slice over the pack's remaining
+        // budget waits (here the last one, a pack later: packs 13-17 and 19 of 20).
+        // Every slice fills a pack (as 16K slices in 16K packs do).
+        let mut chains = vec![(1..=6)
+            .map(|k| Item {
+                cost: 2.0 * k as f64,
+                tokens: 20,
+            })
+            .collect::<Vec<_>>()];
+        chains.extend((0..30).map(|k| {
+            vec![Item {
+                cost: 1.0 + (k % 5) as f64,
+                tokens: 4,
+            }]
+        }));
+        let parts = partition(&chains, &vec![0; chains.len()], 1, 20);
+        let packs: Vec<usize> = (0..6)
+            .map(|i| {
+                parts
+                    .iter()
+                    .position(|p| p.contains(&(0, i)))
+                    .expect("every slice placed")
+            })
+            .collect();
+        assert!(
+            packs.windows(2).all(|w| w[1] == w[0] + 1),
+            "slices in packs {packs:?} of {}",
+            parts.len()
+        );
     }
 
     #[test]
