@@ -246,8 +246,18 @@ impl StepIr {
             .filter(|e| matches!(e.weight(), Edge::Contains))
             .map(|e| SliceId(e.target()))
             .collect();
-        slices.sort_by_key(|&s| (self.slice(s).start, s));
+        slices.sort_by_key(|&s| (self.node_start(s), s));
         slices
+    }
+
+    /// A slice's offset as its graph node says (`u32::MAX` for a node that is no slice): the
+    /// edge-walking readers order by the graph, not the table beside it, so that the verifier
+    /// (and its error messages' names) can read an IR whose table is broken.
+    fn node_start(&self, slice: SliceId) -> u32 {
+        match self.graph.node_weight(slice.0) {
+            Some(Node::Slice(node)) => node.start,
+            _ => u32::MAX,
+        }
     }
 
     /// Every sample's slices in offset order (as [`StepIr::slices_of`]), by batch position,
@@ -261,7 +271,7 @@ impl StepIr {
                 let sample = SampleId(NodeIndex::new(row.sample as usize));
                 (sample, SliceId(NodeIndex::new(index)))
             });
-        self.gather_sample_slices(slices)
+        self.gather_sample_slices(slices, |slice| self.slice(slice).start)
     }
 
     /// As [`StepIr::sample_slices`], read from the `Contains` edges instead of the slice table
@@ -270,12 +280,15 @@ impl StepIr {
         let slices = (self.graph.edge_references())
             .filter(|edge| *edge.weight() == Edge::Contains)
             .map(|edge| (SampleId(edge.source()), SliceId(edge.target())));
-        self.gather_sample_slices(slices)
+        // Offsets from the slice nodes: the table may be what is broken.
+        self.gather_sample_slices(slices, |slice| self.node_start(slice))
     }
 
+    /// `slices` grouped by sample, each sample's in the order of `start`.
     fn gather_sample_slices(
         &self,
         slices: impl Iterator<Item = (SampleId, SliceId)>,
+        start: impl Fn(SliceId) -> u32,
     ) -> SampleSlices {
         let mut contains: Vec<(u32, SliceId)> = Vec::with_capacity(self.samples.len());
         let mut sample_at = vec![u32::MAX; self.graph.node_bound()];
@@ -285,7 +298,7 @@ impl StepIr {
             sample_at[slice.0.index()] = position;
         }
         let mut slices = Rows::new(self.samples.len(), &contains);
-        slices.sort_rows_by_key(|&s| (self.slice(s).start, s));
+        slices.sort_rows_by_key(|&s| (start(s), s));
         SampleSlices { slices, sample_at }
     }
 
@@ -295,6 +308,21 @@ impl StepIr {
             Some(row) if row.sample != NO_NODE => SampleId(NodeIndex::new(row.sample as usize)),
             _ => panic!("{slice:?} has no sample; this is a bug"),
         }
+    }
+
+    /// `slice`'s row of the slice table (its tokens, sample and next slice), or `None` where
+    /// the table has none: what the verifier compares with the graph, which must not panic on
+    /// the IR it checks ([`StepIr::slice`] and [`StepIr::sample_of`] do, for the passes).
+    pub fn slice_row(&self, slice: SliceId) -> Option<(Slice, SampleId, Option<SliceId>)> {
+        let row = self.slice_rows.get(slice.0.index())?;
+        (row.sample != NO_NODE).then(|| {
+            let next = (row.next != NO_NODE).then(|| SliceId(NodeIndex::new(row.next as usize)));
+            (
+                row.slice,
+                SampleId(NodeIndex::new(row.sample as usize)),
+                next,
+            )
+        })
     }
 
     /// The slice that follows `slice` in its sample (by the dependency edge).

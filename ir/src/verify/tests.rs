@@ -113,3 +113,24 @@ fn a_slice_list_that_disagrees_with_the_edges_is_reported() {
         "{errors:?}"
     );
 }
+
+/// A slice node the slice table has no row for (added to the graph by hand, past the table's
+/// end) is reported, not a panic: the verifier reads slices from the graph.
+#[test]
+fn a_slice_node_without_a_table_row_is_reported() {
+    let (mut ir, slices) = one_sliced_sample(&[4, 6]);
+    let sample = ir.samples()[0];
+    let extra = ir
+        .graph_mut()
+        .add_node(Node::Slice(crate::step::Slice { start: 10, len: 2 }));
+    ir.graph_mut()
+        .add_edge(sample.node(), extra, Edge::Contains);
+    ir.graph_mut().add_edge(slices[1].node(), extra, Edge::Next);
+    let errors = check(&ir);
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.invariant == "slice-chain" && e.message.contains("slice table disagrees")),
+        "{errors:?}"
+    );
+}
