@@ -8,7 +8,7 @@
 use slimpack_ir::step::Direction;
 use slimpack_ir::Spec;
 use slimpack_machine::cost::CostModel;
-use slimpack_passes::micropack::{partition, Item};
+use slimpack_passes::micropack::{partition, Chains, Item};
 use slimpack_passes::milp::optimal_max_pack_cost;
 
 /// A small deterministic generator (SplitMix64), so the instances are the same on every run.
@@ -79,7 +79,12 @@ fn main() {
                 let chains = instance(&mut rng, &cost, samples, slice, direction);
                 let release = vec![0; chains.len()];
                 let cap = u32::MAX / 2;
-                let heuristic = partition(&chains, &release, packs, cap);
+                // The rule the packing passes use in each direction.
+                let rule = match direction {
+                    Direction::Forward => Chains::Contiguous,
+                    Direction::Backward => Chains::Free,
+                };
+                let heuristic = partition(&chains, &release, packs, cap, rule);
                 let worst = heuristic
                     .iter()
                     .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum::<f64>())

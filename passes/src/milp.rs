@@ -90,7 +90,7 @@ pub fn optimal_max_pack_cost(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::micropack::partition;
+    use crate::micropack::{partition, Chains};
 
     fn item(cost: f64) -> Item {
         Item { cost, tokens: 1 }
@@ -105,7 +105,7 @@ mod tests {
         ];
         let optimum = optimal_max_pack_cost(&chains, &[0, 0], 2, 100).unwrap();
         assert!((optimum - 8.0).abs() < 1e-6, "{optimum}");
-        let heuristic = partition(&chains, &[0, 0], 2, 100);
+        let heuristic = partition(&chains, &[0, 0], 2, 100, Chains::Contiguous);
         let worst = heuristic
             .iter()
             .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum::<f64>())

@@ -8,7 +8,7 @@ use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId, SliceId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
 
-use super::{partition, Item};
+use super::{partition, Chains, Item};
 
 /// Options shared by `pack-fwd` and `pack-bwd`.
 pub(crate) const OPTIONS: &[crate::pass::OptionInfo] = &[
@@ -75,6 +75,12 @@ pub(crate) fn pack_direction(
         .max()
         .unwrap_or(1);
     let cap = options.cap.or(ir.batch.context).unwrap_or(longest);
+    // See [`Chains`]: contiguous forward chains, but on model chunks (`vpp > 1`), where they
+    // made the list schedule's step slower and its peak higher, free ones.
+    let forward_rule = match ir.spec.parallel.vpp {
+        1 => Chains::Contiguous,
+        _ => Chains::Free,
+    };
     let mut stats = (0usize, 0u64, 0.0f64, f64::INFINITY);
     let mut worst_spread: f64 = 1.0;
     let sample_slices = ir.sample_slices();
@@ -150,6 +156,7 @@ pub(crate) fn pack_direction(
                 &release,
                 options.packs.unwrap_or(1).max(by_cap),
                 cap,
+                forward_rule,
             )
         };
         let loads: Vec<f64> = parts
@@ -233,7 +240,7 @@ fn windowed(
         let count = in_window
             .max(tokens.div_ceil(u64::from(cap)) as usize)
             .max(1);
-        for pack in partition(&sub, &sub_release, count, cap) {
+        for pack in partition(&sub, &sub_release, count, cap, Chains::Free) {
             parts.push(pack.into_iter().map(|(c, i)| (members[c], i)).collect());
         }
     }

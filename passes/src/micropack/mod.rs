@@ -6,9 +6,9 @@
 //! another; pack `k` gets the budget `remaining cost / remaining packs` and repeatedly takes the
 //! chain head with the largest cost that still fits the budget and the token cap (best fit
 //! decreasing over chain heads). A chain whose remaining length would not fit in the remaining
-//! packs is urgent: its head goes in now; a chain a pack started continues in the next pack
-//! first, whatever the budget, so a sample's slices sit in consecutive packs (the memory it
-//! holds until its backward spans few packs). Because packs are filled in order and a chain's next
+//! packs is urgent: its head goes in now; in forward packs a chain a pack started continues in
+//! the next pack first, whatever the budget, so a sample's slices sit in consecutive packs (the
+//! memory it holds until its backward spans few packs, [`Chains`]). Because packs are filled in order and a chain's next
 //! slice only becomes a head once the previous one is placed, the order constraints hold by
 //! construction. The last pack takes what is left; if that breaks the token cap, the pack count
 //! grows and the partition is rebuilt: one count at a time at first, then galloping and
@@ -40,6 +40,25 @@ pub struct Item {
 /// A partition: for each pack, its members as (chain, index in chain), in placement order.
 pub type Partition = Vec<Vec<(usize, usize)>>;
 
+/// Whether a chain a pack started continues in the next pack whatever that pack's cost budget
+/// (`Contiguous`), or only where its next slice fits the budget (`Free`).
+///
+/// Forward packs keep chains contiguous: a sample's activations (and the K/V its later slices
+/// attend to) stay alive from its first slice's forward to its backward, so a chain spread
+/// over the step (its first slice early, the rest when they turn urgent at the end, beside
+/// other chains' tails) holds memory over every pack between and makes long chains overlap
+/// (the held-out sweep's R16). Backward packs free what they run, so they keep the cost
+/// balance free: chains there are short-lived already, and forcing them cost time (the 70B
+/// Wikipedia step of `docs/BENCHMARKS.md`, 0.9%). On model chunks (`vpp > 1`) forward chains
+/// are free too: contiguous ones made the interleaved list schedule of
+/// `tests/interleaved.rs` slower (2.95 -> 3.11 s) and its peak higher (87% -> 96% of the
+/// device), past the window it keeps for the tuner's limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chains {
+    Contiguous,
+    Free,
+}
+
 /// Partitions `chains` (each in the order its items must run) into at least `packs` packs of at
 /// most `cap` tokens, balancing cost. Chain `c` may enter pack `k` only from `k >= release[c]`
 /// (the backward packer releases a sample once its forward is done, so backward pack k does
@@ -49,10 +68,11 @@ pub fn partition<C: AsRef<[Item]>>(
     release: &[usize],
     packs: usize,
     cap: u32,
+    rule: Chains,
 ) -> Partition {
     let chains: Vec<&[Item]> = chains.iter().map(AsRef::as_ref).collect();
     let chains = chains.as_slice();
-    let order = ChainOrder::new(chains, release);
+    let order = ChainOrder::new(chains, release, rule);
     let mut best = smallest_fitting_count(chains, release, &order, packs.max(1), cap);
     // Tighten: bisect the smallest uniform budget that the same greedy fits into as many packs.
     let mut high = max_load(chains, &best);
@@ -170,10 +190,12 @@ struct ChainOrder {
     firsts: FirstHeads,
     total_cost: f64,
     total_tokens: u64,
+    /// How started chains continue.
+    rule: Chains,
 }
 
 impl ChainOrder {
-    fn new(chains: &[&[Item]], release: &[usize]) -> ChainOrder {
+    fn new(chains: &[&[Item]], release: &[usize], rule: Chains) -> ChainOrder {
         let mut waiting: Vec<usize> = (0..chains.len())
             .filter(|&c| !chains[c].is_empty())
             .collect();
@@ -188,6 +210,7 @@ impl ChainOrder {
             total_tokens: (chains.iter().flat_map(|c| c.iter()))
                 .map(|i| u64::from(i.tokens))
                 .sum(),
+            rule,
         }
     }
 }
@@ -278,7 +301,10 @@ fn attempt(
         }
         heads.seal();
         // The chains a previous pack started: each continues in this pack (below).
-        let continuing = heads.open_heads();
+        let continuing = match order.rule {
+            Chains::Contiguous => heads.open_heads(),
+            Chains::Free => Vec::new(),
+        };
         // Only chains of several slices can become urgent before the last pack.
         let mut urgent: Vec<usize> = by_length[..long_enough]
             .iter()
@@ -297,13 +323,8 @@ fn attempt(
             tokens += u64::from(item.tokens);
             members.push((chain, next[chain] - 1));
         }
-        // A started chain's next slice goes in the next pack, whatever the cost budget (the
-        // token cap permitting): a sample's slices then sit in consecutive packs. Its
-        // activations and K/V stay alive from its first slice's forward to its backward, so a
-        // chain spread over the step (its first slice in an early pack, the rest when they turn
-        // urgent at the end, with other chains' tails) holds memory over all the packs between
-        // and makes long chains overlap: the held-out sweep's R16 found slicing raising the
-        // peak that way.
+        // Contiguous chains: a started chain's next slice goes in this pack whatever the cost
+        // budget (the token cap permitting), so a sample's slices sit in consecutive packs.
         for head in continuing {
             if members.iter().any(|&(c, _)| c == head.chain) {
                 continue;
@@ -389,7 +410,7 @@ mod tests {
             items(&[2.0, 2.0]),
             items(&[9.0]),
         ];
-        let parts = partition(&chains, &[0; 4], 3, 100);
+        let parts = partition(&chains, &[0; 4], 3, 100, Chains::Contiguous);
         let mut seen = vec![Vec::new(); chains.len()];
         for pack in &parts {
             for &(chain, index) in pack {
@@ -419,7 +440,7 @@ mod tests {
                 tokens: 4,
             }]
         }));
-        let parts = partition(&chains, &vec![0; chains.len()], 1, 20);
+        let parts = partition(&chains, &vec![0; chains.len()], 1, 20, Chains::Contiguous);
         let packs: Vec<usize> = (0..6)
             .map(|i| {
                 parts
@@ -441,7 +462,7 @@ mod tests {
             .iter()
             .map(|&c| items(&[c]))
             .collect();
-        let parts = partition(&chains, &[0; 8], 4, 100);
+        let parts = partition(&chains, &[0; 8], 4, 100, Chains::Contiguous);
         let loads: Vec<f64> = parts
             .iter()
             .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum())
@@ -462,7 +483,7 @@ mod tests {
                 }]
             })
             .collect();
-        let parts = partition(&chains, &[0; 40], 2, 20);
+        let parts = partition(&chains, &[0; 40], 2, 20, Chains::Contiguous);
         assert_eq!(parts.len(), 20);
         assert!(parts.iter().all(|p| p.len() == 2));
     }
@@ -477,7 +498,7 @@ mod tests {
                 }]
             })
             .collect();
-        let parts = partition(&chains, &[0; 6], 2, 20);
+        let parts = partition(&chains, &[0; 6], 2, 20, Chains::Contiguous);
         assert_eq!(parts.len(), 3);
         assert!(parts.iter().all(|p| p.len() == 2));
     }
