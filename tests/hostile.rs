@@ -1134,25 +1134,29 @@ fn the_most_layers_a_model_can_name() {
 }
 
 /// Standard output on a full device is an error line and exit 2, from every subcommand (the
-/// print macros' panic used to be reported as a bug in slimpack).
+/// print macros' panic used to be reported as a bug in slimpack), with `RUST_BACKTRACE` set or
+/// not (set, it used to show as the standard library's panic and a backtrace).
 #[test]
 fn a_full_standard_output_is_an_error_not_a_bug() {
-    let Ok(full) = std::fs::File::create("/dev/full") else {
-        return; // not on Linux
-    };
-    let output = Command::new(env!("CARGO_BIN_EXE_slimpack"))
-        .args(["passes"])
-        .env_remove("RUST_BACKTRACE")
-        .stdout(Stdio::from(full))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(2), "{stderr}");
-    assert!(
-        stderr.starts_with("error: cannot write to standard output"),
-        "{stderr}"
-    );
-    assert!(!stderr.contains("internal error"), "{stderr}");
+    for backtrace in [None, Some("0"), Some("1")] {
+        let Ok(full) = std::fs::File::create("/dev/full") else {
+            return; // not on Linux
+        };
+        let mut command = Command::new(env!("CARGO_BIN_EXE_slimpack"));
+        command.args(["passes"]).stdout(Stdio::from(full));
+        match backtrace {
+            Some(value) => command.env("RUST_BACKTRACE", value),
+            None => command.env_remove("RUST_BACKTRACE"),
+        };
+        let output = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{backtrace:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: cannot write to standard output"),
+            "{backtrace:?}: {stderr}"
+        );
+        assert_eq!(stderr.lines().count(), 1, "{backtrace:?}: {stderr}");
+    }
 }
 
 /// Standard output closed before the process starts (`>&-`), or open for reading only
@@ -1376,6 +1380,32 @@ fn rates_below_one_per_second_are_refused() {
         &["compile", "--config", &config],
         &["gpu.peak_flops must be a number of at least 1", "1e-300"],
     );
+}
+
+/// A link latency near f64's range made step times sum to infinity and the report's ratios
+/// NaN, with exit 0: latencies above a minute are refused.
+#[test]
+fn latencies_above_a_minute_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let lengths = std::fs::canonicalize(LENGTHS).unwrap();
+    for (link, latency) in [("intra_node", "1e308"), ("inter_node", "61.0")] {
+        let config = write(
+            dir.path(),
+            "late.toml",
+            &format!(
+                "[model]\npreset = \"tiny\"\n[cluster]\npreset = \"cpu\"\n\
+                 {link} = {{ latency = {latency} }}\n[parallel]\ntp = 1\npp = 2\ndp = 1\n\
+                 [batch]\nfile = \"{}\"\n",
+                lengths.display()
+            ),
+        );
+        bad_input(
+            &["compile", "--config", &config],
+            &[&format!(
+                "{link}.latency must be a number of seconds from 0 to 60"
+            )],
+        );
+    }
 }
 
 /// Samples whose slices, several in one pack, attend to more keys than the 32-bit varlen

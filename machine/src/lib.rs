@@ -65,22 +65,32 @@ pub fn use_calibration_file(path: &std::path::Path, spec: &Spec) -> Result<()> {
     Ok(())
 }
 
-/// The calibration [`machine_model`] uses for `device`: a given one, else the shipped one.
-fn calibration_of(device: &str) -> Option<Calibration> {
+/// The calibration [`machine_model`] uses for `spec`'s device: a given one, else the shipped
+/// one where the spec's device is the one it was measured on — the `cpu` preset's as it is; a
+/// config that keeps the device's name but overrides its rates (`gpu = { peak_flops = .. }`)
+/// describes another machine, which the analytic curves model (the shipped table ignored the
+/// override, while MFU divided by it).
+fn calibration_of(spec: &Spec) -> Option<Calibration> {
+    let device = &spec.cluster.gpu;
     let given = GIVEN
         .read()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     given
         .iter()
-        .find(|known| known.device == device)
+        .find(|known| known.device == device.name)
         .cloned()
-        .or_else(|| shipped_calibration(device))
+        .or_else(|| {
+            let measured_on = slimpack_ir::spec::ClusterSpec::preset("cpu").ok()?.gpu;
+            (*device == measured_on)
+                .then(|| shipped_calibration(&device.name))
+                .flatten()
+        })
 }
 
 /// The cost model of `spec`: the calibration of its device (given with [`use_calibration`], or
 /// shipped) if there is one, the analytic curves otherwise.
 pub fn machine_model(spec: &Spec) -> CostModel {
-    match calibration_of(&spec.cluster.gpu.name) {
+    match calibration_of(spec) {
         Some(measured) => CostModel::with_calibration(spec, measured)
             .expect("a calibration is only used for its own device (bug)"),
         None => CostModel::new(spec),
@@ -89,7 +99,7 @@ pub fn machine_model(spec: &Spec) -> CostModel {
 
 /// Whether [`machine_model`] uses a measured calibration for `spec`.
 pub fn is_calibrated(spec: &Spec) -> bool {
-    calibration_of(&spec.cluster.gpu.name).is_some()
+    calibration_of(spec).is_some()
 }
 
 #[cfg(test)]
@@ -158,9 +168,20 @@ mod tests {
         // A second calibration of the device replaces the first.
         measured.source = "second".into();
         use_calibration(measured);
-        assert_eq!(
-            calibration_of(&h200.cluster.gpu.name).unwrap().source,
-            "second"
-        );
+        assert_eq!(calibration_of(&h200).unwrap().source, "second");
+    }
+
+    /// The shipped table is of the `cpu` preset's device as it is: a spec that keeps the
+    /// device's name but gives it other rates is modelled by the analytic curves, so its step
+    /// time follows the rates it gives (and MFU stays below 100%).
+    #[test]
+    fn the_shipped_calibration_is_not_used_for_a_device_with_other_rates() {
+        let cpu = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+        assert!(is_calibrated(&cpu));
+        for scale in [1e-3, 1e3] {
+            let mut other = cpu.clone();
+            other.cluster.gpu.peak_flops *= scale;
+            assert!(!is_calibrated(&other), "{scale}");
+        }
     }
 }

@@ -168,16 +168,19 @@ fn one_line(error: &anyhow::Error) -> String {
 }
 
 /// A panic is a bug in slimpack, not bad input: say so in one line, without a backtrace
-/// unless RUST_BACKTRACE asks for one.
+/// unless RUST_BACKTRACE asks for one (then the standard hook prints it). A failed write to
+/// standard output (a closed pipe, a full disk) is no bug: it is one line either way.
 fn install_panic_hook() {
-    if std::env::var_os("RUST_BACKTRACE").is_some() {
-        return;
-    }
-    std::panic::set_hook(Box::new(|info| {
+    let backtrace = std::env::var_os("RUST_BACKTRACE").is_some();
+    let standard = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
         let message = panic_message(info.payload());
         if let Some(line) = output_failure(&message) {
             say(&line);
             return;
+        }
+        if backtrace {
+            return standard(info);
         }
         let location = info
             .location()

@@ -50,6 +50,9 @@ pub const CLUSTER_PRESETS: [&str; 5] = ["h100-sxm", "h800", "h200", "a100-80g", 
 
 const GIB: u64 = 1 << 30;
 
+/// The longest link latency a spec may give, in seconds.
+pub const MAX_LATENCY_S: f64 = 60.0;
+
 impl ClusterSpec {
     /// A preset by name.
     ///
@@ -135,7 +138,8 @@ impl ClusterSpec {
         })
     }
 
-    /// Checks the spec on its own: positive sizes and finite positive rates.
+    /// Checks the spec on its own: positive sizes, finite positive rates and latencies of at
+    /// most [`MAX_LATENCY_S`].
     pub fn validate(&self) -> Result<()> {
         let what = format!("cluster '{}'", self.name);
         if self.gpus_per_node == 0 {
@@ -168,10 +172,14 @@ impl ClusterSpec {
             ("intra_node.latency", self.intra_node.latency),
             ("inter_node.latency", self.inter_node.latency),
         ] {
-            if !(value.is_finite() && value >= 0.0) {
+            // At most a minute (links take microseconds): a latency near f64's range made step
+            // times sum to infinity and the report's ratios NaN.
+            if !(value.is_finite() && (0.0..=MAX_LATENCY_S).contains(&value)) {
                 return Err(IrError::spec(
                     &what,
-                    format!("{field} must be a non-negative number, got {value}"),
+                    format!(
+                        "{field} must be a number of seconds from 0 to {MAX_LATENCY_S}, got {value}"
+                    ),
                 ));
             }
         }
