@@ -61,6 +61,10 @@ pub struct PlanSummary {
     pub steps: usize,
     pub samples: u64,
     pub tokens: u64,
+    /// Of `tokens`, those beyond the dataset's: the last global batch is completed from the
+    /// next epoch's order (as a trainer's sampler wraps around), so `tokens` can exceed the
+    /// epoch's by up to a batch.
+    pub next_epoch_tokens: u64,
     /// Predicted step time: mean, smallest and largest over the steps, seconds.
     pub step_time_mean_s: f64,
     pub step_time_min_s: f64,
@@ -219,6 +223,7 @@ pub fn plan_epoch(
         summary.delayed_samples = Some(samples as u64);
         summary.delayed_tokens = Some(tokens);
     }
+    summary.next_epoch_tokens = summary.tokens.saturating_sub(dataset.total_tokens());
     summary.step_time_mean_s = summary.epoch_time_s / summary.steps as f64;
     summary.plan_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(summary)
@@ -744,6 +749,18 @@ mod tests {
                 "{threads} threads"
             );
         }
+    }
+
+    /// The last batch is completed from the next epoch's order, and the summary says by how
+    /// many tokens its total exceeds the dataset's.
+    #[test]
+    fn the_tokens_of_the_next_epoch_are_counted_apart() {
+        let (_, outcome) = plan_failing_at(1, usize::MAX);
+        let summary = outcome.unwrap();
+        let epoch = dataset().total_tokens();
+        assert!(summary.tokens > epoch, "{} <= {epoch}", summary.tokens);
+        assert_eq!(summary.next_epoch_tokens, summary.tokens - epoch);
+        assert!(summary.next_epoch_tokens < 400_000 + 32768);
     }
 
     #[test]

@@ -1382,6 +1382,38 @@ fn rates_below_one_per_second_are_refused() {
     );
 }
 
+/// An output path that is a directory was found only when written, at the end, after the
+/// other outputs (`--trace`, `--timeline`) had replaced the user's files: it is refused before
+/// any work, and those files are left as they were.
+#[test]
+fn an_output_that_is_a_directory_is_refused_before_any_other_output_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = write(dir.path(), "keep.json", "precious\n");
+    let out_dir = dir.path().join("outdir");
+    std::fs::create_dir(&out_dir).unwrap();
+    let out_dir = out_dir.to_str().unwrap();
+    for (flag, value) in [("-o", out_dir), ("--timeline", out_dir)] {
+        let mut args = vec![
+            "compile",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1,pp=1,dp=1",
+            "--batch",
+            LENGTHS,
+            "--emit",
+            "json",
+            "--trace",
+            &kept,
+        ];
+        args.extend([flag, value]);
+        bad_input(&args, &[&format!("{flag} {value}: is a directory")]);
+        assert_eq!(std::fs::read_to_string(&kept).unwrap(), "precious\n");
+    }
+}
+
 /// A link latency near f64's range made step times sum to infinity and the report's ratios
 /// NaN, with exit 0: latencies above a minute are refused.
 #[test]

@@ -110,12 +110,16 @@ pub fn write(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
     }
 }
 
-/// Refuses, before any work, an output file whose directory does not exist (a measurement
-/// that runs for minutes should not fail at its last line).
+/// Refuses, before any work, an output file whose directory does not exist, or that is a
+/// directory itself (a measurement that runs for minutes should not fail at its last line,
+/// after writing the other outputs asked for).
 pub fn check_directory(flag: &str, path: Option<&Path>) -> anyhow::Result<()> {
     let Some(path) = file(path) else {
         return Ok(());
     };
+    if path.is_dir() {
+        bail!("{flag} {}: is a directory, not a file", path.display());
+    }
     let dir = directory_of(path);
     if !dir.is_dir() {
         bail!(
@@ -139,8 +143,12 @@ pub fn stdout_if(used: bool) -> Option<&'static Path> {
 /// Refuses, before any work, an output that would overwrite one of the command's inputs (`-o
 /// in.txt` beside `--batch in.txt` would replace the dataset) or another of its outputs (the
 /// second write would lose the first), standard output (`-`) included: two outputs there would
-/// mix. Absent paths are skipped.
+/// mix; and, as [`check_directory`], an output that is a directory or in none. Absent paths
+/// are skipped.
 pub fn check_distinct(inputs: &[Named], outputs: &[Named]) -> anyhow::Result<()> {
+    for &(flag, path) in outputs {
+        check_directory(flag, path)?;
+    }
     let on_stdout: Vec<(&str, &Path)> = outputs
         .iter()
         .filter_map(|&(flag, path)| path.filter(|_| is_stdout(path)).map(|path| (flag, path)))

@@ -328,6 +328,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
                 summary.plan_ms,
                 summary.plan_ms / summary.steps as f64
             );
+            if summary.next_epoch_tokens > 0 {
+                eprintln!(
+                    "  the last step's batch is completed with {} tokens of the next epoch \
+                     (as a sampler wraps around)",
+                    summary.next_epoch_tokens
+                );
+            }
             if stale > 0 {
                 eprintln!("  removed {stale} step files of an earlier, longer plan from --out-dir");
             }

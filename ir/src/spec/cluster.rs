@@ -178,7 +178,7 @@ impl ClusterSpec {
                 return Err(IrError::spec(
                     &what,
                     format!(
-                        "{field} must be a number of seconds from 0 to {MAX_LATENCY_S}, got {value}"
+                        "{field} must be a number of seconds from 0 to {MAX_LATENCY_S}, got {value:?}"
                     ),
                 ));
             }
