@@ -61,9 +61,9 @@ pub struct PlanSummary {
     pub steps: usize,
     pub samples: u64,
     pub tokens: u64,
-    /// Of `tokens`, those beyond the dataset's: the last global batch is completed from the
-    /// next epoch's order (as a trainer's sampler wraps around), so `tokens` can exceed the
-    /// epoch's by up to a batch.
+    /// The tokens drawn beyond the dataset's (trained, or held back by the strategy): the last
+    /// global batch is completed from the next epoch's order (as a trainer's sampler wraps
+    /// around), so `tokens` can exceed the epoch's by up to a batch.
     pub next_epoch_tokens: u64,
     /// Predicted step time: mean, smallest and largest over the steps, seconds.
     pub step_time_mean_s: f64,
@@ -223,7 +223,10 @@ pub fn plan_epoch(
         summary.delayed_samples = Some(samples as u64);
         summary.delayed_tokens = Some(tokens);
     }
-    summary.next_epoch_tokens = summary.tokens.saturating_sub(dataset.total_tokens());
+    // The tokens drawn: those trained and those a strategy still held back (`--steps` cut
+    // its drain short).
+    let drawn = summary.tokens + summary.delayed_tokens.unwrap_or(0);
+    summary.next_epoch_tokens = drawn.saturating_sub(dataset.total_tokens());
     summary.step_time_mean_s = summary.epoch_time_s / summary.steps as f64;
     summary.plan_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(summary)

@@ -66,10 +66,11 @@ pub fn use_calibration_file(path: &std::path::Path, spec: &Spec) -> Result<()> {
 }
 
 /// The calibration [`machine_model`] uses for `spec`'s device: a given one, else the shipped
-/// one where the spec's device is the one it was measured on — the `cpu` preset's as it is; a
-/// config that keeps the device's name but overrides its rates (`gpu = { peak_flops = .. }`)
-/// describes another machine, which the analytic curves model (the shipped table ignored the
-/// override, while MFU divided by it).
+/// one where the spec's device is the one it was measured on — the `cpu` preset's, with its
+/// rates; a config that keeps the device's name but overrides its peak FLOP/s or memory
+/// bandwidth (`gpu = { peak_flops = .. }`) describes another machine, which the analytic
+/// curves model (the shipped table ignored the override, while MFU divided by it). A table
+/// given with `--calibration` is the user's measurement of their device and is used as given.
 fn calibration_of(spec: &Spec) -> Option<Calibration> {
     let device = &spec.cluster.gpu;
     let given = GIVEN
@@ -80,8 +81,11 @@ fn calibration_of(spec: &Spec) -> Option<Calibration> {
         .find(|known| known.device == device.name)
         .cloned()
         .or_else(|| {
+            // The rates the table stands for; its memory size is no rate.
             let measured_on = slimpack_ir::spec::ClusterSpec::preset("cpu").ok()?.gpu;
-            (*device == measured_on)
+            let same_rates = device.peak_flops == measured_on.peak_flops
+                && device.hbm_bandwidth == measured_on.hbm_bandwidth;
+            same_rates
                 .then(|| shipped_calibration(&device.name))
                 .flatten()
         })
@@ -182,6 +186,13 @@ mod tests {
             let mut other = cpu.clone();
             other.cluster.gpu.peak_flops *= scale;
             assert!(!is_calibrated(&other), "{scale}");
+            let mut other = cpu.clone();
+            other.cluster.gpu.hbm_bandwidth *= scale;
+            assert!(!is_calibrated(&other), "{scale}");
         }
+        // Its memory size is no rate of the table's.
+        let mut bigger = cpu.clone();
+        bigger.cluster.gpu.hbm_bytes *= 2;
+        assert!(is_calibrated(&bigger));
     }
 }

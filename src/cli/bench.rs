@@ -182,7 +182,6 @@ const MAX_STEPS: usize = 100_000;
 const MEGATRON_PAPER: &str = "megatron-paper";
 
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
-    super::output::check_directory("--json", args.json.as_deref())?;
     let job = args.spec.job()?;
     super::output::check_distinct(
         &[

@@ -171,7 +171,7 @@ fn one_line(error: &anyhow::Error) -> String {
 /// unless RUST_BACKTRACE asks for one (then the standard hook prints it). A failed write to
 /// standard output (a closed pipe, a full disk) is no bug: it is one line either way.
 fn install_panic_hook() {
-    let backtrace = std::env::var_os("RUST_BACKTRACE").is_some();
+    let backtrace = std::env::var_os("RUST_BACKTRACE").is_some_and(|value| value != "0");
     let standard = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
         let message = panic_message(info.payload());

@@ -157,7 +157,6 @@ struct ValidateReport {
 }
 
 pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
-    super::output::check_directory("--out", args.out.as_deref())?;
     super::output::check_distinct(
         &[("--calibration", args.calibration.as_deref())],
         &[args.report.output(), ("--out", args.out.as_deref())],

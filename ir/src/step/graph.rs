@@ -310,10 +310,11 @@ impl StepIr {
         }
     }
 
-    /// `slice`'s row of the slice table (its tokens, sample and next slice), or `None` where
-    /// the table has none: what the verifier compares with the graph, which must not panic on
-    /// the IR it checks ([`StepIr::slice`] and [`StepIr::sample_of`] do, for the passes).
-    pub fn slice_row(&self, slice: SliceId) -> Option<(Slice, SampleId, Option<SliceId>)> {
+    /// `slice`'s row of the slice table — its span (start and length), its sample and the
+    /// next slice — or `None` where the table has none: what the verifier compares with the
+    /// graph, which must not panic on the IR it checks ([`StepIr::slice`] and
+    /// [`StepIr::sample_of`] do, for the passes).
+    pub(crate) fn slice_row(&self, slice: SliceId) -> Option<(Slice, SampleId, Option<SliceId>)> {
         let row = self.slice_rows.get(slice.0.index())?;
         (row.sample != NO_NODE).then(|| {
             let next = (row.next != NO_NODE).then(|| SliceId(NodeIndex::new(row.next as usize)));

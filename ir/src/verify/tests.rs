@@ -121,6 +121,10 @@ fn a_slice_node_without_a_table_row_is_reported() {
         .add_edge(sample.node(), extra, Edge::Contains);
     ir.graph_mut().add_edge(slices[1].node(), extra, Edge::Next);
     reports_a_table_disagreement(&ir);
+    // The new node itself, not only its predecessor (whose row says it is the last).
+    assert!(check(&ir)
+        .iter()
+        .any(|e| e.location == "%d0.2" && e.message.contains("slice table disagrees")));
 }
 
 /// Asserts that `ir`'s check reports the slice table disagreeing with the graph.

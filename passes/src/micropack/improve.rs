@@ -1,7 +1,7 @@
 //! Local search on a MicroPack partition: single-slice moves and pairwise swaps out of the most
 //! loaded pack, within each slice's order window and the token cap.
 
-use super::{Item, Partition};
+use super::{Chains, Item, Partition};
 
 /// Local search rounds: single-slice moves out of the most loaded pack.
 const IMPROVEMENT_ROUNDS: usize = 256;
@@ -13,10 +13,34 @@ const SWAP_TARGETS: usize = 8;
 const SWAP_CANDIDATES: usize = 64;
 
 /// Moves single slices out of the most loaded pack into another pack their order constraints
-/// allow (between the packs of the chain's neighbours, not before its release, within the cap),
-/// or swaps one with a lighter slice of another pack, while that lowers the maximum.
-pub(super) fn improve(chains: &[&[Item]], release: &[usize], cap: u32, partition: &mut Partition) {
+/// allow (between the packs of the chain's neighbours, not before its release, within the cap;
+/// under [`Chains::Contiguous`] also at most one pack from either neighbour, so that a local
+/// move does not spread a chain the greedy kept together), or swaps one with a lighter slice of
+/// another pack, while that lowers the maximum.
+pub(super) fn improve(
+    chains: &[&[Item]],
+    release: &[usize],
+    cap: u32,
+    rule: Chains,
+    partition: &mut Partition,
+) {
     let packs = partition.len();
+    // The packs slice `i` of chain `c` may move to.
+    let window = |c: usize, i: usize, pack_of: &PackOf| {
+        let previous = (i > 0).then(|| pack_of.at(c, i - 1));
+        let next = (i + 1 < chains[c].len()).then(|| pack_of.at(c, i + 1));
+        let mut low = previous.unwrap_or(0).max(release[c]);
+        let mut high = next.unwrap_or(packs - 1);
+        if rule == Chains::Contiguous {
+            if let Some(next) = next {
+                low = low.max(next.saturating_sub(1));
+            }
+            if let Some(previous) = previous {
+                high = high.min(previous + 1);
+            }
+        }
+        (low, high)
+    };
     let mut pack_of = PackOf::new(chains);
     let mut loads = vec![0.0; packs];
     let mut tokens = vec![0u64; packs];
@@ -37,17 +61,7 @@ pub(super) fn improve(chains: &[&[Item]], release: &[usize], cap: u32, partition
         let mut best: Option<(f64, usize, usize)> = None; // (new pair max, member index, target)
         for (m, &(c, i)) in partition[heavy].iter().enumerate() {
             let item = chains[c][i];
-            let low = if i > 0 {
-                pack_of.at(c, i - 1)
-            } else {
-                release[c]
-            }
-            .max(release[c]);
-            let high = if i + 1 < chains[c].len() {
-                pack_of.at(c, i + 1)
-            } else {
-                packs - 1
-            };
+            let (low, high) = window(c, i, &pack_of);
             let target = by_load.iter().copied().find(|&t| {
                 t != heavy
                     && (low..=high).contains(&t)
@@ -75,15 +89,6 @@ pub(super) fn improve(chains: &[&[Item]], release: &[usize], cap: u32, partition
         }
         // No single move helps: try the best swap of a slice of the heavy pack with one of
         // another pack, both within their order windows and the caps.
-        let window = |c: usize, i: usize, pack_of: &PackOf| {
-            let low = if i > 0 { pack_of.at(c, i - 1) } else { 0 }.max(release[c]);
-            let high = if i + 1 < chains[c].len() {
-                pack_of.at(c, i + 1)
-            } else {
-                packs - 1
-            };
-            (low, high)
-        };
         let mut swap: Option<(f64, usize, usize, usize)> = None; // (pair max, a, target, b)
         for (a, &(ca, ia)) in partition[heavy].iter().enumerate() {
             let (low, high) = window(ca, ia, &pack_of);
