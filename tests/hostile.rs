@@ -1393,22 +1393,12 @@ fn an_output_that_is_a_directory_is_refused_before_any_other_output_is_written()
     std::fs::create_dir(&out_dir).unwrap();
     let out_dir = out_dir.to_str().unwrap();
     for (flag, value) in [("-o", out_dir), ("--timeline", out_dir)] {
-        let mut args = vec![
-            "compile",
-            "--model",
-            "tiny",
-            "--cluster",
-            "cpu",
-            "--parallel",
+        let args = tiny(
             "tp=1,pp=1,dp=1",
-            "--batch",
-            LENGTHS,
-            "--emit",
-            "json",
-            "--trace",
-            &kept,
-        ];
-        args.extend([flag, value]);
+            &[
+                "--batch", LENGTHS, "--emit", "json", "--trace", &kept, flag, value,
+            ],
+        );
         bad_input(&args, &[&format!("{flag} {value}: is a directory")]);
         assert_eq!(std::fs::read_to_string(&kept).unwrap(), "precious\n");
     }

@@ -69,7 +69,7 @@ use petgraph::graph::DiGraph;
 use crate::error::{IrError, Result};
 use crate::spec::Recompute;
 use crate::step::{
-    Direction, Node, PackId, Part, Phase, ReplicaId, SampleId, Slice, SliceId, StageId, StepIr,
+    Direction, PackId, Part, Phase, ReplicaId, SampleId, Slice, SliceId, StageId, StepIr,
 };
 use crate::text::Names;
 
@@ -843,8 +843,5 @@ mod tests;
 /// checked against it): a node that is no slice reads as an empty slice, which `slice-cover`
 /// reports.
 fn slice_node(ir: &StepIr, slice: SliceId) -> Slice {
-    match ir.graph().node_weight(slice.node()) {
-        Some(Node::Slice(node)) => *node,
-        _ => Slice { start: 0, len: 0 },
-    }
+    ir.slice_node(slice).unwrap_or(Slice { start: 0, len: 0 })
 }

@@ -80,15 +80,20 @@ fn calibration_of(spec: &Spec) -> Option<Calibration> {
         .iter()
         .find(|known| known.device == device.name)
         .cloned()
-        .or_else(|| {
-            // The rates the table stands for; its memory size is no rate.
-            let measured_on = slimpack_ir::spec::ClusterSpec::preset("cpu").ok()?.gpu;
-            let same_rates = device.peak_flops == measured_on.peak_flops
-                && device.hbm_bandwidth == measured_on.hbm_bandwidth;
-            same_rates
-                .then(|| shipped_calibration(&device.name))
-                .flatten()
-        })
+        .or_else(|| shipped_for(device))
+}
+
+/// The shipped calibration where `device` is the one it was measured on: the `cpu` preset's
+/// name and rates (peak FLOP/s, memory bandwidth; its memory size is no rate of the table's).
+fn shipped_for(device: &slimpack_ir::spec::GpuSpec) -> Option<Calibration> {
+    static MEASURED_ON: OnceLock<Option<(f64, f64)>> = OnceLock::new();
+    let rates = MEASURED_ON.get_or_init(|| {
+        let gpu = slimpack_ir::spec::ClusterSpec::preset("cpu").ok()?.gpu;
+        Some((gpu.peak_flops, gpu.hbm_bandwidth))
+    });
+    (*rates == Some((device.peak_flops, device.hbm_bandwidth)))
+        .then(|| shipped_calibration(&device.name))
+        .flatten()
 }
 
 /// The cost model of `spec`: the calibration of its device (given with [`use_calibration`], or

@@ -250,14 +250,20 @@ impl StepIr {
         slices
     }
 
+    /// A slice as its graph node says (`None` for a node that is no slice), not as the slice
+    /// table beside the graph does: what the verifier checks the table against.
+    pub(crate) fn slice_node(&self, slice: SliceId) -> Option<Slice> {
+        match self.graph.node_weight(slice.0) {
+            Some(Node::Slice(node)) => Some(*node),
+            _ => None,
+        }
+    }
+
     /// A slice's offset as its graph node says (`u32::MAX` for a node that is no slice): the
     /// edge-walking readers order by the graph, not the table beside it, so that the verifier
     /// (and its error messages' names) can read an IR whose table is broken.
     fn node_start(&self, slice: SliceId) -> u32 {
-        match self.graph.node_weight(slice.0) {
-            Some(Node::Slice(node)) => node.start,
-            _ => u32::MAX,
-        }
+        self.slice_node(slice).map_or(u32::MAX, |node| node.start)
     }
 
     /// Every sample's slices in offset order (as [`StepIr::slices_of`]), by batch position,

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::batch::Sample;
-use crate::step::{BatchInfo, Direction, Edge, Pack};
+use crate::step::{BatchInfo, Direction, Edge, Node, Pack};
 use crate::Spec;
 
 /// A tiny step with one sample cut into slices of `lengths`, which the verifier accepts.
@@ -49,14 +49,8 @@ fn a_slice_table_that_disagrees_with_the_nodes_is_reported() {
 
 /// A tiny step with one sample cut into slices of `lengths`, all in one forward pack.
 fn one_forward_pack(lengths: &[u32]) -> (StepIr, PackId, ReplicaId, Vec<SliceId>) {
-    let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
-    let mut ir = StepIr::new(spec, BatchInfo::default());
-    let sample = ir.add_sample(Sample {
-        len: lengths.iter().sum(),
-        doc: 0,
-        piece: 0,
-    });
-    let slices = ir.set_slices(sample, lengths);
+    let (mut ir, slices) = one_sliced_sample(lengths);
+    let sample = ir.samples()[0];
     let replica = ir.add_replica(vec![0]);
     ir.place_sample(sample, replica);
     let pack = ir.add_pack(

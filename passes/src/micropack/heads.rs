@@ -295,8 +295,8 @@ impl<'a> Heads<'a> {
     }
 
     /// The open heads, largest first.
-    pub fn open_heads(&self) -> Vec<Head> {
-        self.open.iter().rev().copied().collect()
+    pub fn open_heads(&self) -> impl Iterator<Item = Head> + '_ {
+        self.open.iter().rev().copied()
     }
 
     pub fn is_empty(&self) -> bool {

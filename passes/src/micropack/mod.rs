@@ -286,8 +286,7 @@ fn attempt(
             });
         }
         let budget = fixed.unwrap_or(remaining_cost / packs_left as f64);
-        let (mut cost, mut tokens) = (0.0, 0u64);
-        let mut members = Vec::new();
+        let mut pack = Fill::default();
         // Urgent chains first: more slices left than packs left (released now if waiting).
         while long_enough < by_length.len() && chains[by_length[long_enough]].len() >= packs_left {
             long_enough += 1;
@@ -305,9 +304,9 @@ fn attempt(
         heads.seal();
         // The chains a previous pack started, with their next slice: each continues in this
         // pack (below) unless the urgent chains took that slice first.
-        let continuing: Vec<(Head, usize)> = match order.rule {
-            Chains::Contiguous => (heads.open_heads().into_iter())
-                .map(|head| (head, next[head.chain]))
+        let continuing: Vec<(usize, usize)> = match order.rule {
+            Chains::Contiguous => (heads.open_heads())
+                .map(|head| (head.chain, next[head.chain]))
                 .collect(),
             Chains::Free => Vec::new(),
         };
@@ -323,30 +322,23 @@ fn attempt(
             .collect();
         urgent.sort_unstable();
         for chain in urgent {
-            let item = chains[chain][next[chain]];
-            take(chain, item, &mut next, &mut heads, chains);
-            cost += item.cost;
-            tokens += u64::from(item.tokens);
-            members.push((chain, next[chain] - 1));
+            pack.take(chain, &mut next, &mut heads, chains);
         }
         // Contiguous chains: a started chain's next slice goes in this pack whatever the cost
         // budget (the token cap permitting), so a sample's slices sit in consecutive packs.
-        for (head, slice) in continuing {
-            if next[head.chain] != slice {
-                continue;
+        for (chain, slice) in continuing {
+            let has_room = pack.tokens + u64::from(chains[chain][slice].tokens) <= u64::from(cap);
+            if next[chain] == slice && has_room {
+                pack.take(chain, &mut next, &mut heads, chains);
             }
-            let item = chains[head.chain][next[head.chain]];
-            if tokens + u64::from(item.tokens) > u64::from(cap) {
-                continue;
-            }
-            take(head.chain, item, &mut next, &mut heads, chains);
-            cost += item.cost;
-            tokens += u64::from(item.tokens);
-            members.push((head.chain, next[head.chain] - 1));
         }
         while !heads.is_empty() {
-            let room = if last { f64::INFINITY } else { budget - cost };
-            let token_room = u64::from(cap).saturating_sub(tokens);
+            let room = if last {
+                f64::INFINITY
+            } else {
+                budget - pack.cost
+            };
+            let token_room = u64::from(cap).saturating_sub(pack.tokens);
             let fits_tokens =
                 |h: &Head| u64::from(chains[h.chain][next[h.chain]].tokens) <= token_room;
             // The largest head that fits both the cost budget and the token cap, continuing a
@@ -356,28 +348,24 @@ fn attempt(
             let mut pick = heads
                 .largest_open(room, TOKEN_SCAN, &fits_tokens)
                 .or_else(|| heads.largest_fresh(room, TOKEN_SCAN, &fits_tokens));
-            if pick.is_none() && (members.is_empty() || last) {
+            if pick.is_none() && (pack.members.is_empty() || last) {
                 // An empty pack must make progress, and the last pack takes everything: the
                 // smallest head (a cap overflow in the last pack grows the pack count).
                 pick = heads.smallest();
             }
             let Some(head) = pick else { break };
-            let item = chains[head.chain][next[head.chain]];
-            take(head.chain, item, &mut next, &mut heads, chains);
-            cost += item.cost;
-            tokens += u64::from(item.tokens);
-            members.push((head.chain, next[head.chain] - 1));
+            pack.take(head.chain, &mut next, &mut heads, chains);
         }
-        if tokens > u64::from(cap) {
+        if pack.tokens > u64::from(cap) {
             fits = false;
         }
-        if fixed.is_some_and(|budget| cost > budget * (1.0 + 1e-9)) {
+        if fixed.is_some_and(|budget| pack.cost > budget * (1.0 + 1e-9)) {
             return (result, false);
         }
-        remaining_cost -= cost;
-        remaining_tokens -= tokens;
-        if !members.is_empty() {
-            result.push(members);
+        remaining_cost -= pack.cost;
+        remaining_tokens -= pack.tokens;
+        if !pack.members.is_empty() {
+            result.push(pack.members);
         }
         if heads.is_empty() && unreleased == 0 {
             break;
@@ -386,17 +374,33 @@ fn attempt(
     (result, fits && heads.is_empty() && unreleased == 0)
 }
 
-fn take(chain: usize, item: Item, next: &mut [usize], heads: &mut Heads, chains: &[&[Item]]) {
-    heads.remove(&Head {
-        cost: item.cost,
-        chain,
-    });
-    next[chain] += 1;
-    if let Some(following) = chains[chain].get(next[chain]) {
-        heads.open(Head {
-            cost: following.cost,
+/// The pack a greedy pass is filling: its cost, tokens and members so far.
+#[derive(Default)]
+struct Fill {
+    cost: f64,
+    tokens: u64,
+    members: Vec<(usize, usize)>,
+}
+
+impl Fill {
+    /// Places `chain`'s next slice (its head) in the pack; the slice after it becomes the
+    /// chain's open head.
+    fn take(&mut self, chain: usize, next: &mut [usize], heads: &mut Heads, chains: &[&[Item]]) {
+        let item = chains[chain][next[chain]];
+        heads.remove(&Head {
+            cost: item.cost,
             chain,
         });
+        self.cost += item.cost;
+        self.tokens += u64::from(item.tokens);
+        self.members.push((chain, next[chain]));
+        next[chain] += 1;
+        if let Some(following) = chains[chain].get(next[chain]) {
+            heads.open(Head {
+                cost: following.cost,
+                chain,
+            });
+        }
     }
 }
 
