@@ -112,26 +112,83 @@ pub fn verify(ir: &StepIr) -> Result<()> {
 
 /// All broken invariants, in a deterministic order.
 pub fn check(ir: &StepIr) -> Vec<VerifyError> {
-    let mut verifier = Verifier {
-        ir,
-        index: Index::new(ir),
-        names: OnceCell::new(),
-        errors: Vec::new(),
-        pack_position: vec![0; petgraph::visit::NodeIndexable::node_bound(ir.graph())],
-        member_position: Memberships::new(petgraph::visit::NodeIndexable::node_bound(ir.graph())),
-    };
-    verifier.stages();
-    verifier.samples_and_slices();
-    verifier.replicas();
-    verifier.packs();
-    if ir.phase() >= Phase::Scheduled {
-        verifier.schedules();
-    }
-    if ir.phase() >= Phase::Lowered && verifier.errors.is_empty() {
+    check_on(ir, ir.samples().len() >= PARALLEL_SAMPLES)
+}
+
+/// [`check`], on two threads when `parallel` (the same errors in the same order).
+fn check_on(ir: &StepIr, parallel: bool) -> Vec<VerifyError> {
+    let index = Index::new(ir, parallel);
+    // `packs` records the packs' positions and reads them back; the other sections read
+    // neither, so on a large step they run beside it on a second core. Errors keep the
+    // sections' order.
+    let ((mut errors, schedule_errors), pack_errors) = both(
+        parallel,
+        || {
+            let mut verifier = Verifier::new(ir, &index, 0);
+            verifier.stages();
+            verifier.samples_and_slices();
+            verifier.replicas();
+            let before_packs = std::mem::take(&mut verifier.errors);
+            if ir.phase() >= Phase::Scheduled {
+                verifier.schedules();
+            }
+            (before_packs, verifier.errors)
+        },
+        || {
+            let mut verifier = Verifier::new(
+                ir,
+                &index,
+                petgraph::visit::NodeIndexable::node_bound(ir.graph()),
+            );
+            verifier.packs();
+            verifier.errors
+        },
+    );
+    errors.extend(pack_errors);
+    errors.extend(schedule_errors);
+    if ir.phase() >= Phase::Lowered && errors.is_empty() {
         // Lowering needs a sound schedule; with one broken, that error is the one to show.
+        let mut verifier = Verifier::new(ir, &index, 0);
         verifier.program();
+        errors = verifier.errors;
     }
-    verifier.errors
+    errors
+}
+
+/// Samples from which [`check`] uses a second thread: below, a thread costs more than it saves.
+const PARALLEL_SAMPLES: usize = 1 << 14;
+
+/// `(a(), b())`, `b` on a second thread when `parallel` (and the system starts one; else on
+/// this thread after `a`).
+fn both<A: Send, B: Send>(
+    parallel: bool,
+    a: impl FnOnce() -> A + Send,
+    b: impl FnOnce() -> B + Send,
+) -> (A, B) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if !parallel || cores < 2 {
+        return (a(), b());
+    }
+    // `b` stays here until one thread takes it: a refused spawn leaves it to this one.
+    let b = std::sync::Mutex::new(Some(b));
+    let run_b = || {
+        let b = b
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        b.map(|b| b())
+    };
+    std::thread::scope(|scope| {
+        let second = std::thread::Builder::new().spawn_scoped(scope, run_b);
+        let first = a();
+        let second = match second {
+            Ok(handle) => handle
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+            Err(_) => run_b(),
+        };
+        (first, second.expect("`b` runs once"))
+    })
 }
 
 /// Where an error is: a node (named as the printed IR names it only when an error is
@@ -151,13 +208,13 @@ enum At {
 struct Verifier<'a> {
     ir: &'a StepIr,
     /// The step's edges by node.
-    index: Index,
+    index: &'a Index,
     /// The printed IR's names, built on the first error.
     names: OnceCell<Names>,
     errors: Vec<VerifyError>,
     /// Position of each placed pack among its replica's packs of its direction.
     /// (Indexed by node index: 0 for a node that is no placed pack.)
-    pack_position: Vec<usize>,
+    pack_position: Vec<u32>,
     /// Position of each slice inside each pack that holds it.
     member_position: Memberships,
 }
@@ -204,7 +261,20 @@ impl Memberships {
     }
 }
 
-impl Verifier<'_> {
+impl<'a> Verifier<'a> {
+    /// A verifier of `ir` with room for pack positions of nodes below `node_bound` (0 for
+    /// the sections that read none).
+    fn new(ir: &'a StepIr, index: &'a Index, node_bound: usize) -> Verifier<'a> {
+        Verifier {
+            ir,
+            index,
+            names: OnceCell::new(),
+            errors: Vec::new(),
+            pack_position: vec![0; node_bound],
+            member_position: Memberships::new(node_bound),
+        }
+    }
+
     fn names(&self) -> &Names {
         self.names.get_or_init(|| Names::new(self.ir))
     }
@@ -465,7 +535,7 @@ impl Verifier<'_> {
                     );
                 }
                 for (position, pack) in packs.into_iter().enumerate() {
-                    self.pack_position[pack.node().index()] = position;
+                    self.pack_position[pack.node().index()] = position as u32;
                     // The slice list the passes read (`StepIr::pack_members`) is what the
                     // edges say.
                     if !ir
@@ -620,7 +690,7 @@ impl Verifier<'_> {
     /// (position of the pack among its replica's packs of that direction, position inside it).
     fn order_key(&self, pack: PackId, slice: crate::step::SliceId) -> (usize, usize) {
         (
-            self.pack_position[pack.node().index()],
+            self.pack_position[pack.node().index()] as usize,
             self.member_position.get(pack, slice).unwrap_or(0),
         )
     }

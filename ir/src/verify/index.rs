@@ -36,7 +36,19 @@ pub(super) struct Index {
 }
 
 impl Index {
-    pub fn new(ir: &StepIr) -> Index {
+    /// The index of `ir`'s edges; with `parallel`, the samples' slices are gathered on a
+    /// second thread while this one reads the other edges.
+    pub fn new(ir: &StepIr, parallel: bool) -> Index {
+        let (slices, index) = super::both(
+            parallel,
+            || ir.sample_slices_by_edges(),
+            || Index::others(ir),
+        );
+        Index { slices, ..index }
+    }
+
+    /// The index without the samples' slices.
+    fn others(ir: &StepIr) -> Index {
         let graph = ir.graph();
         let bound = graph.node_bound();
         let mut next_of = vec![NONE; bound];
@@ -67,7 +79,6 @@ impl Index {
                 Edge::Contains | Edge::Order { .. } => {}
             }
         }
-        let slices = ir.sample_slices_by_edges();
         let mut members = Rows::new(bound, &members);
         members.sort_rows_by_key(|&member| member);
         let mut packs = Rows::new(bound, &packs);
@@ -81,7 +92,7 @@ impl Index {
             .collect();
         Index {
             next_of,
-            slices,
+            slices: SampleSlices::default(),
             members,
             packs,
             placed,

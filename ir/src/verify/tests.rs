@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::batch::Sample;
-use crate::step::{BatchInfo, Direction, Edge, Node, Pack};
+use crate::step::{BatchInfo, Direction, Edge, Node, Pack, SampleId};
 use crate::Spec;
 
 /// A tiny step with one sample cut into slices of `lengths`, which the verifier accepts.
@@ -130,4 +130,64 @@ fn reports_a_table_disagreement(ir: &StepIr) {
             .any(|e| e.invariant == "slice-chain" && e.message.contains("slice table disagrees")),
         "{errors:?}"
     );
+}
+
+/// On a large step the verifier runs its sections on two threads; the errors are the same, in
+/// the same order, as on one (here from the samples', the packs' and the schedules' sections).
+#[test]
+fn a_large_step_gets_the_same_errors_on_two_threads() {
+    let spec = Spec::from_presets("tiny", "cpu", "tp=1,pp=1,dp=1").unwrap();
+    let mut ir = StepIr::new(spec, BatchInfo::default());
+    let replica = ir.add_replica(vec![0]);
+    let samples: Vec<SampleId> = (0..PARALLEL_SAMPLES as u64)
+        .map(|doc| {
+            let sample = ir.add_sample(Sample {
+                len: 10,
+                doc,
+                piece: 0,
+            });
+            ir.place_sample(sample, replica);
+            sample
+        })
+        .collect();
+    let mut forward = Vec::new();
+    for chunk in samples.chunks(64) {
+        let slices: Vec<SliceId> = chunk.iter().flat_map(|&s| ir.slices_of(s)).collect();
+        for direction in [Direction::Forward, Direction::Backward] {
+            let pack = ir.add_pack(
+                Pack {
+                    direction,
+                    cap: None,
+                },
+                replica,
+                &slices,
+            );
+            if direction == Direction::Forward {
+                forward.push(pack);
+            }
+        }
+    }
+    assert!(check_on(&ir, false).is_empty());
+    // Two forward packs over a cap, a sample longer than its slices.
+    for pack in [forward[3], forward[7]] {
+        ir.graph_mut()[pack.node()] = Node::Pack(Pack {
+            direction: Direction::Forward,
+            cap: Some(100),
+        });
+    }
+    ir.graph_mut()[samples[5].node()] = Node::Sample(Sample {
+        len: 11,
+        doc: 5,
+        piece: 0,
+    });
+    ir.advance(Phase::Scheduled);
+    let sequential = check_on(&ir, false);
+    let invariants: Vec<&str> = sequential.iter().map(|e| e.invariant).collect();
+    assert_eq!(
+        invariants,
+        ["slice-cover", "pack-cap", "pack-cap", "schedule-complete"],
+        "{sequential:?}"
+    );
+    assert_eq!(check_on(&ir, true), sequential);
+    assert_eq!(check(&ir), sequential);
 }

@@ -50,6 +50,16 @@ impl CostModel {
     /// replicas (a static CP degree taken from the DP pool; 1 without one), see the module
     /// documentation.
     pub fn step_time_lower_bound(&self, lengths: &[u64], merged: u32) -> f64 {
+        self.step_time_lower_bound_of(&self.batch_attention(lengths, merged))
+    }
+
+    /// The part of [`CostModel::step_time_lower_bound`] that reads every sample: the batch's
+    /// tokens and its attention at the best rates packs of at least `merged` DP replicas
+    /// reach. It depends on the device's kernel rates, the layout's CP degree and `merged`
+    /// only, not on the recomputation mode or model chunks, so a tuner computes it once for
+    /// the candidates of a batch that share a static CP degree and prices each with
+    /// [`CostModel::step_time_lower_bound_of`] under its own model.
+    pub fn batch_attention(&self, lengths: &[u64], merged: u32) -> BatchAttention {
         let throughput = self.throughput();
         let split = merged.max(1) * self.spec.parallel.cp_degree();
         // Seconds per attention FLOP summed over samples, weighted by their causal pairs.
@@ -66,18 +76,32 @@ impl CostModel {
             backward_pairs_s +=
                 pairs / throughput.best_rate_up_to(OpKind::AttentionBackward, query);
         }
+        BatchAttention {
+            tokens,
+            split,
+            pairs_s: PairSeconds {
+                forward: forward_pairs_s,
+                backward: backward_pairs_s,
+            },
+        }
+    }
+
+    /// [`CostModel::step_time_lower_bound`] of a batch whose [`BatchAttention`] a model of
+    /// the same device and layout computed.
+    pub fn step_time_lower_bound_of(&self, batch: &BatchAttention) -> f64 {
+        let BatchAttention {
+            tokens,
+            split,
+            ref pairs_s,
+        } = *batch;
         let parallel = &self.spec.parallel;
         let mut busy = vec![0.0f64; parallel.pp as usize];
         if tokens > 0 {
-            let pairs_s = PairSeconds {
-                forward: forward_pairs_s,
-                backward: backward_pairs_s,
-            };
             for stage in 0..parallel.stages() {
                 let device = parallel.device_of_stage(stage) as usize;
                 for direction in [Direction::Forward, Direction::Backward] {
                     busy[device] +=
-                        self.stage_device_seconds(stage, direction, tokens, split, &pairs_s);
+                        self.stage_device_seconds(stage, direction, tokens, split, pairs_s);
                 }
             }
         }
@@ -163,8 +187,19 @@ impl CostModel {
     }
 }
 
+/// A batch's tokens and attention as [`CostModel::step_time_lower_bound`] prices them
+/// ([`CostModel::batch_attention`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BatchAttention {
+    tokens: u64,
+    /// The smallest CP group a pack may run on, in devices per TP rank.
+    split: u32,
+    pairs_s: PairSeconds,
+}
+
 /// Σ over samples of causal pairs over the best attention rate their length allows, forward
 /// and backward kernels: seconds per attention FLOP-per-pair.
+#[derive(Debug, Clone, Copy)]
 struct PairSeconds {
     forward: f64,
     backward: f64,

@@ -38,6 +38,7 @@ mod traffic;
 #[cfg(test)]
 mod tests;
 
+pub use bound::BatchAttention;
 pub use calibration::{Calibration, CalibrationPoint, CalibrationTable};
 pub use comm::{
     all_gather_time, all_reduce_time, p2p_time, reduce_scatter_time, CommModel, DpSyncTime,
