@@ -630,7 +630,7 @@ impl<'a> Verifier<'a> {
         let ir = self.ir;
         let mut previous: Option<(crate::step::SliceId, (usize, usize))> = None;
         for &slice in slices {
-            let mut packs = self.index.packs_of(ir, slice, direction);
+            let mut packs = self.index.packs_of(slice, direction);
             let first = packs.next();
             let name = At::Slice(slice);
             let others = packs.count();
@@ -665,7 +665,7 @@ impl<'a> Verifier<'a> {
                         Direction::Forward => ("forward-order", "forward", "before"),
                         Direction::Backward => ("backward-order", "backward", "after"),
                     };
-                    let earlier_pack = (self.index.pack_of(ir, earlier, direction))
+                    let earlier_pack = (self.index.pack_of(earlier, direction))
                         .expect("the earlier slice has a pack (checked above)");
                     let order = match direction {
                         Direction::Forward => "from its first slice to its last",
@@ -881,15 +881,23 @@ impl<'a> Verifier<'a> {
                 };
             }
         }
+        // Each forward pack before the backward packs of its slices, on the last stage: one
+        // edge per pair of packs, not per slice.
         let last = stages - 1;
+        let mut backwards = Vec::new();
         for &pack in &packs {
             if ir.pack(pack).direction != Direction::Forward {
                 continue;
             }
-            for slice in self.index.pack_slices(pack) {
-                if let Some(backward) = self.index.pack_of(ir, slice, Direction::Backward) {
-                    edge(&mut graph, (pack, last), (backward, last));
-                }
+            backwards.clear();
+            backwards.extend(
+                (self.index.pack_slices(pack))
+                    .filter_map(|slice| self.index.pack_of(slice, Direction::Backward)),
+            );
+            backwards.sort_unstable();
+            backwards.dedup();
+            for &backward in &backwards {
+                edge(&mut graph, (pack, last), (backward, last));
             }
         }
         if let Err(cycle) = petgraph::algo::toposort(&graph, None) {

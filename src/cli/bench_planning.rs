@@ -7,7 +7,8 @@
 //! A cell is planned up to `repeats` times, fewer once its runs have taken [`CELL_BUDGET_S`]
 //! (a million samples plan once), and its wall time is the median of its runs: on a shared
 //! machine a single short run can take twice its usual time, and one such run would make a
-//! growth figure of that noise.
+//! growth figure of that noise. The runs go in rounds over all cells (every size and
+//! strategy once, then again), so that the sizes a growth compares are timed side by side.
 
 use serde::Serialize;
 use std::time::Instant;
@@ -60,44 +61,58 @@ pub fn run(
     report: ReportFormat,
     json: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let mut rows: Vec<Measurement> = Vec::new();
-    for &size in sizes {
-        let options = BatchOptions {
-            global_batch: Some(size),
-            global_batch_tokens: None,
-            ..*options
-        };
-        let batch = dataset.global_batch(&options)?;
-        for &strategy in strategies {
-            let mut walls = Vec::new();
-            let mut planned = None;
-            while walls.len() < repeats && walls.iter().sum::<f64>() < CELL_BUDGET_S * 1e3 {
-                let start = Instant::now();
-                let step = plan_one(strategy, spec, &batch, choices)?;
-                walls.push(start.elapsed().as_secs_f64() * 1e3);
-                planned = Some(step);
+    let batches = (sizes.iter())
+        .map(|&size| {
+            dataset.global_batch(&BatchOptions {
+                global_batch: Some(size),
+                global_batch_tokens: None,
+                ..*options
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let cells: Vec<(&Batch, &'static StrategyInfo)> = (batches.iter())
+        .flat_map(|batch| strategies.iter().map(move |&strategy| (batch, strategy)))
+        .collect();
+    // Rounds over every cell, so that a size's runs and the next size's see the same machine
+    // (a shared machine slows down and speeds up over a run: repeating one cell after another
+    // would put that drift into the growth).
+    let mut walls: Vec<Vec<f64>> = vec![Vec::new(); cells.len()];
+    let mut planned: Vec<Option<(usize, f64)>> = vec![None; cells.len()];
+    for _ in 0..repeats {
+        for (cell, &(batch, strategy)) in cells.iter().enumerate() {
+            let runs = &mut walls[cell];
+            if runs.len() >= repeats || runs.iter().sum::<f64>() >= CELL_BUDGET_S * 1e3 {
+                continue;
             }
-            let (candidates, step_time_s) = planned.expect("repeats >= 1: a cell runs once");
-            walls.sort_by(f64::total_cmp);
-            let wall_ms = median(&walls);
-            let growth = rows
-                .iter()
-                .rev()
-                .find(|row| row.strategy == strategy.name)
-                .map(|previous| wall_ms / previous.wall_ms);
-            rows.push(Measurement {
-                samples: batch.samples.len(),
-                tokens: batch.tokens(),
-                strategy: strategy.name,
-                candidates,
-                wall_ms,
-                min_ms: walls[0],
-                max_ms: walls[walls.len() - 1],
-                runs: walls.len(),
-                growth,
-                step_time_s,
-            });
+            let start = Instant::now();
+            let step = plan_one(strategy, spec, batch, choices)?;
+            runs.push(start.elapsed().as_secs_f64() * 1e3);
+            planned[cell] = Some(step);
         }
+    }
+    let mut rows: Vec<Measurement> = Vec::new();
+    for (cell, &(batch, strategy)) in cells.iter().enumerate() {
+        let (candidates, step_time_s) = planned[cell].expect("repeats >= 1: a cell runs once");
+        let walls = &mut walls[cell];
+        walls.sort_by(f64::total_cmp);
+        let wall_ms = median(walls);
+        let growth = rows
+            .iter()
+            .rev()
+            .find(|row| row.strategy == strategy.name)
+            .map(|previous| wall_ms / previous.wall_ms);
+        rows.push(Measurement {
+            samples: batch.samples.len(),
+            tokens: batch.tokens(),
+            strategy: strategy.name,
+            candidates,
+            wall_ms,
+            min_ms: walls[0],
+            max_ms: walls[walls.len() - 1],
+            runs: walls.len(),
+            growth,
+            step_time_s,
+        });
     }
     if let Some(path) = json {
         super::output::write(Some(path), &(serde_json::to_string_pretty(&rows)? + "\n"))?;

@@ -27,8 +27,10 @@ pub(super) struct Index {
     slices: SampleSlices,
     /// Each pack's slices by position (as [`StepIr::pack_slices`]).
     members: Rows<(u32, SliceId)>,
-    /// Each slice's packs, ascending (as [`StepIr::pack_of`] takes the least).
-    packs: Rows<PackId>,
+    /// Each slice's packs, ascending (as [`StepIr::pack_of`] takes the least), with their
+    /// direction (read here in edge order, where a pack's member edges are together, rather
+    /// than from the pack node at each lookup, in slice order).
+    packs: Rows<(PackId, Direction)>,
     /// Each replica's packs by position (as [`StepIr::packs_on`], both directions).
     placed: Rows<(u32, PackId)>,
     /// Pack nodes with no replica, in node order (as [`StepIr::unplaced_packs`]).
@@ -68,7 +70,10 @@ impl Index {
                 }
                 Edge::Member { position } => {
                     members.push((target.index() as u32, (position, SliceId(source))));
-                    packs.push((from, PackId(target)));
+                    // A member edge into a node that is no pack makes no membership.
+                    if let Node::Pack(pack) = &graph[target] {
+                        packs.push((from, (PackId(target), pack.direction)));
+                    }
                 }
                 Edge::Placed { position } => {
                     if matches!(graph[source], Node::Pack(_)) {
@@ -82,7 +87,7 @@ impl Index {
         let mut members = Rows::new(bound, &members);
         members.sort_rows_by_key(|&member| member);
         let mut packs = Rows::new(bound, &packs);
-        packs.sort_rows_by_key(|&p| p);
+        packs.sort_rows_by_key(|&(pack, _)| pack);
         let mut placed = Rows::new(bound, &placed);
         placed.sort_rows_by_key(|&pack| pack);
         let unplaced = graph
@@ -126,19 +131,18 @@ impl Index {
     }
 
     /// A slice's packs of one direction, ascending.
-    pub fn packs_of<'a>(
-        &'a self,
-        ir: &'a StepIr,
+    pub fn packs_of(
+        &self,
         slice: SliceId,
         direction: Direction,
-    ) -> impl Iterator<Item = PackId> + 'a {
+    ) -> impl Iterator<Item = PackId> + '_ {
         (self.packs.row(slice.node().index()).iter())
-            .copied()
-            .filter(move |&p| ir.pack(p).direction == direction)
+            .filter(move |&&(_, of)| of == direction)
+            .map(|&(pack, _)| pack)
     }
 
-    pub fn pack_of(&self, ir: &StepIr, slice: SliceId, direction: Direction) -> Option<PackId> {
-        self.packs_of(ir, slice, direction).next()
+    pub fn pack_of(&self, slice: SliceId, direction: Direction) -> Option<PackId> {
+        self.packs_of(slice, direction).next()
     }
 
     pub fn packs_on(&self, ir: &StepIr, replica: ReplicaId, direction: Direction) -> Vec<PackId> {
