@@ -937,6 +937,22 @@ fn clap_usage_errors_keep_their_form() {
     assert!(output.stdout.is_empty());
 }
 
+/// A negative number is a flag's invalid value, named as such, not an unknown flag `-5`.
+#[test]
+fn negative_numbers_are_invalid_values_of_their_flag() {
+    for (flag, value) in [("--context", "-5"), ("--global-batch", "-1"), ("--step", "-2")] {
+        let mut args = tiny("tp=1,pp=1,dp=1", &[]);
+        args.extend([flag, value]);
+        let output = slimpack(&args);
+        assert_eq!(output.status.code(), Some(2), "{flag} {value}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.starts_with(&format!("error: invalid value '{value}' for '{flag}")),
+            "{stderr}"
+        );
+    }
+}
+
 /// Consumers that run one recomputation mode per step refuse a step whose stages carry their
 /// own (`assign-recompute`): `--emit mlir` and the runtimes, each with one line.
 #[test]

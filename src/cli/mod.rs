@@ -59,7 +59,7 @@ pub fn main() -> i32 {
     exit::quiet_on_closed_pipe();
     output::guard_unwritable_stdout();
     install_panic_hook();
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(error) => {
             // Help and version are not errors; clap's usage errors exit with status 2.
@@ -81,6 +81,14 @@ pub fn main() -> i32 {
         // The panic hook has printed the one line that says it is a bug.
         Err(_) => exit::INTERNAL,
     }
+}
+
+/// The command line, parsed. A negative number is read as a flag's value (`--context -5`: an
+/// invalid value of `--context`), not as an unknown flag `-5`.
+fn parse() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let command = Cli::command().mut_subcommands(|sub| sub.allow_negative_numbers(true));
+    Cli::from_arg_matches(&command.try_get_matches()?)
 }
 
 /// Writes a line to stderr, ignoring a failure to (there is nowhere left to say it).
