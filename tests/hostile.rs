@@ -940,7 +940,11 @@ fn clap_usage_errors_keep_their_form() {
 /// A negative number is a flag's invalid value, named as such, not an unknown flag `-5`.
 #[test]
 fn negative_numbers_are_invalid_values_of_their_flag() {
-    for (flag, value) in [("--context", "-5"), ("--global-batch", "-1"), ("--step", "-2")] {
+    for (flag, value) in [
+        ("--context", "-5"),
+        ("--global-batch", "-1"),
+        ("--step", "-2"),
+    ] {
         let mut args = tiny("tp=1,pp=1,dp=1", &[]);
         args.extend([flag, value]);
         let output = slimpack(&args);

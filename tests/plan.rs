@@ -399,7 +399,15 @@ fn a_shorter_plan_leaves_no_stale_steps_behind() {
     plan("3", "json");
     plan("3", "ir");
     std::fs::write(dir.join("notes.txt"), "mine").unwrap();
-    std::fs::write(dir.join("step-1.json"), "mine").unwrap();
+    // Names plan never writes (it pads to six digits, no more), though they read as a step.
+    for name in [
+        "step-1.json",
+        "step-0000001.json",
+        "step-00000099.json",
+        "step-+00001.json",
+    ] {
+        std::fs::write(dir.join(name), "mine").unwrap();
+    }
     // What an interrupted plan leaves of the step it was writing.
     std::fs::write(dir.join(".step-000004.json.partial"), "{\"form").unwrap();
     plan("2", "json");
@@ -407,6 +415,9 @@ fn a_shorter_plan_leaves_no_stale_steps_behind() {
     // The ir files are another form of plan, left as they are.
     let expected = [
         "notes.txt",
+        "step-+00001.json",
+        "step-0000001.json",
+        "step-00000099.json",
         "step-000001.json",
         "step-000001.sir",
         "step-000002.json",

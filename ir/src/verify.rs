@@ -165,8 +165,7 @@ fn both<A: Send, B: Send>(
     a: impl FnOnce() -> A + Send,
     b: impl FnOnce() -> B + Send,
 ) -> (A, B) {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if !parallel || cores < 2 {
+    if !parallel || std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
         return (a(), b());
     }
     // `b` stays here until one thread takes it: a refused spawn leaves it to this one.

@@ -87,8 +87,10 @@ pub fn main() -> i32 {
 /// invalid value of `--context`), not as an unknown flag `-5`.
 fn parse() -> Result<Cli, clap::Error> {
     use clap::{CommandFactory, FromArgMatches};
-    let command = Cli::command().mut_subcommands(|sub| sub.allow_negative_numbers(true));
-    Cli::from_arg_matches(&command.try_get_matches()?)
+    let mut command =
+        Cli::command().mut_subcommands(|sub| sub.mut_args(|arg| arg.allow_negative_numbers(true)));
+    let matches = command.try_get_matches_from_mut(std::env::args_os())?;
+    Cli::from_arg_matches(&matches).map_err(|error| error.format(&mut command))
 }
 
 /// Writes a line to stderr, ignoring a failure to (there is nowhere left to say it).

@@ -233,11 +233,13 @@ fn partial_step(name: &str) -> Option<&str> {
     name.strip_prefix('.')?.strip_suffix(".partial")
 }
 
-/// The step number and extension of a file named as plan names them (`step-000012.json`).
+/// The step number and extension of a file named exactly as plan names them
+/// (`step-000012.json`; not `step-0000012.json`, which plan never writes).
 fn step_file(name: &str) -> Option<(usize, &str)> {
     let (stem, extension) = name.strip_prefix("step-")?.split_once('.')?;
-    let valid = stem.len() >= 6 && stem.bytes().all(|b| b.is_ascii_digit());
-    let step = stem.parse().ok().filter(|_| valid)?;
+    let canonical =
+        |step: &usize| stem.bytes().all(|b| b.is_ascii_digit()) && format!("{step:06}") == stem;
+    let step = stem.parse().ok().filter(canonical)?;
     matches!(extension, "json" | "sir").then_some((step, extension))
 }
 
