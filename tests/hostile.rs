@@ -937,6 +937,30 @@ fn clap_usage_errors_keep_their_form() {
     assert!(output.stdout.is_empty());
 }
 
+/// A recompute mode named in the config file's `[model]` is the user's choice, kept by the
+/// tuning as `--recompute` is (it was read, then tuned over as if the preset's default); with
+/// `--model`, which replaces the file's model, it is not.
+#[test]
+fn a_config_files_recompute_mode_is_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "c.toml",
+        "[model]\npreset = \"tiny\"\nrecompute = \"full\"\n[cluster]\npreset = \"cpu\"\n\
+         [parallel]\ntp = 1\npp = 2\ndp = 2\n",
+    );
+    let chosen = |extra: &[&str]| {
+        let mut args = vec!["compile", "--config", &config, "--batch", LENGTHS];
+        args.extend(extra);
+        args.extend(["--report", "json"]);
+        let (stdout, _) = ok(&args);
+        json(&stdout)["candidate"].as_str().unwrap().to_string()
+    };
+    assert!(chosen(&[]).contains("recompute=full"), "{}", chosen(&[]));
+    assert!(chosen(&["--recompute", "none"]).contains("recompute=none"));
+    assert!(!chosen(&["--model", "tiny"]).contains("recompute=full"));
+}
+
 /// A negative number is a flag's invalid value, named as such, not an unknown flag `-5`.
 #[test]
 fn negative_numbers_are_invalid_values_of_their_flag() {

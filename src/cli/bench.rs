@@ -241,7 +241,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if tune_steps == 0 {
         bail!("--tune-steps 0: give at least 1 step to tune on");
     }
-    let choices = super::input::tuning_choices(&args.spec, &job, Some(&args.memory_limit))?;
+    let choices = super::input::tuning_choices(&job, Some(&args.memory_limit))?;
     let memory_limit = choices.memory_limit;
     let strategies = select(args.strategies.as_deref())?;
     let (dataset, options) = job.dataset(&batch_args)?;

@@ -388,8 +388,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     let (compiled, chosen) = match &strategy {
         Some(name) => {
             let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
-            let mut choices =
-                super::input::tuning_choices(&args.spec, &job, args.memory_limit.as_deref())?;
+            let mut choices = super::input::tuning_choices(&job, args.memory_limit.as_deref())?;
             // The dialect and the C ABI run one model chunk per device, whole backwards and
             // one recomputation mode per step.
             if matches!(emit, Some(Emit::Mlir | Emit::Llvm)) {

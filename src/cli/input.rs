@@ -125,24 +125,28 @@ pub fn first_given<'a>(flags: impl IntoIterator<Item = (&'a str, bool)>) -> Opti
 pub struct Job {
     pub spec: Spec,
     config_batch: Option<(toml::Table, PathBuf, String)>,
+    /// The user named the recompute mode (`--recompute`, or `recompute` in the config file's
+    /// `[model]` table when `--model` does not replace it): tuning keeps it.
+    recompute_named: bool,
 }
 
 impl SpecArgs {
     /// Reads the config file (if any), applies the flags, validates.
     pub fn job(&self) -> anyhow::Result<Job> {
-        let (mut spec, config_batch) = match &self.config {
+        let (mut spec, config_batch, mut recompute_named) = match &self.config {
             Some(path) => {
                 let config = ConfigFile::load(path)?;
                 let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
                 let batch = config
                     .batch
                     .map(|table| (table, dir, path.display().to_string()));
-                (Some(config.spec), batch)
+                (Some(config.spec), batch, config.recompute_named)
             }
-            None => (None, None),
+            None => (None, None, false),
         };
         if let Some(model) = &self.model {
             let model = ModelSpec::preset(model).context("--model")?;
+            recompute_named = false;
             match &mut spec {
                 Some(spec) => spec.model = model,
                 None => spec = Some(self.spec_from_flags(model)?),
@@ -161,12 +165,17 @@ impl SpecArgs {
             spec.model.recompute = mode
                 .parse::<Recompute>()
                 .map_err(|e| anyhow::anyhow!("--recompute: {e}"))?;
+            recompute_named = true;
         }
         spec.validate()?;
         if let Some(path) = &self.calibration {
             use_calibration_file(path, &spec)?;
         }
-        Ok(Job { spec, config_batch })
+        Ok(Job {
+            spec,
+            config_batch,
+            recompute_named,
+        })
     }
 
     fn spec_from_flags(&self, model: ModelSpec) -> anyhow::Result<Spec> {
@@ -395,16 +404,12 @@ fn parse_synthetic(text: &str) -> anyhow::Result<SyntheticConfig> {
     Ok(config)
 }
 
-/// What a strategy's tuning may choose among: every recompute mode unless `--recompute` fixed
-/// one, within `--memory-limit` (a fraction of device memory in (0, 1]; default 0.92).
-pub fn tuning_choices(
-    spec: &SpecArgs,
-    job: &Job,
-    memory_limit: Option<&str>,
-) -> anyhow::Result<Choices> {
-    let mut choices = match spec.recompute {
-        Some(_) => Choices::fixed(job.spec.model.recompute),
-        None => Choices::all(),
+/// What a strategy's tuning may choose among: every recompute mode unless the user named one
+/// (`--recompute`, or `recompute` in the config file's `[model]`), within `--memory-limit` (a fraction of device memory in (0, 1]; default 0.92).
+pub fn tuning_choices(job: &Job, memory_limit: Option<&str>) -> anyhow::Result<Choices> {
+    let mut choices = match job.recompute_named {
+        true => Choices::fixed(job.spec.model.recompute),
+        false => Choices::all(),
     };
     if let Some(text) = memory_limit {
         choices.memory_limit = parse_memory_limit(text)?;

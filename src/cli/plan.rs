@@ -266,7 +266,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         super::input::check_threads(threads)?;
     }
     let (dataset, batch_options) = job.dataset(&args.batch)?;
-    let choices = super::input::tuning_choices(&args.spec, &job, args.memory_limit.as_deref())?;
+    let choices = super::input::tuning_choices(&job, args.memory_limit.as_deref())?;
     let options = PlanOptions {
         strategy: info,
         choices: &choices,

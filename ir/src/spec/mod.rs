@@ -128,6 +128,9 @@ impl Spec {
 pub struct ConfigFile {
     pub spec: Spec,
     pub batch: Option<toml::Table>,
+    /// Whether the `[model]` table names a `recompute` mode (a choice the user made, as
+    /// `--recompute` is, not a preset's default).
+    pub recompute_named: bool,
 }
 
 impl ConfigFile {
@@ -154,7 +157,9 @@ impl ConfigFile {
                 .remove(key)
                 .ok_or_else(|| IrError::spec(source_name, format!("missing table [{key}]")))
         };
-        let model = with_preset(take("model")?, source_name, "model", ModelSpec::preset)?;
+        let model = take("model")?;
+        let recompute_named = model.get("recompute").is_some();
+        let model = with_preset(model, source_name, "model", ModelSpec::preset)?;
         let cluster = with_preset(
             take("cluster")?,
             source_name,
@@ -179,7 +184,11 @@ impl ConfigFile {
             parallel,
         };
         spec.validate()?;
-        Ok(ConfigFile { spec, batch })
+        Ok(ConfigFile {
+            spec,
+            batch,
+            recompute_named,
+        })
     }
 }
 
