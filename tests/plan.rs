@@ -210,7 +210,9 @@ fn bench_planning_prints_one_row_per_size_and_strategy() {
         "--report",
         "json",
     ]);
-    let rows: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["devices"], 64, "{report}");
+    let rows = report["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 4);
     for (row, (samples, strategy)) in rows.iter().zip([
         (100, "megatron"),
@@ -230,6 +232,38 @@ fn bench_planning_prints_one_row_per_size_and_strategy() {
         assert!(0.0 < min && min <= wall && wall <= max, "{row}");
         assert_eq!(row["growth"].is_null(), samples == 100, "{row}");
     }
+}
+
+/// Sizes past the dataset plan it whole once: later ones are skipped with a note, not timed
+/// again as rows of the same batch with a growth of noise.
+#[test]
+fn bench_planning_sizes_past_the_dataset_plan_it_once() {
+    let mut args = vec!["bench", "--model", "tiny", "--cluster", "cpu"];
+    args.extend([
+        "--parallel",
+        "tp=1,pp=1,dp=1",
+        "--dataset",
+        "tests/fixtures/lengths.txt",
+    ]);
+    args.extend([
+        "--planning",
+        "--planning-sizes",
+        "3,10,100",
+        "--planning-repeats",
+        "1",
+    ]);
+    args.extend(["--strategies", "megatron", "--report", "json"]);
+    let output = succeed(&args);
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let samples: Vec<u64> = (report["rows"].as_array().unwrap().iter())
+        .map(|row| row["samples"].as_u64().unwrap())
+        .collect();
+    assert_eq!(samples, [3, 6], "{report}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--planning-sizes 100: the dataset holds 6 samples"),
+        "{stderr}"
+    );
 }
 
 /// The epoch is the same on any number of threads, also where a step is re-planned with a

@@ -61,15 +61,27 @@ pub fn run(
     report: ReportFormat,
     json: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let batches = (sizes.iter())
-        .map(|&size| {
-            dataset.global_batch(&BatchOptions {
-                global_batch: Some(size),
-                global_batch_tokens: None,
-                ..*options
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut batches: Vec<Batch> = Vec::new();
+    for &size in sizes {
+        let batch = dataset.global_batch(&BatchOptions {
+            global_batch: Some(size),
+            global_batch_tokens: None,
+            ..*options
+        })?;
+        // A size past the dataset plans the whole dataset, once: the next would time it again.
+        if batches
+            .last()
+            .is_some_and(|last| batch.samples.len() <= last.samples.len())
+        {
+            eprintln!(
+                "note: --planning-sizes {size}: the dataset holds {} samples, planned at the \
+                 previous size; skipped",
+                batch.samples.len()
+            );
+            continue;
+        }
+        batches.push(batch);
+    }
     let cells: Vec<(&Batch, &'static StrategyInfo)> = (batches.iter())
         .flat_map(|batch| strategies.iter().map(move |&strategy| (batch, strategy)))
         .collect();
@@ -114,11 +126,20 @@ pub fn run(
             step_time_s,
         });
     }
+    let report_json = || {
+        serde_json::to_string_pretty(&serde_json::json!({
+            "model": spec.model.name,
+            "cluster": spec.cluster.name,
+            "parallel": spec.parallel.to_string(),
+            "devices": spec.parallel.world(),
+            "rows": rows,
+        }))
+    };
     if let Some(path) = json {
-        super::output::write(Some(path), &(serde_json::to_string_pretty(&rows)? + "\n"))?;
+        super::output::write(Some(path), &(report_json()? + "\n"))?;
     }
     match report {
-        ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
+        ReportFormat::Json => println!("{}", report_json()?),
         ReportFormat::Text => print!("{}", table(spec, &rows)),
     }
     Ok(())
