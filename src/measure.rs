@@ -39,6 +39,13 @@ pub enum MeasureError {
     CompiledDriver(String),
     #[error(transparent)]
     OutOfHostMemory(#[from] crate::limits::OutOfHostMemory),
+    /// No sample has two tokens: a token predicts the next one of its sample, so the step has
+    /// no loss to train or check against the reference.
+    #[error(
+        "the step has no target token: none of its {0} samples is longer than one token (a \
+         token predicts the next one of its sample), so there is no loss to run or check"
+    )]
+    NoTargets(usize),
 }
 
 /// Which runtime executes the step.
@@ -321,6 +328,9 @@ pub fn measure(
              recompute={}",
             ir.stage_recompute(stage)
         )));
+    }
+    if ir.samples().iter().all(|&sample| ir.sample(sample).len < 2) {
+        return Err(MeasureError::NoTargets(ir.samples().len()));
     }
     let cost = slimpack_machine::machine_model(&ir.spec);
     let calibrated = slimpack_machine::is_calibrated(&ir.spec);

@@ -961,6 +961,31 @@ fn a_config_files_recompute_mode_is_kept() {
     assert!(!chosen(&["--model", "tiny"]).contains("recompute=full"));
 }
 
+/// A step whose samples are all one token long has no target (a token predicts the next one
+/// of its sample): `run` refuses it rather than report a loss of 0 and a reference check that
+/// compared nothing.
+#[test]
+fn a_step_without_target_tokens_is_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let ones = write(dir.path(), "ones.txt", "1\n1\n1\n");
+    bad_input(
+        &on_tiny(
+            "run",
+            "tp=1,pp=1,dp=1",
+            &[
+                "--backend",
+                "cpu",
+                "--batch",
+                &ones,
+                "--strategy",
+                "megatron",
+                "--check-reference",
+            ],
+        ),
+        &["no target token", "3 samples"],
+    );
+}
+
 /// A negative number is a flag's invalid value, named as such, not an unknown flag `-5`.
 #[test]
 fn negative_numbers_are_invalid_values_of_their_flag() {
