@@ -87,8 +87,12 @@ pub fn main() -> i32 {
 /// invalid value of `--context`), not as an unknown flag `-5`.
 fn parse() -> Result<Cli, clap::Error> {
     use clap::{CommandFactory, FromArgMatches};
-    let mut command =
-        Cli::command().mut_subcommands(|sub| sub.mut_args(|arg| arg.allow_negative_numbers(true)));
+    let mut command = Cli::command().mut_subcommands(|sub| {
+        sub.mut_args(|arg| {
+            let takes_values = arg.get_action().takes_values();
+            arg.allow_negative_numbers(takes_values)
+        })
+    });
     let matches = command.try_get_matches_from_mut(std::env::args_os())?;
     Cli::from_arg_matches(&matches).map_err(|error| error.format(&mut command))
 }
