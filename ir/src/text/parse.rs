@@ -362,6 +362,10 @@ impl Parser<'_> {
         }
         body.ir_mut();
         let mut ir = body.ir.take().expect("ir_mut creates the IR (bug)");
+        // An empty batch, which `compile` refuses, is no step in the text form either.
+        if ir.samples().is_empty() {
+            return Err(self.error_at(phase_at, "the step holds no sample"));
+        }
         ir.advance(phase);
         self.lower_workers(&mut ir)?;
         Ok(ir)
