@@ -165,7 +165,7 @@ impl Pass for AssignHybridCp {
                 .ok_or(PassError::MissingOption {
                     pass: INFO.name,
                     option: "max-tokens-per-rank",
-                    help: INFO.options[0].help,
+                    help: "the batch has no context length to default to: give --context, or the option (Megatron's max_seqlen_per_dp_cp_rank)",
                 })?;
         let dp = ir.spec.parallel.dp;
         let samples = ir.samples().to_vec();

@@ -86,7 +86,7 @@ impl<'de> Visitor<'de> for Element {
     fn expecting(&self, formatter: &mut fmt::Formatter) -> fmt::Result {
         write!(
             formatter,
-            "element {}: a length (a positive integer)",
+            "element {}: a length (a whole number of tokens, 0 or more)",
             self.number
         )
     }

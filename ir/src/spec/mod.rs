@@ -183,7 +183,17 @@ impl ConfigFile {
             cluster,
             parallel,
         };
-        spec.validate()?;
+        // Named by the file, whose [parallel] table (not --parallel) holds the layout.
+        spec.validate().map_err(|error| match error {
+            IrError::Spec { what, message } => IrError::Spec {
+                what: format!(
+                    "{source_name}: {}",
+                    what.replace("--parallel", "[parallel]")
+                ),
+                message,
+            },
+            other => other,
+        })?;
         Ok(ConfigFile {
             spec,
             batch,
