@@ -148,33 +148,44 @@ impl Choice {
 /// its passes make of the batch ([`slimpack_machine::cost::CostModel::step_time_lower_bound`]
 /// under the candidate's spec, with the static CP degree its pipelines all start from).
 pub fn candidate_bound(spec: &Spec, batch: &Batch, candidate: &Candidate) -> f64 {
-    candidate_bounds(spec, batch, std::slice::from_ref(candidate))[0]
+    BatchBounds::new(spec, batch).of(candidate)
 }
 
-/// [`candidate_bound`] of each of `candidates`, reading the batch once per static CP degree
-/// among them (the part of a bound that visits every sample does not depend on a candidate's
-/// recomputation or model chunks: [`slimpack_machine::cost::CostModel::batch_attention`]).
-pub fn candidate_bounds(spec: &Spec, batch: &Batch, candidates: &[Candidate]) -> Vec<f64> {
-    let lengths: Vec<u64> = batch.samples.iter().map(|s| u64::from(s.len)).collect();
-    let mut by_cp: Vec<(u32, BatchAttention)> = Vec::new();
-    candidates
-        .iter()
-        .map(|candidate| {
-            let mut spec = candidate_spec(spec, candidate);
-            spec.model.recompute = super::stage_recompute::least_recompute(candidate);
-            let model = slimpack_machine::machine_model(&spec);
-            let cp = static_cp(candidate);
-            let attention = match by_cp.iter().find(|(of, _)| *of == cp) {
-                Some((_, attention)) => *attention,
-                None => {
-                    let attention = model.batch_attention(&lengths, cp);
-                    by_cp.push((cp, attention));
-                    attention
-                }
-            };
-            model.step_time_lower_bound_of(&attention)
-        })
-        .collect()
+/// [`candidate_bound`]s of one batch's candidates, reading the batch once per static CP
+/// degree among them: the part of a bound that visits every sample does not depend on a
+/// candidate's recomputation or model chunks
+/// ([`slimpack_machine::cost::CostModel::batch_attention`]).
+pub struct BatchBounds<'a> {
+    spec: &'a Spec,
+    lengths: Vec<u64>,
+    by_cp: Vec<(u32, BatchAttention)>,
+}
+
+impl<'a> BatchBounds<'a> {
+    pub fn new(spec: &'a Spec, batch: &Batch) -> BatchBounds<'a> {
+        BatchBounds {
+            spec,
+            lengths: batch.samples.iter().map(|s| u64::from(s.len)).collect(),
+            by_cp: Vec::new(),
+        }
+    }
+
+    /// `candidate`'s [`candidate_bound`].
+    pub fn of(&mut self, candidate: &Candidate) -> f64 {
+        let mut spec = candidate_spec(self.spec, candidate);
+        spec.model.recompute = super::stage_recompute::least_recompute(candidate);
+        let model = slimpack_machine::machine_model(&spec);
+        let cp = static_cp(candidate);
+        let attention = match self.by_cp.iter().find(|(of, _)| *of == cp) {
+            Some((_, attention)) => *attention,
+            None => {
+                let attention = model.batch_attention(&self.lengths, cp);
+                self.by_cp.push((cp, attention));
+                attention
+            }
+        };
+        model.step_time_lower_bound_of(&attention)
+    }
 }
 
 /// The DP replicas every pack of `candidate` runs on at least: the static CP degree its
@@ -356,7 +367,8 @@ fn choose_seeded(
     // Candidates start in the order of their bounds (the strategy's among equal ones), so that
     // a fast fitting step is found early and prunes the rest.
     let bounds: Vec<f64> = if tune.prune {
-        candidate_bounds(spec, batch, &candidates)
+        let mut bounds = BatchBounds::new(spec, batch);
+        candidates.iter().map(|c| bounds.of(c)).collect()
     } else {
         vec![0.0; candidates.len()]
     };

@@ -155,6 +155,7 @@ pub fn choose_for_step(
         .iter()
         .map(|tuned| kept_for_step(offered, tuned))
         .collect();
+    let mut bounds = autotune::BatchBounds::new(spec, batch);
     let mut started = 0;
     while let Some(candidate) = queue.pop_front() {
         let position = started;
@@ -164,7 +165,7 @@ pub fn choose_for_step(
         }
         if let Some((current, _)) = &best {
             let fits = autotune::within(&current.metrics, limit);
-            let bound = autotune::candidate_bound(spec, batch, &candidate);
+            let bound = bounds.of(&candidate);
             if fits && bound > current.metrics.step_time_s {
                 continue;
             }

@@ -391,14 +391,14 @@ fn tune(
     work: &[Vec<(usize, Candidate)>],
     limit: u64,
 ) -> (Vec<TrialOutcome>, usize) {
+    let mut step_bounds: Vec<autotune::BatchBounds> = (steps.iter())
+        .map(|step| autotune::BatchBounds::new(spec, &step.batch))
+        .collect();
     let bounds: Vec<f64> = work
         .iter()
         .map(|pairs| {
-            pairs
-                .iter()
-                .map(|(index, candidate)| {
-                    autotune::candidate_bound(spec, &steps[*index].batch, candidate)
-                })
+            (pairs.iter())
+                .map(|(index, candidate)| step_bounds[*index].of(candidate))
                 .sum()
         })
         .collect();
