@@ -986,6 +986,18 @@ fn a_step_without_target_tokens_is_not_run() {
     );
 }
 
+/// Block recomputation of more layers than a stage holds is refused (it ran as `full` under
+/// the label `block:K`), as the verifier refuses a stage's own.
+#[test]
+fn block_recomputation_of_more_layers_than_a_stage_is_refused() {
+    // tiny: 4 layers, 2 per stage at pp=2.
+    bad_input(
+        &tiny("tp=1,pp=2,dp=1", &["--batch", LENGTHS, "--recompute", "block:3"]),
+        &["recompute block:3", "2 layers", "recompute=full"],
+    );
+    ok(&tiny("tp=1,pp=2,dp=1", &["--batch", LENGTHS, "--recompute", "block:2"]));
+}
+
 /// A negative number is a flag's invalid value, named as such, not an unknown flag `-5`.
 #[test]
 fn negative_numbers_are_invalid_values_of_their_flag() {

@@ -168,6 +168,17 @@ impl SpecArgs {
             recompute_named = true;
         }
         spec.validate()?;
+        if let Recompute::Block(layers) = spec.model.recompute {
+            let chunk = spec.layers_per_chunk();
+            if layers > chunk {
+                bail!(
+                    "recompute block:{layers}: a stage of {} at {} has {chunk} layers (block:{chunk} \
+                     recomputes all of them, which is recompute=full)",
+                    spec.model.name,
+                    spec.parallel
+                );
+            }
+        }
         if let Some(path) = &self.calibration {
             use_calibration_file(path, &spec)?;
         }
