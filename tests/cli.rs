@@ -149,6 +149,16 @@ fn unknown_pass_and_option() {
         &["--batch", &batch, "--passes", "slice{width=8}"],
         &["unknown option 'width'", "valid: size"],
     );
+    // An option the policy would silently ignore.
+    run_compile(
+        &[
+            "--batch",
+            &batch,
+            "--passes",
+            "assign-dp,pack-symmetric{policy=padding,cap=1}",
+        ],
+        &["cap", "policy padding", "uses no cap"],
+    );
 }
 
 /// Megatron-Core asserts hybrid CP without pipeline parallelism: on pp=2 the strategy is

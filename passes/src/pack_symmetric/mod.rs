@@ -196,6 +196,16 @@ impl PackSymmetric {
         let cap = positive("cap")?
             .map(|cap| u32::try_from(cap).map_err(|_| bad("cap", cap.to_string(), "too large")))
             .transpose()?;
+        if let (Some(cap), false) = (cap, policy.needs_cap()) {
+            return Err(bad(
+                "cap",
+                cap.to_string(),
+                &format!(
+                    "policy {} puts each sample in a micro-batch of its own and uses no cap",
+                    policy.name()
+                ),
+            ));
+        }
         Ok(PackSymmetric { policy, scope, cap })
     }
 
