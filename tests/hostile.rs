@@ -320,23 +320,22 @@ fn cpu_run_of_a_model_beyond_memory() {
     );
 }
 
+/// `run --backend cpu` of the tiny model on a batch of `lengths` (a lengths file's text) with
+/// `strategy` and `extra` flags is refused with an error line holding `needles`.
+fn cpu_run_refused(lengths: &str, strategy: &str, extra: &[&str], needles: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "lengths.txt", lengths);
+    let mut flags = vec!["--backend", "cpu", "--batch", &path, "--strategy", strategy];
+    flags.extend(extra);
+    bad_input(&on_tiny("run", "tp=1,pp=1,dp=1", &flags), needles);
+}
+
 #[test]
 fn cpu_run_of_a_huge_document_is_refused_up_front() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "huge.txt", "50000000\n");
-    bad_input(
-        &on_tiny(
-            "run",
-            "tp=1,pp=1,dp=1",
-            &[
-                "--backend",
-                "cpu",
-                "--batch",
-                &path,
-                "--strategy",
-                "slimpack",
-            ],
-        ),
+    cpu_run_refused(
+        "50000000\n",
+        "slimpack",
+        &[],
         &[
             "needs about",
             "GiB of memory by the simulator's estimate",
@@ -966,22 +965,10 @@ fn a_config_files_recompute_mode_is_kept() {
 /// compared nothing.
 #[test]
 fn a_step_without_target_tokens_is_not_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let ones = write(dir.path(), "ones.txt", "1\n1\n1\n");
-    bad_input(
-        &on_tiny(
-            "run",
-            "tp=1,pp=1,dp=1",
-            &[
-                "--backend",
-                "cpu",
-                "--batch",
-                &ones,
-                "--strategy",
-                "megatron",
-                "--check-reference",
-            ],
-        ),
+    cpu_run_refused(
+        "1\n1\n1\n",
+        "megatron",
+        &["--check-reference"],
         &["no target token", "3 samples"],
     );
 }
@@ -992,10 +979,16 @@ fn a_step_without_target_tokens_is_not_run() {
 fn block_recomputation_of_more_layers_than_a_stage_is_refused() {
     // tiny: 4 layers, 2 per stage at pp=2.
     bad_input(
-        &tiny("tp=1,pp=2,dp=1", &["--batch", LENGTHS, "--recompute", "block:3"]),
+        &tiny(
+            "tp=1,pp=2,dp=1",
+            &["--batch", LENGTHS, "--recompute", "block:3"],
+        ),
         &["recompute block:3", "2 layers", "recompute=full"],
     );
-    ok(&tiny("tp=1,pp=2,dp=1", &["--batch", LENGTHS, "--recompute", "block:2"]));
+    ok(&tiny(
+        "tp=1,pp=2,dp=1",
+        &["--batch", LENGTHS, "--recompute", "block:2"],
+    ));
 }
 
 /// A negative number is a flag's invalid value, named as such, not an unknown flag `-5`.
