@@ -643,12 +643,13 @@ impl StepContext<'_> {
             }
         };
         if !replanned && (metrics.oom || metrics.peak_memory_bytes > limit) {
+            // Re-tuned, and counted so, whether or not a plan within the limit comes of it.
             let choice = retune()?;
+            replanned = true;
             let best = &choice.evaluations[choice.chosen];
             if !best.metrics.oom && best.metrics.peak_memory_bytes <= limit {
                 metrics = best.metrics.clone();
                 compiled = choice.compiled;
-                replanned = true;
             }
         }
         lower(&mut compiled, self.manager, &mut std::io::sink())?;

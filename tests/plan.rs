@@ -266,6 +266,35 @@ fn bench_planning_sizes_past_the_dataset_plan_it_once() {
     );
 }
 
+/// A later step over the memory limit is re-tuned on its own batch and counted as re-planned
+/// also when nothing fits the limit (here none can): the count said 0 while every step was
+/// re-tuned.
+#[test]
+fn steps_retuned_without_a_fitting_plan_count_as_replanned() {
+    let output = succeed(&on_tiny(
+        "plan",
+        "tp=1,pp=2,dp=2",
+        &[
+            "--batch",
+            "tests/fixtures/lengths.txt",
+            "--global-batch",
+            "2",
+            "--memory-limit",
+            "1e-9",
+            "--report",
+            "json",
+        ],
+    ));
+    let summary: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(summary["over_limit_steps"], summary["steps"], "{summary}");
+    // Every step after the first (the tuning's).
+    assert_eq!(
+        summary["replanned"].as_u64().unwrap() + 1,
+        summary["steps"].as_u64().unwrap(),
+        "{summary}"
+    );
+}
+
 /// The epoch is the same on any number of threads, also where a step is re-planned with a
 /// strategy that keeps state (wlb's micro-batch count, under a memory limit its tuned
 /// configuration does not fit on some steps): each step is re-planned with the state its own
