@@ -74,7 +74,9 @@ use crate::step::{
 use crate::text::Names;
 
 mod index;
+mod memberships;
 use index::Index;
+use memberships::Memberships;
 
 /// The invariant a lowered step breaks while its program is not stored yet (what the text
 /// parser and the schedule JSON reader look past before they store it).
@@ -216,48 +218,6 @@ struct Verifier<'a> {
     pack_position: Vec<u32>,
     /// Position of each slice inside each pack that holds it.
     member_position: Memberships,
-}
-
-/// The position of each slice inside each pack that holds it: a sound step has each slice in
-/// at most two packs (one per direction), kept in two slots per slice indexed by node index;
-/// the memberships of a malformed step beyond those go to a map.
-struct Memberships {
-    slots: Vec<[(u32, u32); 2]>,
-    more: FxHashMap<(PackId, SliceId), usize>,
-}
-
-impl Memberships {
-    const FREE: (u32, u32) = (u32::MAX, 0);
-
-    fn new(node_bound: usize) -> Memberships {
-        Memberships {
-            slots: vec![[Memberships::FREE; 2]; node_bound],
-            more: FxHashMap::default(),
-        }
-    }
-
-    fn insert(&mut self, pack: PackId, slice: SliceId, position: usize) {
-        let pack_index = pack.node().index() as u32;
-        let slots = &mut self.slots[slice.node().index()];
-        match slots
-            .iter_mut()
-            .find(|slot| slot.0 == pack_index || slot.0 == u32::MAX)
-        {
-            Some(slot) => *slot = (pack_index, position as u32),
-            None => {
-                self.more.insert((pack, slice), position);
-            }
-        }
-    }
-
-    fn get(&self, pack: PackId, slice: SliceId) -> Option<usize> {
-        let pack_index = pack.node().index() as u32;
-        self.slots[slice.node().index()]
-            .iter()
-            .find(|slot| slot.0 == pack_index)
-            .map(|slot| slot.1 as usize)
-            .or_else(|| self.more.get(&(pack, slice)).copied())
-    }
 }
 
 impl<'a> Verifier<'a> {

@@ -165,7 +165,8 @@ impl Pass for AssignHybridCp {
                 .ok_or(PassError::MissingOption {
                     pass: INFO.name,
                     option: "max-tokens-per-rank",
-                    help: "the batch has no context length to default to: give --context, or the option (Megatron's max_seqlen_per_dp_cp_rank)",
+                    help: "the batch has no context length to default to: give --context, \
+                           or the option (Megatron's max_seqlen_per_dp_cp_rank)",
                 })?;
         let dp = ir.spec.parallel.dp;
         let samples = ir.samples().to_vec();

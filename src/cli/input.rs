@@ -416,11 +416,13 @@ fn parse_synthetic(text: &str) -> anyhow::Result<SyntheticConfig> {
 }
 
 /// What a strategy's tuning may choose among: every recompute mode unless the user named one
-/// (`--recompute`, or `recompute` in the config file's `[model]`), within `--memory-limit` (a fraction of device memory in (0, 1]; default 0.92).
+/// (`--recompute`, or `recompute` in the config file's `[model]`), within `--memory-limit` (a
+/// fraction of device memory in (0, 1]; default 0.92).
 pub fn tuning_choices(job: &Job, memory_limit: Option<&str>) -> anyhow::Result<Choices> {
-    let mut choices = match job.recompute_named {
-        true => Choices::fixed(job.spec.model.recompute),
-        false => Choices::all(),
+    let mut choices = if job.recompute_named {
+        Choices::fixed(job.spec.model.recompute)
+    } else {
+        Choices::all()
     };
     if let Some(text) = memory_limit {
         choices.memory_limit = parse_memory_limit(text)?;

@@ -237,9 +237,10 @@ fn partial_step(name: &str) -> Option<&str> {
 /// (`step-000012.json`; not `step-0000012.json`, which plan never writes).
 fn step_file(name: &str) -> Option<(usize, &str)> {
     let (stem, extension) = name.strip_prefix("step-")?.split_once('.')?;
-    let canonical =
-        |step: &usize| stem.bytes().all(|b| b.is_ascii_digit()) && format!("{step:06}") == stem;
-    let step = stem.parse().ok().filter(canonical)?;
+    let step = stem
+        .parse()
+        .ok()
+        .filter(|step: &usize| format!("{step:06}") == stem)?;
     matches!(extension, "json" | "sir").then_some((step, extension))
 }
 

@@ -42,11 +42,16 @@ impl Spec {
 
     /// Checks each part and the constraints between them.
     pub fn validate(&self) -> Result<()> {
+        self.validate_naming(&format!("--parallel {}", self.parallel))
+    }
+
+    /// [`Spec::validate`], its errors about the layout naming it `layout` (the flag, or a
+    /// config file's table).
+    fn validate_naming(&self, layout: &str) -> Result<()> {
         self.model.validate()?;
         self.cluster.validate()?;
         self.parallel.validate()?;
         let (model, parallel) = (&self.model, &self.parallel);
-        let layout = format!("--parallel {parallel}");
         if model.heads % parallel.tp != 0 || model.kv_heads % parallel.tp != 0 {
             return Err(IrError::spec(
                 layout,
@@ -184,15 +189,14 @@ impl ConfigFile {
             parallel,
         };
         // Named by the file, whose [parallel] table (not --parallel) holds the layout.
-        spec.validate().map_err(|error| match error {
-            IrError::Spec { what, message } => IrError::Spec {
-                what: format!(
-                    "{source_name}: {}",
-                    what.replace("--parallel", "[parallel]")
-                ),
-                message,
-            },
-            other => other,
+        (spec.validate_naming(&format!("[parallel] {}", spec.parallel))).map_err(|error| {
+            match error {
+                IrError::Spec { what, message } => IrError::Spec {
+                    what: format!("{source_name}: {what}"),
+                    message,
+                },
+                other => other,
+            }
         })?;
         Ok(ConfigFile {
             spec,
