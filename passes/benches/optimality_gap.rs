@@ -84,7 +84,7 @@ fn main() {
                     Direction::Forward => Chains::Contiguous,
                     Direction::Backward => Chains::Free,
                 };
-                let heuristic = partition(&chains, &release, packs, cap, rule);
+                let heuristic = partition(&chains, &release, packs, cap, rule, None);
                 let worst = heuristic
                     .iter()
                     .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum::<f64>())

@@ -105,7 +105,7 @@ mod tests {
         ];
         let optimum = optimal_max_pack_cost(&chains, &[0, 0], 2, 100).unwrap();
         assert!((optimum - 8.0).abs() < 1e-6, "{optimum}");
-        let heuristic = partition(&chains, &[0, 0], 2, 100, Chains::Contiguous);
+        let heuristic = partition(&chains, &[0, 0], 2, 100, Chains::Contiguous, None);
         let worst = heuristic
             .iter()
             .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum::<f64>())

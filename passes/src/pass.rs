@@ -201,6 +201,19 @@ impl PassOptions {
         }
     }
 
+    /// A fraction in (0, 1] (as [`PassOptions::get`]).
+    pub fn fraction(&self, option: &str) -> Result<Option<f64>> {
+        match self.get::<f64>(option, "a fraction in (0, 1]")? {
+            Some(value) if !(value > 0.0 && value <= 1.0) => Err(PassError::BadOption {
+                pass: self.pass,
+                option: option.to_string(),
+                value: value.to_string(),
+                message: "expected a fraction in (0, 1]".into(),
+            }),
+            value => Ok(value),
+        }
+    }
+
     /// A positive integer of at most `max` (as [`PassOptions::positive`]): for search limits,
     /// whose memory grows with them.
     pub fn bounded(&self, option: &str, max: u64) -> Result<Option<u64>> {

@@ -43,7 +43,7 @@ use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statisti
 use rustc_hash::FxHashMap;
 use slimpack_ir::step::{Direction, PackId, Part, Phase, ReplicaId, SliceId};
 use slimpack_ir::StepIr;
-use slimpack_machine::cost::{CostModel, MemoryModel, DEFAULT_MEMORY_LIMIT};
+use slimpack_machine::cost::{CostModel, DEFAULT_MEMORY_LIMIT};
 
 mod list;
 use list::list_schedule;
@@ -452,8 +452,8 @@ fn warmups(ir: &StepIr, replica: ReplicaId, cost: &CostModel) -> Vec<usize> {
         .div_ceil(cp);
     let mut result: Vec<usize> = Vec::with_capacity(stages as usize);
     for stage in 0..stages {
-        let fits = activation_budget(memory, stage, 1.0)
-            .checked_div(held_bytes(memory, largest, stage))
+        let fits = (memory.activation_budget(stage, 1.0))
+            .checked_div(memory.held_bytes(largest, stage))
             .unwrap_or(u64::MAX);
         let by_memory = fits.saturating_sub(1) as usize;
         let mut warmup = ((stages - 1 - stage) as usize).min(by_memory);
@@ -463,19 +463,6 @@ fn warmups(ir: &StepIr, replica: ReplicaId, cost: &CostModel) -> Vec<usize> {
         result.push(warmup);
     }
     result
-}
-
-/// What a forward of `tokens` tokens (a CP rank's share) keeps on `stage` until its backward:
-/// saved activations and K/V.
-fn held_bytes(memory: &MemoryModel, tokens: u64, stage: u32) -> u64 {
-    memory.activation_bytes(tokens, stage) + memory.kv_bytes(tokens, stage)
-}
-
-/// What the forwards in flight on pipeline device `device` may take: `fraction` of device
-/// memory, less the model states and workspace.
-fn activation_budget(memory: &MemoryModel, device: u32, fraction: f64) -> u64 {
-    let usable = (memory.capacity_bytes() as f64 * fraction) as u64;
-    usable.saturating_sub(memory.model_state_bytes(device) + memory.workspace_bytes())
 }
 
 /// One op of an interleaved 1F1B order: `direction` of micro-batch `micro_batch` through model

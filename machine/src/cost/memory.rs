@@ -469,6 +469,19 @@ impl MemoryModel {
         gathered + self.per_device(pack_tokens * sharded_per_token)
     }
 
+    /// What a forward of `tokens` tokens (a device's share) keeps on `stage` until its
+    /// backward: saved activations and K/V.
+    pub fn held_bytes(&self, tokens: u64, stage: u32) -> u64 {
+        self.activation_bytes(tokens, stage) + self.kv_bytes(tokens, stage)
+    }
+
+    /// What the forwards in flight on pipeline device `device` may take: `fraction` of device
+    /// memory, less the model states and workspace.
+    pub fn activation_budget(&self, device: u32, fraction: f64) -> u64 {
+        let usable = (self.capacity_bytes() as f64 * fraction) as u64;
+        usable.saturating_sub(self.model_state_bytes(device) + self.workspace_bytes())
+    }
+
     /// The fixed workspace allowance.
     pub fn workspace_bytes(&self) -> u64 {
         self.workspace

@@ -442,8 +442,7 @@ fn repack(
     step.advance(Phase::Assigned);
     let options = PackOptions {
         cap,
-        packs: None,
-        mirror: false,
+        ..PackOptions::default()
     };
     pack_direction(
         &mut step,

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId, SliceId};
 use slimpack_ir::StepIr;
-use slimpack_machine::cost::CostModel;
+use slimpack_machine::cost::{CostModel, DEFAULT_MEMORY_LIMIT};
 
 use super::{partition, Chains, Item};
 
@@ -22,12 +22,20 @@ pub(crate) const OPTIONS: &[crate::pass::OptionInfo] = &[
         help: "minimum packs per replica (default: tokens / cap, rounded up)",
         default: None,
     },
+    crate::pass::OptionInfo {
+        name: "memory",
+        help: "the fraction of device memory that forwards in flight may fill: it bounds the \
+               runs of forward packs a sample's slices join, and the forward packs a backward \
+               window waits for",
+        default: Some("0.92"),
+    },
 ];
 
 /// `pack-bwd`'s options: the shared ones, and `mirror` (the no-asymmetry ablation).
 pub(crate) const BACKWARD_OPTIONS: &[crate::pass::OptionInfo] = &[
     OPTIONS[0],
     OPTIONS[1],
+    OPTIONS[2],
     crate::pass::OptionInfo {
         name: "mirror",
         help: "true: reuse the forward packs' slices (no asymmetric partition), in an order \
@@ -37,23 +45,109 @@ pub(crate) const BACKWARD_OPTIONS: &[crate::pass::OptionInfo] = &[
 ];
 
 /// Parsed options of a packing pass.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct PackOptions {
     pub cap: Option<u32>,
     pub packs: Option<usize>,
+    /// The fraction of device memory forwards in flight may fill (see [`run_window`]).
+    pub memory: f64,
     /// Backward only: mirror the forward packs instead of partitioning anew.
     pub mirror: bool,
+}
+
+impl Default for PackOptions {
+    fn default() -> PackOptions {
+        PackOptions {
+            cap: None,
+            packs: None,
+            memory: DEFAULT_MEMORY_LIMIT,
+            mirror: false,
+        }
+    }
 }
 
 impl PackOptions {
     pub(crate) fn parse(options: &crate::pass::PassOptions) -> crate::Result<PackOptions> {
         let cap = options.positive("cap")?;
         let packs = options.positive("packs")?;
+        let memory = options.fraction("memory")?.unwrap_or(DEFAULT_MEMORY_LIMIT);
         let mirror = options
             .get::<bool>("mirror", "true or false")?
             .unwrap_or(false);
-        Ok(PackOptions { cap, packs, mirror })
+        Ok(PackOptions {
+            cap,
+            packs,
+            memory,
+            mirror,
+        })
     }
+}
+
+/// Each replica's share of the activation memory of the devices it runs on: its tokens per
+/// device over all the tokens those devices run, on the device where that is least. A device
+/// runs its own DP rank's replica and the DP-Merge groups that hold its rank, and their
+/// forwards are in flight side by side.
+pub(crate) fn memory_shares(ir: &StepIr) -> HashMap<ReplicaId, f64> {
+    let per_device = |replica: ReplicaId| -> f64 {
+        let tokens: u64 = (ir.samples_on(replica).iter())
+            .map(|&s| u64::from(ir.sample(s).len))
+            .sum();
+        tokens as f64 / ir.replica(replica).ranks.len().max(1) as f64
+    };
+    let own: Vec<(ReplicaId, f64)> = (ir.replicas().iter())
+        .map(|&r| (r, per_device(r)))
+        .collect();
+    let mut device = vec![0.0f64; ir.spec.parallel.dp as usize];
+    for &(replica, tokens) in &own {
+        for &rank in &ir.replica(replica).ranks {
+            if let Some(total) = device.get_mut(rank as usize) {
+                *total += tokens;
+            }
+        }
+    }
+    own.into_iter()
+        .map(|(replica, tokens)| {
+            let share = (ir.replica(replica).ranks.iter())
+                .filter_map(|&rank| device.get(rank as usize))
+                .map(|&total| if total > 0.0 { tokens / total } else { 1.0 })
+                .fold(1.0, f64::min);
+            (replica, share)
+        })
+        .collect()
+}
+
+/// The most tokens of a run of forward packs (see [`super::partition`]) that one of `replica`'s devices
+/// can hold in flight: on every pipeline stage, the tokens whose activations and K/V fit in the
+/// replica's `share` (see [`memory_shares`]) of the `fraction` of device memory the model
+/// states leave (the replica's tokens, which its CP ranks share), less one pack of `cap`
+/// tokens (the next run's first forward, which 1F1B runs beside the run's backwards); the least
+/// over the stages. A run no longer than the warm-up adds nothing to what 1F1B holds anyway;
+/// a longer one is all in flight. `None` on model chunks (`vpp > 1`), whose list schedule
+/// keeps its own memory window.
+pub(crate) fn run_window(
+    ir: &StepIr,
+    cost: &CostModel,
+    replica: ReplicaId,
+    share: f64,
+    cap: u32,
+    fraction: f64,
+) -> Option<u64> {
+    let parallel = &ir.spec.parallel;
+    if parallel.vpp > 1 {
+        return None;
+    }
+    let memory = cost.memory();
+    let cp = ir.replica(replica).ranks.len().max(1) as u64;
+    // Held bytes are linear in the tokens (up to rounding): priced on a large share.
+    const SHARE: u64 = 1 << 24;
+    (0..parallel.pp)
+        .map(|stage| {
+            let per_token = memory.held_bytes(SHARE, stage) as f64 / SHARE as f64;
+            let budget = memory.activation_budget(stage, fraction) as f64 * share;
+            let tokens = (budget / per_token.max(f64::MIN_POSITIVE)) as u64 * cp;
+            tokens.saturating_sub(u64::from(cap))
+        })
+        .min()
 }
 
 /// Builds the packs of one direction on every replica: chains in run order, costs from the
@@ -84,6 +178,7 @@ pub(crate) fn pack_direction(
     let mut stats = (0usize, 0u64, 0.0f64, f64::INFINITY);
     let mut worst_spread: f64 = 1.0;
     let sample_slices = ir.sample_slices();
+    let shares = memory_shares(ir);
     for replica in ir.replicas().to_vec() {
         if !ir.packs_on(replica, direction).is_empty() {
             return Err(crate::PassError::Failed {
@@ -146,8 +241,12 @@ pub(crate) fn pack_direction(
         if chains.is_empty() {
             continue;
         }
+        let share = shares.get(&replica).copied().unwrap_or(1.0);
+        let window = run_window(ir, cost, replica, share, cap, options.memory);
         let parts = if direction == Direction::Backward {
-            windowed(&chains, &release, forward_packs.len(), cap)
+            let forward_tokens: Vec<u64> =
+                forward_packs.iter().map(|&p| ir.pack_tokens(p)).collect();
+            windowed(&chains, &release, &forward_tokens, cap, window)
         } else {
             let tokens: u64 = items.iter().map(|i| u64::from(i.tokens)).sum();
             let by_cap = tokens.div_ceil(u64::from(cap)) as usize;
@@ -157,6 +256,7 @@ pub(crate) fn pack_direction(
                 options.packs.unwrap_or(1).max(by_cap),
                 cap,
                 forward_rule,
+                window.filter(|_| forward_rule == Chains::Contiguous),
             )
         };
         let loads: Vec<f64> = parts
@@ -203,44 +303,69 @@ pub(crate) fn pack_direction(
         .with("cost_spread", worst_spread))
 }
 
-/// Forward packs per backward window: the samples whose forward completes within a window of
-/// this many forward packs are backwarded by as many backward packs, balanced on backward cost
-/// among themselves. The window bounds how long activations wait for their backward (memory)
-/// while leaving room to rebalance (the asymmetry).
+/// Forward packs per backward window, at most: the samples whose forward completes within a
+/// window of this many forward packs are backwarded by as many backward packs, balanced on
+/// backward cost among themselves. The window bounds how long activations wait for their
+/// backward (memory) while leaving room to rebalance (the asymmetry).
 const BACKWARD_WINDOW: usize = 4;
 
-/// Backward packs window by window (see [`BACKWARD_WINDOW`]): chains grouped by the window of
+/// The first forward pack of each backward window: [`BACKWARD_WINDOW`] forward packs, fewer
+/// where their tokens would pass `run` (at least one pack).
+fn window_starts(forward_tokens: &[u64], run: Option<u64>) -> Vec<usize> {
+    let mut starts = vec![0];
+    let mut tokens = 0u64;
+    for (position, &pack) in forward_tokens.iter().enumerate() {
+        let start = *starts.last().expect("starts with 0");
+        let full = position - start == BACKWARD_WINDOW
+            || (position > start && run.is_some_and(|run| tokens + pack > run));
+        if full {
+            starts.push(position);
+            tokens = 0;
+        }
+        tokens += pack;
+    }
+    starts
+}
+
+/// Backward packs window by window (see [`window_starts`]): chains grouped by the window of
 /// their release, each group partitioned into as many packs as its window has forward packs
 /// (more if the cap needs them), in window order.
 fn windowed(
     chains: &[&[Item]],
     release: &[usize],
-    forward_packs: usize,
+    forward_tokens: &[u64],
     cap: u32,
+    run: Option<u64>,
 ) -> super::Partition {
-    let windows = forward_packs.div_ceil(BACKWARD_WINDOW).max(1);
+    let starts = window_starts(forward_tokens, run);
+    let windows = starts.len();
     let mut groups: Vec<Vec<usize>> = vec![Vec::new(); windows];
     for (chain, &r) in release.iter().enumerate() {
-        groups[(r / BACKWARD_WINDOW).min(windows - 1)].push(chain);
+        groups[starts.partition_point(|&s| s <= r).saturating_sub(1)].push(chain);
     }
     let mut parts = Vec::new();
     for (window, members) in groups.iter().enumerate() {
         if members.is_empty() {
             continue;
         }
+        let first = starts[window];
+        let end = starts
+            .get(window + 1)
+            .copied()
+            .unwrap_or(forward_tokens.len());
         let sub: Vec<&[Item]> = members.iter().map(|&c| chains[c]).collect();
         let sub_release: Vec<usize> = members
             .iter()
-            .map(|&c| release[c].saturating_sub(window * BACKWARD_WINDOW))
+            .map(|&c| release[c].saturating_sub(first))
             .collect();
-        let in_window = (forward_packs - window * BACKWARD_WINDOW).min(BACKWARD_WINDOW);
+        let in_window = end.saturating_sub(first).max(1);
         let tokens: u64 = (sub.iter().flat_map(|c| c.iter()))
             .map(|i| u64::from(i.tokens))
             .sum();
         let count = in_window
             .max(tokens.div_ceil(u64::from(cap)) as usize)
             .max(1);
-        for pack in partition(&sub, &sub_release, count, cap, Chains::Free) {
+        for pack in partition(&sub, &sub_release, count, cap, Chains::Free, None) {
             parts.push(pack.into_iter().map(|(c, i)| (members[c], i)).collect());
         }
     }
@@ -318,4 +443,21 @@ fn mirrored_order(ir: &StepIr, replica: ReplicaId) -> Vec<PackId> {
         }
     }
     order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{window_starts, BACKWARD_WINDOW};
+
+    #[test]
+    fn backward_windows_hold_at_most_the_run_of_forward_tokens() {
+        let tokens = [30, 30, 30, 30, 30, 30, 30, 30, 30, 100, 10];
+        assert_eq!(
+            window_starts(&tokens, None),
+            vec![0, BACKWARD_WINDOW, 2 * BACKWARD_WINDOW]
+        );
+        // 60 tokens: two packs of 30 a window; a pack alone where it passes the run.
+        assert_eq!(window_starts(&tokens, Some(60)), vec![0, 2, 4, 6, 8, 9, 10]);
+        assert_eq!(window_starts(&[], Some(60)), vec![0]);
+    }
 }

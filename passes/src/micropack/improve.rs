@@ -16,12 +16,16 @@ const SWAP_CANDIDATES: usize = 64;
 /// allow (between the packs of the chain's neighbours, not before its release, within the cap;
 /// under [`Chains::Contiguous`] also at most one pack from either neighbour, so that a local
 /// move does not spread a chain the greedy kept together), or swaps one with a lighter slice of
-/// another pack, while that lowers the maximum.
+/// another pack, while that lowers the maximum. With a `run` bound (the greedy bounded the runs
+/// of packs that chains join, see [`super::partition`]) a chain of several slices does not move
+/// out of the packs it spans, so no move joins two runs, and no move takes a run past the bound
+/// (or further past it).
 pub(super) fn improve(
     chains: &[&[Item]],
     release: &[usize],
     cap: u32,
     rule: Chains,
+    run: Option<u64>,
     partition: &mut Partition,
 ) {
     let packs = partition.len();
@@ -39,6 +43,10 @@ pub(super) fn improve(
                 high = high.min(previous + 1);
             }
         }
+        if run.is_some() && chains[c].len() > 1 {
+            low = low.max(pack_of.at(c, 0));
+            high = high.min(pack_of.at(c, chains[c].len() - 1));
+        }
         (low, high)
     };
     let mut pack_of = PackOf::new(chains);
@@ -51,6 +59,7 @@ pub(super) fn improve(
             tokens[k] += u64::from(chains[c][i].tokens);
         }
     }
+    let mut runs = Runs::new(chains, partition, &pack_of, run);
     for _ in 0..IMPROVEMENT_ROUNDS {
         let heavy = (0..packs)
             .max_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(b.cmp(&a)))
@@ -66,6 +75,7 @@ pub(super) fn improve(
                 t != heavy
                     && (low..=high).contains(&t)
                     && tokens[t] + u64::from(item.tokens) <= u64::from(cap)
+                    && runs.allows(heavy, t, i64::from(item.tokens))
             });
             if let Some(target) = target {
                 let pair_max = (loads[heavy] - item.cost).max(loads[target] + item.cost);
@@ -83,6 +93,7 @@ pub(super) fn improve(
             tokens[heavy] -= shift.1;
             loads[target] += shift.0;
             tokens[target] += shift.1;
+            runs.shift(heavy, target, shift.1 as i64);
             pack_of.set(c, i, target);
             partition[target].push((c, i));
             continue;
@@ -108,7 +119,11 @@ pub(super) fn improve(
                         i64::from(chains[ca][ia].tokens) - i64::from(chains[cb][ib].tokens);
                     let fits = tokens[target] as i64 + token_delta <= i64::from(cap)
                         && tokens[heavy] as i64 - token_delta <= i64::from(cap);
-                    if heavy < low_b || heavy > high_b || !fits {
+                    if heavy < low_b
+                        || heavy > high_b
+                        || !fits
+                        || !runs.allows(heavy, target, token_delta)
+                    {
                         continue;
                     }
                     let pair_max = (loads[heavy] - delta).max(loads[target] + delta);
@@ -133,8 +148,77 @@ pub(super) fn improve(
         loads[target] += delta;
         tokens[heavy] = (tokens[heavy] as i64 - token_delta) as u64;
         tokens[target] = (tokens[target] as i64 + token_delta) as u64;
+        runs.shift(heavy, target, token_delta);
     }
     partition.retain(|p| !p.is_empty());
+}
+
+/// The runs of packs that chains join (see [`super::partition`]) and their tokens, under a bound
+/// on them; a move within the chains' spans never joins two runs, so the runs stay as they are.
+struct Runs {
+    /// Each pack's run, and each run's tokens (empty without a bound).
+    run_of: Vec<usize>,
+    tokens: Vec<u64>,
+    bound: u64,
+}
+
+impl Runs {
+    fn new(
+        chains: &[&[Item]],
+        partition: &Partition,
+        pack_of: &PackOf,
+        bound: Option<u64>,
+    ) -> Runs {
+        let Some(bound) = bound else {
+            return Runs {
+                run_of: Vec::new(),
+                tokens: Vec::new(),
+                bound: u64::MAX,
+            };
+        };
+        // Boundary k (after pack k) is open where a chain spans it.
+        let mut open = vec![false; partition.len()];
+        for (c, chain) in chains.iter().enumerate() {
+            if let Some(last) = chain.len().checked_sub(1) {
+                for boundary in &mut open[pack_of.at(c, 0)..pack_of.at(c, last)] {
+                    *boundary = true;
+                }
+            }
+        }
+        let (mut run_of, mut tokens) = (Vec::with_capacity(partition.len()), vec![0u64]);
+        for (k, members) in partition.iter().enumerate() {
+            run_of.push(tokens.len() - 1);
+            *tokens.last_mut().expect("one run at least") += (members.iter())
+                .map(|&(c, i)| u64::from(chains[c][i].tokens))
+                .sum::<u64>();
+            if !open[k] {
+                tokens.push(0);
+            }
+        }
+        Runs {
+            run_of,
+            tokens,
+            bound,
+        }
+    }
+
+    /// Whether `delta` tokens may go from pack `from` to pack `to`: the receiving run stays
+    /// within the bound, or does not grow.
+    fn allows(&self, from: usize, to: usize, delta: i64) -> bool {
+        if self.run_of.is_empty() || self.run_of[from] == self.run_of[to] || delta <= 0 {
+            return true;
+        }
+        self.tokens[self.run_of[to]] + delta as u64 <= self.bound
+    }
+
+    fn shift(&mut self, from: usize, to: usize, delta: i64) {
+        if self.run_of.is_empty() {
+            return;
+        }
+        let (from, to) = (self.run_of[from], self.run_of[to]);
+        self.tokens[from] = (self.tokens[from] as i64 - delta) as u64;
+        self.tokens[to] = (self.tokens[to] as i64 + delta) as u64;
+    }
 }
 
 /// The pack of every item, in one table indexed by chain and position.

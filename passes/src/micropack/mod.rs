@@ -66,16 +66,26 @@ pub enum Chains {
 /// most `cap` tokens, balancing cost. Chain `c` may enter pack `k` only from `k >= release[c]`
 /// (the backward packer releases a sample once its forward is done, so backward pack k does
 /// not wait on forwards far beyond forward pack k). Returns the packs in run order.
+///
+/// `run`, where given, bounds the tokens of a *run*: consecutive packs joined by chains that
+/// span them. A forward pack's activations stay until its backward, and the backward of a
+/// chain's first slice waits for the forward of its last, so a run's forwards are all in
+/// flight at once, however short the pipeline's warm-up: a run is what a stage holds. Once a
+/// run could pass `run` tokens with the next two packs, the next closes it: it finishes the
+/// chains it continues (the cap permitting) and starts only chains that it holds whole, within
+/// the run's bound. The bound is kept where the pack count leaves room: chains it forces into a
+/// pack (urgent ones, the last pack's) can take a run past it by up to a pack.
 pub fn partition<C: AsRef<[Item]>>(
     chains: &[C],
     release: &[usize],
     packs: usize,
     cap: u32,
     rule: Chains,
+    run: Option<u64>,
 ) -> Partition {
     let chains: Vec<&[Item]> = chains.iter().map(AsRef::as_ref).collect();
     let chains = chains.as_slice();
-    let order = ChainOrder::new(chains, release, rule);
+    let order = ChainOrder::new(chains, release, rule, run);
     let mut best = smallest_fitting_count(chains, release, &order, packs.max(1), cap);
     // Tighten: bisect the smallest uniform budget that the same greedy fits into as many packs.
     let mut high = max_load(chains, &best);
@@ -109,7 +119,7 @@ pub fn partition<C: AsRef<[Item]>>(
             _ => low = budget,
         }
     }
-    improve(chains, release, cap, rule, &mut best);
+    improve(chains, release, cap, rule, run, &mut best);
     best
 }
 
@@ -195,10 +205,15 @@ struct ChainOrder {
     total_tokens: u64,
     /// How started chains continue.
     rule: Chains,
+    /// The most tokens of a run of packs joined by chains (see [`partition`]).
+    run: Option<u64>,
+    /// Each chain's tokens and cost, whole (for a pack that closes a run).
+    chain_tokens: Vec<u64>,
+    chain_cost: Vec<f64>,
 }
 
 impl ChainOrder {
-    fn new(chains: &[&[Item]], release: &[usize], rule: Chains) -> ChainOrder {
+    fn new(chains: &[&[Item]], release: &[usize], rule: Chains, run: Option<u64>) -> ChainOrder {
         let mut waiting: Vec<usize> = (0..chains.len())
             .filter(|&c| !chains[c].is_empty())
             .collect();
@@ -214,6 +229,13 @@ impl ChainOrder {
                 .map(|i| u64::from(i.tokens))
                 .sum(),
             rule,
+            run,
+            chain_tokens: (chains.iter())
+                .map(|c| c.iter().map(|i| u64::from(i.tokens)).sum())
+                .collect(),
+            chain_cost: (chains.iter())
+                .map(|c| c.iter().map(|i| i.cost).sum())
+                .collect(),
         }
     }
 }
@@ -255,6 +277,9 @@ fn attempt(
     let mut remaining_tokens = order.total_tokens;
     let mut result: Partition = Vec::with_capacity(count);
     let mut fits = true;
+    // Tokens of the run the previous packs form (see [`partition`]): 0 after a pack that left
+    // no chain started.
+    let mut run_tokens = 0u64;
     for k in 0..count {
         let packs_left = count - k;
         if !keep_failure && remaining_tokens > u64::from(cap) * packs_left as u64 {
@@ -286,6 +311,10 @@ fn attempt(
             });
         }
         let budget = fixed.unwrap_or(remaining_cost / packs_left as f64);
+        // A pack that leaves its run open adds at most `cap` tokens, and so does the pack that
+        // then closes it.
+        let closing = (order.run).is_some_and(|run| run_tokens + 2 * u64::from(cap) > run);
+        let run_room = (order.run).map_or(u64::MAX, |run| run.saturating_sub(run_tokens));
         let mut pack = Fill::default();
         // Urgent chains first: more slices left than packs left (released now if waiting).
         while long_enough < by_length.len() && chains[by_length[long_enough]].len() >= packs_left {
@@ -326,10 +355,17 @@ fn attempt(
         }
         // Contiguous chains: a started chain's next slice goes in this pack whatever the cost
         // budget (the token cap permitting), so a sample's slices sit in consecutive packs.
+        // A pack that closes a run finishes them where the cap lets it.
         for (chain, slice) in continuing {
-            let has_room = pack.tokens + u64::from(chains[chain][slice].tokens) <= u64::from(cap);
-            if next[chain] == slice && has_room {
+            let has_room = |next: &[usize], pack: &Fill| {
+                (chains[chain].get(next[chain]))
+                    .is_some_and(|item| pack.tokens + u64::from(item.tokens) <= u64::from(cap))
+            };
+            if next[chain] == slice && has_room(&next, &pack) {
                 pack.take(chain, &mut next, &mut heads, chains);
+                while closing && has_room(&next, &pack) {
+                    pack.take(chain, &mut next, &mut heads, chains);
+                }
             }
         }
         while !heads.is_empty() {
@@ -341,13 +377,26 @@ fn attempt(
             let token_room = u64::from(cap).saturating_sub(pack.tokens);
             let fits_tokens =
                 |h: &Head| u64::from(chains[h.chain][next[h.chain]].tokens) <= token_room;
+            // A pack that closes a run starts only chains it holds whole.
+            let fits_whole = |h: &Head| {
+                let tokens = order.chain_tokens[h.chain];
+                tokens <= token_room
+                    && (run_tokens == 0 || pack.tokens + tokens <= run_room)
+                    && order.chain_cost[h.chain] <= room
+            };
             // The largest head that fits both the cost budget and the token cap, continuing a
             // started sample before starting a new one (fewer samples half-done, less memory);
             // new chains in the order they became available (the oldest released backward
             // first: it frees its sample's memory), each the largest of its release.
-            let mut pick = heads
-                .largest_open(room, TOKEN_SCAN, &fits_tokens)
-                .or_else(|| heads.largest_fresh(room, TOKEN_SCAN, &fits_tokens));
+            let mut pick = heads.largest_open(room, TOKEN_SCAN, &fits_tokens);
+            let mut whole = false;
+            if pick.is_none() {
+                pick = match closing {
+                    true => heads.largest_fresh(room, TOKEN_SCAN, &fits_whole),
+                    false => heads.largest_fresh(room, TOKEN_SCAN, &fits_tokens),
+                };
+                whole = closing && pick.is_some();
+            }
             if pick.is_none() && (pack.members.is_empty() || last) {
                 // An empty pack must make progress, and the last pack takes everything: the
                 // smallest head (a cap overflow in the last pack grows the pack count).
@@ -355,6 +404,21 @@ fn attempt(
             }
             let Some(head) = pick else { break };
             pack.take(head.chain, &mut next, &mut heads, chains);
+            while whole && next[head.chain] < chains[head.chain].len() {
+                pack.take(head.chain, &mut next, &mut heads, chains);
+            }
+        }
+        // A pack that closes a run finishes what it left started (an urgent chain, the head
+        // an empty pack had to take), the cap permitting.
+        if closing {
+            let open: Vec<usize> = heads.open_heads().map(|head| head.chain).collect();
+            for chain in open {
+                while (chains[chain].get(next[chain]))
+                    .is_some_and(|item| pack.tokens + u64::from(item.tokens) <= u64::from(cap))
+                {
+                    pack.take(chain, &mut next, &mut heads, chains);
+                }
+            }
         }
         if pack.tokens > u64::from(cap) {
             fits = false;
@@ -364,6 +428,10 @@ fn attempt(
         }
         remaining_cost -= pack.cost;
         remaining_tokens -= pack.tokens;
+        run_tokens = match heads.open_heads().next() {
+            Some(_) => run_tokens + pack.tokens,
+            None => 0,
+        };
         if !pack.members.is_empty() {
             result.push(pack.members);
         }
@@ -420,7 +488,7 @@ mod tests {
             items(&[2.0, 2.0]),
             items(&[9.0]),
         ];
-        let parts = partition(&chains, &[0; 4], 3, 100, Chains::Contiguous);
+        let parts = partition(&chains, &[0; 4], 3, 100, Chains::Contiguous, None);
         let mut seen = vec![Vec::new(); chains.len()];
         for pack in &parts {
             for &(chain, index) in pack {
@@ -450,7 +518,14 @@ mod tests {
                 tokens: 4,
             }]
         }));
-        let parts = partition(&chains, &vec![0; chains.len()], 1, 20, Chains::Contiguous);
+        let parts = partition(
+            &chains,
+            &vec![0; chains.len()],
+            1,
+            20,
+            Chains::Contiguous,
+            None,
+        );
         let packs: Vec<usize> = (0..6)
             .map(|i| {
                 parts
@@ -497,6 +572,7 @@ mod tests {
                 packs,
                 u32::MAX / 2,
                 Chains::Contiguous,
+                None,
             );
             let mut at: Vec<Vec<(usize, usize)>> = chains.iter().map(|_| Vec::new()).collect();
             for (k, pack) in parts.iter().enumerate() {
@@ -528,7 +604,7 @@ mod tests {
             .iter()
             .map(|&c| items(&[c]))
             .collect();
-        let parts = partition(&chains, &[0; 8], 4, 100, Chains::Contiguous);
+        let parts = partition(&chains, &[0; 8], 4, 100, Chains::Contiguous, None);
         let loads: Vec<f64> = parts
             .iter()
             .map(|p| p.iter().map(|&(c, i)| chains[c][i].cost).sum())
@@ -549,7 +625,7 @@ mod tests {
                 }]
             })
             .collect();
-        let parts = partition(&chains, &[0; 40], 2, 20, Chains::Contiguous);
+        let parts = partition(&chains, &[0; 40], 2, 20, Chains::Contiguous, None);
         assert_eq!(parts.len(), 20);
         assert!(parts.iter().all(|p| p.len() == 2));
     }
@@ -564,8 +640,82 @@ mod tests {
                 }]
             })
             .collect();
-        let parts = partition(&chains, &[0; 6], 2, 20, Chains::Contiguous);
+        let parts = partition(&chains, &[0; 6], 2, 20, Chains::Contiguous, None);
         assert_eq!(parts.len(), 3);
         assert!(parts.iter().all(|p| p.len() == 2));
+    }
+
+    /// The tokens of each run: consecutive packs that some chain spans.
+    fn run_tokens(chains: &[Vec<Item>], parts: &Partition) -> Vec<u64> {
+        let mut pack_of: Vec<Vec<usize>> = chains.iter().map(|c| vec![0; c.len()]).collect();
+        for (k, pack) in parts.iter().enumerate() {
+            for &(c, i) in pack {
+                pack_of[c][i] = k;
+            }
+        }
+        // Boundary k (between packs k and k + 1) is open if a chain spans it.
+        let mut open = vec![false; parts.len()];
+        for packs in &pack_of {
+            for boundary in &mut open[packs[0]..packs[packs.len() - 1]] {
+                *boundary = true;
+            }
+        }
+        let mut runs = vec![0u64];
+        for (k, pack) in parts.iter().enumerate() {
+            *runs.last_mut().unwrap() += pack
+                .iter()
+                .map(|&(c, i)| u64::from(chains[c][i].tokens))
+                .sum::<u64>();
+            if !open[k] {
+                runs.push(0);
+            }
+        }
+        runs.retain(|&t| t > 0);
+        runs
+    }
+
+    #[test]
+    fn a_run_window_bounds_the_packs_chains_join() {
+        // Chains of three slices whose costs grow along the chain (a late slice attends to a
+        // longer prefix) and single slices: the cost balance splits chains over packs.
+        let mut chains: Vec<Vec<Item>> = (0..24)
+            .map(|c| {
+                (1..=3)
+                    .map(|k| Item {
+                        cost: (k * (1 + c % 3)) as f64,
+                        tokens: 10,
+                    })
+                    .collect()
+            })
+            .collect();
+        chains.extend((0..24).map(|c| {
+            vec![Item {
+                cost: 1.0 + (c % 4) as f64,
+                tokens: 5 + (c % 3) as u32,
+            }]
+        }));
+        let release = vec![0; chains.len()];
+        let free = partition(&chains, &release, 1, 40, Chains::Contiguous, None);
+        let longest_free = run_tokens(&chains, &free).into_iter().max().unwrap();
+        assert!(longest_free > 240, "no long run to bound: {longest_free}");
+        let bounded = partition(&chains, &release, 1, 40, Chains::Contiguous, Some(80));
+        // Runs stay within the bound, or pass it by at most a pack where the chains that the
+        // pack count forces in (urgent ones, the last pack's) leave the closing pack no room.
+        let runs = run_tokens(&chains, &bounded);
+        assert!(runs.iter().all(|&t| t <= 80 + 40), "{runs:?}");
+        assert!(runs.iter().filter(|&&t| t > 80).count() <= 2, "{runs:?}");
+        // Every slice once, in chain order, within the cap.
+        let mut seen: Vec<Vec<Option<usize>>> =
+            chains.iter().map(|c| vec![None; c.len()]).collect();
+        for (k, pack) in bounded.iter().enumerate() {
+            assert!(pack.iter().map(|&(c, i)| chains[c][i].tokens).sum::<u32>() <= 40);
+            for &(c, i) in pack {
+                assert!(seen[c][i].replace(k).is_none());
+            }
+        }
+        for chain in &seen {
+            let packs: Vec<usize> = chain.iter().map(|k| k.expect("placed")).collect();
+            assert!(packs.windows(2).all(|w| w[0] <= w[1]), "{packs:?}");
+        }
     }
 }

@@ -6,7 +6,7 @@ use slimpack_ir::step::{Direction, PackId, ReplicaId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
 
-use super::{activation_budget, held_bytes, ChunkOp};
+use super::ChunkOp;
 
 /// When each op of one replica ran: per stage, in pack order, each forward's and backward's
 /// end (NaN: not run yet), and how many of each have run (they run in pack order).
@@ -202,11 +202,13 @@ fn memory_window(
     let memory = cost.memory();
     let largest = forward_tokens.iter().copied().max().unwrap_or(1).max(1);
     let largest_per_rank = largest.div_ceil(cp);
-    let held = held_bytes(memory, largest_per_rank, device);
+    let held = memory.held_bytes(largest_per_rank, device);
     let headroom = held
         + memory.temporary_bytes(largest_per_rank, device, Direction::Backward)
         + memory.kv_grad_bytes(largest_per_rank, device);
-    let free = activation_budget(memory, device, fraction).saturating_sub(headroom);
+    let free = memory
+        .activation_budget(device, fraction)
+        .saturating_sub(headroom);
     let per_token = held as f64 / largest as f64;
     let window = (free as f64 / per_token.max(f64::MIN_POSITIVE)).floor();
     window.clamp(largest as f64, i64::MAX as f64 / 2.0) as i64
