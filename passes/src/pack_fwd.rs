@@ -6,9 +6,15 @@
 //! machine model's forward FLOPs of each slice at its offset, so a late slice of a long sample
 //! (which attends to a long prefix) weighs more than an early one of the same length. The
 //! algorithm is in [`crate::micropack`].
+//!
+//! `runs=bounded` (opt-in, default `free`): packs joined by a sample's slices form a run whose
+//! forwards are all in flight before its first backward; where a replica's runs would not fit
+//! the `memory` fraction of its devices, the packs are partitioned again with runs bounded
+//! (see [`crate::micropack::partition`]). It fits mirrored backward packs; asymmetric ones free
+//! a run's memory sample by sample (docs/BENCHMARKS.md, "Forward runs bounded by memory").
 
 use crate::error::Result;
-use crate::micropack::{pack_direction, PackOptions, OPTIONS};
+use crate::micropack::{pack_direction, PackOptions, FORWARD_OPTIONS};
 use crate::pass::{Pass, PassContext, PassInfo, Statistics};
 use slimpack_ir::step::{Direction, Phase};
 use slimpack_ir::StepIr;
@@ -21,7 +27,7 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   slice's offset. Phase assigned -> assigned.",
     accepts: Phase::Assigned..=Phase::Assigned,
     produces: None,
-    options: OPTIONS,
+    options: FORWARD_OPTIONS,
     create: |options| Ok(Box::new(PackFwd(PackOptions::parse(options)?))),
 };
 

@@ -8,7 +8,7 @@ use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId, SliceId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::{CostModel, DEFAULT_MEMORY_LIMIT};
 
-use super::{partition, Chains, Item};
+use super::{partition, run_tokens, Chains, Item};
 
 /// Options shared by `pack-fwd` and `pack-bwd`.
 pub(crate) const OPTIONS: &[crate::pass::OptionInfo] = &[
@@ -22,11 +22,22 @@ pub(crate) const OPTIONS: &[crate::pass::OptionInfo] = &[
         help: "minimum packs per replica (default: tokens / cap, rounded up)",
         default: None,
     },
+];
+
+/// `pack-fwd`'s options: the shared ones, `runs` and `memory`.
+pub(crate) const FORWARD_OPTIONS: &[crate::pass::OptionInfo] = &[
+    OPTIONS[0],
+    OPTIONS[1],
+    crate::pass::OptionInfo {
+        name: "runs",
+        help: "bounded: where a run of packs joined by a sample's slices (all in flight until \
+               its first backward) would not fit in memory, close runs before they do; free: \
+               never",
+        default: Some("free"),
+    },
     crate::pass::OptionInfo {
         name: "memory",
-        help: "the fraction of device memory that forwards in flight may fill: it bounds the \
-               runs of forward packs a sample's slices join, and the forward packs a backward \
-               window waits for",
+        help: "with runs=bounded, the fraction of device memory a run's forwards may fill",
         default: Some("0.92"),
     },
 ];
@@ -35,7 +46,6 @@ pub(crate) const OPTIONS: &[crate::pass::OptionInfo] = &[
 pub(crate) const BACKWARD_OPTIONS: &[crate::pass::OptionInfo] = &[
     OPTIONS[0],
     OPTIONS[1],
-    OPTIONS[2],
     crate::pass::OptionInfo {
         name: "mirror",
         help: "true: reuse the forward packs' slices (no asymmetric partition), in an order \
@@ -49,7 +59,10 @@ pub(crate) const BACKWARD_OPTIONS: &[crate::pass::OptionInfo] = &[
 pub struct PackOptions {
     pub cap: Option<u32>,
     pub packs: Option<usize>,
-    /// The fraction of device memory forwards in flight may fill (see [`run_window`]).
+    /// Forward only: bound the runs of packs that samples join by memory (see
+    /// [`run_window`]), where they would not fit.
+    pub bounded_runs: bool,
+    /// The fraction of device memory a run's forwards may fill.
     pub memory: f64,
     /// Backward only: mirror the forward packs instead of partitioning anew.
     pub mirror: bool,
@@ -60,6 +73,7 @@ impl Default for PackOptions {
         PackOptions {
             cap: None,
             packs: None,
+            bounded_runs: false,
             memory: DEFAULT_MEMORY_LIMIT,
             mirror: false,
         }
@@ -70,6 +84,18 @@ impl PackOptions {
     pub(crate) fn parse(options: &crate::pass::PassOptions) -> crate::Result<PackOptions> {
         let cap = options.positive("cap")?;
         let packs = options.positive("packs")?;
+        let bounded_runs = match options.get::<String>("runs", "bounded or free")?.as_deref() {
+            Some("bounded") => true,
+            Some("free") | None => false,
+            Some(other) => {
+                return Err(crate::PassError::BadOption {
+                    pass: "pack-fwd",
+                    option: "runs".into(),
+                    value: other.into(),
+                    message: "expected bounded or free".into(),
+                })
+            }
+        };
         let memory = options.fraction("memory")?.unwrap_or(DEFAULT_MEMORY_LIMIT);
         let mirror = options
             .get::<bool>("mirror", "true or false")?
@@ -77,6 +103,7 @@ impl PackOptions {
         Ok(PackOptions {
             cap,
             packs,
+            bounded_runs,
             memory,
             mirror,
         })
@@ -178,7 +205,12 @@ pub(crate) fn pack_direction(
     let mut stats = (0usize, 0u64, 0.0f64, f64::INFINITY);
     let mut worst_spread: f64 = 1.0;
     let sample_slices = ir.sample_slices();
-    let shares = memory_shares(ir);
+    let shares = match options.bounded_runs {
+        true => memory_shares(ir),
+        false => HashMap::new(),
+    };
+    // Replicas whose forward runs were bounded by memory.
+    let mut bounded = 0usize;
     for replica in ir.replicas().to_vec() {
         if !ir.packs_on(replica, direction).is_empty() {
             return Err(crate::PassError::Failed {
@@ -241,23 +273,29 @@ pub(crate) fn pack_direction(
         if chains.is_empty() {
             continue;
         }
-        let share = shares.get(&replica).copied().unwrap_or(1.0);
-        let window = run_window(ir, cost, replica, share, cap, options.memory);
         let parts = if direction == Direction::Backward {
-            let forward_tokens: Vec<u64> =
-                forward_packs.iter().map(|&p| ir.pack_tokens(p)).collect();
-            windowed(&chains, &release, &forward_tokens, cap, window)
+            windowed(&chains, &release, forward_packs.len(), cap)
         } else {
             let tokens: u64 = items.iter().map(|i| u64::from(i.tokens)).sum();
             let by_cap = tokens.div_ceil(u64::from(cap)) as usize;
-            partition(
-                &chains,
-                &release,
-                options.packs.unwrap_or(1).max(by_cap),
-                cap,
-                forward_rule,
-                window.filter(|_| forward_rule == Chains::Contiguous),
-            )
+            let count = options.packs.unwrap_or(1).max(by_cap);
+            // Runs are bounded only where asked and where memory needs it: a partition whose
+            // runs all fit the window is kept as it is.
+            let free = partition(&chains, &release, count, cap, forward_rule, None);
+            let window = (options.bounded_runs && forward_rule == Chains::Contiguous)
+                .then(|| {
+                    let share = shares.get(&replica).copied().unwrap_or(1.0);
+                    run_window(ir, cost, replica, share, cap, options.memory)
+                })
+                .flatten()
+                .filter(|&w| run_tokens(&chains, &free).into_iter().max().unwrap_or(0) > w);
+            match window {
+                Some(window) => {
+                    bounded += 1;
+                    partition(&chains, &release, count, cap, forward_rule, Some(window))
+                }
+                None => free,
+            }
         };
         let loads: Vec<f64> = parts
             .iter()
@@ -300,65 +338,41 @@ pub(crate) fn pack_direction(
                 0
             },
         )
-        .with("cost_spread", worst_spread))
+        .with("cost_spread", worst_spread)
+        .with("runs_bounded", bounded))
 }
 
-/// Forward packs per backward window, at most: the samples whose forward completes within a
-/// window of this many forward packs are backwarded by as many backward packs, balanced on
-/// backward cost among themselves. The window bounds how long activations wait for their
-/// backward (memory) while leaving room to rebalance (the asymmetry).
+/// Forward packs per backward window: the samples whose forward completes within a window of
+/// this many forward packs are backwarded by as many backward packs, balanced on backward cost
+/// among themselves. The window bounds how long activations wait for their backward (memory)
+/// while leaving room to rebalance (the asymmetry).
 const BACKWARD_WINDOW: usize = 4;
 
-/// The first forward pack of each backward window: [`BACKWARD_WINDOW`] forward packs, fewer
-/// where their tokens would pass `run` (at least one pack).
-fn window_starts(forward_tokens: &[u64], run: Option<u64>) -> Vec<usize> {
-    let mut starts = vec![0];
-    let mut tokens = 0u64;
-    for (position, &pack) in forward_tokens.iter().enumerate() {
-        let start = *starts.last().expect("starts with 0");
-        let full = position - start == BACKWARD_WINDOW
-            || (position > start && run.is_some_and(|run| tokens + pack > run));
-        if full {
-            starts.push(position);
-            tokens = 0;
-        }
-        tokens += pack;
-    }
-    starts
-}
-
-/// Backward packs window by window (see [`window_starts`]): chains grouped by the window of
+/// Backward packs window by window (see [`BACKWARD_WINDOW`]): chains grouped by the window of
 /// their release, each group partitioned into as many packs as its window has forward packs
 /// (more if the cap needs them), in window order.
 fn windowed(
     chains: &[&[Item]],
     release: &[usize],
-    forward_tokens: &[u64],
+    forward_packs: usize,
     cap: u32,
-    run: Option<u64>,
 ) -> super::Partition {
-    let starts = window_starts(forward_tokens, run);
-    let windows = starts.len();
+    let windows = forward_packs.div_ceil(BACKWARD_WINDOW).max(1);
     let mut groups: Vec<Vec<usize>> = vec![Vec::new(); windows];
     for (chain, &r) in release.iter().enumerate() {
-        groups[starts.partition_point(|&s| s <= r).saturating_sub(1)].push(chain);
+        groups[(r / BACKWARD_WINDOW).min(windows - 1)].push(chain);
     }
     let mut parts = Vec::new();
     for (window, members) in groups.iter().enumerate() {
         if members.is_empty() {
             continue;
         }
-        let first = starts[window];
-        let end = starts
-            .get(window + 1)
-            .copied()
-            .unwrap_or(forward_tokens.len());
         let sub: Vec<&[Item]> = members.iter().map(|&c| chains[c]).collect();
         let sub_release: Vec<usize> = members
             .iter()
-            .map(|&c| release[c].saturating_sub(first))
+            .map(|&c| release[c].saturating_sub(window * BACKWARD_WINDOW))
             .collect();
-        let in_window = end.saturating_sub(first).max(1);
+        let in_window = (forward_packs - window * BACKWARD_WINDOW).min(BACKWARD_WINDOW);
         let tokens: u64 = (sub.iter().flat_map(|c| c.iter()))
             .map(|i| u64::from(i.tokens))
             .sum();
@@ -443,21 +457,4 @@ fn mirrored_order(ir: &StepIr, replica: ReplicaId) -> Vec<PackId> {
         }
     }
     order
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{window_starts, BACKWARD_WINDOW};
-
-    #[test]
-    fn backward_windows_hold_at_most_the_run_of_forward_tokens() {
-        let tokens = [30, 30, 30, 30, 30, 30, 30, 30, 30, 100, 10];
-        assert_eq!(
-            window_starts(&tokens, None),
-            vec![0, BACKWARD_WINDOW, 2 * BACKWARD_WINDOW]
-        );
-        // 60 tokens: two packs of 30 a window; a pack alone where it passes the run.
-        assert_eq!(window_starts(&tokens, Some(60)), vec![0, 2, 4, 6, 8, 9, 10]);
-        assert_eq!(window_starts(&[], Some(60)), vec![0]);
-    }
 }

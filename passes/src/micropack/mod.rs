@@ -27,7 +27,7 @@ mod build;
 mod heads;
 mod improve;
 
-pub(crate) use build::{pack_direction, PackOptions, BACKWARD_OPTIONS, OPTIONS};
+pub(crate) use build::{pack_direction, PackOptions, BACKWARD_OPTIONS, FORWARD_OPTIONS};
 use heads::{FirstHeads, Head, Heads};
 use improve::improve;
 
@@ -121,6 +121,36 @@ pub fn partition<C: AsRef<[Item]>>(
     }
     improve(chains, release, cap, rule, run, &mut best);
     best
+}
+
+/// The tokens of each run of a partition: consecutive packs that some chain spans (see
+/// [`partition`]).
+pub fn run_tokens<C: AsRef<[Item]>>(chains: &[C], parts: &Partition) -> Vec<u64> {
+    let mut pack_of: Vec<Vec<usize>> = chains.iter().map(|c| vec![0; c.as_ref().len()]).collect();
+    for (k, pack) in parts.iter().enumerate() {
+        for &(c, i) in pack {
+            pack_of[c][i] = k;
+        }
+    }
+    // Boundary k (between packs k and k + 1) is open if a chain spans it.
+    let mut open = vec![false; parts.len()];
+    for packs in pack_of.iter().filter(|p| !p.is_empty()) {
+        for boundary in &mut open[packs[0]..packs[packs.len() - 1]] {
+            *boundary = true;
+        }
+    }
+    let mut runs = vec![0u64];
+    for (k, pack) in parts.iter().enumerate() {
+        *runs.last_mut().expect("one run at least") += pack
+            .iter()
+            .map(|&(c, i)| u64::from(chains[c].as_ref()[i].tokens))
+            .sum::<u64>();
+        if !open[k] {
+            runs.push(0);
+        }
+    }
+    runs.retain(|&t| t > 0);
+    runs
 }
 
 /// Pack counts the count search tries one by one, from the first, before it gallops.
@@ -643,35 +673,6 @@ mod tests {
         let parts = partition(&chains, &[0; 6], 2, 20, Chains::Contiguous, None);
         assert_eq!(parts.len(), 3);
         assert!(parts.iter().all(|p| p.len() == 2));
-    }
-
-    /// The tokens of each run: consecutive packs that some chain spans.
-    fn run_tokens(chains: &[Vec<Item>], parts: &Partition) -> Vec<u64> {
-        let mut pack_of: Vec<Vec<usize>> = chains.iter().map(|c| vec![0; c.len()]).collect();
-        for (k, pack) in parts.iter().enumerate() {
-            for &(c, i) in pack {
-                pack_of[c][i] = k;
-            }
-        }
-        // Boundary k (between packs k and k + 1) is open if a chain spans it.
-        let mut open = vec![false; parts.len()];
-        for packs in &pack_of {
-            for boundary in &mut open[packs[0]..packs[packs.len() - 1]] {
-                *boundary = true;
-            }
-        }
-        let mut runs = vec![0u64];
-        for (k, pack) in parts.iter().enumerate() {
-            *runs.last_mut().unwrap() += pack
-                .iter()
-                .map(|&(c, i)| u64::from(chains[c][i].tokens))
-                .sum::<u64>();
-            if !open[k] {
-                runs.push(0);
-            }
-        }
-        runs.retain(|&t| t > 0);
-        runs
     }
 
     #[test]
