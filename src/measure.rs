@@ -85,6 +85,33 @@ pub enum Interleave {
     ReplicaMajor,
 }
 
+/// Called after each execution with the executions done and the executions asked for (see
+/// [`MeasureOptions::on_run`]); nothing by default.
+#[derive(Clone, Default)]
+pub struct OnRun(Option<std::sync::Arc<dyn Fn(usize, usize) + Send + Sync>>);
+
+impl OnRun {
+    pub fn new(call: impl Fn(usize, usize) + Send + Sync + 'static) -> OnRun {
+        OnRun(Some(std::sync::Arc::new(call)))
+    }
+
+    fn call(&self, done: usize, asked: usize) {
+        if let Some(call) = &self.0 {
+            call(done, asked);
+        }
+    }
+}
+
+impl std::fmt::Debug for OnRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "OnRun(..)"
+        } else {
+            "OnRun(none)"
+        })
+    }
+}
+
 /// How to measure a step.
 #[derive(Debug, Clone)]
 pub struct MeasureOptions {
@@ -95,6 +122,8 @@ pub struct MeasureOptions {
     pub precision: Precision,
     /// Executions (from the same weights); the fastest is reported.
     pub repeat: usize,
+    /// Told after each execution (a progress bar's `--repeat`).
+    pub on_run: OnRun,
     /// Also run the unsliced single-worker reference step and compare loss and gradients.
     pub check_reference: bool,
     /// Include every task's measured and predicted time.
@@ -355,7 +384,8 @@ pub fn measure(
         let mut runs_s = Vec::with_capacity(options.repeat.max(1));
         let mut off_core = Vec::with_capacity(options.repeat.max(1));
         let mut fastest: Option<Execution> = None;
-        for _ in 0..options.repeat.max(1) {
+        let asked = options.repeat.max(1);
+        for done in 1..=asked {
             let execution = match &kernels {
                 None => execute_program(&plan, &program, driver, &batch, &params, adamw)?,
                 Some(kernels) => cuda::execute_program(
@@ -371,6 +401,7 @@ pub fn measure(
             };
             runs_s.push(execution.step_time_s);
             off_core.push(off_core_share(&execution));
+            options.on_run.call(done, asked);
             if fastest
                 .as_ref()
                 .is_none_or(|f| execution.step_time_s < f.step_time_s)

@@ -23,12 +23,11 @@
 //! equal work.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::bail;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -442,18 +441,9 @@ fn is_peer(name: &str) -> bool {
     name != "slimpack" && !name.starts_with("slimpack-")
 }
 
-/// A progress bar on a terminal; nothing otherwise.
+/// A progress bar of compiles on a terminal; nothing otherwise.
 fn progress_bar() -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(0);
-    if let Ok(style) =
-        ProgressStyle::with_template("{msg:>10} [{bar:32}] {pos}/{len} compiles {elapsed}")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
+    super::progress::bar(0, "{msg:>10} [{bar:32}] {pos}/{len} compiles {elapsed}")
 }
 
 /// The rows of the runs (`peak_flops`: the cluster's, all devices) and the best peer.

@@ -11,6 +11,7 @@ mod opt;
 mod output;
 mod passes;
 mod plan;
+mod progress;
 mod report;
 mod run;
 mod schema;

@@ -8,8 +8,8 @@
 
 use anyhow::{bail, Context};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::{IsTerminal, Write};
+use indicatif::ProgressBar;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use slimpack::plan::{plan_epoch, PlanOptions, PlannedStep};
@@ -372,12 +372,5 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
 /// A progress bar of steps on a terminal; nothing otherwise (the step count is not known in
 /// advance: the bar counts up).
 fn progress_bar() -> ProgressBar {
-    if !std::io::stderr().is_terminal() {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new_spinner();
-    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} planned {elapsed}") {
-        bar.set_style(style);
-    }
-    bar
+    super::progress::spinner("{spinner} {msg} planned {elapsed}")
 }

@@ -20,7 +20,7 @@ use anyhow::{bail, Context};
 use clap::{Args, ValueEnum};
 
 use slimpack::measure::{
-    self as measuring, compiled_driver_unavailable, DriverKind, Interleave, MeasureOptions,
+    self as measuring, compiled_driver_unavailable, DriverKind, Interleave, MeasureOptions, OnRun,
     RunReport, COMPILED_DRIVER,
 };
 use slimpack::tune::autotune;
@@ -171,6 +171,15 @@ pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
         bail!(compiled_driver_unavailable());
     }
     let (ir, schedule) = step(args)?;
+    // Several executions show their count on a terminal.
+    let bar = match args.repeat > 1 {
+        true => super::progress::bar(args.repeat as u64, "[{bar:32}] {pos}/{len} runs {elapsed}"),
+        false => indicatif::ProgressBar::hidden(),
+    };
+    let on_run = {
+        let bar = bar.clone();
+        OnRun::new(move |done, _| bar.set_position(done as u64))
+    };
     let options = MeasureOptions {
         backend: args.backend.kind(),
         driver: match args.driver {
@@ -183,12 +192,15 @@ pub(crate) fn measure(args: &RunArgs) -> anyhow::Result<RunReport> {
         },
         precision,
         repeat: args.repeat,
+        on_run,
         check_reference: args.check_reference,
         tasks: args.tasks,
         token_seed: args.token_seed,
         init_seed: args.init_seed,
     };
-    Ok(slimpack::measure::measure(&ir, schedule, &options)?)
+    let report = slimpack::measure::measure(&ir, schedule, &options);
+    bar.finish_and_clear();
+    Ok(report?)
 }
 
 /// Fails in one line unless this machine has a GPU the CUDA backend can use (`--backend cuda:
