@@ -89,7 +89,7 @@ impl PackOptions {
             Some("free") | None => false,
             Some(other) => {
                 return Err(crate::PassError::BadOption {
-                    pass: "pack-fwd",
+                    pass: options.pass,
                     option: "runs".into(),
                     value: other.into(),
                     message: "expected bounded or free".into(),
@@ -171,7 +171,7 @@ pub(crate) fn run_window(
         .map(|stage| {
             let per_token = memory.held_bytes(SHARE, stage) as f64 / SHARE as f64;
             let budget = memory.activation_budget(stage, fraction) as f64 * share;
-            let tokens = (budget / per_token.max(f64::MIN_POSITIVE)) as u64 * cp;
+            let tokens = ((budget / per_token.max(f64::MIN_POSITIVE)) as u64).saturating_mul(cp);
             tokens.saturating_sub(u64::from(cap))
         })
         .min()

@@ -123,6 +123,7 @@ pub(super) fn improve(
                         || heavy > high_b
                         || !fits
                         || !runs.allows(heavy, target, token_delta)
+                        || !runs.allows(target, heavy, -token_delta)
                     {
                         continue;
                     }

@@ -124,7 +124,7 @@ pub fn partition<C: AsRef<[Item]>>(
 }
 
 /// The tokens of each run of a partition: consecutive packs that some chain spans (see
-/// [`partition`]).
+/// [`partition`]). Every item of `chains` is in one pack of `parts`.
 pub fn run_tokens<C: AsRef<[Item]>>(chains: &[C], parts: &Partition) -> Vec<u64> {
     let mut pack_of: Vec<Vec<usize>> = chains.iter().map(|c| vec![0; c.as_ref().len()]).collect();
     for (k, pack) in parts.iter().enumerate() {
@@ -135,7 +135,8 @@ pub fn run_tokens<C: AsRef<[Item]>>(chains: &[C], parts: &Partition) -> Vec<u64>
     // Boundary k (between packs k and k + 1) is open if a chain spans it.
     let mut open = vec![false; parts.len()];
     for packs in pack_of.iter().filter(|p| !p.is_empty()) {
-        for boundary in &mut open[packs[0]..packs[packs.len() - 1]] {
+        let (first, last) = (packs[0], packs[packs.len() - 1]);
+        for boundary in &mut open[first.min(last)..first.max(last)] {
             *boundary = true;
         }
     }
