@@ -282,7 +282,7 @@ pub(crate) fn pack_direction(
             // Runs are bounded only where asked and where memory needs it: a partition whose
             // runs all fit the window is kept as it is.
             let free = partition(&chains, &release, count, cap, forward_rule, None);
-            let window = (options.bounded_runs && forward_rule == Chains::Contiguous)
+            let window = (options.bounded_runs)
                 .then(|| {
                     let share = shares.get(&replica).copied().unwrap_or(1.0);
                     run_window(ir, cost, replica, share, cap, options.memory)

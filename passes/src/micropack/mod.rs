@@ -238,7 +238,8 @@ struct ChainOrder {
     rule: Chains,
     /// The most tokens of a run of packs joined by chains (see [`partition`]).
     run: Option<u64>,
-    /// Each chain's tokens and cost, whole (for a pack that closes a run).
+    /// Each chain's tokens and cost, whole (for a pack that closes a run; empty without a
+    /// bound on runs).
     chain_tokens: Vec<u64>,
     chain_cost: Vec<f64>,
 }
@@ -261,12 +262,18 @@ impl ChainOrder {
                 .sum(),
             rule,
             run,
-            chain_tokens: (chains.iter())
-                .map(|c| c.iter().map(|i| u64::from(i.tokens)).sum())
-                .collect(),
-            chain_cost: (chains.iter())
-                .map(|c| c.iter().map(|i| i.cost).sum())
-                .collect(),
+            chain_tokens: match run {
+                Some(_) => (chains.iter())
+                    .map(|c| c.iter().map(|i| u64::from(i.tokens)).sum())
+                    .collect(),
+                None => Vec::new(),
+            },
+            chain_cost: match run {
+                Some(_) => (chains.iter())
+                    .map(|c| c.iter().map(|i| i.cost).sum())
+                    .collect(),
+                None => Vec::new(),
+            },
         }
     }
 }
@@ -388,14 +395,10 @@ fn attempt(
         // budget (the token cap permitting), so a sample's slices sit in consecutive packs.
         // A pack that closes a run finishes them where the cap lets it.
         for (chain, slice) in continuing {
-            let has_room = |next: &[usize], pack: &Fill| {
-                (chains[chain].get(next[chain]))
-                    .is_some_and(|item| pack.tokens + u64::from(item.tokens) <= u64::from(cap))
-            };
-            if next[chain] == slice && has_room(&next, &pack) {
+            if next[chain] == slice && pack.has_room(chains[chain][slice], cap) {
                 pack.take(chain, &mut next, &mut heads, chains);
-                while closing && has_room(&next, &pack) {
-                    pack.take(chain, &mut next, &mut heads, chains);
+                if closing {
+                    pack.finish(chain, cap, &mut next, &mut heads, chains);
                 }
             }
         }
@@ -444,11 +447,7 @@ fn attempt(
         if closing {
             let open: Vec<usize> = heads.open_heads().map(|head| head.chain).collect();
             for chain in open {
-                while (chains[chain].get(next[chain]))
-                    .is_some_and(|item| pack.tokens + u64::from(item.tokens) <= u64::from(cap))
-                {
-                    pack.take(chain, &mut next, &mut heads, chains);
-                }
+                pack.finish(chain, cap, &mut next, &mut heads, chains);
             }
         }
         if pack.tokens > u64::from(cap) {
@@ -482,6 +481,25 @@ struct Fill {
 }
 
 impl Fill {
+    /// Whether `item` fits the pack under the token cap.
+    fn has_room(&self, item: Item, cap: u32) -> bool {
+        self.tokens + u64::from(item.tokens) <= u64::from(cap)
+    }
+
+    /// Places `chain`'s next slices while the cap has room for them.
+    fn finish(
+        &mut self,
+        chain: usize,
+        cap: u32,
+        next: &mut [usize],
+        heads: &mut Heads,
+        chains: &[&[Item]],
+    ) {
+        while (chains[chain].get(next[chain])).is_some_and(|&item| self.has_room(item, cap)) {
+            self.take(chain, next, heads, chains);
+        }
+    }
+
     /// Places `chain`'s next slice (its head) in the pack; the slice after it becomes the
     /// chain's open head.
     fn take(&mut self, chain: usize, next: &mut [usize], heads: &mut Heads, chains: &[&[Item]]) {
