@@ -6,8 +6,9 @@
 //! and `all-gather` among a stage's DP ranks) waits until every member is at it. If the game stops
 //! before every worker has run its last op, the program deadlocks, and the stuck ops are named.
 
-use std::collections::HashMap;
 use std::fmt;
+
+use rustc_hash::FxHashMap;
 
 use super::{Op, Program, Worker};
 use crate::step::Direction;
@@ -122,12 +123,14 @@ struct Game<'a> {
     /// Next op of each worker.
     next: Vec<usize>,
     /// Sends not yet received: (from, to, pack, direction) -> count.
-    mailbox: HashMap<(Worker, Worker, u32, Direction), u32>,
+    mailbox: FxHashMap<(Worker, Worker, u32, Direction), u32>,
     /// Per pipeline stage: the DP collective its ranks are meeting at and how many of them,
     /// from rank 0 up, are known to be at it. A rank at a collective stays there until it
     /// runs, so the count only grows until then: checking a meeting is linear in dp, not the
     /// quadratic of looking at every rank each time one more arrives.
     meeting: Vec<Option<(&'a Op, u32)>>,
+    /// Workers to run again: each one, then whoever a send or a collective may have unblocked.
+    ready: Vec<usize>,
 }
 
 impl<'a> Game<'a> {
@@ -135,8 +138,9 @@ impl<'a> Game<'a> {
         Game {
             program,
             next: vec![0; program.workers.len()],
-            mailbox: HashMap::new(),
+            mailbox: FxHashMap::default(),
             meeting: vec![None; program.pp as usize],
+            ready: Vec::new(),
         }
     }
 
@@ -149,16 +153,13 @@ impl<'a> Game<'a> {
     }
 
     fn run(mut self) -> Result<(), ProgramError> {
-        loop {
-            let mut progress = false;
-            for index in 0..self.program.workers.len() {
-                while self.step(index) {
-                    progress = true;
-                }
-            }
-            if !progress {
-                break;
-            }
+        // A worklist, not sweeps over every worker until none moves (one sweep per wave of the
+        // pipeline: quadratic in packs x workers). A worker runs until it blocks; what can
+        // unblock it (a send to it, the last member arriving at its collective) puts it back.
+        // The game is monotone, so the order of the list does not change where it ends.
+        self.ready = (0..self.program.workers.len()).rev().collect();
+        while let Some(index) = self.ready.pop() {
+            while self.step(index) {}
         }
         let stuck: Vec<String> = (0..self.program.workers.len())
             .filter_map(|index| {
@@ -214,6 +215,8 @@ impl<'a> Game<'a> {
                     .mailbox
                     .entry((me, *to, *pack, *direction))
                     .or_insert(0) += 1;
+                // The receiver may be waiting for it.
+                self.ready.push(self.index(*to));
             }
             Op::Recv {
                 pack,
@@ -228,16 +231,9 @@ impl<'a> Game<'a> {
                 }
             }
             Op::CpExchange { group, .. } => {
-                let members: Vec<usize> = group
-                    .iter()
-                    .map(|&rank| {
-                        self.index(Worker {
-                            dp: rank,
-                            pp: me.pp,
-                        })
-                    })
-                    .collect();
-                return self.collective(op, &members);
+                // `Game::index` of each member, on this worker's stage.
+                let base = me.pp * self.program.dp;
+                return self.collective(op, group.iter().map(move |&rank| (base + rank) as usize));
             }
             Op::ReduceScatter | Op::AllGather => return self.dp_collective(op, me.pp),
         }
@@ -264,19 +260,21 @@ impl<'a> Game<'a> {
         for rank in 0..dp {
             let member = self.index(Worker { dp: rank, pp });
             self.next[member] += 1;
+            self.ready.push(member);
         }
         true
     }
 
-    /// Advances every member of a collective at once when all of them are at `op`.
-    fn collective(&mut self, op: &Op, members: &[usize]) -> bool {
-        if members.iter().all(|&m| self.current(m) == Some(op)) {
-            for &m in members {
-                self.next[m] += 1;
-            }
-            true
-        } else {
-            false
+    /// Advances every member of a collective at once when all of them are at `op` (and puts
+    /// them back on the worklist).
+    fn collective(&mut self, op: &Op, members: impl Iterator<Item = usize> + Clone) -> bool {
+        if !members.clone().all(|m| self.current(m) == Some(op)) {
+            return false;
         }
+        for m in members {
+            self.next[m] += 1;
+            self.ready.push(m);
+        }
+        true
     }
 }

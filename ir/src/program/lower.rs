@@ -1,10 +1,9 @@
 //! Lowering a scheduled step IR to a [`Program`].
 
-use std::collections::HashMap;
+use petgraph::visit::NodeIndexable;
 
 use super::{Op, PackLayout, Program, SliceLayout, Worker, WorkerProgram};
 use crate::step::{Direction, PackId, Part, Phase, StepIr};
-use crate::text::Names;
 
 /// Lowers `ir` (phase `scheduled` or later) to per-worker op lists. Pure: the same IR always
 /// gives the same program.
@@ -17,18 +16,25 @@ pub fn lower(ir: &StepIr) -> Program {
         "lower needs a scheduled IR, got phase {} (bug in the caller)",
         ir.phase()
     );
-    let names = Names::of_packs(ir);
     let order = pack_order(ir);
-    let pack_index: HashMap<PackId, u32> = order
-        .iter()
-        .enumerate()
-        .map(|(index, &(pack, _))| (pack, index as u32))
-        .collect();
+    // Program pack indices by node index (a table, not a map: the op lists look one up per op).
+    let mut pack_index = vec![u32::MAX; ir.graph().node_bound()];
+    for (index, &(pack, _)) in order.iter().enumerate() {
+        pack_index[pack.node().index()] = index as u32;
+    }
     let sample_slices = ir.sample_slices();
     let mut packs = Vec::with_capacity(order.len());
+    // The printer's pack names (`Names::of_packs`), counted in the same order.
+    let mut numbers = [0u32; 2];
     for &(pack, replica_index) in &order {
         let replica = ir.replicas()[replica_index as usize];
         let direction = ir.pack(pack).direction;
+        let (prefix, number) = match direction {
+            Direction::Forward => ('f', &mut numbers[0]),
+            Direction::Backward => ('b', &mut numbers[1]),
+        };
+        let name = format!("%{prefix}{number}");
+        *number += 1;
         let slices: Vec<SliceLayout> = ir
             .pack_members(pack)
             .iter()
@@ -43,7 +49,7 @@ pub fn lower(ir: &StepIr) -> Program {
             })
             .collect();
         packs.push(layout(
-            names.pack(pack).to_string(),
+            name,
             direction,
             replica_index,
             ir.replica(replica).ranks.clone(),
@@ -75,7 +81,7 @@ pub fn lower(ir: &StepIr) -> Program {
                 let ops = &mut workers[(device * dp + rank) as usize].ops;
                 for &(op, stage) in &order {
                     let pack_id = op.pack;
-                    let pack = pack_index[&pack_id];
+                    let pack = pack_index[pack_id.node().index()];
                     let chunk = stage / pp;
                     let direction = ir.pack(pack_id).direction;
                     // A deferred weight gradient needs nothing from another worker.

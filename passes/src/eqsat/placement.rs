@@ -16,7 +16,9 @@
 //! kept if it beats the input. A sample keeps its slices wherever it goes.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 use std::rc::Rc;
 
 use egg::RecExpr;
@@ -86,8 +88,8 @@ pub fn merge_ranks(eqsat: &Eqsat, ir: &StepIr, model: &CostModel) -> RankOutcome
     }
     let dp = ir.spec.parallel.dp;
     let plain_timer = Rc::new(RefCell::new(PackTimer::new(model.clone(), vec![0])));
-    let mut group_timers: HashMap<ReplicaId, Rc<RefCell<PackTimer>>> = HashMap::new();
-    let mut inputs: HashMap<ReplicaId, Timed> = HashMap::new();
+    let mut group_timers: HashMap<ReplicaId, Rc<RefCell<PackTimer>>> = HashMap::default();
+    let mut inputs: HashMap<ReplicaId, Timed> = HashMap::default();
     let mut plans: HashMap<ReplicaId, ReplicaPlan> = ReplicaPlan::all(ir).into_iter().collect();
     let mut rank_seconds = vec![0.0f64; dp as usize];
     for &replica in ir.replicas() {
@@ -187,7 +189,7 @@ pub fn step_seconds(ir: &StepIr, model: &CostModel) -> f64 {
 /// [`step_seconds`] where `known[position]` already holds the makespan of the replica at that
 /// position of the IR's order (a replica a pass left as it was): only the others are timed.
 pub fn step_seconds_knowing(ir: &StepIr, model: &CostModel, known: &[Option<f64>]) -> f64 {
-    let mut timed: HashMap<ReplicaId, f64> = HashMap::new();
+    let mut timed: HashMap<ReplicaId, f64> = HashMap::default();
     for (replica, plan) in ReplicaPlan::all_where(ir, |position| known[position].is_none()) {
         let ranks = ir.replica(replica).ranks.clone();
         let mut timer = PackTimer::new(model.clone(), ranks);
@@ -420,7 +422,7 @@ fn repack(
         .max();
     let stages: Vec<_> = ir.stages().iter().map(|&s| *ir.stage(s)).collect();
     let mut step = StepIr::with_stages(ir.spec.clone(), ir.batch.clone(), &stages);
-    let mut originals: HashMap<SampleId, SampleId> = HashMap::new();
+    let mut originals: HashMap<SampleId, SampleId> = HashMap::default();
     let mut replicas = Vec::new();
     for &list in &changed {
         let ranks = if list < 2 {
@@ -491,7 +493,7 @@ fn rebuild_step(
     replans: &BTreeMap<u32, (Pair, Repacked)>,
     model: &CostModel,
 ) -> StepIr {
-    let mut planned: HashMap<ReplicaId, Option<Layout>> = HashMap::new();
+    let mut planned: HashMap<ReplicaId, Option<Layout>> = HashMap::default();
     let mut new_groups = Vec::new();
     for (pair, repacked) in replans.values() {
         for (list, layout) in repacked.iter().enumerate() {

@@ -15,7 +15,9 @@
 //! `pack-fwd` and `pack-bwd` order them: by sample, forward first piece first, backward last
 //! piece first.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use rustc_hash::FxHashMap as HashMap;
 
 use super::analysis::direction_index;
 use super::encode::ReplicaPlan;
@@ -115,11 +117,11 @@ pub fn rebuild(ir: &StepIr, plans: &BTreeMap<ReplicaId, ReplicaPlan>, cost: &Cos
 pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)], cost: &CostModel) -> StepIr {
     let stages: Vec<_> = ir.stages().iter().map(|&s| *ir.stage(s)).collect();
     let mut new = StepIr::with_stages(ir.spec.clone(), ir.batch.clone(), &stages);
-    let mut copied_replicas = HashMap::new();
-    let mut planned_on: HashMap<SampleId, ReplicaId> = HashMap::new();
+    let mut copied_replicas = HashMap::default();
+    let mut planned_on: HashMap<SampleId, ReplicaId> = HashMap::default();
     let mut ids = Vec::with_capacity(replicas.len());
     // A planned sample's pieces, from its forward packs (both directions hold the same pieces).
-    let mut pieces: HashMap<SampleId, Vec<Span>> = HashMap::new();
+    let mut pieces: HashMap<SampleId, Vec<Span>> = HashMap::default();
     for (ranks, layout) in replicas {
         let id = new.add_replica(ranks.clone());
         ids.push(id);
@@ -140,8 +142,8 @@ pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)], cost: &Cos
             }
         }
     }
-    let mut planned: HashMap<(SampleId, u32), SliceId> = HashMap::new();
-    let mut copied: HashMap<SliceId, SliceId> = HashMap::new();
+    let mut planned: HashMap<(SampleId, u32), SliceId> = HashMap::default();
+    let mut copied: HashMap<SliceId, SliceId> = HashMap::default();
     let mut samples = Vec::with_capacity(ir.samples().len());
     for &sample in ir.samples() {
         let new_sample = new.add_bare_sample(*ir.sample(sample));

@@ -2,7 +2,7 @@
 //! (machine-model FLOPs at each slice's offset, in the direction packed), partition them, and
 //! add the packs to the IR.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use slimpack_ir::step::{Direction, Pack, PackId, ReplicaId, SliceId};
 use slimpack_ir::StepIr;
@@ -207,7 +207,7 @@ pub(crate) fn pack_direction(
     let sample_slices = ir.sample_slices();
     let shares = match options.bounded_runs {
         true => memory_shares(ir),
-        false => HashMap::new(),
+        false => HashMap::default(),
     };
     // Replicas whose forward runs were bounded by memory.
     let mut bounded = 0usize;
