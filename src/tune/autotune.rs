@@ -115,6 +115,10 @@ pub struct Evaluation {
     /// The candidate's pipelines not run because another ran the same passes on the same step
     /// (see [`super::evaluate`]).
     pub variants_shared: usize,
+    /// The candidate's fallback pipelines not run because the pipeline each falls back from
+    /// fit the memory limit, was pruned, would make the same packing, or was no faster than a
+    /// fitting step (see [`super::strategy::Variant::fallback_of`]).
+    pub fallbacks_skipped: usize,
 }
 
 /// The outcome of [`choose`].
@@ -848,6 +852,62 @@ mod tests {
         assert!(shared > 0, "the test should exercise shared variants");
     }
 
+    /// A fallback (forward runs bounded by memory) is compiled only after its pipeline made a
+    /// step over the memory limit whose runs do not fit: under a limit every step fits, none
+    /// runs (nor wins); where no step fits and every run is over memory, all of them run.
+    #[test]
+    fn fallbacks_run_only_where_their_pipeline_goes_over_the_limit() {
+        let (spec, context) = layouts().swap_remove(1);
+        let batch = Batch::from_lengths(&long_tailed(7, 24, context), Some(context), "test");
+        let info = strategy::lookup("slimpack").unwrap();
+        let state = StrategyState::default();
+        let fallbacks = |candidate: &Candidate| {
+            (candidate.variants.iter())
+                .filter(|v| v.fallback_of.is_some())
+                .count()
+        };
+        let roomy = Choices::fixed(spec.model.recompute);
+        let candidates = (info.candidates)(&spec, &batch, &state, &roomy);
+        let with_fallbacks: Vec<&Candidate> =
+            candidates.iter().filter(|c| fallbacks(c) > 0).collect();
+        assert!(
+            !with_fallbacks.is_empty(),
+            "slimpack's own pipelines have fallbacks"
+        );
+        for &candidate in &with_fallbacks {
+            let (evaluation, _) = evaluate(info, &spec, &batch, candidate, u64::MAX).unwrap();
+            assert_eq!(
+                evaluation.fallbacks_skipped,
+                fallbacks(candidate),
+                "{}",
+                candidate.label
+            );
+            assert!(
+                !evaluation.variant.contains("runs=bounded"),
+                "{}",
+                candidate.label
+            );
+        }
+        // Runs measured against a sliver of memory (every one over it), and no step fitting.
+        let tight = Choices {
+            memory_limit: 0.01,
+            ..roomy
+        };
+        let candidates = (info.candidates)(&spec, &batch, &state, &tight);
+        let mut ran = 0;
+        for candidate in candidates.iter().filter(|c| fallbacks(c) > 0) {
+            assert!(
+                candidate.pipeline.contains("memory=0.01"),
+                "{}",
+                candidate.pipeline
+            );
+            let (evaluation, _) = evaluate(info, &spec, &batch, candidate, 0).unwrap();
+            assert_eq!(evaluation.fallbacks_skipped, 0, "{}", candidate.label);
+            ran += fallbacks(candidate);
+        }
+        assert!(ran > 0);
+    }
+
     /// Tuning against a step to beat: the exhaustive choice where it is faster, nothing where
     /// it is not, and nothing (every candidate pruned) below every bound.
     #[test]
@@ -1043,20 +1103,36 @@ mod tests {
             .into_iter()
             .filter(|candidate| !candidate.label.starts_with("plan="));
         for unrefined in method {
-            // Asymmetric or mirrored packs, and (pp > 1) 1F1B beside the list schedule; the
-            // same refined by eqsat, tried once the candidate runs.
-            assert_eq!(unrefined.variants.len(), 3, "{}", unrefined.label);
+            // Asymmetric or mirrored packs, and (pp > 1) 1F1B beside the list schedule, the
+            // mirrored ones with their fallbacks (forward runs bounded by memory); the same
+            // refined by eqsat, tried once the candidate runs.
+            assert_eq!(unrefined.variants.len(), 5, "{}", unrefined.label);
+            let fallbacks = (unrefined.variants.iter())
+                .filter(|v| {
+                    v.fallback_of
+                        .as_deref()
+                        .is_some_and(|of| of.contains("mirror"))
+                })
+                .count();
+            assert_eq!(fallbacks, 2, "{}", unrefined.label);
             assert_eq!(unrefined.refinements.len(), 4, "{}", unrefined.label);
             let candidate = unrefined.refined();
             let limit = choices.memory_limit_bytes(cost.memory().capacity_bytes());
             let (evaluation, compiled) = evaluate(info, &spec, &batch, &candidate, limit).unwrap();
             let (searched, _) = evaluate(info, &spec, &batch, &unrefined, limit).unwrap();
             assert!(evaluation.metrics.step_time_s <= searched.metrics.step_time_s);
-            // Each pipeline compiled on its own: the chosen one is the fastest (all fit).
+            // Each pipeline compiled on its own: the chosen one is the fastest (all fit, so
+            // no fallback runs).
+            assert_eq!(
+                evaluation.fallbacks_skipped, fallbacks,
+                "{}",
+                candidate.label
+            );
             let mut steps = Vec::new();
-            for pipeline in std::iter::once(&candidate.pipeline)
-                .chain(candidate.variants.iter().map(|v| &v.pipeline))
-            {
+            let pipelines = (candidate.variants.iter())
+                .filter(|v| v.fallback_of.is_none())
+                .map(|v| &v.pipeline);
+            for pipeline in std::iter::once(&candidate.pipeline).chain(pipelines) {
                 let mut single = candidate.clone();
                 single.pipeline = pipeline.clone();
                 single.variants.clear();

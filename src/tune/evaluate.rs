@@ -22,6 +22,7 @@ use slimpack_ir::step::Phase;
 use slimpack_ir::{Spec, StepIr};
 use slimpack_machine::cost::CostModel;
 use slimpack_machine::sim::{self, Metrics};
+use slimpack_passes::micropack::RUNS_OVER_MEMORY;
 use slimpack_passes::{
     parse_pipeline, run_pipeline_in, ManagerOptions, PassContext, PassError, PassRecord,
     PipelineEntry,
@@ -194,19 +195,46 @@ fn evaluate_verifying(
     // Every member's pipelines, one after the other: its own, then its variants.
     let mut pipelines = Vec::new();
     let mut member_of = Vec::new();
+    // Per pipeline: the pipeline (of the same member) it is the fallback of, if it is one.
+    let mut fallback_of: Vec<Option<usize>> = Vec::new();
     for (member, candidate) in members.iter().enumerate() {
         debug_assert_eq!(candidate_spec(&spec, candidate), spec, "one spec per group");
+        let first = pipelines.len();
         pipelines.push((
             String::new(),
             parse_pipeline(&candidate.pipeline).map_err(compile_error)?,
         ));
         member_of.push(member);
+        fallback_of.push(None);
+        let own = std::iter::once(&candidate.pipeline)
+            .chain(candidate.variants.iter().map(|v| &v.pipeline))
+            .collect::<Vec<_>>();
         for variant in &candidate.variants {
             let entries = parse_pipeline(&variant.pipeline).map_err(compile_error)?;
             pipelines.push((variant.label.clone(), entries));
             member_of.push(member);
+            fallback_of.push(variant.fallback_of.as_ref().map(|of| {
+                let at = own.iter().position(|&p| p == of);
+                first
+                    + at.expect(
+                        "a fallback's pipeline is one of its candidate's (bug in the strategy)",
+                    )
+            }));
         }
     }
+    // Per pipeline, once it finished: the step time from which a fallback of it may be wanted
+    // (`Some(None)`: none is) — its step went over the memory limit, and its packing says the
+    // fallback's would differ (forward runs over memory, `pack-fwd`'s statistic). A pruned
+    // pipeline wants none: nothing it makes is chosen.
+    let fallback_from: RefCell<Vec<Option<Option<f64>>>> =
+        RefCell::new(vec![None; pipelines.len()]);
+    // Per member, its fastest fitting step so far.
+    let fitting_s = RefCell::new(vec![f64::INFINITY; members.len()]);
+    let runs_over_memory = |records: &[PassRecord]| {
+        records.iter().any(|record| {
+            (record.statistics.get(RUNS_OVER_MEMORY)).and_then(|value| value.as_u64()) > Some(0)
+        })
+    };
     let shared = shared_prefix(&pipelines);
     // With result-only verification the tree verifies the step each pipeline finishes with
     // ([`PipelineTree::run`]), not the steps where pipelines part.
@@ -238,6 +266,7 @@ fn evaluate_verifying(
         let (metrics, ir, records, same_as) = match finished {
             Finished::Pruned => {
                 pruned[member] = true;
+                fallback_from.borrow_mut()[index] = Some(None);
                 return Ok(true);
             }
             Finished::Ran { ir, records } => {
@@ -258,6 +287,13 @@ fn evaluate_verifying(
                 (metrics, None, records, same_as)
             }
         };
+        let fits = within(&metrics, limit);
+        if fits {
+            let fitting = &mut fitting_s.borrow_mut()[member];
+            *fitting = fitting.min(metrics.step_time_s);
+        }
+        fallback_from.borrow_mut()[index] =
+            Some((!fits && runs_over_memory(&records)).then_some(metrics.step_time_s));
         let best = &mut best[member];
         let better = best
             .as_ref()
@@ -301,7 +337,36 @@ fn evaluate_verifying(
         least,
         bounds: RefCell::new(Vec::new()),
     });
-    let tree = PipelineTree::new(&pipelines, &cx, &options, verify_results, pruning);
+    let fallbacks_skipped = RefCell::new(vec![0usize; members.len()]);
+    // A fallback runs where its pipeline wants one, and where that pipeline's step was faster
+    // than the member's and the family's fastest fitting ones: bounding runs closes them
+    // early (more packs, or fuller ones), which makes no step faster than the free packing's
+    // (H1, five pipelines: four slower, one 0.07% faster), so a fallback of a pipeline no
+    // faster than a fitting step would not be chosen. Asked when the fallback's branch starts,
+    // after every pipeline it falls back from has finished.
+    let unwanted = |index: usize| {
+        let member = member_of[index];
+        let beat = (fitting_s.borrow()[member])
+            .min(fastest.map_or(f64::INFINITY, |f| f64::from_bits(f.load(Ordering::Acquire))));
+        let unwanted = fallback_of[index].is_some_and(|of| match fallback_from.borrow()[of] {
+            None => false,
+            Some(None) => true,
+            Some(Some(step_s)) => step_s >= beat,
+        });
+        // The tree drops an unwanted pipeline where it is first found so: counted once.
+        if unwanted {
+            fallbacks_skipped.borrow_mut()[member_of[index]] += 1;
+        }
+        unwanted
+    };
+    let tree = PipelineTree::new(
+        &pipelines,
+        &cx,
+        &options,
+        verify_results,
+        pruning,
+        &unwanted,
+    );
     let all: Vec<usize> = (0..pipelines.len()).collect();
     tree.run(base.ir, (0, shared), &[], &all, base.passes, &mut keep)
         .map_err(|error| match error {
@@ -317,26 +382,30 @@ fn evaluate_verifying(
         .zip(best)
         .zip(shared_count)
         .zip(pruned)
-        .map(|(((candidate, best), variants_shared), pruned)| {
-            let (index, ir, passes, metrics) = best?;
-            if pruned && !(within(&metrics, limit) && metrics.step_time_s <= fastest_s) {
-                return None;
-            }
-            let evaluation = Evaluation {
-                candidate: (*candidate).clone(),
-                variant: pipelines[index].0.clone(),
-                metrics,
-                compile_ms,
-                passes: passes.clone(),
-                variants_shared,
-            };
-            let compiled = Compiled {
-                ir,
-                passes,
-                compile_ms,
-            };
-            Some((evaluation, compiled))
-        })
+        .zip(fallbacks_skipped.into_inner())
+        .map(
+            |((((candidate, best), variants_shared), pruned), fallbacks_skipped)| {
+                let (index, ir, passes, metrics) = best?;
+                if pruned && !(within(&metrics, limit) && metrics.step_time_s <= fastest_s) {
+                    return None;
+                }
+                let evaluation = Evaluation {
+                    candidate: (*candidate).clone(),
+                    variant: pipelines[index].0.clone(),
+                    metrics,
+                    compile_ms,
+                    passes: passes.clone(),
+                    variants_shared,
+                    fallbacks_skipped,
+                };
+                let compiled = Compiled {
+                    ir,
+                    passes,
+                    compile_ms,
+                };
+                Some((evaluation, compiled))
+            },
+        )
         .collect();
     Ok(evaluated)
 }
@@ -379,6 +448,9 @@ struct PipelineTree<'a> {
     verify_results: bool,
     /// Skip scheduling packings that cannot beat the fastest step (`None`: schedule all).
     pruning: Option<Pruning<'a>>,
+    /// Pipelines not to run after all (a fallback whose pipeline fit), asked where a branch
+    /// starts.
+    unwanted: &'a dyn Fn(usize) -> bool,
     /// Steps numbered so far.
     steps: Cell<usize>,
     /// The pipelines that ran to their end, each with the steps on its way.
@@ -418,6 +490,7 @@ impl<'a> PipelineTree<'a> {
         options: &'a ManagerOptions,
         verify_results: bool,
         pruning: Option<Pruning<'a>>,
+        unwanted: &'a dyn Fn(usize) -> bool,
     ) -> PipelineTree<'a> {
         PipelineTree {
             pipelines,
@@ -425,6 +498,7 @@ impl<'a> PipelineTree<'a> {
             options,
             verify_results,
             pruning,
+            unwanted,
             steps: Cell::new(1),
             ran: RefCell::new(Vec::new()),
         }
@@ -471,6 +545,9 @@ impl<'a> PipelineTree<'a> {
             // at once.
             let mut to_run = Vec::with_capacity(branch.len());
             for member in branch {
+                if (self.unwanted)(member) {
+                    continue;
+                }
                 if let Some((same_as, rest)) = self.ran_the_same(member, step, depth) {
                     let mut same_records = records.clone();
                     same_records.extend(rest);

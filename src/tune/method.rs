@@ -45,7 +45,9 @@ use slimpack_ir::batch::Batch;
 use slimpack_ir::Spec;
 
 use super::stage_recompute::with_stage_recompute;
-use super::strategy::{capacity, cp_degrees, Candidate, Choices, StrategyState, Variant};
+use super::strategy::{
+    capacity, cp_degrees, Candidate, Choices, StrategyState, Variant, DEFAULT_MEMORY_LIMIT,
+};
 
 /// Which ideas a variant keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -210,7 +212,7 @@ pub fn candidates_with(
                     false => format!("slice{{size={size}}}"),
                 });
             }
-            passes.push(format!("pack-fwd{{cap={cap}}}"));
+            passes.push(format!("pack-fwd{{cap={cap}{}}}", memory_option(choices)));
             // Every backward packing, in every pipeline order: the first is the candidate's
             // pipeline, the others its per-step variants; with eqsat, the same refined by it
             // (the candidate's refinements, tried once it is chosen).
@@ -221,7 +223,7 @@ pub fn candidates_with(
                     let mut passes = passes.clone();
                     passes.push(match backward {
                         Backward::Asymmetric => format!("pack-bwd{{cap={cap}}}"),
-                        Backward::Mirror => "pack-bwd{mirror=true}".to_string(),
+                        Backward::Mirror => MIRROR.to_string(),
                     });
                     let mut label = Vec::new();
                     if backward == Backward::Mirror && ideas.asymmetric {
@@ -243,6 +245,7 @@ pub fn candidates_with(
                         let variant = Variant {
                             label: label.join(","),
                             pipeline: [passes.join(","), schedule].join(","),
+                            fallback_of: None,
                         };
                         match refine {
                             true => refined.push(variant),
@@ -251,6 +254,17 @@ pub fn candidates_with(
                     }
                 }
             }
+            // Each mirrored pipeline's fallback with forward runs bounded by memory, for the
+            // steps it makes over the limit (after them: the tree compiles a fallback once its
+            // pipeline is simulated). Mirrored backward packs hold a whole run until its
+            // backward; asymmetric ones free it sample by sample, and bounded runs, which make
+            // fuller forward packs, raised their peaks (H1: 98 -> 126 GiB).
+            let fallbacks: Vec<Variant> = pipelines
+                .iter()
+                .filter(|variant| variant.pipeline.contains(MIRROR))
+                .map(|variant| bounded_runs(variant, cap, choices))
+                .collect();
+            pipelines.extend(fallbacks);
             let primary = pipelines.remove(0);
             for &recompute in &choices.recompute {
                 candidates.push(Candidate {
@@ -275,6 +289,40 @@ pub fn candidates_with(
     match ideas.stage_recompute {
         true => with_stage_recompute(candidates, choices),
         false => candidates,
+    }
+}
+
+/// The mirrored backward packing (the forward packs' slices).
+const MIRROR: &str = "pack-bwd{mirror=true}";
+
+/// `pack-fwd`'s `memory` option where the memory limit is not its default: the fraction its
+/// runs are measured (and, bounded, kept) against.
+fn memory_option(choices: &Choices) -> String {
+    match choices.memory_limit == DEFAULT_MEMORY_LIMIT {
+        true => String::new(),
+        false => format!(",memory={}", choices.memory_limit),
+    }
+}
+
+/// `variant` with its `pack-fwd{cap=cap}` bounding its forward runs by the memory limit
+/// (`runs=bounded`): its fallback where it goes over the limit. A run of forward packs joined
+/// by a sample's slices is in flight until that sample's first backward, whatever the
+/// pipeline order, and with long samples cut into many slices such runs hold more
+/// activations than the devices have (H1: 191 GiB with mirrored backward packs); bounded,
+/// the packing closes a run before it would not fit.
+fn bounded_runs(variant: &Variant, cap: u32, choices: &Choices) -> Variant {
+    let memory = memory_option(choices);
+    let free = format!("pack-fwd{{cap={cap}{memory}}}");
+    let bounded = format!("pack-fwd{{cap={cap},runs=bounded{memory}}}");
+    debug_assert!(variant.pipeline.contains(&free), "{}", variant.pipeline);
+    let label = match variant.label.is_empty() {
+        true => "runs=bounded".to_string(),
+        false => format!("{},runs=bounded", variant.label),
+    };
+    Variant {
+        label,
+        pipeline: variant.pipeline.replace(&free, &bounded),
+        fallback_of: Some(variant.pipeline.clone()),
     }
 }
 

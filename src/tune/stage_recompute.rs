@@ -81,6 +81,7 @@ mod tests {
                 label: "order=1f1b".into(),
                 pipeline: "assign-dp,pack-fwd{cap=8},pack-bwd{cap=8},schedule-pipeline{order=1f1b}"
                     .into(),
+                fallback_of: None,
             }],
             refinements: Vec::new(),
             recompute,

@@ -67,6 +67,7 @@ impl Candidate {
                 .map(|variant| Variant {
                     label: variant.label.clone(),
                     pipeline: f(&variant.pipeline),
+                    fallback_of: variant.fallback_of.as_deref().map(&f),
                 })
                 .collect()
         };
@@ -98,6 +99,11 @@ pub struct Variant {
     /// What differs, appended to the candidate's label in reports (`bwd=mirror`).
     pub label: String,
     pub pipeline: String,
+    /// A fallback: the variant runs only on a step that the candidate's pipeline
+    /// `fallback_of` (its own or another variant's, compiled first) made over the memory
+    /// limit (slimpack's forward runs bounded by memory, which change nothing a fitting step
+    /// needs and cost a compile where they would).
+    pub fallback_of: Option<String>,
 }
 
 /// What the strategies may choose among — the recompute modes (all of them, unless the user

@@ -37,10 +37,16 @@ pub(crate) const FORWARD_OPTIONS: &[crate::pass::OptionInfo] = &[
     },
     crate::pass::OptionInfo {
         name: "memory",
-        help: "with runs=bounded, the fraction of device memory a run's forwards may fill",
+        help: "the fraction of device memory a run's forwards may fill: runs=bounded bounds \
+               them to it; either way the statistic runs_over_memory counts the replicas whose \
+               free runs would not fit",
         default: Some("0.92"),
     },
 ];
+
+/// `pack-fwd`'s statistic: the replicas whose forward runs, partitioned freely, would not fit
+/// in the `memory` fraction of their devices (what `runs=bounded` would change).
+pub const RUNS_OVER_MEMORY: &str = "runs_over_memory";
 
 /// `pack-bwd`'s options: the shared ones, and `mirror` (the no-asymmetry ablation).
 pub(crate) const BACKWARD_OPTIONS: &[crate::pass::OptionInfo] = &[
@@ -205,12 +211,13 @@ pub(crate) fn pack_direction(
     let mut stats = (0usize, 0u64, 0.0f64, f64::INFINITY);
     let mut worst_spread: f64 = 1.0;
     let sample_slices = ir.sample_slices();
-    let shares = match options.bounded_runs {
-        true => memory_shares(ir),
-        false => HashMap::default(),
+    let shares = match direction {
+        Direction::Forward => memory_shares(ir),
+        Direction::Backward => HashMap::default(),
     };
-    // Replicas whose forward runs were bounded by memory.
-    let mut bounded = 0usize;
+    // Replicas whose free forward runs would not fit in memory, and those of them whose runs
+    // were bounded (`runs=bounded`).
+    let (mut over_memory, mut bounded) = (0usize, 0usize);
     for replica in ir.replicas().to_vec() {
         if !ir.packs_on(replica, direction).is_empty() {
             return Err(crate::PassError::Failed {
@@ -280,16 +287,14 @@ pub(crate) fn pack_direction(
             let by_cap = tokens.div_ceil(u64::from(cap)) as usize;
             let count = options.packs.unwrap_or(1).max(by_cap);
             // Runs are bounded only where asked and where memory needs it: a partition whose
-            // runs all fit the window is kept as it is.
+            // runs all fit the window is kept as it is. Where they do not, the statistics say
+            // so either way (the tuner compiles a bounded fallback only then).
             let free = partition(&chains, &release, count, cap, forward_rule, None);
-            let window = (options.bounded_runs)
-                .then(|| {
-                    let share = shares.get(&replica).copied().unwrap_or(1.0);
-                    run_window(ir, cost, replica, share, cap, options.memory)
-                })
-                .flatten()
+            let share = shares.get(&replica).copied().unwrap_or(1.0);
+            let window = run_window(ir, cost, replica, share, cap, options.memory)
                 .filter(|&w| run_tokens(&chains, &free).into_iter().max().unwrap_or(0) > w);
-            match window {
+            over_memory += usize::from(window.is_some());
+            match window.filter(|_| options.bounded_runs) {
                 Some(window) => {
                     bounded += 1;
                     partition(&chains, &release, count, cap, forward_rule, Some(window))
@@ -339,6 +344,7 @@ pub(crate) fn pack_direction(
             },
         )
         .with("cost_spread", worst_spread)
+        .with(RUNS_OVER_MEMORY, over_memory)
         .with("runs_bounded", bounded))
 }
 

@@ -27,6 +27,7 @@ mod build;
 mod heads;
 mod improve;
 
+pub use build::RUNS_OVER_MEMORY;
 pub(crate) use build::{pack_direction, PackOptions, BACKWARD_OPTIONS, FORWARD_OPTIONS};
 use heads::{FirstHeads, Head, Heads};
 use improve::improve;
@@ -126,16 +127,26 @@ pub fn partition<C: AsRef<[Item]>>(
 /// The tokens of each run of a partition: consecutive packs that some chain spans (see
 /// [`partition`]). Every item of `chains` is in one pack of `parts`.
 pub fn run_tokens<C: AsRef<[Item]>>(chains: &[C], parts: &Partition) -> Vec<u64> {
-    let mut pack_of: Vec<Vec<usize>> = chains.iter().map(|c| vec![0; c.as_ref().len()]).collect();
+    // The packs of each chain's first and last items (one table each, not one per chain: this
+    // runs on every forward packing).
+    let (mut first, mut last) = (vec![0usize; chains.len()], vec![0usize; chains.len()]);
     for (k, pack) in parts.iter().enumerate() {
         for &(c, i) in pack {
-            pack_of[c][i] = k;
+            if i == 0 {
+                first[c] = k;
+            }
+            if i + 1 == chains[c].as_ref().len() {
+                last[c] = k;
+            }
         }
     }
     // Boundary k (between packs k and k + 1) is open if a chain spans it.
     let mut open = vec![false; parts.len()];
-    for packs in pack_of.iter().filter(|p| !p.is_empty()) {
-        let (first, last) = (packs[0], packs[packs.len() - 1]);
+    for (c, chain) in chains.iter().enumerate() {
+        if chain.as_ref().is_empty() {
+            continue;
+        }
+        let (first, last) = (first[c], last[c]);
         for boundary in &mut open[first.min(last)..first.max(last)] {
             *boundary = true;
         }
