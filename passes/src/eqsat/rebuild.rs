@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap as HashMap;
 use super::analysis::direction_index;
 use super::encode::ReplicaPlan;
 use super::language::Span;
-use slimpack_ir::step::{Direction, Pack, Phase, ReplicaId, SampleId, Slice, SliceId};
+use slimpack_ir::step::{Direction, Pack, Phase, ReplicaId, SampleId, SliceId};
 use slimpack_ir::StepIr;
 use slimpack_machine::cost::CostModel;
 
@@ -145,24 +145,30 @@ pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)], cost: &Cos
     let mut planned: HashMap<(SampleId, u32), SliceId> = HashMap::default();
     let mut copied: HashMap<SliceId, SliceId> = HashMap::default();
     let mut samples = Vec::with_capacity(ir.samples().len());
-    for &sample in ir.samples() {
+    new.reserve_samples(ir.samples().len());
+    let sample_slices = ir.sample_slices();
+    let mut lengths = Vec::new();
+    for (position, &sample) in ir.samples().iter().enumerate() {
         let new_sample = new.add_bare_sample(*ir.sample(sample));
         samples.push((sample, new_sample));
+        // A sample's slices tile it in offset order: laid out at once, as `add_slice` one by
+        // one would (the same nodes and edges, in the same order).
         match pieces.get_mut(&sample) {
             Some(spans) => {
                 spans.sort_unstable();
-                for span in spans.iter() {
-                    let slice = Slice {
-                        start: span.start,
-                        len: span.len,
-                    };
-                    planned.insert((sample, span.start), new.add_slice(new_sample, slice));
+                lengths.clear();
+                lengths.extend(spans.iter().map(|span| span.len));
+                let created = new.set_slices(new_sample, &lengths);
+                for (span, slice) in spans.iter().zip(created) {
+                    planned.insert((sample, span.start), slice);
                 }
             }
             None => {
-                for slice in ir.slices_of(sample) {
-                    copied.insert(slice, new.add_slice(new_sample, *ir.slice(slice)));
-                }
+                let old = sample_slices.at(position as u32);
+                lengths.clear();
+                lengths.extend(old.iter().map(|&slice| ir.slice(slice).len));
+                let created = new.set_slices(new_sample, &lengths);
+                copied.extend(old.iter().copied().zip(created));
             }
         }
     }
@@ -193,17 +199,17 @@ pub fn rebuild_replicas(ir: &StepIr, replicas: &[(Vec<u32>, Layout)], cost: &Cos
             }
         }
     }
-    // Samples are placed last: `add_pack` numbers a pack by scanning its replica's edges, and
-    // so scans only packs while no sample is placed yet.
-    for (sample, new_sample) in samples {
-        let replica = planned_on.get(&sample).copied().or_else(|| {
-            ir.replica_of_sample(sample)
-                .and_then(|old| copied_replicas.get(&old).copied())
-        });
-        if let Some(replica) = replica {
-            new.place_sample(new_sample, replica);
-        }
-    }
+    // Samples are placed last, all at once.
+    let placements: Vec<(SampleId, ReplicaId)> = (samples.into_iter())
+        .filter_map(|(sample, new_sample)| {
+            let replica = planned_on.get(&sample).copied().or_else(|| {
+                ir.replica_of_sample(sample)
+                    .and_then(|old| copied_replicas.get(&old).copied())
+            });
+            replica.map(|replica| (new_sample, replica))
+        })
+        .collect();
+    new.place_samples(&placements);
     new.advance(Phase::Packed);
     if ir.phase() >= Phase::Scheduled {
         // The step keeps its phase: a scheduled input gets the orders of its new packs, split
