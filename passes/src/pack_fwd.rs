@@ -7,11 +7,13 @@
 //! (which attends to a long prefix) weighs more than an early one of the same length. The
 //! algorithm is in [`crate::micropack`].
 //!
-//! `runs=bounded` (opt-in, default `free`): packs joined by a sample's slices form a run whose
+//! `runs=bounded` (default `free`): packs joined by a sample's slices form a run whose
 //! forwards are all in flight before its first backward; where a replica's runs would not fit
 //! the `memory` fraction of its devices, the packs are partitioned again with runs bounded
 //! (see [`crate::micropack::partition`]). It fits mirrored backward packs; asymmetric ones free
 //! a run's memory sample by sample (docs/BENCHMARKS.md, "Forward runs bounded by memory").
+//! Either way the statistic `runs_over_memory` counts the replicas whose free runs would not
+//! fit: the tuner compiles its bounded fallback of a mirrored pipeline only where it is not 0.
 
 use crate::error::Result;
 use crate::micropack::{pack_direction, PackOptions, FORWARD_OPTIONS};

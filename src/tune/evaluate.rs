@@ -199,7 +199,7 @@ fn evaluate_verifying(
     let mut fallback_of: Vec<Option<usize>> = Vec::new();
     for (member, candidate) in members.iter().enumerate() {
         debug_assert_eq!(candidate_spec(&spec, candidate), spec, "one spec per group");
-        let first = pipelines.len();
+        let own_first = pipelines.len();
         pipelines.push((
             String::new(),
             parse_pipeline(&candidate.pipeline).map_err(compile_error)?,
@@ -215,7 +215,7 @@ fn evaluate_verifying(
             member_of.push(member);
             fallback_of.push(variant.fallback_of.as_ref().map(|of| {
                 let at = own.iter().position(|&p| p == of);
-                first
+                own_first
                     + at.expect(
                         "a fallback's pipeline is one of its candidate's (bug in the strategy)",
                     )
@@ -339,15 +339,16 @@ fn evaluate_verifying(
     });
     let fallbacks_skipped = RefCell::new(vec![0usize; members.len()]);
     // A fallback runs where its pipeline wants one, and where that pipeline's step was faster
-    // than the member's and the family's fastest fitting ones: bounding runs closes them
-    // early (more packs, or fuller ones), which makes no step faster than the free packing's
+    // than the member's fastest fitting one. A heuristic: bounding runs closes them early
+    // (more packs, or fuller ones), which made no step much faster than the free packing's
     // (H1, five pipelines: four slower, one 0.07% faster), so a fallback of a pipeline no
-    // faster than a fitting step would not be chosen. Asked when the fallback's branch starts,
-    // after every pipeline it falls back from has finished.
+    // faster than a fitting step is taken not to be chosen. It depends on the member's own
+    // pipelines only (not on other threads' steps), so the choice is the same with pruning
+    // off. The tree asks at every branch on the way; the pipelines a fallback falls back from
+    // are in an earlier branch where they part (`pack-fwd`), so they have all finished by the
+    // time the fallback's own branch runs (undecided before: kept).
     let unwanted = |index: usize| {
-        let member = member_of[index];
-        let beat = (fitting_s.borrow()[member])
-            .min(fastest.map_or(f64::INFINITY, |f| f64::from_bits(f.load(Ordering::Acquire))));
+        let beat = fitting_s.borrow()[member_of[index]];
         let unwanted = fallback_of[index].is_some_and(|of| match fallback_from.borrow()[of] {
             None => false,
             Some(None) => true,

@@ -13,7 +13,9 @@
 //! fractions of a device's free memory) and the recompute mode; the driver scores every candidate with the
 //! simulator and keeps the fastest that fits memory. Within a candidate, every step chooses,
 //! again by simulation, between asymmetric and mirrored backward packs and between the list
-//! schedule in time and the generalised 1F1B (the candidate's variants, [`pipeline_orders`]).
+//! schedule in time and the generalised 1F1B (the candidate's variants, [`pipeline_orders`]);
+//! a mirrored pipeline that goes over the memory limit with forward runs that do not fit is
+//! compiled again with them bounded (its fallback, [`bounded_runs`]).
 //! eqsat refines the chosen configuration only: the search compares candidates without it,
 //! and the step that runs a candidate also tries each of its packings refined by eqsat (the
 //! candidate's refinements, [`Candidate::refined`]), keeping eqsat's result where the
@@ -259,9 +261,10 @@ pub fn candidates_with(
             // pipeline is simulated). Mirrored backward packs hold a whole run until its
             // backward; asymmetric ones free it sample by sample, and bounded runs, which make
             // fuller forward packs, raised their peaks (H1: 98 -> 126 GiB).
+            // Not on model chunks (`vpp > 1`), whose list schedule keeps its own window.
             let fallbacks: Vec<Variant> = pipelines
                 .iter()
-                .filter(|variant| variant.pipeline.contains(MIRROR))
+                .filter(|variant| spec.parallel.vpp == 1 && variant.pipeline.contains(MIRROR))
                 .map(|variant| bounded_runs(variant, cap, choices))
                 .collect();
             pipelines.extend(fallbacks);

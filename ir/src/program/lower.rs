@@ -82,6 +82,7 @@ pub fn lower(ir: &StepIr) -> Program {
                 for &(op, stage) in &order {
                     let pack_id = op.pack;
                     let pack = pack_index[pack_id.node().index()];
+                    debug_assert_ne!(pack, u32::MAX, "a scheduled pack not placed (bug)");
                     let chunk = stage / pp;
                     let direction = ir.pack(pack_id).direction;
                     // A deferred weight gradient needs nothing from another worker.

@@ -17,9 +17,9 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use rustc_hash::FxHashMap as HashMap;
-use std::rc::Rc;
 
 use egg::RecExpr;
 use indexmap::IndexMap;
