@@ -162,7 +162,8 @@ pub fn candidate_bound(spec: &Spec, batch: &Batch, candidate: &Candidate) -> f64
 pub struct BatchBounds<'a> {
     spec: &'a Spec,
     lengths: Vec<u64>,
-    by_cp: Vec<(u32, BatchAttention)>,
+    /// The batch's attention per (static CP degree, padded to the longest sample).
+    by_cp: Vec<((u32, bool), BatchAttention)>,
 }
 
 impl<'a> BatchBounds<'a> {
@@ -179,17 +180,45 @@ impl<'a> BatchBounds<'a> {
         let mut spec = candidate_spec(self.spec, candidate);
         spec.model.recompute = super::stage_recompute::least_recompute(candidate);
         let model = slimpack_machine::machine_model(&spec);
-        let cp = static_cp(candidate);
-        let attention = match self.by_cp.iter().find(|(of, _)| *of == cp) {
+        let key = (static_cp(candidate), pads_to_longest(candidate));
+        let attention = match self.by_cp.iter().find(|(of, _)| *of == key) {
             Some((_, attention)) => *attention,
             None => {
-                let attention = model.batch_attention(&self.lengths, cp);
-                self.by_cp.push((cp, attention));
+                let attention = match key.1 {
+                    // Every sample runs as long as the longest, pad tokens computed: as a
+                    // batch of that many longest samples.
+                    true => {
+                        let longest = self.lengths.iter().copied().max().unwrap_or(0);
+                        model.batch_attention(&vec![longest; self.lengths.len()], key.0)
+                    }
+                    false => model.batch_attention(&self.lengths, key.0),
+                };
+                self.by_cp.push((key, attention));
                 attention
             }
         };
         model.step_time_lower_bound_of(&attention)
     }
+}
+
+/// Whether every pipeline of `candidate` pads each sample to the batch's longest
+/// (`pack-symmetric{policy=padding}`): its bound then counts the pad tokens it computes.
+fn pads_to_longest(candidate: &Candidate) -> bool {
+    let pads = |pipeline: &str| -> bool {
+        parse_pipeline(pipeline).is_ok_and(|entries| {
+            entries.iter().any(|entry| {
+                entry.info.name == "pack-symmetric"
+                    && (entry.options.get::<String>("policy", "a packing policy"))
+                        .ok()
+                        .flatten()
+                        .as_deref()
+                        == Some("padding")
+            })
+        })
+    };
+    std::iter::once(&candidate.pipeline)
+        .chain(candidate.variants.iter().map(|variant| &variant.pipeline))
+        .all(|pipeline| pads(pipeline))
 }
 
 /// The DP replicas every pack of `candidate` runs on at least: the static CP degree its
@@ -765,7 +794,7 @@ mod tests {
             for seed in 0..3u64 {
                 let lengths = long_tailed(seed + 100 * layout as u64, 40, context);
                 let batch = Batch::from_lengths(&lengths, Some(context), "test");
-                for name in ["slimpack", "megatron", "kk"] {
+                for name in ["slimpack", "megatron", "kk", "padding"] {
                     let info = strategy::lookup(name).unwrap();
                     let state = StrategyState::default();
                     let choices = Choices::all();
