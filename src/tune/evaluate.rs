@@ -228,8 +228,6 @@ fn evaluate_verifying(
     // pipeline wants none: nothing it makes is chosen.
     let fallback_from: RefCell<Vec<Option<Option<f64>>>> =
         RefCell::new(vec![None; pipelines.len()]);
-    // Per member, its fastest fitting step so far.
-    let fitting_s = RefCell::new(vec![f64::INFINITY; members.len()]);
     let runs_over_memory = |records: &[PassRecord]| {
         records.iter().any(|record| {
             (record.statistics.get(RUNS_OVER_MEMORY)).and_then(|value| value.as_u64()) > Some(0)
@@ -256,7 +254,7 @@ fn evaluate_verifying(
     // Each member's best pipeline so far: fitting before not fitting, then faster; ties to
     // the earlier.
     type Best = Option<(usize, StepIr, Vec<PassRecord>, Metrics)>;
-    let mut best: Vec<Best> = (0..members.len()).map(|_| None).collect();
+    let best: RefCell<Vec<Best>> = RefCell::new((0..members.len()).map(|_| None).collect());
     // The metrics of every pipeline finished so far, and how many of each member's were shared.
     let mut scored: Vec<Option<Metrics>> = vec![None; pipelines.len()];
     let mut shared_count = vec![0; members.len()];
@@ -287,14 +285,11 @@ fn evaluate_verifying(
                 (metrics, None, records, same_as)
             }
         };
-        let fits = within(&metrics, limit);
-        if fits {
-            let fitting = &mut fitting_s.borrow_mut()[member];
-            *fitting = fitting.min(metrics.step_time_s);
-        }
-        fallback_from.borrow_mut()[index] =
-            Some((!fits && runs_over_memory(&records)).then_some(metrics.step_time_s));
-        let best = &mut best[member];
+        fallback_from.borrow_mut()[index] = Some(
+            (!within(&metrics, limit) && runs_over_memory(&records)).then_some(metrics.step_time_s),
+        );
+        let mut bests = best.borrow_mut();
+        let best = &mut bests[member];
         let better = best
             .as_ref()
             .is_none_or(|(current, _, _, current_metrics)| {
@@ -348,7 +343,10 @@ fn evaluate_verifying(
     // are in an earlier branch where they part (`pack-fwd`), so they have all finished by the
     // time the fallback's own branch runs (undecided before: kept).
     let unwanted = |index: usize| {
-        let beat = fitting_s.borrow()[member_of[index]];
+        // The member's best step is its fastest fitting one where one fits.
+        let beat = (best.borrow()[member_of[index]].as_ref())
+            .filter(|(_, _, _, metrics)| within(metrics, limit))
+            .map_or(f64::INFINITY, |(_, _, _, metrics)| metrics.step_time_s);
         let unwanted = fallback_of[index].is_some_and(|of| match fallback_from.borrow()[of] {
             None => false,
             Some(None) => true,
@@ -380,7 +378,7 @@ fn evaluate_verifying(
     let fastest_s = fastest.map_or(f64::INFINITY, |f| f64::from_bits(f.load(Ordering::Acquire)));
     let evaluated = members
         .iter()
-        .zip(best)
+        .zip(best.into_inner())
         .zip(shared_count)
         .zip(pruned)
         .zip(fallbacks_skipped.into_inner())

@@ -140,24 +140,26 @@ pub fn run_tokens<C: AsRef<[Item]>>(chains: &[C], parts: &Partition) -> Vec<u64>
             }
         }
     }
-    // Boundary k (between packs k and k + 1) is open if a chain spans it.
-    let mut open = vec![false; parts.len()];
+    // Boundary k (between packs k and k + 1) is open if a chain spans it: the chains spanning
+    // each boundary, counted by a difference table (linear, however far chains reach).
+    let mut spanning = vec![0i64; parts.len() + 1];
     for (c, chain) in chains.iter().enumerate() {
         if chain.as_ref().is_empty() {
             continue;
         }
-        let (first, last) = (first[c], last[c]);
-        for boundary in &mut open[first.min(last)..first.max(last)] {
-            *boundary = true;
-        }
+        let (first, last) = (first[c].min(last[c]), first[c].max(last[c]));
+        spanning[first] += 1;
+        spanning[last] -= 1;
     }
     let mut runs = vec![0u64];
+    let mut open = 0i64;
     for (k, pack) in parts.iter().enumerate() {
         *runs.last_mut().expect("one run at least") += pack
             .iter()
             .map(|&(c, i)| u64::from(chains[c].as_ref()[i].tokens))
             .sum::<u64>();
-        if !open[k] {
+        open += spanning[k];
+        if open == 0 {
             runs.push(0);
         }
     }
