@@ -14,12 +14,11 @@
 //! less and replays more. Every stage (model chunk) of a pipeline device takes the device's
 //! mode. The choice is made on the simulator's memory timeline, not on an estimate: a binary
 //! search per device over the ladder, all devices at once (one probe of the simulator's peaks
-//! per round, [`sim::PeakProbe`], which stacks the schedules without timing them where no
-//! device group runs two replicas), and then, since with DP-Merge groups a device's peak also
-//! moves a little with the others' timing, a check that raises any device still over the limit
-//! one rung at a time until every device fits or runs `full`. The schedule itself was built by `schedule-pipeline` under the model's mode (run
-//! the step with `recompute=full` so that its warm-ups are not cut for memory, and let this
-//! pass give the memory back where it is not needed).
+//! per round, [`sim::PeakProbe`], which stacks the schedules without timing them: a device's
+//! peak depends on its own mode only, so the search is exact). The schedule itself was built
+//! by `schedule-pipeline` under the model's mode (run the step with `recompute=full` so that
+//! its warm-ups are not cut for memory, and let this pass give the memory back where it is
+//! not needed).
 //!
 //! Per pack (a forward's own number of recomputed layers) is not modelled: with asymmetric
 //! packs a backward pack would replay slices saved under several modes, which the cost model
@@ -96,20 +95,10 @@ impl Pass for AssignRecompute {
         let pp = ir.spec.parallel.pp as usize;
         let mut simulations = 0u64;
         let mut probe = sim::PeakProbe::new(ir, cost).map_err(simulation_failed)?;
-        // The levels last simulated and their peaks: the check's first round is usually the
-        // search's last probe, which needs no second simulation.
-        let mut last: Option<(Vec<u32>, Vec<u64>)> = None;
         let mut peaks = |levels: &[u32]| -> Result<Vec<u64>> {
-            if let Some((simulated, peaks)) = &last {
-                if simulated == levels {
-                    return Ok(peaks.clone());
-                }
-            }
             simulations += 1;
             let modes: Vec<Recompute> = levels.iter().map(|&l| ladder_mode(l, top)).collect();
-            let peaks = probe.device_peaks(&modes).map_err(simulation_failed)?;
-            last = Some((levels.to_vec(), peaks.clone()));
-            Ok(peaks)
+            probe.device_peaks(&modes).map_err(simulation_failed)
         };
         // Binary search per device for the lowest rung that fits: `high` fits (or is the top).
         let (mut low, mut high) = (vec![0u32; pp], vec![top; pp]);
@@ -130,22 +119,7 @@ impl Pass for AssignRecompute {
                 }
             }
         }
-        // The check: a device over the limit (its neighbours' modes moved its timeline) goes
-        // one rung up until every device fits or recomputes everything.
-        let mut levels = high;
-        loop {
-            let device_peaks = peaks(&levels)?;
-            let mut raised = false;
-            for device in 0..pp {
-                if device_peaks[device] > limit && levels[device] < top {
-                    levels[device] += 1;
-                    raised = true;
-                }
-            }
-            if !raised {
-                break;
-            }
-        }
+        let levels = high;
         set_levels(ir, &levels, top);
         let mut statistics = Statistics::new();
         statistics.set("simulations", simulations);

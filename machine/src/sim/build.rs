@@ -4,7 +4,10 @@
 //! device groups of its DP ranks on pipeline device `s mod pp`; with model chunks, `vpp > 1`, a
 //! device runs several stages):
 //! - `F p` / `B p` on the compute stream, chained per device in the order of
-//!   `StepIr::device_schedule(r, device)`;
+//!   `StepIr::device_schedule(r, device)`; a DP rank in several replicas (a plain replica and
+//!   a DP-Merge group) runs them one after the other in the IR's replica order, as the lowered
+//!   program does (`slimpack_ir::program`): the first task of a replica on the rank's group
+//!   follows the last task of the replica before it there;
 //! - forward `p` on `s` → send → forward `p` on `s + 1`; backward `p` on `s + 1` → send →
 //!   backward `p` on `s`; a send holds the communication streams of both ends;
 //! - backward `p` on the last stage after the last-stage forward of every slice it holds (so,
@@ -466,8 +469,29 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
+    /// Per replica, whether one of its DP ranks is also in another replica (a plain replica's
+    /// rank in a DP-Merge group, or in two groups).
+    fn sharing(&self) -> Vec<bool> {
+        let mut replicas_of_rank = vec![0u32; self.layout.dp as usize];
+        for ranks in &self.replicas {
+            for &rank in ranks {
+                replicas_of_rank[rank as usize] += 1;
+            }
+        }
+        self.replicas
+            .iter()
+            .map(|ranks| {
+                ranks
+                    .iter()
+                    .any(|&rank| replicas_of_rank[rank as usize] > 1)
+            })
+            .collect()
+    }
+
     /// One compute task per (pack, pipeline stage) — two for a split backward — chained in
-    /// each device's schedule.
+    /// each device's schedule; a group whose DP rank is in several replicas runs them one
+    /// after the other, in the IR's replica order (each replica's first task on the group
+    /// after the previous one's last).
     fn compute_tasks(&mut self) -> Result<(), MachineError> {
         let stages = self.stages as usize;
         self.tasks = TaskGraphBuilder::with_capacity(self.packs.len() * stages * 2 + 3 * stages);
@@ -475,9 +499,25 @@ impl<'a> Builder<'a> {
         self.compute = vec![unset; self.packs.len() * stages];
         self.weight_grads = vec![unset; self.packs.len() * stages];
         self.prepare_stage_shares();
+        let sharing = self.sharing();
+        // The last task so far of each group whose DP rank is in several replicas.
+        let mut last_on_group = match sharing.contains(&true) {
+            true => vec![unset; self.layout.groups()],
+            false => Vec::new(),
+        };
         let mut previous = unset;
         self.walk_schedules(|builder, entry| {
             let task = builder.compute_task(entry.pack, entry.stage, entry.part);
+            let replica = builder.packs[entry.pack.0 as usize].replica as usize;
+            if sharing[replica] {
+                for &rank in &builder.replicas[replica] {
+                    let group = builder.layout.group(rank, entry.device).index();
+                    if entry.first && last_on_group[group] != unset {
+                        builder.tasks.add_edge(last_on_group[group], task);
+                    }
+                    last_on_group[group] = task;
+                }
+            }
             if entry.part == Part::WeightGrad {
                 let slot = entry.pack.0 as usize * stages + entry.stage as usize;
                 builder.tasks.add_edge(builder.compute[slot], task);

@@ -6,10 +6,10 @@
 //! DP collective hold several groups at once), and holds those streams for its duration.
 //! Ready tasks are served first come, first served: a binary heap ordered by ready time (ties
 //! by task id, for determinism) pops them one by one, so each group's streams are granted in
-//! the order their tasks became ready. On a group that two replicas share (a DP rank in a plain
-//! replica and in a DP-Merge group), that interleaves the two schedules the way a single
-//! process issuing whichever work is ready first would; within one replica and stage the
-//! schedule order is a dependency chain, so it is kept exactly.
+//! the order their tasks became ready. Within one replica and stage the schedule order is a
+//! dependency chain, and a group that several replicas share (a DP rank in a plain replica and
+//! in a DP-Merge group) runs them one after the other (the task graph chains them), so each
+//! group's compute order is the lowered program's, kept exactly.
 //!
 //! Start times on a stream only grow (each start is at least the stream's previous end), so
 //! applying memory effects as pack compute tasks start yields each group's timeline in time

@@ -60,18 +60,11 @@ pub fn simulate(ir: &StepIr, model: &CostModel) -> Result<SimResult, MachineErro
 
 /// The peak memory of each pipeline device of [`simulate`]'s step (its highest device group)
 /// under recomputation modes given per pipeline device: what a search over memory needs from
-/// a simulation, asked about several sets of modes. Where no device group runs two replicas,
-/// the peaks are stacked from the schedules without timing the step (the same bytes: a
-/// group's compute stream runs its device's schedule in order), the packs gathered once;
-/// otherwise each set of modes is simulated on a copy of the step.
+/// a simulation, asked about several sets of modes. The peaks are stacked from the schedules
+/// without timing the step (the same bytes: a group's compute stream runs its device's
+/// schedules in order, a shared rank's replicas one after the other), the packs gathered once.
 pub struct PeakProbe<'a> {
-    model: &'a CostModel,
-    how: Probe<'a>,
-}
-
-enum Probe<'a> {
-    Untimed(Box<build::UntimedPeaks<'a>>),
-    Simulated(Box<StepIr>),
+    untimed: build::UntimedPeaks<'a>,
 }
 
 impl<'a> PeakProbe<'a> {
@@ -79,26 +72,15 @@ impl<'a> PeakProbe<'a> {
     pub fn new(ir: &'a StepIr, model: &'a CostModel) -> Result<PeakProbe<'a>, MachineError> {
         check(ir, model)?;
         let layout = Layout::new(&ir.spec.parallel);
-        let how = match build::UntimedPeaks::new(ir, model, layout)? {
-            Some(untimed) => Probe::Untimed(Box::new(untimed)),
-            None => Probe::Simulated(Box::new(ir.clone())),
-        };
-        Ok(PeakProbe { model, how })
+        Ok(PeakProbe {
+            untimed: build::UntimedPeaks::new(ir, model, layout)?,
+        })
     }
 
     /// The peaks with pipeline device `d` running `modes[d]` on every stage it holds
     /// (`modes` has one entry per pipeline device).
     pub fn device_peaks(&mut self, modes: &[Recompute]) -> Result<Vec<u64>, MachineError> {
-        match &mut self.how {
-            Probe::Untimed(untimed) => untimed.device_peaks(modes),
-            Probe::Simulated(ir) => {
-                for (device, &mode) in modes.iter().enumerate() {
-                    ir.set_device_recompute(device as u32, Some(mode));
-                }
-                let (layout, _, execution) = run(ir, self.model)?;
-                Ok(memory::device_peaks(&layout, &execution.memory))
-            }
-        }
+        self.untimed.device_peaks(modes)
     }
 }
 

@@ -29,29 +29,19 @@ pub(in crate::sim) struct UntimedPeaks<'a> {
 }
 
 impl<'a> UntimedPeaks<'a> {
-    /// `None` where the peaks depend on timing (a device group runs two replicas).
     pub fn new(
         ir: &'a StepIr,
         cost: &'a CostModel,
         layout: Layout,
-    ) -> Result<Option<UntimedPeaks<'a>>, MachineError> {
+    ) -> Result<UntimedPeaks<'a>, MachineError> {
         check_stages(ir, layout)?;
         let mut builder = Builder::new(ir, cost, layout)?;
-        let mut replica_of_rank = vec![NONE; layout.dp as usize];
-        for (replica, ranks) in builder.replicas.iter().enumerate() {
-            for &rank in ranks {
-                if replica_of_rank[rank as usize] != NONE {
-                    return Ok(None);
-                }
-                replica_of_rank[rank as usize] = replica as u32;
-            }
-        }
         builder.collect_packs(false, None);
-        Ok(Some(UntimedPeaks {
+        Ok(UntimedPeaks {
             builder,
             models: Vec::new(),
             effects: Vec::new(),
-        }))
+        })
     }
 
     /// The peaks with pipeline device `d` running `modes[d]` on every stage it holds.
@@ -129,9 +119,11 @@ pub(in crate::sim) fn schedule_bound(
 
 impl Builder<'_> {
     /// The peak memory of each pipeline device's groups, stacked from its schedule without
-    /// timing the step: exact where no device group runs two replicas (no rank in two
-    /// replicas, which [`UntimedPeaks::new`] checks), since a group's compute stream then runs
-    /// exactly its device's schedule, in order, and only pack compute tasks change memory.
+    /// timing the step: exact, since a group's compute stream runs its device's schedule of
+    /// each of its replicas in order, the replicas one after the other in the IR's order
+    /// (see [`Builder::compute_tasks`]), and only pack compute tasks change memory. A replica
+    /// whose ranks are in no other replica is stacked once for all its groups (they hold the
+    /// same); a shared rank's group is stacked on its own, across its replicas.
     /// `stage_modes[stage]` indexes `effects` (see [`UntimedPeaks`]), the memo of memory
     /// effects by mode and (pack, stage ends, part).
     fn untimed_device_peaks(
@@ -142,18 +134,34 @@ impl Builder<'_> {
         let memory = self.cost.memory();
         let baseline = |device: u32| memory.model_state_bytes(device) + memory.workspace_bytes();
         let mut peaks: Vec<u64> = (0..self.layout.pp).map(baseline).collect();
+        let sharing = self.sharing();
+        let mut shared: Vec<Option<GroupMemory>> = match sharing.contains(&true) {
+            true => vec![None; self.layout.groups()],
+            false => Vec::new(),
+        };
         let mut timeline = GroupMemory::new(0);
         self.walk_schedules(|builder, entry| {
-            if entry.first {
-                timeline = GroupMemory::new(baseline(entry.device));
-            }
             let slot = builder.share_slot(entry.pack, entry.stage, entry.part);
             let memo = &mut effects[stage_modes[entry.stage as usize]][slot];
             let effect = *memo
                 .get_or_insert_with(|| builder.memory_effect(entry.pack, entry.stage, entry.part));
-            timeline.stack(&effect);
             let peak = &mut peaks[entry.device as usize];
-            *peak = (*peak).max(timeline.peak_bytes);
+            let replica = builder.packs[entry.pack.0 as usize].replica as usize;
+            if !sharing[replica] {
+                if entry.first {
+                    timeline = GroupMemory::new(baseline(entry.device));
+                }
+                timeline.stack(&effect);
+                *peak = (*peak).max(timeline.peak_bytes);
+                return;
+            }
+            for &rank in &builder.replicas[replica] {
+                let group = builder.layout.group(rank, entry.device).index();
+                let timeline =
+                    shared[group].get_or_insert_with(|| GroupMemory::new(baseline(entry.device)));
+                timeline.stack(&effect);
+                *peak = (*peak).max(timeline.peak_bytes);
+            }
         })?;
         Ok(peaks)
     }

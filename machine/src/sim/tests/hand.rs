@@ -209,13 +209,13 @@ fn cp_merged_pair_shares_streams_with_plain_replicas() {
         time(1024, Backward, &[1]).critical_path_s(),
     );
 
-    // Merged forward on both groups; the plain forwards queue behind it; the merged backward
-    // waits for both groups; the plain backwards queue behind it; then the DP sync.
+    // Each rank runs its replicas one after the other in IR order, as the lowered program
+    // does: the merged pair's forward and backward on both groups, then each plain replica's
+    // forward and backward; then the DP sync.
     let sync = cost.dp_sync(0, &[0, 1]);
     let step = merged_f.critical_path_s()
-        + a_f.max(c_f)
         + merged_b.critical_path_s()
-        + a_b.max(c_b)
+        + (a_f + a_b).max(c_f + c_b)
         + sync.grad_reduce_scatter_s
         + cost.optimizer_time(0)
         + sync.param_all_gather_s;
@@ -227,7 +227,8 @@ fn cp_merged_pair_shares_streams_with_plain_replicas() {
     assert_eq!(result.task_groups(merged_forward.0).len(), 2);
     assert_eq!(merged_forward.0.cp_exchange_s, merged_f.cp_comm_s);
 
-    // Each device of the merged pair holds half of the long sample.
+    // Each device of the merged pair holds half of the long sample, and frees it before its
+    // own replica's forward.
     let memory = cost.memory();
     let kept = |tokens: u64| memory.activation_bytes(tokens, 0) + memory.kv_bytes(tokens, 0);
     let temp = |tokens: u64, direction| memory.temporary_bytes(tokens, 0, direction);
@@ -238,8 +239,8 @@ fn cp_merged_pair_shares_streams_with_plain_replicas() {
         let expected = baseline
             + [
                 merged + temp(16384, Forward),
-                merged + plain + temp(own, Forward),
-                merged + plain + temp(16384, Backward),
+                merged + temp(16384, Backward),
+                plain + temp(own, Forward),
                 plain + temp(own, Backward),
             ]
             .into_iter()

@@ -256,9 +256,9 @@ proptest! {
     }
 
     /// The peak probe (what `assign-recompute` searches with) gives each pipeline device the
-    /// peak a full simulation of the step gives it, under any per-device recomputation modes:
-    /// stacked without timing where no device group runs two replicas, simulated where one
-    /// does (a DP-Merge group beside its ranks' own replicas).
+    /// peak a full simulation of the step gives it, under any per-device recomputation modes,
+    /// stacked without timing, also where a device group runs two replicas (a DP-Merge group
+    /// beside its ranks' own replicas, which run one after the other).
     #[test]
     fn the_peak_probe_gives_the_simulated_device_peaks(
         case in case(),
