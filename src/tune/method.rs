@@ -44,6 +44,8 @@
 //! backwards only; and `stage-recompute`, the full search with one mode per step.
 
 use slimpack_ir::batch::Batch;
+use slimpack_ir::spec::Recompute;
+use slimpack_ir::step::Direction;
 use slimpack_ir::Spec;
 
 use super::stage_recompute::with_stage_recompute;
@@ -103,6 +105,33 @@ pub fn merge_slice_sizes(context: u32) -> Vec<(u32, u32)> {
         }
     }
     sizes
+}
+
+/// Where a pack of the whole context does not fit a device's memory without recomputation,
+/// the largest that does, in eighths of the context and at least half of it: the pack cap of
+/// a further (half-context slice, cap) pair, so that a candidate that recomputes nothing
+/// packs as much as memory allows rather than a quarter of the context. A pack's tokens are
+/// spread over `cp` ranks; the first pipeline device holds `pp` forwards in flight under 1F1B
+/// (a schedule that fits fewer shortens its warm-up) and the backward's temporaries, beside
+/// its model states, within `memory` of the device. `None` where the context fits or half of
+/// it does not.
+pub fn fitting_cap(spec: &Spec, context: u32, cp: u32, memory: f64) -> Option<u32> {
+    let mut plain = spec.clone();
+    plain.model.recompute = Recompute::None;
+    let model = slimpack_machine::machine_model(&plain);
+    let memory_model = model.memory();
+    let budget = memory_model.activation_budget(0, memory);
+    let in_flight = u64::from(plain.parallel.pp);
+    let fits = |cap: u32| {
+        let tokens = u64::from(cap).div_ceil(u64::from(cp.max(1)));
+        let held = in_flight * memory_model.held_bytes(tokens, 0);
+        held + memory_model.temporary_bytes(tokens, 0, Direction::Backward) <= budget
+    };
+    let eighth = context / 8;
+    if eighth < 1024 || fits(context) {
+        return None;
+    }
+    (4..8).rev().map(|k| k * eighth).find(|&cap| fits(cap))
 }
 
 /// How replicas are formed: a static CP degree from the DP pool, or single ranks with DP-Merge
@@ -177,11 +206,23 @@ pub fn candidates_with(
     let slicing = ideas.slicing && longest <= u32::MAX / 64;
     let mut candidates = Vec::new();
     for grouping in groupings {
-        let sizes = match grouping {
+        let mut sizes = match grouping {
             _ if !slicing => vec![(context, context)],
             Grouping::Merge { .. } => merge_slice_sizes(context),
             Grouping::Static(_) => slice_sizes(context),
         };
+        let cp = match grouping {
+            Grouping::Static(cp) => cp,
+            Grouping::Merge { .. } => 1,
+        };
+        if let (true, Some(cap)) = (
+            slicing,
+            fitting_cap(spec, context, cp, choices.memory_limit),
+        ) {
+            if !sizes.contains(&(context / 2, cap)) {
+                sizes.push((context / 2, cap));
+            }
+        }
         // Static groupings with packs shorter than the context also cut by cost
         // (`slice{by=cost}`: a long sample's later slices shorter), which evens the costs of
         // the many packs a pipeline then runs, where one CP group holds a whole long sample.
@@ -492,9 +533,10 @@ mod tests {
             }
         }
         assert!(!labels.iter().any(|l| l.starts_with("cp=2,slice=8192")));
-        // Static cp=2 cuts its 3 sizes by tokens, and the one with packs shorter than the
-        // context also by cost.
-        assert_eq!(candidates.len(), MERGE_MEMORY.len() * 4 + 3 + 1);
+        // DP-Merge adds its pair of the largest pack that fits (a context's pack does not, at
+        // cp=1); static cp=2 cuts its 3 sizes by tokens (the context's pack fits), and the
+        // one with packs shorter than the context also by cost.
+        assert_eq!(candidates.len(), MERGE_MEMORY.len() * 5 + 3 + 1);
         let light = candidates
             .iter()
             .find(|c| c.label.starts_with("dp-merge=0.25,slice=8192"))
@@ -502,6 +544,29 @@ mod tests {
         assert!(light
             .pipeline
             .starts_with("assign-dp,dp-merge{memory=0.25},slice{size=8192},pack-fwd{cap=16384}"));
+    }
+
+    /// llama-7b at tp=8 holds a 7/8-context pack of 128K without recomputation on one
+    /// pipeline device, not a whole one; at cp=2, or at 32K, the context fits; at pp=4 (four
+    /// forwards in flight) not even half of it does.
+    #[test]
+    fn a_pack_of_the_context_that_does_not_fit_gives_the_largest_that_does() {
+        let spec = |parallel: &str| Spec::from_presets("llama-7b", "h100-sxm", parallel).unwrap();
+        let one = spec("tp=8,pp=1,dp=16");
+        assert_eq!(fitting_cap(&one, 131072, 1, 0.92), Some(114688));
+        assert_eq!(fitting_cap(&one, 131072, 1, 0.80), Some(98304));
+        assert_eq!(fitting_cap(&one, 131072, 2, 0.92), None);
+        assert_eq!(fitting_cap(&one, 32768, 1, 0.92), None);
+        assert_eq!(fitting_cap(&spec("tp=8,pp=4,dp=4"), 131072, 1, 0.92), None);
+        let batch = Batch::from_lengths(&[131072, 2_000, 30_000], Some(131072), "test");
+        let labels: Vec<String> = candidates_with(Ideas::ALL, &one, &batch, &Choices::all())
+            .into_iter()
+            .map(|c| c.label)
+            .collect();
+        for memory in MERGE_MEMORY {
+            let label = format!("dp-merge={memory},slice=65536,cap=114688,recompute=none");
+            assert!(labels.contains(&label), "{label} in {labels:?}");
+        }
     }
 
     #[test]
