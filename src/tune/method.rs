@@ -5,23 +5,24 @@
 //! dominant or over-long samples), `slice{size=S}`, `pack-fwd{cap=C}` and `pack-bwd{cap=C}`
 //! (phase 2: two different partitions, each balanced on its own direction's cost), `eqsat`
 //! (e-graph refinement of the packs), `schedule-pipeline` (slice-level 1F1B, memory-aware).
-//! Knobs: the slice size `S` and pack cap `C` (an eighth of the context in quarter-context
-//! packs, an eighth or a half of the context in context-sized packs, see [`slice_sizes`]; with
-//! DP-Merge also sixteenth-context slices in eighth-context packs, [`merge_slice_sizes`]), a
-//! static CP degree taken from the DP pool (as the peers may; without one, DP-Merge forms CP
-//! groups per sample, sized per sample, merging samples above one of [`MERGE_MEMORY`]'s
-//! fractions of a device's free memory) and the recompute mode; the driver scores every candidate with the
-//! simulator and keeps the fastest that fits memory. Within a candidate, every step chooses,
-//! again by simulation, between asymmetric and mirrored backward packs and between the list
-//! schedule in time and the generalised 1F1B (the candidate's variants, [`pipeline_orders`]);
-//! a mirrored pipeline that goes over the memory limit with forward runs that do not fit is
-//! compiled again with them bounded (its fallback, [`bounded_runs`]).
-//! eqsat refines the chosen configuration only: the search compares candidates without it,
-//! and the step that runs a candidate also tries each of its packings refined by eqsat (the
-//! candidate's refinements, [`Candidate::refined`]), keeping eqsat's result where the
-//! simulator prefers it. Its measured gain (0.02-0.24% per scenario) rarely reorders
-//! candidates, and it cost about a seventh of the search.
-//! Then `lower` (run by the compile driver on the chosen candidate only) emits the op lists.
+//! Knobs: the slice size `S` and pack cap `C` (an eighth of the context in quarter-context packs,
+//! an eighth or a half of the context in context-sized packs, see [`slice_sizes`]; with DP-Merge
+//! also sixteenth-context slices in eighth-context packs, [`merge_slice_sizes`]; where a pack of
+//! the context does not fit a device without recomputation, half-context slices in the largest pack
+//! that does, [`fitting_cap`]), a static CP degree taken from the DP pool (as the peers may;
+//! without one, DP-Merge forms CP groups per sample, sized per sample, merging samples above one of
+//! [`MERGE_MEMORY`]'s fractions of a device's free memory) and the recompute mode; the driver
+//! scores every candidate with the simulator and keeps the fastest that fits memory. Within a
+//! candidate, every step chooses, again by simulation, between asymmetric and mirrored backward
+//! packs and between the list schedule in time and the generalised 1F1B (the candidate's variants,
+//! [`pipeline_orders`]); a mirrored pipeline that goes over the memory limit with forward runs that
+//! do not fit is compiled again with them bounded (its fallback, [`bounded_runs`]). eqsat refines
+//! the chosen configuration only: the search compares candidates without it, and the step that runs
+//! a candidate also tries each of its packings refined by eqsat (the candidate's refinements,
+//! [`Candidate::refined`]), keeping eqsat's result where the simulator prefers it. Its measured
+//! gain (0.02-0.24% per scenario) rarely reorders candidates, and it cost about a seventh of the
+//! search. Then `lower` (run by the compile driver on the chosen candidate only) emits the op
+//! lists.
 //!
 //! The full method's search also holds the plans the peers would make (megatron's bins, kk,
 //! wlb's packs without delay: `plan=<peer>` candidates), so it never settles for less than

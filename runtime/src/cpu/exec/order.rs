@@ -7,7 +7,9 @@
 //! - [`DeviceOrder::replica_major`]: each replica's tasks in full, replicas in IR order (always
 //!   deadlock-free: every device meets the replicas in the same order), or
 //! - [`DeviceOrder::by_start_times`]: tasks sorted by predicted start times (the simulator's),
-//!   so that the execution interleaves exactly as the prediction it is compared with.
+//!   so that the execution interleaves exactly as the prediction it is compared with (the
+//!   simulator runs a shared rank's replicas replica-major too, so on its predictions the two
+//!   orders agree).
 //!
 //! The executor runs programs: [`DeviceOrder::program`] reorders the step's lowered program
 //! (replica-major) so that each worker runs its pack tasks — a pack's `recv`, `cp-exchange`,
