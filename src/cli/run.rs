@@ -9,8 +9,9 @@
 //! its op list (see `slimpack_runtime::cpu::exec`), driven through the runtime's C ABI by the
 //! interpreter or, with `--driver compiled`, by the program compiled through MLIR and LLVM IR to
 //! native code (JIT; needs the `mlir` and `llvm` features). Devices that a plain replica and a
-//! DP-Merge group share interleave the two as the simulator predicted (`--interleave simulated`,
-//! the default), so that measurement and prediction describe the same execution. The step comes
+//! DP-Merge group share run the two in the order the simulator predicted (`--interleave
+//! simulated`, the default: one after the other, as the lowered program, for the simulator
+//! runs them so), so that measurement and prediction describe the same execution. The step comes
 //! from a strategy, a pass pipeline, an IR file or a schedule JSON (`compile --emit json`).
 //! Token ids are seeded random (`--token-seed`); the weights come from `--init-seed`.
 

@@ -94,9 +94,9 @@ pub fn slice_sizes(context: u32) -> Vec<(u32, u32)> {
 }
 
 /// The (slice size, pack cap) pairs of DP-Merge candidates: [`slice_sizes`] and, first, a
-/// memory-light pair (sixteenth-context slices in eighth-context packs). A merged rank holds
-/// its share of the long sample beside the packs its own pipeline keeps in flight, two
-/// schedules whose memory adds up; smaller packs are what lets it run without recomputation.
+/// memory-light pair (sixteenth-context slices in eighth-context packs): a merged rank holds
+/// its share of the long sample after its own pipeline, whose forwards in flight small packs
+/// keep light, so that it runs without recomputation.
 pub fn merge_slice_sizes(context: u32) -> Vec<(u32, u32)> {
     let at_least = |tokens: u32| tokens.max(1024).min(context);
     let mut sizes = vec![(at_least(context / 16), at_least(context / 8))];
@@ -112,27 +112,30 @@ pub fn merge_slice_sizes(context: u32) -> Vec<(u32, u32)> {
 /// the largest that does, in eighths of the context and at least half of it: the pack cap of
 /// a further (half-context slice, cap) pair, so that a candidate that recomputes nothing
 /// packs as much as memory allows rather than a quarter of the context. A pack's tokens are
-/// spread over `cp` ranks; the first pipeline device holds `pp` forwards in flight under 1F1B
-/// (a schedule that fits fewer shortens its warm-up) and the backward's temporaries, beside
-/// its model states, within `memory` of the device. `None` where the context fits or half of
-/// it does not.
+/// spread over `cp` ranks; the first pipeline device holds a forward of each of its stages in
+/// flight per pipeline device under 1F1B (`pp · vpp` of a stage's layers; a schedule that fits
+/// fewer shortens its warm-up) and the backward's temporaries, beside its model states, within
+/// `memory` of the device. `None` where the context fits or half of it does not.
 pub fn fitting_cap(spec: &Spec, context: u32, cp: u32, memory: f64) -> Option<u32> {
     let mut plain = spec.clone();
     plain.model.recompute = Recompute::None;
     let model = slimpack_machine::machine_model(&plain);
     let memory_model = model.memory();
     let budget = memory_model.activation_budget(0, memory);
-    let in_flight = u64::from(plain.parallel.pp);
+    let in_flight = u64::from(plain.parallel.stages());
     let fits = |cap: u32| {
         let tokens = u64::from(cap).div_ceil(u64::from(cp.max(1)));
         let held = in_flight * memory_model.held_bytes(tokens, 0);
         held + memory_model.temporary_bytes(tokens, 0, Direction::Backward) <= budget
     };
-    let eighth = context / 8;
-    if eighth < 1024 || fits(context) {
+    if context / 8 < 1024 || fits(context) {
         return None;
     }
-    (4..8).rev().map(|k| k * eighth).find(|&cap| fits(cap))
+    // k eighths, rounded down: at least the half-context slice (`context / 2`) for k = 4.
+    (4..8u64)
+        .rev()
+        .map(|k| (u64::from(context) * k / 8) as u32)
+        .find(|&cap| fits(cap))
 }
 
 /// How replicas are formed: a static CP degree from the DP pool, or single ranks with DP-Merge
@@ -216,14 +219,14 @@ pub fn candidates_with(
             Grouping::Static(cp) => cp,
             Grouping::Merge { .. } => 1,
         };
-        if let (true, Some(cap)) = (
-            slicing,
-            fitting_cap(spec, context, cp, choices.memory_limit),
-        ) {
-            if !sizes.contains(&(context / 2, cap)) {
-                sizes.push((context / 2, cap));
-            }
-        }
+        // Only without recomputation: with it, the context's packs fit.
+        let fitting = match slicing {
+            true => fitting_cap(spec, context, cp, choices.memory_limit)
+                .map(|cap| (context / 2, cap))
+                .filter(|pair| !sizes.contains(pair)),
+            false => None,
+        };
+        sizes.extend(fitting);
         // Static groupings with packs shorter than the context also cut by cost
         // (`slice{by=cost}`: a long sample's later slices shorter), which evens the costs of
         // the many packs a pipeline then runs, where one CP group holds a whole long sample.
@@ -311,7 +314,11 @@ pub fn candidates_with(
                 .collect();
             pipelines.extend(fallbacks);
             let primary = pipelines.remove(0);
-            for &recompute in &choices.recompute {
+            let modes = choices
+                .recompute
+                .iter()
+                .filter(|&&recompute| fitting != Some((size, cap)) || recompute == Recompute::None);
+            for &recompute in modes {
                 candidates.push(Candidate {
                     label: format!(
                         "{label},slice={size}{},cap={cap},recompute={}",
@@ -559,6 +566,20 @@ mod tests {
         assert_eq!(fitting_cap(&one, 131072, 2, 0.92), None);
         assert_eq!(fitting_cap(&one, 32768, 1, 0.92), None);
         assert_eq!(fitting_cap(&spec("tp=8,pp=4,dp=4"), 131072, 1, 0.92), None);
+        // Contexts that are no multiple of 8: the cap still holds a half-context slice.
+        let mut caps = 0;
+        for context in [131_075u32, 100_003, 126_001] {
+            for memory in [0.92, 0.85, 0.78, 0.7] {
+                if let Some(cap) = fitting_cap(&one, context, 1, memory) {
+                    assert!(
+                        cap >= context / 2 && cap < context,
+                        "{context} {memory}: {cap}"
+                    );
+                    caps += 1;
+                }
+            }
+        }
+        assert!(caps >= 6, "{caps}");
         let batch = Batch::from_lengths(&[131072, 2_000, 30_000], Some(131072), "test");
         let labels: Vec<String> = candidates_with(Ideas::ALL, &one, &batch, &Choices::all())
             .into_iter()

@@ -1,9 +1,9 @@
 //! [`DeviceOrder`]: the order in which each device runs its pack tasks.
 //!
 //! Each replica's schedule fixes the order of its packs on each stage. A DP rank can belong to a
-//! plain replica and to a DP-Merge group at once (the simulator's device groups work the same
-//! way); its device then runs both replicas' tasks, and something must interleave them. That is
-//! the runtime's decision, not the compiler's: the executor takes it as a [`DeviceOrder`], either
+//! plain replica and to a DP-Merge group at once; its device then runs both replicas' tasks,
+//! and something must order them. The lowered program and the simulator run them one after
+//! the other, in IR order; the executor takes the order as a [`DeviceOrder`], either
 //! - [`DeviceOrder::replica_major`]: each replica's tasks in full, replicas in IR order (always
 //!   deadlock-free: every device meets the replicas in the same order), or
 //! - [`DeviceOrder::by_start_times`]: tasks sorted by predicted start times (the simulator's),
