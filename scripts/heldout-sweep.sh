@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The held-out sweep of docs/BENCHMARKS.md ("Held-out sweep"): slimpack against the peers on 42
+# The held-out sweep of docs/BENCHMARKS.md ("Held-out sweep"): slimpack against the peers on 56
 # layouts that no scenario uses, over nine corpora (the shared three and six held-out ones built
 # from text on this machine by scripts/heldout-corpora.py, three of them never used before the
 # sweep), 3 steps each, by the scoreboard's rules (tuned on 2 steps, a 92% memory limit, drained:
 # wlb trains what it delayed in extra steps). Short by design: it looks for layouts where
 # slimpack loses, and prints every run's ratio to the best peer.
 #
-#   scripts/heldout-sweep.sh             # all 42 runs (about 10-20 minutes on 2 cores)
+#   scripts/heldout-sweep.sh             # all 56 runs (about 10-20 minutes on 2 cores)
 #   scripts/heldout-sweep.sh R16 R27     # only these
 #
 # Needs ../shared/data. Writes target/sweep/<run>.json and prints a markdown table of the runs.
@@ -58,6 +58,22 @@ RUNS=(
     "R40 wikipedia       llama-70b tp=8,pp=2,dp=8  32768  8388608"
     "R41 prolong_like    llama-13b tp=4,pp=1,dp=16 32768  4194304"
     "R42 wlbllm_like     llama-34b tp=4,pp=8,dp=8  65536  16777216"
+    # Added in stop 32, after the replica-order change, to look for losses where DP-Merge and
+    # long contexts meet (pp 1-4 at 128K-256K); every run new.
+    "R43 rust-docs       llama-13b tp=8,pp=2,dp=16 262144 4194304"
+    "R44 rust-docs       llama-7b  tp=8,pp=4,dp=8  262144 8388608"
+    "R45 prolong_like    llama-13b tp=8,pp=2,dp=16 262144 16777216"
+    "R46 python-packages llama-7b  tp=8,pp=2,dp=16 262144 8388608"
+    "R47 java-modules    llama-7b  tp=8,pp=2,dp=8  131072 8388608"
+    "R48 tablegen        llama-13b tp=8,pp=2,dp=16 131072 8388608"
+    "R49 wikipedia       llama-7b  tp=8,pp=2,dp=16 262144 8388608"
+    "R50 rust-files      llama-13b tp=8,pp=2,dp=16 131072 8388608"
+    "R51 cxx-headers     llama-7b  tp=8,pp=4,dp=16 262144 16777216"
+    "R52 prolong_like    llama-34b tp=8,pp=4,dp=8  262144 16777216"
+    "R53 rust-docs       llama-7b  tp=4,pp=2,dp=32 262144 8388608"
+    "R54 wlbllm_like     llama-13b tp=8,pp=2,dp=16 262144 8388608"
+    "R55 prolong_like    llama-7b  tp=8,pp=1,dp=32 131072 16777216"
+    "R56 rust-docs       llama-13b tp=8,pp=1,dp=32 131072 8388608"
 )
 STRATEGIES=megatron,megatron-paper,bfd,kk,wlb,slimpack
 
@@ -71,7 +87,7 @@ for run in "${RUNS[@]}"; do
 done
 for id in "${wanted[@]}"; do
     if ! printf '%s\n' "${RUNS[@]}" | grep -q "^$id "; then
-        echo "error: unknown run '$id' (valid: R01-R42)" >&2
+        echo "error: unknown run '$id' (valid: R01-R56)" >&2
         exit 2
     fi
 done
