@@ -415,6 +415,19 @@ impl MemoryModel {
         self.per_device(tokens * self.kv_grad_per_token * self.layers_per_stage)
     }
 
+    /// What a split backward's input gradient of `tokens` tokens holds on `stage` while it
+    /// runs, beyond a whole backward's temporaries: the CPU runtime copies each layer's
+    /// weight-gradient operands before it frees that layer's saved activations, so one layer's
+    /// operands sit beside them (the net change, [`MemoryModel::weight_grad_bytes`] less the
+    /// activations, lands at the op's end); GPU kernels are modelled by that net change alone
+    /// (0).
+    pub fn split_backward_temporary_bytes(&self, tokens: u64, _stage: u32) -> u64 {
+        match self.cpu_temporaries {
+            Some(_) => self.per_device(tokens * self.weight_grad_per_token),
+            None => 0,
+        }
+    }
+
     /// dK/dV accumulators of the `tokens` tokens of a sample's last slice, held while that
     /// slice's backward runs: the CPU runtime accumulates into every position's rows, the
     /// slice's own included; fused GPU attention kernels keep those in registers (0).

@@ -692,6 +692,11 @@ impl<'a> Builder<'a> {
                 // The input gradient turns each layer's saved activations into what its
                 // weight gradient keeps, layer by layer: the net change lands at its end.
                 let mut effect = self.memory_effect(pack, stage, Part::Whole);
+                let range = self.pack_slices[pack.0 as usize].clone();
+                effect.temporary += self.slices[range.start as usize..range.end as usize]
+                    .iter()
+                    .map(|slice| memory.split_backward_temporary_bytes(slice.share, stage))
+                    .sum::<u64>();
                 let kept = deferred();
                 let released = effect.freed.min(kept);
                 effect.freed -= released;

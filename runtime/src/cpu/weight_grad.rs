@@ -10,10 +10,12 @@
 //! pack, in the stage's backward order (weight gradients run in the order of their input
 //! gradients), so a split step adds exactly what the whole one does, in the same order.
 //!
-//! Memory: the kept operands are copies, one per GEMM (the attention's normed input three
-//! times, the MLP's twice): `4 · (6h + 2q + 2kv + 3f)` bytes per token and layer, above the
-//! `4 · (4h + 2q + 2kv + 3f)` the machine model counts for a deferred weight gradient (which
-//! shares each input among its GEMMs).
+//! Memory: the kept operands are copies, each input once for the GEMMs that read it (the
+//! attention's normed input for Q, K and V, the MLP's for gate and up): `4 · (4h + 2q + 2kv +
+//! 3f)` bytes per token and layer, what the machine model counts for a deferred weight
+//! gradient (`MemoryModel::weight_grad_bytes`).
+
+use std::sync::Arc;
 
 use super::ops::linear::linear_weight_grad;
 use super::params::{Grads, LayerParams};
@@ -49,7 +51,11 @@ impl LinearWeight {
 pub(crate) struct DeferredGemm {
     layer: usize,
     weight: LinearWeight,
-    input: Vec<f32>,
+    /// Shared with the layer's other GEMMs that read the same input rows.
+    input: Arc<[f32]>,
+    /// Where the input rows were read from (address and length): a GEMM that reads the same
+    /// rows as the one kept just before it, in the same layer, shares its copy.
+    source: (usize, usize),
     d_out: Vec<f32>,
     in_dim: usize,
     out_dim: usize,
@@ -80,7 +86,8 @@ impl WeightGrads {
         WeightGrads::Deferred(Vec::new())
     }
 
-    /// Runs the GEMM into `grads` (the layer's gradients) now, or keeps copies of its operands.
+    /// Runs the GEMM into `grads` (the layer's gradients) now, or keeps copies of its operands
+    /// (the input rows shared with the GEMM kept just before, where it read the same rows).
     pub(crate) fn add(&mut self, grads: &mut LayerParams, gemm: GemmOperands<'_>) {
         match self {
             WeightGrads::Now => linear_weight_grad(
@@ -90,14 +97,26 @@ impl WeightGrads {
                 gemm.out_dim,
                 gemm.weight.of(grads),
             ),
-            WeightGrads::Deferred(kept) => kept.push(DeferredGemm {
-                layer: gemm.layer,
-                weight: gemm.weight,
-                input: gemm.input.to_vec(),
-                d_out: gemm.d_out.to_vec(),
-                in_dim: gemm.in_dim,
-                out_dim: gemm.out_dim,
-            }),
+            WeightGrads::Deferred(kept) => {
+                let source = (gemm.input.as_ptr() as usize, gemm.input.len());
+                // The rows are the layer's saved activations, alive through its backward, so
+                // an address seen in this layer is the same rows.
+                let input = match kept.last() {
+                    Some(last) if last.layer == gemm.layer && last.source == source => {
+                        Arc::clone(&last.input)
+                    }
+                    _ => Arc::from(gemm.input),
+                };
+                kept.push(DeferredGemm {
+                    layer: gemm.layer,
+                    weight: gemm.weight,
+                    input,
+                    source,
+                    d_out: gemm.d_out.to_vec(),
+                    in_dim: gemm.in_dim,
+                    out_dim: gemm.out_dim,
+                })
+            }
         }
     }
 
