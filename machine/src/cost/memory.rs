@@ -144,7 +144,8 @@ pub struct MemoryModel {
     kv_grad_per_token: u64,
     /// What a deferred weight gradient keeps per token per layer, times tp.
     weight_grad_per_token: u64,
-    /// The same for the output projection on the last stage, times tp.
+    /// The same for the output projection on the last stage, times tp (0 on the CPU runtime,
+    /// whose input gradient computes the output projection's weight gradient itself).
     head_weight_grad_per_token: u64,
     hidden_row: u64,
     logits_per_token: u64,
@@ -362,7 +363,10 @@ impl MemoryModel {
             kv_per_token: 2 * model.kv_width() * b,
             kv_grad_per_token: 2 * model.kv_width() * KV_GRAD_BYTES,
             weight_grad_per_token: b * (4 * h + 2 * q + 2 * model.kv_width() + 3 * ffn),
-            head_weight_grad_per_token: b * (h + u64::from(model.vocab)),
+            head_weight_grad_per_token: match cpu {
+                true => 0,
+                false => b * (h + u64::from(model.vocab)),
+            },
             hidden_row: h * b,
             logits_per_token: u64::from(model.vocab) * b,
             cpu_temporaries: cpu.then(|| CpuTemporaries::new(model)),
