@@ -209,6 +209,8 @@ pub fn candidates_with(
     let longest = batch.samples.iter().map(|s| s.len).max().unwrap_or(0);
     let slicing = ideas.slicing && longest <= u32::MAX / 64;
     let mut candidates = Vec::new();
+    // The fitting cap by CP degree, computed once for the groupings that share one.
+    let mut fitting_caps: Vec<(u32, Option<u32>)> = Vec::new();
     for grouping in groupings {
         let mut sizes = match grouping {
             _ if !slicing => vec![(context, context)],
@@ -220,12 +222,18 @@ pub fn candidates_with(
             Grouping::Merge { .. } => 1,
         };
         // Only without recomputation: with it, the context's packs fit.
-        let fitting = match slicing {
-            true => fitting_cap(spec, context, cp, choices.memory_limit)
-                .map(|cap| (context / 2, cap))
-                .filter(|pair| !sizes.contains(pair)),
-            false => None,
+        let cap = match fitting_caps.iter().find(|&&(degree, _)| degree == cp) {
+            _ if !slicing => None,
+            Some(&(_, cap)) => cap,
+            None => {
+                let cap = fitting_cap(spec, context, cp, choices.memory_limit);
+                fitting_caps.push((cp, cap));
+                cap
+            }
         };
+        let fitting = cap
+            .map(|cap| (context / 2, cap))
+            .filter(|pair| !sizes.contains(pair));
         sizes.extend(fitting);
         // Static groupings with packs shorter than the context also cut by cost
         // (`slice{by=cost}`: a long sample's later slices shorter), which evens the costs of

@@ -37,7 +37,7 @@
 
 use std::ops::Range;
 
-use crate::cost::{exposed_tp_comm, CostModel, Flops, OpKind, PackTime, PackWork};
+use crate::cost::{exposed_tp_comm, CostModel, Flops, MemoryModel, OpKind, PackTime, PackWork};
 use slimpack_ir::step::{Direction, Part, SliceId, StepIr};
 
 use super::layout::{GroupId, Layout};
@@ -469,6 +469,12 @@ impl<'a> Builder<'a> {
         Ok(())
     }
 
+    /// The slices `pack` holds, in its order.
+    fn slices_of(&self, pack: PackIndex) -> &[SliceInfo] {
+        let range = self.pack_slices[pack.0 as usize].clone();
+        &self.slices[range.start as usize..range.end as usize]
+    }
+
     /// Per replica, whether one of its DP ranks is also in another replica (a plain replica's
     /// rank in a DP-Merge group, or in two groups).
     fn sharing(&self) -> Vec<bool> {
@@ -679,11 +685,11 @@ impl<'a> Builder<'a> {
     fn memory_effect(&self, pack: PackIndex, stage: u32, part: Part) -> MemoryEffect {
         let info = &self.packs[pack.0 as usize];
         let memory = self.stage_cost(stage).memory();
-        let deferred = || {
-            let range = self.pack_slices[pack.0 as usize].clone();
-            self.slices[range.start as usize..range.end as usize]
+        let slices = self.slices_of(pack);
+        let deferred = |bytes: fn(&MemoryModel, u64, u32) -> u64| {
+            slices
                 .iter()
-                .map(|slice| memory.weight_grad_bytes(slice.share, stage))
+                .map(|slice| bytes(memory, slice.share, stage))
                 .sum::<u64>()
         };
         match part {
@@ -692,12 +698,8 @@ impl<'a> Builder<'a> {
                 // The input gradient turns each layer's saved activations into what its
                 // weight gradient keeps, layer by layer: the net change lands at its end.
                 let mut effect = self.memory_effect(pack, stage, Part::Whole);
-                let range = self.pack_slices[pack.0 as usize].clone();
-                effect.temporary += self.slices[range.start as usize..range.end as usize]
-                    .iter()
-                    .map(|slice| memory.split_backward_temporary_bytes(slice.share, stage))
-                    .sum::<u64>();
-                let kept = deferred();
+                effect.temporary += deferred(MemoryModel::split_backward_temporary_bytes);
+                let kept = deferred(MemoryModel::weight_grad_bytes);
                 let released = effect.freed.min(kept);
                 effect.freed -= released;
                 effect.allocated += kept - released;
@@ -705,7 +707,7 @@ impl<'a> Builder<'a> {
             }
             Part::WeightGrad => {
                 return MemoryEffect {
-                    freed: deferred(),
+                    freed: deferred(MemoryModel::weight_grad_bytes),
                     ..MemoryEffect::default()
                 }
             }
@@ -713,7 +715,6 @@ impl<'a> Builder<'a> {
         let kept =
             |share: u64| memory.activation_bytes(share, stage) + memory.kv_bytes(share, stage);
         let range = self.pack_slices[pack.0 as usize].clone();
-        let slices = &self.slices[range.start as usize..range.end as usize];
         let pairs = &self.pairs[range.start as usize..range.end as usize];
         let keys = pairs
             .iter()
