@@ -8,8 +8,11 @@
 use slimpack_ir::batch::{BatchConfig, Dataset, DatasetFormat, LoadOptions};
 use slimpack_ir::spec::{ConfigFile, ParallelSpec};
 
+/// A fuzz target: its name and the function that takes one input.
+pub type Target = (&'static str, fn(&[u8]));
+
 /// The fuzz targets by name (the names of `fuzz/fuzz_targets/*.rs` and of the corpus folders).
-pub const TARGETS: [(&str, fn(&[u8])); 5] = [
+pub const TARGETS: [Target; 5] = [
     ("ir_text", ir_text),
     ("schedule_json", schedule_json),
     ("lengths", lengths),

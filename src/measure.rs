@@ -703,9 +703,9 @@ fn memory_terms(
     }
     Some(MemoryTerms {
         workspace_bytes: workspace,
-        model_state_mape: mean(states.into_iter()),
-        held_mape: mean(held.into_iter()),
-        temporary_mape: mean(temporary.into_iter()),
+        model_state_mape: mean(states),
+        held_mape: mean(held),
+        temporary_mape: mean(temporary),
         temporary_ratio: measured_temporary as f64 / predicted_temporary.max(1) as f64,
     })
 }

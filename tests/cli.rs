@@ -391,11 +391,7 @@ fn a_strategy_dumps_and_prints_the_chosen_candidates_passes() {
             .any(|n| n.ends_with("-schedule-pipeline.after.sir")),
         "{names:?}"
     );
-    let last = names
-        .iter()
-        .filter(|n| n.ends_with(".after.sir"))
-        .last()
-        .unwrap();
+    let last = names.iter().rfind(|n| n.ends_with(".after.sir")).unwrap();
     assert!(last.ends_with("-lower.after.sir"), "{names:?}");
     assert_eq!(
         std::fs::read_to_string(dumps.join(last)).unwrap(),

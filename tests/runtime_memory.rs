@@ -35,9 +35,7 @@ fn meters_count_their_threads_and_owners_get_their_frees_back() {
     let mut grown = {
         let _attached = meter.attach();
         meter.reset_peak();
-        let mut v: Vec<u8> = Vec::with_capacity(MIB);
-        v.resize(MIB, 0);
-        v
+        vec![0u8; MIB]
     };
     // Growing it outside the meter moves its bytes to the growing thread's meter.
     grown.reserve_exact(4 * MIB);

@@ -39,7 +39,7 @@ fn main() {
             Some((input, expected)) => (format!("{input}\n"), Some(expected.to_string())),
             None => (content.clone(), None),
         };
-        let actual = run(&input, &format!("{name}"));
+        let actual = run(&input, &name);
         if expected.as_deref() == Some(actual.as_str()) {
             passed += 1;
         } else if bless {

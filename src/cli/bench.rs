@@ -272,7 +272,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         let strategies = select(Some(
             args.strategies.as_deref().unwrap_or("megatron,slimpack"),
         ))?;
-        return super::bench_planning::run(
+        let rows = super::bench_planning::measure(
             &job.spec,
             &dataset,
             &options,
@@ -280,9 +280,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             repeats,
             &strategies,
             &choices,
-            args.report,
-            args.json.as_deref(),
-        );
+        )?;
+        return super::bench_planning::report(&job.spec, &rows, args.report, args.json.as_deref());
     }
     let batches = dataset.global_batches(&options, steps)?;
     let rules = RunRules {

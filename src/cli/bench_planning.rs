@@ -33,7 +33,7 @@ pub const CELL_BUDGET_S: f64 = 10.0;
 
 /// One strategy planning one batch size.
 #[derive(Debug, Serialize)]
-struct Measurement {
+pub struct Measurement {
     samples: usize,
     tokens: u64,
     strategy: &'static str,
@@ -49,8 +49,8 @@ struct Measurement {
     step_time_s: f64,
 }
 
-/// Plans one step per size and strategy and prints the table (or JSON rows).
-pub fn run(
+/// Plans one step per size and strategy, `repeats` times each (fewer past the cell's budget).
+pub fn measure(
     spec: &Spec,
     dataset: &Dataset,
     options: &BatchOptions,
@@ -58,9 +58,7 @@ pub fn run(
     repeats: usize,
     strategies: &[&'static StrategyInfo],
     choices: &Choices,
-    report: ReportFormat,
-    json: Option<&std::path::Path>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Measurement>> {
     let mut batches: Vec<Batch> = Vec::new();
     for &size in sizes {
         let batch = dataset.global_batch(&BatchOptions {
@@ -126,6 +124,16 @@ pub fn run(
             step_time_s,
         });
     }
+    Ok(rows)
+}
+
+/// Prints the measurements as a table (or one JSON object), and writes the JSON to `json`.
+pub fn report(
+    spec: &Spec,
+    rows: &[Measurement],
+    report: ReportFormat,
+    json: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let report_json = || {
         serde_json::to_string_pretty(&serde_json::json!({
             "model": spec.model.name,
@@ -140,7 +148,7 @@ pub fn run(
     }
     match report {
         ReportFormat::Json => println!("{}", report_json()?),
-        ReportFormat::Text => print!("{}", table(spec, &rows)),
+        ReportFormat::Text => print!("{}", table(spec, rows)),
     }
     Ok(())
 }

@@ -388,7 +388,8 @@ pub fn add_work(egraph: &mut PairGraph, units: &[u32]) -> Id {
 /// The pair terms of the root e-class, cheapest (by the estimate) first, as the three lists
 /// of samples; at most `count`.
 pub fn cheapest_placements(egraph: &PairGraph, root: Id, count: usize) -> Vec<[Vec<u32>; 3]> {
-    let mut found: Vec<((f64, f64), [Vec<u32>; 3])> = Vec::new();
+    type Placement = [Vec<u32>; 3];
+    let mut found: Vec<((f64, f64), Placement)> = Vec::new();
     for node in &egraph[egraph.find(root)].nodes {
         let Schedule::Pair(children) = node else {
             continue;

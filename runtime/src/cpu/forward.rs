@@ -20,6 +20,7 @@ use super::padding::padding_forward;
 use super::params::Params;
 use super::profile;
 use super::saved::{SavedActivations, SavedLayer};
+use super::saved_store::PaddingKv;
 use super::stage_state::StageState;
 
 /// What a forward pack hands on.
@@ -189,7 +190,7 @@ impl StageState {
         &mut self,
         layout: &PackLayout,
         saved: SavedActivations,
-        padding_kv: Vec<(Vec<f32>, Vec<f32>)>,
+        padding_kv: PaddingKv,
     ) {
         if layout.slices.is_empty() {
             return;

@@ -16,6 +16,9 @@ use std::ops::Range;
 use super::batch::TokenSlice;
 use super::saved::SavedActivations;
 
+/// A padded pack's padding tokens' keys and values, one `(keys, values)` pair per layer.
+pub type PaddingKv = Vec<(Vec<f32>, Vec<f32>)>;
+
 /// One forward pack's saved activations: its slices in row order and their rows, then its
 /// padding's rows, if padded.
 #[derive(Debug)]
@@ -25,7 +28,7 @@ struct PackRecord {
     saved: SavedActivations,
     /// Padding tokens after the slices (0: not padded) and their keys and values per layer.
     padding: usize,
-    padding_kv: Vec<(Vec<f32>, Vec<f32>)>,
+    padding_kv: PaddingKv,
 }
 
 impl PackRecord {
@@ -64,7 +67,7 @@ impl SavedStore {
         slices: Vec<TokenSlice>,
         rows: Vec<usize>,
         saved: SavedActivations,
-        (padding, padding_kv): (usize, Vec<(Vec<f32>, Vec<f32>)>),
+        (padding, padding_kv): (usize, PaddingKv),
     ) {
         let id = self.next;
         self.next += 1;
@@ -131,7 +134,7 @@ impl SavedStore {
     pub fn take(
         &mut self,
         slices: &[TokenSlice],
-    ) -> (Vec<TokenSlice>, SavedActivations, Vec<(Vec<f32>, Vec<f32>)>) {
+    ) -> (Vec<TokenSlice>, SavedActivations, PaddingKv) {
         let mut ids: Vec<u64> = slices
             .iter()
             .map(|s| {
