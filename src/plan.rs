@@ -4,7 +4,7 @@
 //! same batches `compile` and `bench` draw), tunes the strategy once on the first step (every
 //! candidate compiled and simulated, as `compile --strategy` does), then plans every later step
 //! with the best of the configurations the tuning kept (the chosen one and the best fitting of
-//! each other family, [`crate::tune::kept`]) — a step whose best kept configuration is over the
+//! each other class, [`crate::tune::kept`]) — a step whose best kept configuration is over the
 //! memory limit is re-tuned on its own batch, for every strategy, as a run does
 //! ([`crate::tune::run`]). Each step is lowered and given to the
 //! caller's sink with its predicted metrics, in step order, then dropped: memory holds the
@@ -239,7 +239,7 @@ pub struct TunedStep {
     /// The configuration the tuning chose.
     pub candidate: strategy::Candidate,
     /// The configurations later steps choose among: the chosen one first, then the best
-    /// fitting of each other family ([`crate::tune::kept`]).
+    /// fitting of each other class ([`crate::tune::kept`]).
     pub kept: Vec<strategy::Candidate>,
     /// The chosen configuration's label with its variant, as `compile` reports it.
     pub label: String,

@@ -2,9 +2,13 @@
 //!
 //! Tuning scores every candidate of a strategy ([`super::run`] on the first K steps, `plan` on
 //! the first step). A run keeps the preferred configuration and, beside it, the best fitting
-//! configuration of every other *family* of the strategy's candidates: slimpack's own pipelines,
-//! and each plan a peer would make (`plan=megatron`, `plan=kk`, `plan=wlb`, zero-bubble twins
-//! included; see [`super::strategy::peer_plans`]) — at most one per family, so a handful. Every
+//! configuration of every other *class* of the strategy's candidates: slimpack's own pipelines,
+//! each plan a peer would make as the peer makes it (`plan=megatron`, `plan=kk`, `plan=wlb`; see
+//! [`super::strategy::peer_plans`]), and each peer plan refined by slimpack (its zero-bubble
+//! and per-stage recomputation twins) — at most one per class, so a handful. A peer's own
+//! configuration is kept beside a refined one because a refinement that wins on the tuning
+//! steps can lose on a later step (a per-stage twin's deeper warm-up), where the peer's plan,
+//! kept, still runs. Every
 //! step compiles the kept configurations re-derived for its batch
 //! ([`super::strategy::kept_for_step`]), simulates each (with its own per-step variants) and
 //! runs the preferred: fitting the memory limit before not fitting, then the faster, ties to
@@ -44,6 +48,21 @@ pub fn family(label: &str) -> &str {
     }
 }
 
+/// Whether `label` is a peer plan refined by slimpack (a zero-bubble twin, a per-stage
+/// recomputation twin) rather than one the peer itself would make.
+fn refined(label: &str) -> bool {
+    label
+        .split(',')
+        .any(|field| field == "zb" || field == "recompute=per-stage")
+}
+
+/// A configuration's class among those a run keeps one of: its family, and for a peer plan
+/// whether slimpack refined it ([`refined`]); slimpack's own pipelines are one class.
+fn class(label: &str) -> (&str, bool) {
+    let family = family(label);
+    (family, !family.is_empty() && refined(label))
+}
+
 /// How tuning scored one configuration: its label, its time (summed over the tuning steps)
 /// and whether it fit the memory limit on every tuning step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -54,19 +73,20 @@ pub struct Score<'a> {
 }
 
 /// The indices (into `scores`) of the configurations a run keeps: `chosen` first, then, for
-/// every other family, its fastest fitting configuration, fastest first (ties to the earlier
-/// index). A family with no fitting configuration keeps none.
+/// every other class ([`class`]), its fastest fitting configuration, fastest first (ties to the
+/// earlier index). A class with no fitting configuration scored keeps none (tuning may prune a
+/// peer's own plan whose bound is above a refined one's time: it was slower on the tuning steps).
 pub fn keep(scores: &[Score], chosen: usize) -> Vec<usize> {
-    let chosen_family = family(scores[chosen].label);
+    let chosen_class = class(scores[chosen].label);
     let mut best: Vec<usize> = Vec::new();
     for (index, score) in scores.iter().enumerate() {
-        let own = family(score.label);
-        if !score.fits || own == chosen_family {
+        let own = class(score.label);
+        if !score.fits || own == chosen_class {
             continue;
         }
         match best
             .iter_mut()
-            .find(|kept| family(scores[**kept].label) == own)
+            .find(|kept| class(scores[**kept].label) == own)
         {
             Some(kept) if score.time_s < scores[*kept].time_s => *kept = index,
             Some(_) => {}
@@ -297,5 +317,28 @@ mod tests {
         assert_eq!(keep(&scores, 3), vec![3, 4, 2]);
         // Chosen from a peer's family: the own pipelines' best is kept beside it.
         assert_eq!(keep(&scores, 2), vec![2, 3, 4]);
+    }
+
+    /// A refined peer plan (zero-bubble, per-stage recomputation) chosen or kept does not
+    /// displace the peer's own configuration of the same plan: both are kept.
+    #[test]
+    fn keeps_a_peer_plan_as_the_peer_makes_it_beside_its_refinements() {
+        let scores = [
+            score("cp=2,slice=4096,recompute=none", 12.0, true),
+            score("plan=megatron,cp=16,recompute=none", 11.31, true),
+            score("plan=megatron,cp=16,recompute=per-stage", 11.26, true),
+            score("plan=megatron,cp=16,recompute=none,zb", 11.28, true),
+            score("plan=kk,cp=16,recompute=none,zb", 11.5, true),
+            score("plan=kk,cp=16,recompute=none", 11.6, true),
+            score("plan=kk,cp=8,recompute=none", 11.55, true),
+        ];
+        assert_eq!(class(scores[3].label), ("plan=megatron", true));
+        assert_eq!(class(scores[0].label), ("", false));
+        // Chosen: megatron's per-stage twin. Kept beside it: megatron's own plan, kk's
+        // zero-bubble twin, kk's own best plan, slimpack's pipelines; not megatron's
+        // zero-bubble twin (one refined megatron plan is already chosen).
+        assert_eq!(keep(&scores, 2), vec![2, 1, 4, 6, 0]);
+        // Chosen: the peer's own plan; its refinements' best is kept beside it.
+        assert_eq!(keep(&scores, 1), vec![1, 2, 4, 6, 0]);
     }
 }

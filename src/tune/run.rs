@@ -8,9 +8,9 @@
 //!   ([`Choices::memory_limit`], a fraction of HBM) on all K; if none does, the least peak.
 //!   A candidate whose lower bounds over the K steps sum above a fitting trial's total is not
 //!   compiled (it could not be chosen; see [`super::autotune`] for the bound).
-//! - **Keep it**, with the best fitting configuration of each other family of the strategy's
-//!   candidates ([`super::kept`]: slimpack keeps its best own pipeline and each peer's best
-//!   plan; a peer, one configuration): every step runs the best of the kept configurations by
+//! - **Keep it**, with the best fitting configuration of each other class of the strategy's
+//!   candidates ([`super::kept`]: slimpack keeps its best own pipeline, each peer's best plan
+//!   as the peer makes it and as slimpack refines it; a peer, one configuration): every step runs the best of the kept configurations by
 //!   simulation (on the tuning steps from their trials, later compiled anew, all compiled anew
 //!   where a kept configuration has refinements the trials left out; one whose lower
 //!   bound is above a fitting kept step is not compiled). Within a configuration a step still
@@ -796,7 +796,7 @@ mod tests {
         assert!(pruned > 0, "the test should exercise pruning");
     }
 
-    /// slimpack keeps the tuned configuration and each other family's best (its own pipelines,
+    /// slimpack keeps the tuned configuration and each other class's best (its own pipelines,
     /// the peers' plans), and every step runs the fastest of them: no step is slower than what
     /// a kept peer plan, compiled on its own, makes of that step; the tuning steps are those of
     /// the kept trials' best.
