@@ -169,6 +169,11 @@ CORPORA = {
                      "embedded-book", "error_codes", "clippy")
         for path in glob.glob(f"{rust_toolchain()}/share/doc/rust/html/{book}")
     ]),
+    # Added in stop 33, never used to develop or tune slimpack: Perl's modules, one document per
+    # .pm file.
+    "perl-modules": lambda: (read_text(p) for p in files_walked(
+        ["/usr/share/perl", "/usr/share/perl5", "/usr/lib/x86_64-linux-gnu/perl",
+         "/usr/lib/x86_64-linux-gnu/perl-base", "/usr/lib/x86_64-linux-gnu/perl5"], (".pm",))),
 }
 
 
