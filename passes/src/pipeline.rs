@@ -56,6 +56,18 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<PipelineEntry>> {
         if start == i {
             return Err(error(start, "expected a pass name".into()));
         }
+        // A name runs on into any letter (`slicé`): the whole word is what is unknown.
+        let mut end = i;
+        while end < chars.len() && chars[end].is_alphanumeric() {
+            end += 1;
+        }
+        if end > i {
+            let word: String = chars[start..end].iter().collect();
+            return Err(error(
+                start,
+                format!("'{word}' is not a pass name (ASCII letters, digits and '-')"),
+            ));
+        }
         let name: String = chars[start..i].iter().collect();
         let info = lookup(&name)?;
         let mut values = IndexMap::new();

@@ -117,7 +117,14 @@ impl SchedulePipeline {
         let one_f_one_b = match order.as_str() {
             "auto" => false,
             "1f1b" => true,
-            _ => return Err(bad("order", order)),
+            _ => {
+                return Err(PassError::BadOption {
+                    pass: INFO.name,
+                    option: "order".into(),
+                    value: order,
+                    message: "expected auto or 1f1b".into(),
+                })
+            }
         };
         let memory: f64 = options
             .get("memory", "a fraction in (0, 1]")?

@@ -1,6 +1,6 @@
 //! `slimpack opt`: text IR in, passes, text IR out.
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -45,6 +45,10 @@ pub fn run(args: OptArgs) -> anyhow::Result<()> {
         (source, args.input.display().to_string())
     };
     let pipeline = parse_pipeline(&args.passes)?;
+    // A schedule JSON document starts with `{`; the text IR never does.
+    if source.trim_start().starts_with('{') {
+        bail!("{name}: this is schedule JSON; `opt` reads text IR (`simulate` and `run` read schedules)");
+    }
     let mut ir = text::parse(&source, &name)?;
     // The file is untrusted and the passes assume a valid step (a broken one can make them
     // fail on an internal invariant): it is verified even with --no-verify, which skips the

@@ -121,6 +121,13 @@ pub fn check_directory(flag: &str, path: Option<&Path>) -> anyhow::Result<()> {
         bail!("{flag} {}: is a directory, not a file", path.display());
     }
     let dir = directory_of(path);
+    if dir.exists() && !dir.is_dir() {
+        bail!(
+            "{flag} {}: {} is a file, not a directory",
+            path.display(),
+            dir.display()
+        );
+    }
     if !dir.is_dir() {
         bail!(
             "{flag} {}: the directory {} does not exist",

@@ -357,9 +357,13 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
         }
     }
     if summary.oom_steps > 0 && !args.allow_oom {
+        let written = match args.out_dir.is_some() || args.jsonl.is_some() {
+            true => "the plan was written, ",
+            false => "",
+        };
         return Err(super::exit::Failure::DoesNotFit(format!(
-            "{} of the {} steps do not fit device memory ({} each; the plan was written, \
-             --allow-oom accepts it)",
+            "{} of the {} steps do not fit device memory ({} each; {written}--allow-oom \
+             accepts it)",
             summary.oom_steps,
             summary.steps,
             super::report::gib(job.spec.cluster.gpu.hbm_bytes)

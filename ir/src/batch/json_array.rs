@@ -104,7 +104,7 @@ impl<'de> Visitor<'de> for Element {
     }
 
     fn visit_str<E: serde::de::Error>(self, value: &str) -> Result<u32, E> {
-        self.check(Err(length::not_a_number(value)))
+        self.check(Err(length::a_string(value)))
     }
 }
 
@@ -129,7 +129,7 @@ mod tests {
         );
         let message = parse("a.json", b"[\"12\"]").unwrap_err().to_string();
         assert!(
-            message.contains("element 1: length '12' is not a whole number"),
+            message.contains("element 1: length '12' is a string, not a number"),
             "{message}"
         );
         assert_eq!(parse("a.json", b"[1, 0]").unwrap(), vec![1, 0]);

@@ -316,7 +316,7 @@ mod tests {
         );
         let text = message("{\"len\": \"many\"}", &options);
         assert!(
-            text.contains("field 'len': length 'many' is not a whole number"),
+            text.contains("field 'len': length 'many' is a string, not a number"),
             "{text}"
         );
         assert_eq!(lengths("{\"len\": 0}", &options).unwrap(), vec![0]);

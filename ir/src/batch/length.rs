@@ -55,7 +55,7 @@ pub(super) fn from_json(value: &serde_json::Value) -> Result<u32, String> {
                 from_f64(number.as_f64().unwrap_or(f64::NAN))
             }
         }
-        Value::String(text) => Err(not_a_number(text)),
+        Value::String(text) => Err(a_string(text)),
         other => Err(format!(
             "length {} is not a number: {VALID}",
             quote(&other.to_string())
@@ -94,6 +94,11 @@ pub(super) fn from_digits(text: &[u8]) -> Result<u32, String> {
         ));
     }
     from_u64(value)
+}
+
+/// The message for a JSON string where a length (a JSON number) belongs.
+pub(super) fn a_string(text: &str) -> String {
+    format!("length {} is a string, not a number: {VALID}", quote(text))
 }
 
 /// The message for a value that is not a number at all.

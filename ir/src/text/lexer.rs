@@ -55,7 +55,12 @@ pub struct Spanned {
 /// Splits `text` into tokens; `source_name` names it in errors.
 pub fn lex(text: &str, source_name: &str) -> Result<Vec<Spanned>, IrError> {
     let mut tokens = Vec::new();
-    let chars: Vec<char> = text.chars().collect();
+    // A byte-order mark an editor put first is not part of the text.
+    let chars: Vec<char> = text
+        .strip_prefix('\u{feff}')
+        .unwrap_or(text)
+        .chars()
+        .collect();
     let (mut i, mut line, mut line_start) = (0usize, 1usize, 0usize);
     let error = |line: usize, column: usize, message: String| IrError::Parse {
         source_name: source_name.to_string(),
