@@ -1763,3 +1763,177 @@ fn a_cap_below_the_longest_unsliced_sample_is_refused_by_the_packer() {
         );
     }
 }
+
+/// A tuning budget stops starting candidates once one fits the memory limit, not before: a
+/// budget of 0 ms on a step that fits only with recomputation is not reported as not fitting
+/// (it was, exit 3, after the one candidate it tried).
+#[test]
+fn a_tuning_budget_does_not_turn_a_fitting_step_into_one_that_does_not_fit() {
+    let args = [
+        "compile",
+        "--model",
+        "llama-7b",
+        "--cluster",
+        "h100-sxm",
+        "--parallel",
+        "tp=4,pp=1,dp=2",
+        "--synthetic",
+        "lognormal:median=32768,sigma=1,count=16",
+        "--tune-budget-ms",
+        "0",
+    ];
+    let (_, stderr) = ok(&args);
+    assert!(stderr.contains("simulated step"), "{stderr}");
+}
+
+/// `compile --strategy wlb --step N` compiles the samples `plan`'s step N trains: the
+/// documents wlb delayed in steps 1..N-1 are carried into its outlier queues (step 2 used to
+/// admit from a fresh state, and trained other samples, or none).
+#[test]
+fn compile_step_n_of_a_delaying_strategy_is_plans_step_n() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("plan");
+    let common = [
+        "--batch",
+        "../shared/data/wlbllm_like.lengths.txt",
+        "--context",
+        "8192",
+        "--global-batch",
+        "16",
+        "--strategy",
+        "wlb",
+    ];
+    if !Path::new(common[1]).exists() {
+        return;
+    }
+    let mut plan = on_tiny("plan", "tp=1,pp=2,dp=2", &common);
+    plan.extend(["--steps", "4", "--out-dir", out.to_str().unwrap()]);
+    ok(&plan);
+    let samples = |schedule: &serde_json::Value| -> Vec<u64> {
+        let mut lengths: Vec<u64> = schedule["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["len"].as_u64().unwrap())
+            .collect();
+        lengths.sort_unstable();
+        lengths
+    };
+    for step in ["2", "4"] {
+        let planned: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join(format!("step-{:0>6}.json", step))).unwrap(),
+        )
+        .unwrap();
+        let mut compile = tiny("tp=1,pp=2,dp=2", &common);
+        compile.extend(["--step", step, "--emit", "json"]);
+        let (stdout, _) = ok(&compile);
+        assert_eq!(samples(&json(&stdout)), samples(&planned), "step {step}");
+    }
+}
+
+/// Small messages that misled: a file where a directory is meant, a pass name with a
+/// non-ASCII letter, a bad `order`, schedule JSON given to `opt`, a JSON length that is a
+/// string.
+#[test]
+fn misleading_messages_say_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path(), "lengths.txt", "100\n200\n");
+    let inside = format!("{file}/step.sir");
+    bad_input(
+        &tiny("tp=1,pp=1,dp=1", &["--batch", &file, "-o", &inside]),
+        &["is a file, not a directory"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1,pp=1,dp=1",
+            &["--batch", &file, "--passes", "assign-dp,slicé{size=8}"],
+        ),
+        &["'slicé' is not a pass name"],
+    );
+    bad_input(
+        &tiny(
+            "tp=1,pp=1,dp=1",
+            &[
+                "--batch",
+                &file,
+                "--passes",
+                "assign-dp,pack-symmetric,schedule-pipeline{order=bogus}",
+            ],
+        ),
+        &["expected auto or 1f1b"],
+    );
+    let schedule = dir.path().join("step.json");
+    std::fs::write(
+        &schedule,
+        serde_json::to_string(&schedule_json(dir.path())).unwrap(),
+    )
+    .unwrap();
+    bad_input(
+        &["opt", schedule.to_str().unwrap(), "--passes", ""],
+        &["this is schedule JSON"],
+    );
+    let jsonl = write(dir.path(), "d.jsonl", "{\"length\": \"5\"}\n");
+    bad_input(
+        &tiny("tp=1,pp=1,dp=1", &["--batch", &jsonl]),
+        &["length '5' is a string, not a number"],
+    );
+}
+
+/// An IR file an editor saved with a byte-order mark parses as the same file without it.
+#[test]
+fn ir_text_with_a_byte_order_mark_parses() {
+    let dir = tempfile::tempdir().unwrap();
+    let ir = dir.path().join("step.sir");
+    ok(&tiny(
+        "tp=1,pp=1,dp=1",
+        &[
+            "--batch",
+            LENGTHS,
+            "--context",
+            "4096",
+            "-o",
+            ir.to_str().unwrap(),
+        ],
+    ));
+    let text = std::fs::read_to_string(&ir).unwrap();
+    let marked = write(dir.path(), "marked.sir", &format!("\u{feff}{text}"));
+    let (plain, _) = ok(&["opt", ir.to_str().unwrap(), "--passes", ""]);
+    let (with_mark, _) = ok(&["opt", &marked, "--passes", ""]);
+    assert_eq!(plain, with_mark);
+}
+
+/// An explicit `vpp=1` is kept: megatron's tuning tries two model chunks per device only
+/// where the layout leaves `vpp` open.
+#[test]
+fn an_explicit_vpp_is_kept_by_tuning() {
+    let chosen = |parallel: &str| {
+        let (stdout, _) = ok(&on_tiny(
+            "compile",
+            parallel,
+            &[
+                "--batch",
+                LENGTHS,
+                "--context",
+                "4096",
+                "--strategy",
+                "megatron",
+                "--report",
+                "json",
+            ],
+        ));
+        let report = json(&stdout);
+        let field = |key: &str| report[key].as_str().unwrap().to_string();
+        (field("candidate"), field("parallel"))
+    };
+    // Left open, megatron's tuning tries (and here takes) two chunks per device.
+    let (candidate, parallel) = chosen("tp=1,pp=2,dp=1");
+    assert!(
+        candidate.starts_with("vpp=2,") && parallel.contains("vpp=2"),
+        "{candidate} {parallel}"
+    );
+    let (candidate, parallel) = chosen("tp=1,pp=2,vpp=1,dp=1");
+    assert!(
+        !candidate.contains("vpp=") && !parallel.contains("vpp"),
+        "{candidate} {parallel}"
+    );
+}

@@ -347,6 +347,13 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
         super::output::is_dump_name,
         &[&inputs.named()[..], &[("-o", step_out), trace, timeline]].concat(),
     )?;
+    // The strategy's state carried from step to step (wlb's outlier queues): `--step N` admits
+    // the batches before N first, so that step N trains what `plan`'s step N trains.
+    let info = match &strategy {
+        Some(name) => Some(strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?),
+        None => None,
+    };
+    let mut state = StrategyState::default();
     let batch = match args.step {
         None => job.batch(&args.batch)?,
         Some(0) => bail!("--step 0: steps are numbered from 1"),
@@ -356,6 +363,9 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
             let mut batch = stream.next_batch()?;
             // `plan`'s steps: the first epoch's (the stream would go on into the next).
             for drawn in 1..step {
+                if let Some(info) = info.filter(|info| info.admit.is_some()) {
+                    autotune::admit(info, &mut state, &job.spec, &batch);
+                }
                 if stream.epoch_done() {
                     let steps = match drawn {
                         1 => "1 step".to_string(),
@@ -385,9 +395,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     }
     // The bytes a tuned plan may peak at (`--memory-limit`, default 0.92 of HBM) and the fraction.
     let mut memory_limit: Option<(u64, f64)> = None;
-    let (compiled, chosen) = match &strategy {
-        Some(name) => {
-            let info = strategy::lookup(name).map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
+    let (compiled, chosen) = match info {
+        Some(info) => {
             let mut choices = super::input::tuning_choices(&job, args.memory_limit.as_deref())?;
             // The dialect and the C ABI run one model chunk per device, whole backwards and
             // one recomputation mode per step.
@@ -398,7 +407,6 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                     .one_mode_per_step();
             }
             memory_limit = Some((choices.memory_limit_for(&job.spec), choices.memory_limit));
-            let mut state = StrategyState::default();
             let batch = autotune::admit(info, &mut state, &job.spec, &batch);
             delayed = state.wlb.as_ref().map(|wlb| wlb.delay.backlog());
             let tune = autotune::TuneOptions {

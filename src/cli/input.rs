@@ -128,6 +128,9 @@ pub struct Job {
     /// The user named the recompute mode (`--recompute`, or `recompute` in the config file's
     /// `[model]` table when `--model` does not replace it): tuning keeps it.
     recompute_named: bool,
+    /// The user named `vpp` in `--parallel`: tuning keeps the layout's model chunks (`vpp=1`
+    /// included: a Megatron user's `vpp=2` is tried only where the layout leaves it open).
+    vpp_named: bool,
 }
 
 impl SpecArgs {
@@ -182,10 +185,15 @@ impl SpecArgs {
         if let Some(path) = &self.calibration {
             use_calibration_file(path, &spec)?;
         }
+        let vpp_named = self.parallel.as_deref().is_some_and(|parallel| {
+            (parallel.split(','))
+                .any(|degree| degree.split('=').next().map(str::trim) == Some("vpp"))
+        });
         Ok(Job {
             spec,
             config_batch,
             recompute_named,
+            vpp_named,
         })
     }
 
@@ -426,6 +434,9 @@ pub fn tuning_choices(job: &Job, memory_limit: Option<&str>) -> anyhow::Result<C
     };
     if let Some(text) = memory_limit {
         choices.memory_limit = parse_memory_limit(text)?;
+    }
+    if job.vpp_named {
+        choices = choices.one_chunk_per_device();
     }
     Ok(choices)
 }

@@ -33,8 +33,10 @@
 //! ([`Verify`]: the chosen step by default, every candidate's with `--verify-candidates`,
 //! nothing with `--no-verify`; the step handed on is checked either way), whether candidates are pruned by their
 //! bounds, and an optional wall-clock budget (`--tune-budget-ms`): once it is spent, candidates
-//! not yet started are skipped (the first one started always runs). A budget makes the choice
-//! depend on the machine's speed; without one the choice is deterministic.
+//! not yet started are skipped (the first one started always runs) — once one fits the memory
+//! limit: until then the search goes on, since a budget must not turn a step that fits into
+//! one reported as not fitting. A budget makes the choice depend on the machine's speed;
+//! without one the choice is deterministic.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -396,9 +398,6 @@ fn choose_seeded(
     let groups = compiled_together(&candidates);
     let order = bound_order(&groups, &bounds);
     let start = Instant::now();
-    let within_budget = |position: usize| {
-        position == 0 || tune.budget.is_none_or(|budget| start.elapsed() < budget)
-    };
     let limit = choices.memory_limit_for(spec);
     // Only the best step so far is kept (a step of a large batch is large, and the candidates
     // are many): the first candidate, in the strategy's order, of those no other is preferred
@@ -429,6 +428,13 @@ fn choose_seeded(
     let initial = incumbent_s.unwrap_or(f64::INFINITY).to_bits();
     let fastest_fitting: Vec<AtomicU64> =
         families.iter().map(|_| AtomicU64::new(initial)).collect();
+    let fits_already =
+        || (fastest_fitting.iter()).any(|f| f64::from_bits(f.load(Ordering::Acquire)).is_finite());
+    let within_budget = |position: usize| {
+        position == 0
+            || tune.budget.is_none_or(|budget| start.elapsed() < budget)
+            || !fits_already()
+    };
     let outcomes = parallel_map(&order, |position, &group| {
         let members = &groups[group];
         if !within_budget(position) {

@@ -24,8 +24,8 @@
 //! Bounded: a kept configuration whose lower bound on the step
 //! ([`autotune::candidate_bound`]) is above the fastest fitting step already simulated is not
 //! compiled (it could not be chosen); under a tuning budget (`--tune-budget-ms`), once a
-//! step's choice has spent it the kept configurations not yet started are skipped (the tuned
-//! one always runs); and a strategy whose candidates form one family (every peer, the
+//! step's choice has spent it and a step fits the memory limit, the kept configurations not
+//! yet started are skipped (the tuned one always runs); and a strategy whose candidates form one family (every peer, the
 //! ablations without peer plans) keeps only its tuned configuration, as before.
 
 use std::collections::VecDeque;
@@ -180,7 +180,11 @@ pub fn choose_for_step(
     while let Some(candidate) = queue.pop_front() {
         let position = started;
         started += 1;
-        if position > 0 && tune.budget.is_some_and(|budget| start.elapsed() >= budget) {
+        // Past the budget, what is left is skipped once a step fits the memory limit.
+        let spent = tune.budget.is_some_and(|budget| start.elapsed() >= budget);
+        let fits =
+            (best.as_ref()).is_some_and(|(current, _)| autotune::within(&current.metrics, limit));
+        if position > 0 && spent && fits {
             break;
         }
         if let Some((current, _)) = &best {

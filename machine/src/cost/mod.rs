@@ -215,6 +215,28 @@ impl CostModel {
                 ),
             ));
         }
+        // A kernel cannot run faster than the device: a rate above its peak FLOP/s (or, for
+        // memory-bound kernels, its HBM bandwidth) is not a measurement.
+        let gpu = &spec.cluster.gpu;
+        for (op, table) in &calibration.tables {
+            let (peak, unit) = match op {
+                OpKind::Elementwise => (gpu.hbm_bandwidth, "bytes/s, the HBM bandwidth"),
+                _ => (gpu.peak_flops, "FLOP/s, the peak"),
+            };
+            if let Some(point) = table.points().iter().find(|point| point.rate > peak) {
+                return Err(MachineError::calibration(
+                    "calibration",
+                    format!(
+                        "{} at {} tokens: rate {:.3e} is above the {:.3e} {unit} of '{}'",
+                        op.as_str(),
+                        point.tokens,
+                        point.rate,
+                        peak,
+                        gpu.name
+                    ),
+                ));
+            }
+        }
         let mut model = CostModel::new(spec);
         model.throughput = model.throughput.calibrated(&calibration);
         Ok(model)

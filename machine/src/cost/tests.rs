@@ -235,6 +235,33 @@ fn calibration_must_match_the_device() {
     assert_ne!(time(&model), time(&analytic));
 }
 
+/// A rate above what the device can do (peak FLOP/s; HBM bandwidth for memory-bound kernels)
+/// is refused with the kernel, the point and the limit named.
+#[test]
+fn calibration_rates_are_at_most_the_device_peak() {
+    let spec = spec("tiny", "cpu", "tp=1,pp=1,dp=1");
+    let with = |op: OpKind, rate: f64| {
+        let mut calibration = Calibration::new("cpu-2core");
+        let points = vec![CalibrationPoint { tokens: 64.0, rate }];
+        calibration.insert(op, CalibrationTable::new(points).unwrap());
+        CostModel::with_calibration(&spec, calibration)
+    };
+    let message = with(OpKind::GemmForward, 1e308).unwrap_err().to_string();
+    assert!(message.contains("gemm-forward at 64 tokens"), "{message}");
+    assert!(
+        message.contains("FLOP/s, the peak of 'cpu-2core'"),
+        "{message}"
+    );
+    let bandwidth = spec.cluster.gpu.hbm_bandwidth;
+    let message = with(OpKind::Elementwise, bandwidth * 2.0)
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("HBM bandwidth"), "{message}");
+    // At the peak itself, accepted.
+    assert!(with(OpKind::GemmForward, spec.cluster.gpu.peak_flops).is_ok());
+    assert!(with(OpKind::Elementwise, bandwidth).is_ok());
+}
+
 #[test]
 fn constants_serialize_for_reports() {
     let model = CostModel::new(&spec("llama-7b", "h100-sxm", "tp=2,pp=1,dp=4"));
