@@ -1937,3 +1937,20 @@ fn an_explicit_vpp_is_kept_by_tuning() {
         "{candidate} {parallel}"
     );
 }
+
+/// `calibrate --cluster` with a name that is no preset says so, before saying that the cpu
+/// backend calibrates only the cpu preset.
+#[test]
+fn calibrate_names_an_unknown_cluster_as_unknown() {
+    bad_input(
+        &["calibrate", "--backend", "cpu", "--cluster", "bogus"],
+        &["--cluster", "bogus"],
+    );
+    let output = slimpack(&["calibrate", "--backend", "cpu", "--cluster", "bogus"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("calibrates the cpu preset"), "{stderr}");
+    bad_input(
+        &["calibrate", "--backend", "cpu", "--cluster", "h100-sxm"],
+        &["calibrates the cpu preset"],
+    );
+}

@@ -50,6 +50,7 @@ pub fn run(args: CalibrateArgs) -> anyhow::Result<()> {
     let gpu = match args.backend {
         Backend::Cpu => {
             if let Some(cluster) = args.cluster.as_deref().filter(|&name| name != "cpu") {
+                ClusterSpec::preset(cluster).context("--cluster")?;
                 bail!("--cluster {cluster}: the cpu backend calibrates the cpu preset (give --backend cuda for a GPU's)");
             }
             None
