@@ -105,11 +105,11 @@ impl Default for SchedulePipeline {
 
 impl SchedulePipeline {
     fn from_options(options: &PassOptions) -> Result<SchedulePipeline> {
-        let bad = |option: &str, value: String| PassError::BadOption {
+        let bad = |option: &str, value: String, message: &str| PassError::BadOption {
             pass: INFO.name,
             option: option.into(),
             value,
-            message: "out of range".into(),
+            message: message.into(),
         };
         let order: String = options
             .get("order", "auto or 1f1b")?
@@ -117,20 +117,13 @@ impl SchedulePipeline {
         let one_f_one_b = match order.as_str() {
             "auto" => false,
             "1f1b" => true,
-            _ => {
-                return Err(PassError::BadOption {
-                    pass: INFO.name,
-                    option: "order".into(),
-                    value: order,
-                    message: "expected auto or 1f1b".into(),
-                })
-            }
+            _ => return Err(bad("order", order, "expected auto or 1f1b")),
         };
         let memory: f64 = options
             .get("memory", "a fraction in (0, 1]")?
             .expect("declared with a default");
         if !(memory > 0.0 && memory <= 1.0) {
-            return Err(bad("memory", memory.to_string()));
+            return Err(bad("memory", memory.to_string(), "out of range"));
         }
         let zero_bubble: bool = options
             .get("zb", "true or false")?

@@ -185,10 +185,8 @@ impl SpecArgs {
         if let Some(path) = &self.calibration {
             use_calibration_file(path, &spec)?;
         }
-        let vpp_named = self.parallel.as_deref().is_some_and(|parallel| {
-            (parallel.split(','))
-                .any(|degree| degree.split('=').next().map(str::trim) == Some("vpp"))
-        });
+        let vpp_named =
+            (self.parallel.as_deref()).is_some_and(|parallel| ParallelSpec::gives(parallel, "vpp"));
         Ok(Job {
             spec,
             config_batch,
@@ -426,6 +424,12 @@ fn parse_synthetic(text: &str) -> anyhow::Result<SyntheticConfig> {
 /// What a strategy's tuning may choose among: every recompute mode unless the user named one
 /// (`--recompute`, or `recompute` in the config file's `[model]`), within `--memory-limit` (a
 /// fraction of device memory in (0, 1]; default 0.92).
+/// Whether `source` is schedule JSON rather than text IR: a JSON document starts with `{`,
+/// the text IR never does.
+pub fn is_schedule_json(source: &str) -> bool {
+    source.trim_start().starts_with('{')
+}
+
 pub fn tuning_choices(job: &Job, memory_limit: Option<&str>) -> anyhow::Result<Choices> {
     let mut choices = if job.recompute_named {
         Choices::fixed(job.spec.model.recompute)

@@ -45,8 +45,7 @@ pub fn run(args: OptArgs) -> anyhow::Result<()> {
         (source, args.input.display().to_string())
     };
     let pipeline = parse_pipeline(&args.passes)?;
-    // A schedule JSON document starts with `{`; the text IR never does.
-    if source.trim_start().starts_with('{') {
+    if super::input::is_schedule_json(&source) {
         bail!("{name}: this is schedule JSON; `opt` reads text IR (`simulate` and `run` read schedules)");
     }
     let mut ir = text::parse(&source, &name)?;

@@ -224,8 +224,7 @@ fn step(args: &RunArgs) -> anyhow::Result<(StepIr, String)> {
             "{flag} cannot be combined with {file}: the step file carries its own spec and batch"
         );
     }
-    // A schedule JSON document starts with `{`; the text IR never does.
-    let is_json = |source: &str| source.trim_start().starts_with('{');
+    let is_json = super::input::is_schedule_json;
     if let Some(path) = &args.ir {
         let source = slimpack_ir::file::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;

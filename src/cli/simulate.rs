@@ -28,7 +28,7 @@ pub struct SimulateArgs {
 
 /// Reads a step from IR text or schedule JSON, whichever `source` holds.
 fn read_step(source: &str, name: &str) -> anyhow::Result<StepIr> {
-    let is_json = name.ends_with(".json") || source.trim_start().starts_with('{');
+    let is_json = name.ends_with(".json") || super::input::is_schedule_json(source);
     let ir = if is_json {
         let document = schedule_json::parse(source).with_context(|| name.to_string())?;
         schedule_json::to_ir(&document).with_context(|| name.to_string())?

@@ -28,7 +28,8 @@
 //! ([`autotune::candidate_bound`]) is above the fastest fitting step already simulated is not
 //! compiled (it could not be chosen); under a tuning budget (`--tune-budget-ms`), once a
 //! step's choice has spent it and a step fits the memory limit, the kept configurations not
-//! yet started are skipped (the tuned one always runs); and a strategy whose candidates form one family (every peer, the
+//! yet started are skipped (the tuned one always runs); and a strategy whose candidates form
+//! one family (every peer, the
 //! ablations without peer plans) keeps only its tuned configuration, as before.
 
 use std::collections::VecDeque;

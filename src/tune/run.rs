@@ -9,8 +9,9 @@
 //!   A candidate whose lower bounds over the K steps sum above a fitting trial's total is not
 //!   compiled (it could not be chosen; see [`super::autotune`] for the bound).
 //! - **Keep it**, with the best fitting configuration of each other class of the strategy's
-//!   candidates ([`super::kept`]: slimpack keeps its best own pipeline, each peer's best plan
-//!   as the peer makes it and as slimpack refines it; a peer, one configuration): every step runs the best of the kept configurations by
+//!   candidates ([`super::kept`]: slimpack keeps its best own pipeline and each peer's best
+//!   plan, and where the tuned one is a peer's plan slimpack refined, that peer's own plan
+//!   too; a peer, one configuration): every step runs the best of the kept configurations by
 //!   simulation (on the tuning steps from their trials, later compiled anew, all compiled anew
 //!   where a kept configuration has refinements the trials left out; one whose lower
 //!   bound is above a fitting kept step is not compiled). Within a configuration a step still

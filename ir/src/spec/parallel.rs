@@ -229,6 +229,16 @@ impl FromStr for ParallelSpec {
     }
 }
 
+impl ParallelSpec {
+    /// Whether the layout text `text` gives `degree` (`vpp=1` does, which the parsed spec
+    /// cannot tell from a layout that leaves it to its default).
+    pub fn gives(text: &str, degree: &str) -> bool {
+        (text.split(','))
+            .filter_map(|part| part.split_once('='))
+            .any(|(key, _)| key.trim() == degree)
+    }
+}
+
 impl fmt::Display for ParallelSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "tp={}", self.tp)?;
