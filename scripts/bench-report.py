@@ -39,7 +39,8 @@ def ratio(a, b):
 
 
 def fits(row):
-    return not row.get("oom")
+    # Within the memory limit on every step (and so within device memory).
+    return not row.get("oom") and not row.get("over_limit")
 
 
 def main():

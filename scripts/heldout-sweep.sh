@@ -176,14 +176,15 @@ for arg in sys.argv[1:]:
     ours = figures["slimpack"]
     ratio = ours["speedup_vs_best_peer"] if best else None
     # Without a fitting peer, a fitting slimpack is no loss.
-    lost = ours["oom"] or (ratio is not None and ratio < 1.0)
+    over = ours["oom"] or ours.get("over_limit", False)
+    lost = over or (ratio is not None and ratio < 1.0)
     losses += lost
     useful = lambda s: s["useful_flops_per_s"] / 1e15
     mark = "**" if lost else ""
     peer = f"{best} {useful(figures[best]):.2f}" if best else "none fits"
     shown = f"{ratio:.3f}x" if ratio is not None else "-"
     print(f"| {run} | {corpus} | {model} | {layout} | {int(context) // 1024}K | "
-          f"{int(tokens) / 2**20:g}M | {useful(ours):.2f}{' (over the limit)' if ours['oom'] else ''} | "
+          f"{int(tokens) / 2**20:g}M | {useful(ours):.2f}{' (over the limit)' if over else ''} | "
           f"{peer} | {mark}{shown}{mark} | {useful(ours) / useful(figures['megatron']):.3f}x |")
 print(f"\n{losses} of {len(sys.argv) - 1} runs below 1.00x the best peer (or over the memory limit)")
 PY

@@ -31,7 +31,7 @@ fn bench(extra: &[&str]) -> Output {
 }
 
 /// The row fields every report has, in order (the simulator's other figures follow them).
-const FIELDS: [&str; 14] = [
+const FIELDS: [&str; 15] = [
     "name",
     "steps",
     "drain_steps",
@@ -43,10 +43,52 @@ const FIELDS: [&str; 14] = [
     "speedup_vs_best_peer",
     "speedup_vs_megatron_paper",
     "replans",
+    "over_limit",
     "compile_ms_p50",
     "compile_ms_p95",
     "bubble_fraction",
 ];
+
+/// A memory limit no plan fits: the report is written with every run marked over it and no
+/// best peer, and bench exits 3 with one line, as `compile` does (it exited 0 and printed "no"
+/// in the OOM column: that column said only whether a step overflowed the device).
+#[test]
+fn a_memory_limit_nothing_fits_marks_every_run_and_exits_3() {
+    let output = bench(&[
+        "1",
+        "--report",
+        "json",
+        "--strategies",
+        "megatron,slimpack",
+        "--memory-limit",
+        "0.0001",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: no strategy fits the memory limit on every step"),
+        "{stderr}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("the report is still written");
+    assert!(report["config"]["best_peer"].is_null());
+    assert!(report["config"]["rules"]
+        .as_str()
+        .unwrap()
+        .contains("within 0.01% of device memory"));
+    for strategy in report["strategies"].as_array().unwrap() {
+        assert_eq!(strategy["over_limit"], true, "{strategy}");
+        assert_eq!(strategy["oom"], false, "{strategy}");
+        assert!(strategy["speedup_vs_best_peer"].is_null());
+    }
+    // The text table says which limit a run is over.
+    let output = bench(&["1", "--strategies", "megatron", "--memory-limit", "0.0001"]);
+    assert_eq!(output.status.code(), Some(3));
+    let text = String::from_utf8_lossy(&output.stdout);
+    let row = text.lines().find(|l| l.starts_with("megatron ")).unwrap();
+    assert!(row.contains(" limit "), "{row}");
+}
 
 #[test]
 fn json_report_has_every_peer_with_the_contract_fields() {
@@ -94,6 +136,7 @@ fn json_report_has_every_peer_with_the_contract_fields() {
         assert!(strategy["tokens_per_s"].as_f64().unwrap() > 0.0);
         assert!(strategy["dp_imbalance"].as_f64().unwrap() >= 1.0);
         assert_eq!(strategy["oom"], false);
+        assert_eq!(strategy["over_limit"], false);
         assert!(strategy["peak_memory_bytes"].as_u64().unwrap() > 0);
         assert!(strategy.get("peak_memory_per_device").is_none());
         let p50 = strategy["compile_ms_p50"].as_f64().unwrap();

@@ -37,6 +37,7 @@ use slimpack::tune::run::{
 use slimpack::tune::strategy::{self, StrategyInfo, STRATEGIES};
 
 use super::compile::ReportFormat;
+use super::exit::Failure;
 use super::input::{BatchArgs, SpecArgs};
 
 #[derive(Debug, Args)]
@@ -114,6 +115,9 @@ struct Row {
     speedup_vs_megatron_paper: Option<f64>,
     /// Steps re-planned because the kept configuration exceeded the memory limit.
     replans: usize,
+    /// Some step peaks over the memory limit (`--memory-limit`) even after its re-plan: no
+    /// configuration of the strategy fit it. (`oom`, among the figures: over device memory.)
+    over_limit: bool,
     compile_ms_p50: f64,
     compile_ms_p95: f64,
     /// Every other figure of the simulator, over the run (see the module comment).
@@ -388,7 +392,26 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ReportFormat::Json => println!("{}", serde_json::to_string_pretty(&report)?),
         ReportFormat::Text => print!("{}", table(&report)),
     }
-    Ok(())
+    none_fits(&report.strategies, memory_limit)
+}
+
+/// The run's error where no strategy kept every step within the memory limit (exit 3, as
+/// `compile` exits where nothing fits): the report was written, but it compares plans none of
+/// which could run.
+fn none_fits(rows: &[Row], memory_limit: f64) -> anyhow::Result<()> {
+    if rows.is_empty() || rows.iter().any(Row::fits) {
+        return Ok(());
+    }
+    let least = rows
+        .iter()
+        .map(|row| figure(row, "peak_memory_bytes"))
+        .fold(f64::INFINITY, f64::min);
+    Err(Failure::DoesNotFit(format!(
+        "no strategy fits the memory limit on every step: the least peak of a run is {:.2} GiB \
+         (--memory-limit {memory_limit} of device memory; the report marks each run over it)",
+        least / (1u64 << 30) as f64
+    ))
+    .into())
 }
 
 /// The rules every strategy ran by, in words (the report's `config.rules`).
@@ -398,12 +421,12 @@ fn rules_text(tune_steps: usize, memory_limit: f64, drain: bool) -> String {
     } else {
         "no drain: a strategy that delays documents is scored on what it trained"
     };
+    // 92%, 92.5%, 0.01%: the limit as given, to two decimals of a percent.
+    let percent = (memory_limit * 1e4).round() / 100.0;
     format!(
         "every strategy tuned on the first {tune_steps} step(s) together (the fastest \
-         configuration within {:.0}% of device memory on each), kept for every step; a step \
-         over {:.0}% re-planned on its own batch; {drain}",
-        100.0 * memory_limit,
-        100.0 * memory_limit,
+         configuration within {percent}% of device memory on each), kept for every step; a step \
+         over {percent}% re-planned on its own batch; {drain}",
     )
 }
 
@@ -448,7 +471,7 @@ fn progress_bar() -> ProgressBar {
 /// The rows of the runs (`peak_flops`: the cluster's, all devices) and the best peer.
 fn rows(runs: &[StrategyRun], peak_flops: f64) -> (Vec<Row>, Option<&'static str>) {
     let mut rows: Vec<Row> = runs.iter().map(|run| row(run, peak_flops)).collect();
-    let fits = |row: &Row| row.figures.get("oom") == Some(&Value::Bool(false));
+    let fits = |row: &Row| row.fits();
     let best_peer = rows
         .iter()
         .filter(|r| is_peer(r.name) && fits(r))
@@ -499,9 +522,20 @@ fn row(run: &StrategyRun, peak_flops: f64) -> Row {
         speedup_vs_best_peer: None,
         speedup_vs_megatron_paper: None,
         replans: run.replanned,
+        over_limit: run
+            .steps
+            .iter()
+            .any(|s| s.metrics.peak_memory_bytes > run.memory_limit_bytes),
         compile_ms_p50: percentile(&compile, 0.50),
         compile_ms_p95: percentile(&compile, 0.95),
         figures,
+    }
+}
+
+impl Row {
+    /// Every step within the memory limit (and so within device memory).
+    fn fits(&self) -> bool {
+        !self.over_limit && self.figures.get("oom") == Some(&Value::Bool(false))
     }
 }
 
@@ -642,7 +676,7 @@ fn table(report: &Report) -> String {
         .max("strategy".len());
     let _ = writeln!(
         out,
-        "\n{:<width$} {:>5} {:>8} {:>8} {:>10} {:>9} {:>6} {:>6} {:>6} {:>8} {:>8} {:>8} {:>4} {:>17}  config",
+        "\n{:<width$} {:>5} {:>8} {:>8} {:>10} {:>9} {:>6} {:>6} {:>6} {:>8} {:>8} {:>8} {:>5} {:>17}  config",
         "strategy",
         "steps",
         "re-plans",
@@ -661,7 +695,7 @@ fn table(report: &Report) -> String {
     for row in &report.strategies {
         let _ = writeln!(
             out,
-            "{:<width$} {:>5} {:>8} {:>8.3} {:>10.0} {:>9.2} {:>5.1}% {:>5.1}% {:>6} {:>8} {:>8} {:>8.1} {:>4} {:>17}  {}",
+            "{:<width$} {:>5} {:>8} {:>8.3} {:>10.0} {:>9.2} {:>5.1}% {:>5.1}% {:>6} {:>8} {:>8} {:>8.1} {:>5} {:>17}  {}",
             row.name,
             row.steps,
             row.replans,
@@ -675,7 +709,13 @@ fn table(report: &Report) -> String {
             times(row.speedup_vs_best_peer),
             times(row.speedup_vs_megatron_paper),
             figure(row, "peak_memory_bytes") / (1u64 << 30) as f64,
-            if row.figures.get("oom") == Some(&Value::Bool(true)) { "yes" } else { "no" },
+            if row.figures.get("oom") == Some(&Value::Bool(true)) {
+                "yes"
+            } else if row.over_limit {
+                "limit"
+            } else {
+                "no"
+            },
             format!("{:.1}/{:.1}", row.compile_ms_p50, row.compile_ms_p95),
             config.chosen.get(row.name).map_or("", String::as_str),
         );
