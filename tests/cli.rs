@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 mod common;
-use common::slimpack;
+use common::{slimpack, slimpack_reading};
 
 fn fixture(name: &str) -> String {
     format!("tests/fixtures/{name}")
@@ -54,6 +54,42 @@ fn run_compile(extra: &[&str], needles: &[&str]) {
     let args = compile_with(extra);
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     assert_bad_input(&refs, needles);
+}
+
+/// `--batch -` reads the lengths from standard input, as `opt -` reads IR, and names it
+/// `<stdin>` in the report and in errors.
+#[test]
+fn batch_from_standard_input() {
+    let args = common::on_tiny(
+        "compile",
+        "tp=1,pp=2,dp=2",
+        &["--batch", "-", "--context", "256"],
+    );
+    let output = slimpack_reading(&args, b"40\n100\n7\n250\n300\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.starts_with("compiled 6 samples (697 tokens, 5 documents, 1 cut at context 256"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.lines().next().unwrap().ends_with("from <stdin>"),
+        "{stderr}"
+    );
+    let output = slimpack_reading(&args, b"40\nforty\n");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("error: <stdin>: line 2: length 'forty'"),
+        "{stderr}"
+    );
+    let output = slimpack_reading(&args, b"");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with("error: <stdin>: no documents"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -58,7 +58,8 @@ impl JobInputs<'_> {
 /// Where the global batch comes from.
 #[derive(Debug, Default, Args)]
 pub struct BatchArgs {
-    /// Lengths (text, one per line; JSON array; JSONL with a length field) or a JSONL corpus.
+    /// Lengths (text, one per line; JSON array; JSONL with a length field) or a JSONL corpus; `-`
+    /// reads standard input.
     #[arg(long, value_name = "FILE")]
     pub batch: Option<PathBuf>,
     /// Format of --batch: auto, text, json, jsonl, corpus.

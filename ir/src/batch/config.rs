@@ -101,7 +101,7 @@ impl BatchConfig {
             global_batch_tokens: self.global_batch_tokens,
             seed: self.seed.unwrap_or(0),
         };
-        options.validate()?;
+        options.validate_in(TABLE)?;
         Ok(options)
     }
 
@@ -291,12 +291,15 @@ mod tests {
     }
 
     #[test]
-    fn bad_options_name_the_flag() {
+    fn bad_options_name_the_key_not_a_flag() {
         let message = config("[batch]\nfile = \"x\"\nglobal_batch = 0\n")
             .unwrap()
             .resolve(Path::new("."))
             .unwrap_err()
             .to_string();
-        assert!(message.starts_with("--global-batch: "), "{message}");
+        assert!(
+            message.starts_with("[batch] global_batch: must be a positive"),
+            "{message}"
+        );
     }
 }

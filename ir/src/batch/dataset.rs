@@ -45,9 +45,14 @@ pub struct LoadOptions {
 }
 
 impl Dataset {
-    /// Reads a dataset file. An unreadable file is [`IrError::Io`]; bad content is
-    /// [`IrError::Batch`] naming the file.
+    /// Reads a dataset file, or standard input where `path` is `-`. An unreadable file is
+    /// [`IrError::Io`]; bad content is [`IrError::Batch`] naming the file (`<stdin>`).
     pub fn load(path: &Path, options: &LoadOptions) -> Result<Dataset> {
+        if path.as_os_str() == "-" {
+            let bytes = crate::file::read_from(std::io::stdin().lock())
+                .map_err(|error| IrError::io(Path::new("<stdin>"), error))?;
+            return Dataset::parse("<stdin>", &bytes, options);
+        }
         let bytes = crate::file::read(path).map_err(|error| IrError::io(path, error))?;
         Dataset::parse(&path.display().to_string(), &bytes, options)
     }

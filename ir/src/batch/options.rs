@@ -44,11 +44,27 @@ impl Budget {
 }
 
 impl BatchOptions {
-    /// Checks that each given value is positive and at most one budget is given.
+    /// Checks that each given value is positive and at most one budget is given; errors name
+    /// the command-line flags.
     pub fn validate(&self) -> Result<()> {
+        self.check(&|flag: &str| flag.to_string())
+    }
+
+    /// [`BatchOptions::validate`] for options a config file's `table` gave: errors name its
+    /// keys (`[batch] global_batch`), not the flags the file was not given by.
+    pub fn validate_in(&self, table: &str) -> Result<()> {
+        self.check(&|flag: &str| {
+            format!(
+                "{table} {}",
+                flag.trim_start_matches("--").replace('-', "_")
+            )
+        })
+    }
+
+    fn check(&self, named: &dyn Fn(&str) -> String) -> Result<()> {
         let zero = |flag: &str, what: &str| {
             Err(batch_error(
-                flag,
+                named(flag),
                 format!("must be a positive number of {what}, got 0"),
             ))
         };
@@ -63,7 +79,7 @@ impl BatchOptions {
         }
         if let Some(tokens) = self.global_batch_tokens.filter(|&n| n > super::MAX_TOKENS) {
             return Err(batch_error(
-                "--global-batch-tokens",
+                named("--global-batch-tokens"),
                 format!(
                     "{tokens} tokens is more than the {} a batch may hold",
                     super::MAX_TOKENS
@@ -72,7 +88,7 @@ impl BatchOptions {
         }
         if let Some(samples) = self.global_batch.filter(|&n| n > super::MAX_SAMPLES) {
             return Err(batch_error(
-                "--global-batch",
+                named("--global-batch"),
                 format!(
                     "{samples} samples is more than the {} a batch may hold",
                     super::MAX_SAMPLES
@@ -80,10 +96,11 @@ impl BatchOptions {
             ));
         }
         if let (Some(samples), Some(tokens)) = (self.global_batch, self.global_batch_tokens) {
+            let (by_samples, by_tokens) = (named("--global-batch"), named("--global-batch-tokens"));
             return Err(batch_error(
-                "--global-batch",
+                by_samples.clone(),
                 format!(
-                    "give a budget in samples or in tokens, not both (got --global-batch {samples} and --global-batch-tokens {tokens})"
+                    "give a budget in samples or in tokens, not both (got {by_samples} {samples} and {by_tokens} {tokens})"
                 ),
             ));
         }
@@ -134,6 +151,28 @@ mod tests {
             tokens,
             "--global-batch-tokens: must be a positive number of tokens, got 0"
         );
+    }
+
+    #[test]
+    fn a_config_files_zeros_name_its_keys() {
+        let options = BatchOptions {
+            global_batch: Some(0),
+            ..BatchOptions::default()
+        };
+        assert_eq!(
+            options.validate_in("[batch]").unwrap_err().to_string(),
+            "[batch] global_batch: must be a positive number of samples, got 0"
+        );
+        let both = BatchOptions {
+            global_batch: Some(4),
+            global_batch_tokens: Some(100),
+            ..BatchOptions::default()
+        };
+        assert!(both
+            .validate_in("[batch]")
+            .unwrap_err()
+            .to_string()
+            .contains("(got [batch] global_batch 4 and [batch] global_batch_tokens 100)"));
     }
 
     #[test]

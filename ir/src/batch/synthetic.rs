@@ -43,18 +43,30 @@ impl Synthetic {
         match self.distribution {
             Distribution::LogNormal { median, sigma } => {
                 if !positive(median) {
-                    return bad(format!("median must be a positive number, got {median}"));
+                    return bad(format!(
+                        "median must be a positive number, got {}",
+                        number(median)
+                    ));
                 }
                 if !(sigma.is_finite() && sigma >= 0.0) {
-                    return bad(format!("sigma must be a number >= 0, got {sigma}"));
+                    return bad(format!(
+                        "sigma must be a number >= 0, got {}",
+                        number(sigma)
+                    ));
                 }
             }
             Distribution::Pareto { scale, shape } => {
                 if !positive(scale) {
-                    return bad(format!("scale must be a positive number, got {scale}"));
+                    return bad(format!(
+                        "scale must be a positive number, got {}",
+                        number(scale)
+                    ));
                 }
                 if !positive(shape) {
-                    return bad(format!("shape must be a positive number, got {shape}"));
+                    return bad(format!(
+                        "shape must be a positive number, got {}",
+                        number(shape)
+                    ));
                 }
             }
         }
@@ -108,10 +120,14 @@ impl Synthetic {
     pub fn describe(&self) -> String {
         let law = match self.distribution {
             Distribution::LogNormal { median, sigma } => {
-                format!("lognormal(median={median}, sigma={sigma})")
+                format!(
+                    "lognormal(median={}, sigma={})",
+                    number(median),
+                    number(sigma)
+                )
             }
             Distribution::Pareto { scale, shape } => {
-                format!("pareto(scale={scale}, shape={shape})")
+                format!("pareto(scale={}, shape={})", number(scale), number(shape))
             }
         };
         format!(
@@ -121,9 +137,30 @@ impl Synthetic {
     }
 }
 
+/// A parameter as given (`1.2`, `350`), in exponent form where plain digits would run long
+/// (`1e308`, not 309 digits; `1e-9`).
+fn number(value: f64) -> String {
+    let magnitude = value.abs();
+    if magnitude != 0.0 && magnitude.is_finite() && !(1e-6..1e16).contains(&magnitude) {
+        format!("{value:e}")
+    } else {
+        value.to_string()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parameters_print_as_given_or_in_exponent_form() {
+        assert_eq!(number(1.2), "1.2");
+        assert_eq!(number(350.0), "350");
+        assert_eq!(number(0.0), "0");
+        assert_eq!(number(1e308), "1e308");
+        assert_eq!(number(-2.5e-9), "-2.5e-9");
+        assert_eq!(number(f64::INFINITY), "inf");
+    }
 
     fn lognormal(seed: u64) -> Synthetic {
         Synthetic {

@@ -171,7 +171,14 @@ impl ConfigFile {
             "cluster",
             ClusterSpec::preset,
         )?;
-        let parallel = take("parallel")?;
+        let mut parallel = take("parallel")?;
+        // A degree left out is 1, as in `--parallel tp=8` (the schedule JSON, a written
+        // contract, names all three).
+        if let toml::Value::Table(degrees) = &mut parallel {
+            for degree in ["tp", "pp", "dp"] {
+                degrees.entry(degree).or_insert(toml::Value::Integer(1));
+            }
+        }
         let parallel: ParallelSpec = parallel.try_into().map_err(|e: toml::de::Error| {
             IrError::spec(
                 source_name,
@@ -307,6 +314,32 @@ mod tests {
         assert_eq!(config.spec.cluster.gpus_per_node, 4);
         assert_eq!(config.spec.parallel.world(), 64);
         assert!(config.batch.is_none());
+    }
+
+    #[test]
+    fn a_config_files_left_out_degrees_are_one_as_on_the_command_line() {
+        let text = "[model]\npreset = \"llama-7b\"\n[cluster]\npreset = \"h100-sxm\"\n[parallel]\ntp = 8\n";
+        let config = ConfigFile::parse(text, "job.toml").unwrap();
+        assert_eq!(
+            config.spec.parallel,
+            Spec::from_presets("llama-7b", "h100-sxm", "tp=8")
+                .unwrap()
+                .parallel
+        );
+        // A degree that is not a number is still refused, by name.
+        let message =
+            ConfigFile::parse(&text.replace("tp = 8", "tp = 8\npp = \"two\""), "job.toml")
+                .unwrap_err()
+                .to_string();
+        assert!(message.starts_with("job.toml: [parallel]"), "{message}");
+        // [parallel] must still be a table.
+        let message = ConfigFile::parse(
+            &text.replace("[parallel]\ntp = 8\n", "parallel = 8\n"),
+            "job.toml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(!message.contains('\n'), "{message}");
     }
 
     #[test]
