@@ -10,6 +10,8 @@
 #   scripts/heldout-sweep.sh R16 R27     # only these
 #   SWEEP_RUNS=FILE scripts/heldout-sweep.sh   # the runs of FILE instead, one per line in the
 #                                              # format below (scripts/loss-hunt.py writes them)
+#   SWEEP_EXTRA=slimpack-no-interleave scripts/heldout-sweep.sh   # also run these strategies
+#                                              # (in the JSON files; the table is slimpack's)
 #
 # Needs ../shared/data. Writes target/sweep/<run>.json and prints a markdown table of the runs.
 set -euo pipefail
@@ -96,7 +98,7 @@ RUNS=(
     "R71 cpython_stdlib  llama-70b tp=8,pp=4,dp=8  65536  1048576 h200"
     "R72 cxx-headers     llama-13b tp=8,pp=8,dp=64 16384  4194304 a100-80g"
 )
-STRATEGIES=megatron,megatron-paper,bfd,kk,wlb,slimpack
+STRATEGIES=megatron,megatron-paper,bfd,kk,wlb,slimpack${SWEEP_EXTRA:+,$SWEEP_EXTRA}
 if [ -n "${SWEEP_RUNS:-}" ]; then
     mapfile -t RUNS < <(grep -v '^\s*\(#\|$\)' "$SWEEP_RUNS")
 fi

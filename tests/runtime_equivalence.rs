@@ -184,9 +184,38 @@ fn pass_pipelines_run_equal_to_the_reference() {
             );
         }
     }
+
     assert_eq!(
         seen,
         (true, true, true),
         "the pipelines exercise merged groups, slices and asymmetric packs"
+    );
+}
+
+/// A DP rank in its plain replica and a DP-Merge group runs their schedules interleaved
+/// (`interleave-ranks`): the program follows the written order, and the step still equals the
+/// unsliced reference.
+#[test]
+fn interleaved_shared_ranks_run_equal_to_the_reference() {
+    let spec = spec("tp=1,pp=2,dp=4");
+    let mut interleaved = 0;
+    for pipeline in [
+        "assign-dp,dp-merge,pack-symmetric,schedule-pipeline,interleave-ranks",
+        "assign-dp,dp-merge,slice{size=96},pack-fwd,pack-bwd,schedule-pipeline,interleave-ranks",
+        "assign-dp,dp-merge,slice{size=96},pack-fwd,pack-bwd,schedule-pipeline{zb=true},interleave-ranks",
+    ] {
+        let options = CompileOptions {
+            pipeline: pipeline.to_string(),
+            ..CompileOptions::default()
+        };
+        let compiled = compile(&spec, &dominant(), &options, &mut std::io::sink())
+            .unwrap_or_else(|e| panic!("{pipeline}: {e}"));
+        interleaved += usize::from(compiled.ir.rank_orders().next().is_some());
+        let (merged, _, _) = check(&compiled.ir, pipeline);
+        assert!(merged > 0, "{pipeline}");
+    }
+    assert!(
+        interleaved > 0,
+        "no step interleaved a shared rank's replicas"
     );
 }

@@ -83,6 +83,12 @@ pub struct ScheduleDocument {
     /// Per replica and pipeline device, how it interleaves its model chunks (`vpp > 1` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub interleave: Vec<InterleaveEntry>,
+    /// Per DP rank in several replicas (a plain replica and DP-Merge groups) and pipeline
+    /// device, where the replicas' schedules interleave: the replica of each op it runs, in
+    /// order. A rank without an entry runs its replicas one after the other, in `replicas`
+    /// order. The devices' op lists follow it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_orders: Vec<RankOrderEntry>,
     /// Every group of ranks a collective op runs over, each distinct group once, in the order
     /// the devices (by rank, each op in order) first name them; ops refer to them by index.
     /// Creating one process group per entry in this order (`torch.distributed.new_group`, on
@@ -513,6 +519,17 @@ pub struct InterleaveEntry {
     pub replica: u32,
     pub pp: u32,
     pub chunks: Vec<u32>,
+}
+
+/// The order in which DP rank `dp`'s pipeline device `pp` runs the ops of the replicas it is
+/// in: `replicas[i]` (an index into `replicas`) is the replica of its `i`-th op, each replica's
+/// ops in its schedule's order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RankOrderEntry {
+    pub dp: u32,
+    pub pp: u32,
+    pub replicas: Vec<u32>,
 }
 
 /// Errors writing or reading a document.

@@ -47,6 +47,12 @@
 //!   schedules, forward flowing to later stages, backward to earlier ones, and every slice's
 //!   backward after its forward on the last stage, hence after its forward on every later
 //!   stage) has no cycle, so the schedule runs to completion.
+//! - `rank-order-complete`: an order of a shared DP rank's pipeline device (see
+//!   [`StepIr::rank_order`]) is of a rank in several replicas and lists each of them exactly as
+//!   often as it runs ops on the device, and no other replica.
+//! - `rank-order-deadlock-free`: with such orders, the step's program (which follows them) runs
+//!   to completion (the token game of [`crate::program::check`]; from `lowered`, as
+//!   `program-executable`).
 //!
 //! From `lowered`:
 //! - `program-stored`: the step carries its program (stored by [`crate::program::lower_into`]).
@@ -655,6 +661,79 @@ impl<'a> Verifier<'a> {
     }
 
     fn schedules(&mut self) {
+        let errors_before = self.errors.len();
+        self.replica_schedules();
+        // Orders of shared ranks merge sound schedules only.
+        if self.errors.len() == errors_before {
+            self.rank_orders();
+        }
+    }
+
+    /// Every shared DP rank's order ([`StepIr::rank_order`]) is of a rank in several replicas,
+    /// names only replicas holding it, each as often as it runs ops on the device; and the
+    /// step's program, which follows the orders, runs to the end (before lowering: a lowered
+    /// step's stored program is checked as such).
+    fn rank_orders(&mut self) {
+        let ir = self.ir;
+        if ir.rank_orders().next().is_none() {
+            return;
+        }
+        let errors_before = self.errors.len();
+        let parallel = ir.spec.parallel;
+        let mut of_rank: Vec<Vec<ReplicaId>> = vec![Vec::new(); parallel.dp as usize];
+        for &replica in ir.replicas() {
+            for &rank in &ir.replica(replica).ranks {
+                if let Some(held) = of_rank.get_mut(rank as usize) {
+                    held.push(replica);
+                }
+            }
+        }
+        for ((rank, device), order) in ir.rank_orders() {
+            let location = format!("order dp={rank} pp={device}");
+            let Some(held) = of_rank.get(rank as usize).filter(|_| device < parallel.pp) else {
+                self.report_located(
+                    location,
+                    "rank-order-complete",
+                    format!("names no DP rank and pipeline device of {parallel}"),
+                );
+                continue;
+            };
+            if held.len() < 2 {
+                self.report_located(
+                    location,
+                    "rank-order-complete",
+                    "the rank is in one replica: there is nothing to interleave".into(),
+                );
+                continue;
+            }
+            if let Some(&stranger) = order.iter().find(|replica| !held.contains(replica)) {
+                let message = format!(
+                    "names {}, which does not hold the rank",
+                    self.names().replica(stranger)
+                );
+                self.report_located(location, "rank-order-complete", message);
+                continue;
+            }
+            for &replica in held {
+                let runs = ir.device_schedule(replica, device).len();
+                let listed = order.iter().filter(|&&r| r == replica).count();
+                if listed != runs {
+                    let message = format!(
+                        "lists {} {listed} times; it runs {runs} ops on the device",
+                        self.names().replica(replica)
+                    );
+                    self.report_located(location.clone(), "rank-order-complete", message);
+                }
+            }
+        }
+        if self.errors.len() == errors_before && ir.phase() < Phase::Lowered {
+            if let Err(e) = crate::program::check(&crate::program::lower(ir)) {
+                self.report(At::Section("order"), "rank-order-deadlock-free", e.message);
+            }
+        }
+    }
+
+    fn replica_schedules(&mut self) {
         let ir = self.ir;
         for &replica in ir.replicas() {
             let forward = self.index.packs_on(ir, replica, Direction::Forward);

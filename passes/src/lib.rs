@@ -8,13 +8,14 @@
 //! - [`manager`]: runs a pipeline, verifying, timing, printing and dumping;
 //! - one file per pass: [`assign_dp`], [`assign_hybrid_cp`], [`dp_merge`], [`slice`],
 //!   [`pack_fwd`], [`pack_bwd`], [`eqsat`], [`pack_symmetric`], [`schedule_pipeline`],
-//!   [`assign_recompute`], [`lower`];
+//!   [`assign_recompute`], [`interleave_ranks`], [`lower`];
 //!   what several passes share is plain functions ([`micropack`], `balance`).
 //!
 //! Passes plan with the machine model's cost functions; choosing among pipelines by simulation
 //! is the tuner's job (the facade's `tune` module), never a pass's. (`assign-recompute` reads
 //! the simulated memory timeline of the one schedule it is given, the machine crate's memory
-//! model over time, to size each stage's recomputation.)
+//! model over time, to size each stage's recomputation; `interleave-ranks` reads its
+//! first-come-first-served timeline to order a shared DP rank's replicas.)
 
 pub mod assign_dp;
 pub mod assign_hybrid_cp;
@@ -23,6 +24,7 @@ mod balance;
 pub mod dp_merge;
 pub mod eqsat;
 mod error;
+pub mod interleave_ranks;
 pub mod lower;
 pub mod manager;
 pub mod micropack;

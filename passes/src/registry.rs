@@ -18,6 +18,7 @@ pub static PASSES: &[PassInfo] = &[
     crate::pack_symmetric::INFO,
     crate::schedule_pipeline::INFO,
     crate::assign_recompute::INFO,
+    crate::interleave_ranks::INFO,
     crate::lower::INFO,
 ];
 

@@ -231,6 +231,9 @@ pub struct CompileArgs {
     /// slimpack ablation: one recomputation mode per step (no per-stage modes).
     #[arg(long)]
     no_stage_recompute: bool,
+    /// slimpack ablation: a DP rank's plain replica and DP-Merge group run one after the other.
+    #[arg(long)]
+    no_interleave: bool,
     /// Run this explicit pass pipeline instead of a strategy, e.g. 'slice{size=8192}' (see
     /// `slimpack passes`); an empty pipeline (--passes '') gives the logical IR.
     #[arg(long, value_name = "PIPELINE")]
@@ -287,6 +290,7 @@ impl CompileArgs {
             (self.no_eqsat, "eqsat"),
             (self.no_zero_bubble, "zero-bubble"),
             (self.no_stage_recompute, "stage-recompute"),
+            (self.no_interleave, "interleave"),
         ]
         .iter()
         .filter(|(on, _)| *on)

@@ -267,6 +267,15 @@ fn resolve_dataset(
             file.display()
         );
     }
+    // The flags' values are checked as flags (the merged options' errors name the config's
+    // keys, where only the config can have put a bad value).
+    BatchOptions {
+        context: args.context,
+        global_batch: args.global_batch,
+        global_batch_tokens: args.global_batch_tokens,
+        seed: 0,
+    }
+    .validate()?;
     let (mut config, mut base_dir) = match config_batch {
         Some((table, dir, name)) => (BatchConfig::from_table(table.clone(), name)?, dir.clone()),
         None => (BatchConfig::default(), PathBuf::new()),

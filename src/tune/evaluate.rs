@@ -676,8 +676,9 @@ impl<'a> PipelineTree<'a> {
 /// scheduled is bounded by its compute ([`sim::compute_bound`]), a scheduled step by its
 /// schedules ([`sim::schedule_bound`]) before it is simulated or handed to `assign-recompute`
 /// — only where what is left of the pipeline is `schedule-pipeline` (which orders the packs
-/// and may split backwards, no faster than whole ones) and `assign-recompute` (bounded with
-/// no recomputation on any stage).
+/// and may split backwards, no faster than whole ones), `assign-recompute` (bounded with
+/// no recomputation on any stage) and `interleave-ranks` (a replica interleaved with others on
+/// its ranks runs its own schedule no sooner than alone).
 struct Pruning<'a> {
     fastest: &'a AtomicU64,
     /// The machine of the group's spec, and with no recomputation.
@@ -701,7 +702,12 @@ impl Pruning<'_> {
         step: usize,
         rest: &[PipelineEntry],
     ) -> Result<Option<f64>, PassError> {
-        let bounded = |name: &str| matches!(name, "schedule-pipeline" | "assign-recompute");
+        let bounded = |name: &str| {
+            matches!(
+                name,
+                "schedule-pipeline" | "assign-recompute" | "interleave-ranks"
+            )
+        };
         if !rest.iter().all(|entry| bounded(entry.info.name)) {
             return Ok(None);
         }

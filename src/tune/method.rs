@@ -42,7 +42,9 @@
 //! Ablations (`--no-<idea>` on the command line, `slimpack-no-<idea>` as strategy names):
 //! `asymmetric` (backward packs mirror the forward ones), `dp-merge`, `slicing` (whole
 //! samples), `eqsat`; `zero-bubble`, the full search (peers' plans included) with whole
-//! backwards only; and `stage-recompute`, the full search with one mode per step.
+//! backwards only; `stage-recompute`, the full search with one mode per step; and
+//! `interleave`, the full search with a shared DP rank's replicas one after the other (no
+//! `interleave-ranks` at the end of the DP-Merge pipelines).
 
 use slimpack_ir::batch::Batch;
 use slimpack_ir::spec::Recompute;
@@ -64,6 +66,9 @@ pub struct Ideas {
     pub zero_bubble: bool,
     /// Per-stage recomputation twins ([`super::stage_recompute`]).
     pub stage_recompute: bool,
+    /// DP-Merge pipelines end in `interleave-ranks`: a rank shared by its plain replica and a
+    /// group runs their schedules interleaved where that is faster within memory.
+    pub interleave_ranks: bool,
 }
 
 impl Ideas {
@@ -75,6 +80,7 @@ impl Ideas {
         eqsat: true,
         zero_bubble: true,
         stage_recompute: true,
+        interleave_ranks: true,
     };
 }
 
@@ -346,11 +352,36 @@ pub fn candidates_with(
         true => with_zero_bubble(candidates, spec, choices),
         false => candidates,
     };
-    match ideas.stage_recompute {
+    let candidates = match ideas.stage_recompute {
         true => with_stage_recompute(candidates, choices),
+        false => candidates,
+    };
+    match ideas.interleave_ranks {
+        true => with_interleaved_ranks(candidates, choices),
         false => candidates,
     }
 }
+
+/// `candidates` with every pipeline of the DP-Merge ones (whose groups share DP ranks with
+/// the plain replicas) ending in `interleave-ranks`, after whatever else it runs: the pass
+/// keeps a shared rank's replicas one after the other unless interleaving them is faster
+/// within the memory limit, so a step only gains.
+fn with_interleaved_ranks(candidates: Vec<Candidate>, choices: &Choices) -> Vec<Candidate> {
+    let pass = match choices.memory_limit == DEFAULT_MEMORY_LIMIT {
+        true => INTERLEAVE.to_string(),
+        false => format!("{INTERLEAVE}{{memory={}}}", choices.memory_limit),
+    };
+    candidates
+        .into_iter()
+        .map(|candidate| match candidate.label.starts_with("dp-merge=") {
+            true => candidate.map_pipelines(|pipeline| format!("{pipeline},{pass}")),
+            false => candidate,
+        })
+        .collect()
+}
+
+/// The pass that interleaves a shared rank's replicas.
+const INTERLEAVE: &str = "interleave-ranks";
 
 /// The mirrored backward packing (the forward packs' slices).
 const MIRROR: &str = "pack-bwd{mirror=true}";
@@ -516,6 +547,19 @@ pub(crate) fn no_stage_recompute(
 ) -> Vec<Candidate> {
     let ideas = Ideas {
         stage_recompute: false,
+        ..Ideas::ALL
+    };
+    with_peer_plans(ideas, spec, batch, state, choices)
+}
+/// The full method's search with a shared rank's replicas one after the other.
+pub(crate) fn no_interleave(
+    spec: &Spec,
+    batch: &Batch,
+    state: &StrategyState,
+    choices: &Choices,
+) -> Vec<Candidate> {
+    let ideas = Ideas {
+        interleave_ranks: false,
         ..Ideas::ALL
     };
     with_peer_plans(ideas, spec, batch, state, choices)

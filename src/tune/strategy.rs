@@ -480,6 +480,15 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         applies: None,
     },
     StrategyInfo {
+        name: "slimpack-no-interleave",
+        summary: "ablation: a DP rank's plain replica and DP-Merge group one after the other (no interleaving)",
+        source: "src/tune/method.rs, passes/src/interleave_ranks.rs",
+        deviations: "no interleave-ranks pass",
+        candidates: method::no_interleave,
+        admit: None,
+        applies: None,
+    },
+    StrategyInfo {
         name: "slimpack-outlier-delay",
         summary: "opt-in: slimpack's search with WLB-LLM's outlier delay (long documents trained in later steps)",
         source: "src/tune/method.rs; the admission of wlb (WLB-LLM, OSDI'25, Algorithm 1)",

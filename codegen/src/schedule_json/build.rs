@@ -16,9 +16,9 @@ use super::devices::devices;
 use super::layout::Layout;
 use super::{
     BatchDocument, DeferredWeightGrad, InterleaveEntry, LossDocument, LossNormalization,
-    PackDocument, PackSlice, PackedSeqParams, QkvFormat, ReplicaDocument, ScheduleDocument,
-    ScheduleEntry, ScheduleError, SliceDocument, StageDocument, SubBatch, FORMAT, INT32_MAX,
-    VERSION,
+    PackDocument, PackSlice, PackedSeqParams, QkvFormat, RankOrderEntry, ReplicaDocument,
+    ScheduleDocument, ScheduleEntry, ScheduleError, SliceDocument, StageDocument, SubBatch, FORMAT,
+    INT32_MAX, VERSION,
 };
 
 /// The document of `ir` (see [`super::document`]).
@@ -88,6 +88,21 @@ pub(super) fn document(
             }
         }
     }
+    let replica_index: std::collections::HashMap<_, u32> = ir
+        .replicas()
+        .iter()
+        .enumerate()
+        .map(|(r, &replica)| (replica, r as u32))
+        .collect();
+    let rank_orders = ir
+        .rank_orders()
+        .map(|((rank, device), order)| RankOrderEntry {
+            // DP-Merge runs without static CP: an IR rank is a document DP rank.
+            dp: layout.dp_ranks_of_ir(&[rank])[0],
+            pp: device,
+            replicas: order.iter().map(|replica| replica_index[replica]).collect(),
+        })
+        .collect();
     let samples: Vec<_> = ir.samples().iter().map(|&s| *ir.sample(s)).collect();
     let replicas = ir
         .replicas()
@@ -140,6 +155,7 @@ pub(super) fn document(
         packs,
         schedules,
         interleave,
+        rank_orders,
         groups,
         devices,
         predicted,

@@ -182,6 +182,28 @@ pub(super) fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
         }
         ir.set_interleave(replica, entry.pp, &entry.chunks);
     }
+    for entry in &doc.rank_orders {
+        let order = entry
+            .replicas
+            .iter()
+            .map(|&r| {
+                replicas
+                    .get(r as usize)
+                    .copied()
+                    .ok_or_else(|| invalid(format!("rank_orders names replica {r}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let rank = match layout.ir_dp_ranks(&[entry.dp])[..] {
+            [rank] if entry.dp < doc.spec.parallel.dp && entry.pp < doc.spec.parallel.pp => rank,
+            _ => {
+                return Err(invalid(format!(
+                    "rank_orders names dp={} pp={}: no DP rank and pipeline device of {} run several replicas there",
+                    entry.dp, entry.pp, doc.spec.parallel
+                )))
+            }
+        };
+        ir.set_rank_order(rank, entry.pp, &order);
+    }
     ir.advance(Phase::Scheduled);
     slimpack_ir::verify::verify(&ir)?;
     program::lower_into(&mut ir).map_err(|e| invalid(e.message))?;

@@ -72,14 +72,32 @@ pub fn lower(ir: &StepIr) -> Program {
             })
         })
         .collect();
+    // Workers whose DP rank interleaves the replicas it is in (`StepIr::rank_order`): their
+    // ops are gathered per schedule entry, then merged in that order. The others take each
+    // replica's ops in full, replicas in IR order, as they come.
+    let mut pending: Vec<Option<Pending>> = (0..pp)
+        .flat_map(|device| (0..dp).map(move |rank| (rank, device)))
+        .map(|(rank, device)| {
+            ir.rank_order(rank, device).map(|order| Pending {
+                order: order.iter().map(|r| r.node().index()).collect(),
+                entries: Vec::new(),
+            })
+        })
+        .collect();
     for &replica in ir.replicas() {
         let ranks = &ir.replica(replica).ranks;
         let merged = ranks.len() > 1;
         for device in 0..pp {
             let order = ir.device_schedule(replica, device);
             for &rank in ranks {
-                let ops = &mut workers[(device * dp + rank) as usize].ops;
+                let worker_index = (device * dp + rank) as usize;
+                let mut buffer = Vec::new();
+                let (ops, mut gathered) = match &mut pending[worker_index] {
+                    Some(gathered) => (&mut buffer, Some(gathered)),
+                    None => (&mut workers[worker_index].ops, None),
+                };
                 for &(op, stage) in &order {
+                    let start = ops.len();
                     let pack_id = op.pack;
                     let pack = pack_index[pack_id.node().index()];
                     debug_assert_ne!(pack, u32::MAX, "a scheduled pack not placed (bug)");
@@ -92,57 +110,67 @@ pub fn lower(ir: &StepIr) -> Program {
                             chunk,
                             part: op.part,
                         });
-                        continue;
-                    }
-                    // The pipeline stages the pack's input comes from and its output goes to.
-                    let (from, to) = match direction {
-                        Direction::Forward => (
-                            stage.checked_sub(1),
-                            Some(stage + 1).filter(|&s| s < stages),
-                        ),
-                        Direction::Backward => (
-                            Some(stage + 1).filter(|&s| s < stages),
-                            stage.checked_sub(1),
-                        ),
-                    };
-                    let worker = |stage: u32| Worker {
-                        dp: rank,
-                        pp: parallel.device_of_stage(stage),
-                    };
-                    if let Some(from) = from {
-                        ops.push(Op::Recv {
-                            pack,
-                            direction,
-                            from: worker(from),
-                            chunk,
+                    } else {
+                        // The pipeline stages the pack's input comes from and its output goes to.
+                        let (from, to) = match direction {
+                            Direction::Forward => (
+                                stage.checked_sub(1),
+                                Some(stage + 1).filter(|&s| s < stages),
+                            ),
+                            Direction::Backward => (
+                                Some(stage + 1).filter(|&s| s < stages),
+                                stage.checked_sub(1),
+                            ),
+                        };
+                        let worker = |stage: u32| Worker {
+                            dp: rank,
+                            pp: parallel.device_of_stage(stage),
+                        };
+                        if let Some(from) = from {
+                            ops.push(Op::Recv {
+                                pack,
+                                direction,
+                                from: worker(from),
+                                chunk,
+                            });
+                        }
+                        if merged {
+                            ops.push(Op::CpExchange {
+                                pack,
+                                direction,
+                                group: ranks.clone(),
+                                chunk,
+                            });
+                        }
+                        ops.push(match direction {
+                            Direction::Forward => Op::Forward { pack, chunk },
+                            Direction::Backward => Op::Backward {
+                                pack,
+                                chunk,
+                                part: op.part,
+                            },
                         });
+                        if let Some(to) = to {
+                            ops.push(Op::Send {
+                                pack,
+                                direction,
+                                to: worker(to),
+                                chunk,
+                            });
+                        }
                     }
-                    if merged {
-                        ops.push(Op::CpExchange {
-                            pack,
-                            direction,
-                            group: ranks.clone(),
-                            chunk,
-                        });
-                    }
-                    ops.push(match direction {
-                        Direction::Forward => Op::Forward { pack, chunk },
-                        Direction::Backward => Op::Backward {
-                            pack,
-                            chunk,
-                            part: op.part,
-                        },
-                    });
-                    if let Some(to) = to {
-                        ops.push(Op::Send {
-                            pack,
-                            direction,
-                            to: worker(to),
-                            chunk,
-                        });
+                    if let Some(gathered) = gathered.as_mut() {
+                        gathered
+                            .entries
+                            .push((replica.node().index(), ops.drain(start..).collect()));
                     }
                 }
             }
+        }
+    }
+    for (worker, gathered) in workers.iter_mut().zip(pending) {
+        if let Some(gathered) = gathered {
+            worker.ops = gathered.merge();
         }
     }
     for worker in &mut workers {
@@ -156,6 +184,42 @@ pub fn lower(ir: &StepIr) -> Program {
         dp,
         packs,
         workers,
+    }
+}
+
+/// A worker's ops gathered per schedule entry, to be merged in its rank's order.
+struct Pending {
+    /// The replica (node index) of each op the worker runs, in order.
+    order: Vec<usize>,
+    /// Each schedule entry's ops with its replica (node index), replicas in IR order, each
+    /// replica's entries in its schedule's order.
+    entries: Vec<(usize, Vec<Op>)>,
+}
+
+impl Pending {
+    /// The ops in the rank's order: the order's `i`-th replica contributes its next entry.
+    /// An order that names a replica more often than it has entries stops there (the
+    /// verifier rejects such an order before anything is lowered).
+    fn merge(self) -> Vec<Op> {
+        let mut queues: Vec<(usize, std::collections::VecDeque<Vec<Op>>)> = Vec::new();
+        for (replica, ops) in self.entries {
+            match queues.iter_mut().find(|(r, _)| *r == replica) {
+                Some((_, queue)) => queue.push_back(ops),
+                None => queues.push((replica, std::collections::VecDeque::from([ops]))),
+            }
+        }
+        let mut merged = Vec::new();
+        for replica in self.order {
+            let Some(ops) = queues
+                .iter_mut()
+                .find(|(r, _)| *r == replica)
+                .and_then(|(_, queue)| queue.pop_front())
+            else {
+                break;
+            };
+            merged.extend(ops);
+        }
+        merged
     }
 }
 

@@ -20,8 +20,11 @@
 //!
 //! Order: a worker runs the packs of each replica it belongs to in that replica's schedule order.
 //! A DP rank in a plain replica and in a DP-Merge group runs the replicas one after the other in
-//! IR order (replica-major): every worker meets the replicas in the same order, so the program is
-//! deadlock-free whenever each replica's schedule is (which the verifier proves); [`check`]
+//! IR order (replica-major; every worker meets the replicas in the same order, so the program is
+//! deadlock-free whenever each replica's schedule is, which the verifier proves), unless the
+//! step gives the rank's pipeline device an order of its own (`StepIr::rank_order`, written by
+//! the `interleave-ranks` pass): then its ops interleave the replicas' in that order
+//! (`StepIr::rank_schedule`), and the verifier proves the program runs to the end. [`check`]
 //! proves it again on the op lists themselves.
 //!
 //! Under context parallelism each member of a pack's CP group holds a share of every slice

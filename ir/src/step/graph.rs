@@ -56,6 +56,10 @@ pub struct StepIr {
     /// part is deferred, in the order they run, each with the number of ops of the stage's
     /// order chain that run before it (see [`StepIr::stage_ops`]).
     weight_grads: BTreeMap<(ReplicaId, u32), Vec<(PackId, u32)>>,
+    /// Per (DP rank, pipeline device) in several replicas (a plain replica and DP-Merge
+    /// groups), the replica of each op the device runs, in order, where the replicas'
+    /// schedules interleave (see [`StepIr::rank_schedule`]); absent: one after the other.
+    rank_orders: BTreeMap<(u32, u32), Vec<ReplicaId>>,
     /// Position of each sample in `samples` (batch order), indexed by node index.
     sample_position: Vec<u32>,
     /// The replica of each sample, indexed by batch position (`None`: not placed).
@@ -103,6 +107,7 @@ impl StepIr {
             program: None,
             interleave: BTreeMap::new(),
             weight_grads: BTreeMap::new(),
+            rank_orders: BTreeMap::new(),
             sample_position: Vec::new(),
             sample_replica: Vec::new(),
             replica_samples: FxHashMap::default(),
@@ -669,6 +674,8 @@ impl StepIr {
     /// always has a forward and a backward pack.
     pub fn set_schedule(&mut self, replica: ReplicaId, stage: u32, order: &[PackId]) {
         self.weight_grads.remove(&(replica, stage));
+        // The interleaving of shared ranks was of the schedules this one replaces.
+        self.rank_orders.clear();
         let packs: Vec<PackId> = {
             let mut all = self.packs_on(replica, Direction::Forward);
             all.extend(self.packs_on(replica, Direction::Backward));
@@ -803,6 +810,7 @@ impl StepIr {
     /// [`StepIr::schedule`].
     pub fn set_interleave(&mut self, replica: ReplicaId, device: u32, chunks: &[u32]) {
         self.interleave.insert((replica, device), chunks.to_vec());
+        self.rank_orders.clear();
     }
 
     /// The chunk sequence set by [`StepIr::set_interleave`], if any.
@@ -842,6 +850,78 @@ impl StepIr {
             };
             next[chunk as usize] += 1;
             merged.push((StageOp::whole(pack), stage(chunk)));
+        }
+        merged
+    }
+
+    // ---- shared ranks ----
+
+    /// Sets the order in which DP rank `rank`'s pipeline device `device` runs the replicas it
+    /// is in (a plain replica and the DP-Merge groups holding the rank): `replicas[i]` is the
+    /// replica of its `i`-th op, each replica's ops in its [`StepIr::device_schedule`] order.
+    /// Any later change of a schedule clears every such order.
+    pub fn set_rank_order(&mut self, rank: u32, device: u32, replicas: &[ReplicaId]) {
+        self.rank_orders.insert((rank, device), replicas.to_vec());
+    }
+
+    /// The order set by [`StepIr::set_rank_order`], if any.
+    pub fn rank_order(&self, rank: u32, device: u32) -> Option<&[ReplicaId]> {
+        self.rank_orders.get(&(rank, device)).map(Vec::as_slice)
+    }
+
+    /// Every (DP rank, pipeline device) with an order of its own, and the order.
+    pub fn rank_orders(&self) -> impl Iterator<Item = ((u32, u32), &[ReplicaId])> {
+        self.rank_orders
+            .iter()
+            .map(|(&key, order)| (key, order.as_slice()))
+    }
+
+    /// Forgets every order set by [`StepIr::set_rank_order`]: shared ranks run their replicas
+    /// one after the other.
+    pub fn clear_rank_orders(&mut self) {
+        self.rank_orders.clear();
+    }
+
+    /// The replicas `rank` is in, in IR order.
+    pub fn replicas_of_rank(&self, rank: u32) -> Vec<ReplicaId> {
+        self.replicas
+            .iter()
+            .copied()
+            .filter(|&replica| self.replica(replica).ranks.contains(&rank))
+            .collect()
+    }
+
+    /// What DP rank `rank`'s pipeline device `device` runs, in order, as (replica, op, stage):
+    /// the [`StepIr::device_schedule`]s of the replicas holding the rank, merged by the
+    /// rank's order where it has one ([`StepIr::set_rank_order`]), otherwise one after the
+    /// other in IR order. Stops early where the order and the schedules disagree (the
+    /// verifier reports it).
+    pub fn rank_schedule(&self, rank: u32, device: u32) -> Vec<(ReplicaId, StageOp, u32)> {
+        let replicas = self.replicas_of_rank(rank);
+        let schedules: Vec<Vec<(StageOp, u32)>> = replicas
+            .iter()
+            .map(|&replica| self.device_schedule(replica, device))
+            .collect();
+        let Some(order) = self.rank_order(rank, device) else {
+            return replicas
+                .iter()
+                .zip(&schedules)
+                .flat_map(|(&replica, ops)| {
+                    ops.iter().map(move |&(op, stage)| (replica, op, stage))
+                })
+                .collect();
+        };
+        let mut next = vec![0usize; replicas.len()];
+        let mut merged = Vec::with_capacity(order.len());
+        for &replica in order {
+            let Some(at) = replicas.iter().position(|&r| r == replica) else {
+                break;
+            };
+            let Some(&(op, stage)) = schedules[at].get(next[at]) else {
+                break;
+            };
+            next[at] += 1;
+            merged.push((replica, op, stage));
         }
         merged
     }

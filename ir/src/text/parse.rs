@@ -337,6 +337,7 @@ impl Parser<'_> {
             stages: Vec::new(),
             names: HashMap::new(),
             last_sample: None,
+            rank_orders: Default::default(),
         };
         loop {
             self.skip_newlines();
@@ -348,10 +349,11 @@ impl Parser<'_> {
                 Token::Name(_) => self.definition(&mut body)?,
                 Token::Word(word) if word == "schedule" => self.schedule(&mut body)?,
                 Token::Word(word) if word == "interleave" => self.interleave(&mut body)?,
+                Token::Word(word) if word == "order" => self.rank_order(&mut body)?,
                 Token::Word(word) if word == "worker" => self.worker_block()?,
                 _ => {
                     return Err(self.unexpected(
-                        "a '%name = ...' definition, 'schedule', 'interleave', 'worker' or '}'",
+                        "a '%name = ...' definition, 'schedule', 'interleave', 'order', 'worker' or '}'",
                     ))
                 }
             }
@@ -362,6 +364,10 @@ impl Parser<'_> {
         }
         body.ir_mut();
         let mut ir = body.ir.take().expect("ir_mut creates the IR (bug)");
+        // After every schedule, which would clear them (a file may list them anywhere).
+        for ((rank, device), order) in std::mem::take(&mut body.rank_orders) {
+            ir.set_rank_order(rank, device, &order);
+        }
         // An empty batch, which `compile` refuses, is no step in the text form either.
         if ir.samples().is_empty() {
             return Err(self.error_at(phase_at, "the step holds no sample"));
@@ -840,6 +846,52 @@ impl Parser<'_> {
         Ok(())
     }
 
+    /// `order dp=3 pp=0 [%r3, %r16, %r16, %r3, ...]`: the replica of each op DP rank `dp`'s
+    /// pipeline device `pp` runs, where the rank is in several replicas.
+    fn rank_order(&mut self, body: &mut Body) -> Result<()> {
+        self.next();
+        let mut key = [0u32; 2];
+        for (slot, (keyword, what)) in [("dp", "DP rank"), ("pp", "pipeline device")]
+            .into_iter()
+            .enumerate()
+        {
+            self.expect_keyword(keyword)?;
+            self.expect(Token::Equals, &format!("'=' after '{keyword}'"))?;
+            let value = self.value()?;
+            key[slot] = self.number(value, what)?;
+        }
+        let (order, order_at) = self.value()?;
+        let Value::List(items) = order else {
+            return Err(self.error_at(order_at, "expected the replica of each op [%r0, %r4, ...]"));
+        };
+        let mut replicas = Vec::with_capacity(items.len());
+        for item in items {
+            replicas.push(self.replica_ref(body, item)?);
+        }
+        self.end_of_statement()?;
+        let parallel = body.ir_mut().spec.parallel;
+        if key[0] >= parallel.dp || key[1] >= parallel.pp {
+            return Err(self.error_at(
+                order_at,
+                format!(
+                    "dp={} pp={} is no DP rank and pipeline device of the layout {parallel}",
+                    key[0], key[1]
+                ),
+            ));
+        }
+        if body
+            .rank_orders
+            .insert((key[0], key[1]), replicas)
+            .is_some()
+        {
+            return Err(self.error_at(
+                order_at,
+                format!("a second order for dp={} pp={}", key[0], key[1]),
+            ));
+        }
+        Ok(())
+    }
+
     fn replica_ref(&self, body: &Body, (value, at): (Value, Pos)) -> Result<ReplicaId> {
         match value {
             Value::Name(name) => match body.names.get(&name) {
@@ -859,6 +911,8 @@ struct Body {
     stages: Vec<Stage>,
     names: HashMap<String, Named>,
     last_sample: Option<SampleId>,
+    /// Shared ranks' orders, set once every schedule is read.
+    rank_orders: std::collections::BTreeMap<(u32, u32), Vec<ReplicaId>>,
 }
 
 impl Body {

@@ -124,6 +124,17 @@ pub fn print(ir: &StepIr) -> String {
             }
         }
     }
+    for ((rank, device), order) in ir.rank_orders() {
+        let replicas: Vec<&str> = order
+            .iter()
+            .map(|&replica| names.replica(replica))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  order dp={rank} pp={device} [{}]",
+            replicas.join(", ")
+        );
+    }
     if let Some(program) = ir.program() {
         program::print_workers(program, &mut out);
     }

@@ -5,9 +5,12 @@
 //! device runs several stages):
 //! - `F p` / `B p` on the compute stream, chained per device in the order of
 //!   `StepIr::device_schedule(r, device)`; a DP rank in several replicas (a plain replica and
-//!   a DP-Merge group) runs them one after the other in the IR's replica order, as the lowered
-//!   program does (`slimpack_ir::program`): the first task of a replica on the rank's group
-//!   follows the last task of the replica before it there;
+//!   a DP-Merge group) runs them as the lowered program does (`slimpack_ir::program`): in the
+//!   order the IR gives the rank's device where it gives one (`StepIr::rank_order`: each task
+//!   after the one before it there), otherwise one after the other in the IR's replica order
+//!   (the first task of a replica on the rank's group follows the last task of the replica
+//!   before it there). [`SharedRanks::FirstComeFirstServed`] leaves them unchained instead, for
+//!   `interleave-ranks` to read an order off;
 //! - forward `p` on `s` → send → forward `p` on `s + 1`; backward `p` on `s + 1` → send →
 //!   backward `p` on `s`; a send holds the communication streams of both ends;
 //! - backward `p` on the last stage after the last-stage forward of every slice it holds (so,
@@ -141,12 +144,28 @@ impl SaturatedRates {
     }
 }
 
+/// How a DP rank in several replicas (a plain replica and DP-Merge groups) orders their ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharedRanks {
+    /// As the lowered program runs them: in the rank's order where the IR gives one
+    /// (`StepIr::rank_order`), otherwise one replica after the other, in IR order.
+    AsProgram,
+    /// Whichever op is ready first, first (the engine's order): what an interleaving pass
+    /// reads a rank's order from. No program runs this until the order is written down.
+    FirstComeFirstServed,
+}
+
 /// Builds the task graph of `ir` (which must be scheduled) under `cost`.
-pub(super) fn build(ir: &StepIr, cost: &CostModel, layout: Layout) -> Result<Built, MachineError> {
+pub(super) fn build(
+    ir: &StepIr,
+    cost: &CostModel,
+    layout: Layout,
+    shared: SharedRanks,
+) -> Result<Built, MachineError> {
     check_stages(ir, layout)?;
     let mut builder = Builder::new(ir, cost, layout)?;
     builder.collect_packs(true, None);
-    builder.compute_tasks()?;
+    builder.compute_tasks(shared)?;
     builder.pipeline_sends();
     builder.last_stage_edges();
     builder.dp_sync();
@@ -495,22 +514,38 @@ impl<'a> Builder<'a> {
     }
 
     /// One compute task per (pack, pipeline stage) — two for a split backward — chained in
-    /// each device's schedule; a group whose DP rank is in several replicas runs them one
-    /// after the other, in the IR's replica order (each replica's first task on the group
-    /// after the previous one's last).
-    fn compute_tasks(&mut self) -> Result<(), MachineError> {
+    /// each device's schedule; a group whose DP rank is in several replicas runs them in the
+    /// rank's order where the IR gives one, otherwise one after the other, in the IR's replica
+    /// order (each replica's first task on the group after the previous one's last); with
+    /// `SharedRanks::FirstComeFirstServed`, unchained.
+    fn compute_tasks(&mut self, shared: SharedRanks) -> Result<(), MachineError> {
         let stages = self.stages as usize;
         self.tasks = TaskGraphBuilder::with_capacity(self.packs.len() * stages * 2 + 3 * stages);
         let unset = TaskId(u32::MAX);
         self.compute = vec![unset; self.packs.len() * stages];
         self.weight_grads = vec![unset; self.packs.len() * stages];
         self.prepare_stage_shares();
-        let sharing = self.sharing();
+        let sharing = match shared {
+            SharedRanks::AsProgram => self.sharing(),
+            SharedRanks::FirstComeFirstServed => vec![false; self.replicas.len()],
+        };
         // The last task so far of each group whose DP rank is in several replicas.
         let mut last_on_group = match sharing.contains(&true) {
             true => vec![unset; self.layout.groups()],
             false => Vec::new(),
         };
+        // Groups whose rank orders its replicas itself: their tasks, with their replica, as
+        // the walk makes them (each replica's in its schedule's order), chained afterwards.
+        let ir = self.ir;
+        let mut ordered: Vec<Option<Vec<(usize, TaskId)>>> = Vec::new();
+        if shared == SharedRanks::AsProgram && ir.rank_orders().next().is_some() {
+            ordered = vec![None; self.layout.groups()];
+            for ((rank, device), _) in ir.rank_orders() {
+                if rank < self.layout.dp && device < self.layout.pp {
+                    ordered[self.layout.group(rank, device).index()] = Some(Vec::new());
+                }
+            }
+        }
         let mut previous = unset;
         self.walk_schedules(|builder, entry| {
             let task = builder.compute_task(entry.pack, entry.stage, entry.part);
@@ -518,6 +553,10 @@ impl<'a> Builder<'a> {
             if sharing[replica] {
                 for &rank in &builder.replicas[replica] {
                     let group = builder.layout.group(rank, entry.device).index();
+                    if let Some(tasks) = ordered.get_mut(group).and_then(Option::as_mut) {
+                        tasks.push((replica, task));
+                        continue;
+                    }
                     if entry.first && last_on_group[group] != unset {
                         builder.tasks.add_edge(last_on_group[group], task);
                     }
@@ -532,7 +571,63 @@ impl<'a> Builder<'a> {
                 builder.tasks.add_edge(previous, task);
             }
             previous = task;
-        })
+        })?;
+        if !ordered.is_empty() {
+            self.chain_rank_orders(ordered)?;
+        }
+        Ok(())
+    }
+
+    /// Chains the tasks of each group whose DP rank orders its replicas itself
+    /// (`StepIr::rank_order`) in that order: the order's `i`-th replica runs its next task.
+    fn chain_rank_orders(
+        &mut self,
+        mut ordered: Vec<Option<Vec<(usize, TaskId)>>>,
+    ) -> Result<(), MachineError> {
+        let ir = self.ir;
+        let index_of: std::collections::HashMap<_, usize> = ir
+            .replicas()
+            .iter()
+            .enumerate()
+            .map(|(index, &replica)| (replica, index))
+            .collect();
+        for ((rank, device), order) in ir.rank_orders() {
+            let group = self.layout.group(rank, device).index();
+            let Some(tasks) = ordered.get_mut(group).and_then(Option::take) else {
+                continue;
+            };
+            let error = |message: String| MachineError::Schedule {
+                replica: tasks.first().map_or(0, |&(replica, _)| replica),
+                stage: device,
+                message: format!("DP rank {rank}'s order on pipeline device {device}: {message}"),
+            };
+            let mut queues: Vec<std::collections::VecDeque<TaskId>> =
+                vec![Default::default(); self.replicas.len()];
+            for &(replica, task) in &tasks {
+                queues[replica].push_back(task);
+            }
+            let mut previous: Option<TaskId> = None;
+            for replica in order {
+                let next = index_of
+                    .get(replica)
+                    .and_then(|&index| queues[index].pop_front());
+                let Some(task) = next else {
+                    return Err(error(
+                        "it names a replica more often than it has ops there, or one the rank \
+                         is not in"
+                            .into(),
+                    ));
+                };
+                if let Some(previous) = previous {
+                    self.tasks.add_edge(previous, task);
+                }
+                previous = Some(task);
+            }
+            if let Some(left) = queues.iter().map(|queue| queue.len()).find(|&n| n > 0) {
+                return Err(error(format!("{left} ops of a replica are not in it")));
+            }
+        }
+        Ok(())
     }
 
     /// The time of `part` of `pack` on `stage`, under the stage's recomputation, on the

@@ -8,8 +8,10 @@
 //! by task id, for determinism) pops them one by one, so each group's streams are granted in
 //! the order their tasks became ready. Within one replica and stage the schedule order is a
 //! dependency chain, and a group that several replicas share (a DP rank in a plain replica and
-//! in a DP-Merge group) runs them one after the other (the task graph chains them), so each
-//! group's compute order is the lowered program's, kept exactly.
+//! in a DP-Merge group) runs them in the rank's order, or one after the other (the task graph
+//! chains them either way), so each group's compute order is the lowered program's, kept
+//! exactly. (Unchained, `SharedRanks::FirstComeFirstServed`, the groups' shared replicas
+//! interleave first come, first served: the order `interleave-ranks` writes down.)
 //!
 //! Start times on a stream only grow (each start is at least the stream's previous end), so
 //! applying memory effects as pack compute tasks start yields each group's timeline in time

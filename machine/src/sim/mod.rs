@@ -27,6 +27,7 @@ pub mod trace;
 #[cfg(test)]
 mod tests;
 
+pub use build::SharedRanks;
 pub use engine::Span;
 pub use layout::{GroupId, Layout};
 pub use memory::{GroupMemory, MemoryEffect, MemoryPoint};
@@ -42,7 +43,19 @@ use slimpack_ir::step::{Phase, StepIr};
 /// Simulates one training step of `ir` (phase `scheduled` or later) on the machine `model`
 /// describes (which must be built for `ir.spec`).
 pub fn simulate(ir: &StepIr, model: &CostModel) -> Result<SimResult, MachineError> {
-    let (layout, built, execution) = run(ir, model)?;
+    simulate_with(ir, model, SharedRanks::AsProgram)
+}
+
+/// [`simulate`] with a DP rank in several replicas ordering their ops as `shared` says:
+/// [`SharedRanks::AsProgram`] is [`simulate`]; [`SharedRanks::FirstComeFirstServed`] lets
+/// them interleave as their ops become ready, the timeline a pass reads a rank's order from
+/// (`StepIr::set_rank_order`) before the program runs it.
+pub fn simulate_with(
+    ir: &StepIr,
+    model: &CostModel,
+    shared: SharedRanks,
+) -> Result<SimResult, MachineError> {
+    let (layout, built, execution) = run(ir, model, shared)?;
     let capacity_bytes = model.memory().capacity_bytes();
     let peak_flops = ir.spec.cluster.gpu.peak_flops;
     let metrics = metrics::compute(&built, &execution, &layout, peak_flops, capacity_bytes);
@@ -63,6 +76,8 @@ pub fn simulate(ir: &StepIr, model: &CostModel) -> Result<SimResult, MachineErro
 /// a simulation, asked about several sets of modes. The peaks are stacked from the schedules
 /// without timing the step (the same bytes: a group's compute stream runs its device's
 /// schedules in order, a shared rank's replicas one after the other), the packs gathered once.
+/// A step whose shared ranks interleave (`StepIr::rank_order`) is probed as if they did not:
+/// `assign-recompute`, which probes, runs before `interleave-ranks`.
 pub struct PeakProbe<'a> {
     untimed: build::UntimedPeaks<'a>,
 }
@@ -144,10 +159,11 @@ fn check(ir: &StepIr, model: &CostModel) -> Result<(), MachineError> {
 fn run(
     ir: &StepIr,
     model: &CostModel,
+    shared: SharedRanks,
 ) -> Result<(Layout, build::Built, engine::Execution), MachineError> {
     check(ir, model)?;
     let layout = Layout::new(&ir.spec.parallel);
-    let built = build::build(ir, model, layout)?;
+    let built = build::build(ir, model, layout, shared)?;
     let execution = engine::execute(&built.graph, &built.baselines).map_err(|stuck| {
         let task = &built.graph.tasks[stuck.first.index()];
         let pack = task.pack.map(|p| built.packs[p.0 as usize].name());

@@ -2,17 +2,17 @@
 //!
 //! Each replica's schedule fixes the order of its packs on each stage. A DP rank can belong to a
 //! plain replica and to a DP-Merge group at once; its device then runs both replicas' tasks,
-//! and something must order them. The lowered program and the simulator run them one after
-//! the other, in IR order; the executor takes the order as a [`DeviceOrder`], either
+//! and something must order them. The lowered program and the simulator run them in the
+//! rank's order where the step gives one (`interleave-ranks`), otherwise one after the other,
+//! in IR order; the executor takes the order as a [`DeviceOrder`], either
 //! - [`DeviceOrder::replica_major`]: each replica's tasks in full, replicas in IR order (always
 //!   deadlock-free: every device meets the replicas in the same order), or
 //! - [`DeviceOrder::by_start_times`]: tasks sorted by predicted start times (the simulator's),
 //!   so that the execution interleaves exactly as the prediction it is compared with (the
-//!   simulator runs a shared rank's replicas replica-major too, so on its predictions the two
-//!   orders agree).
+//!   simulator follows the program's order, so on its predictions the two agree).
 //!
 //! The executor runs programs: [`DeviceOrder::program`] reorders the step's lowered program
-//! (replica-major) so that each worker runs its pack tasks — a pack's `recv`, `cp-exchange`,
+//! so that each worker runs its pack tasks — a pack's `recv`, `cp-exchange`,
 //! compute and `send`, and a zero-bubble schedule's deferred weight gradients ([`Plan::task_of`])
 //! — in this order, before the step's collectives. The order is checked: on
 //! every device it must keep each replica's schedule, and the program must be able to run to
