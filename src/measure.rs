@@ -81,7 +81,9 @@ pub enum DriverKind {
 pub enum Interleave {
     /// Each device runs its packs in the order of their simulated start times.
     Simulated,
-    /// Each device runs every replica's schedule in full, replicas in IR order.
+    /// Each device runs every replica's schedule in full, replicas in IR order (on a step
+    /// whose shared ranks interleave, `interleave-ranks`, another program than the step's, and
+    /// predicted as that one).
     ReplicaMajor,
 }
 
@@ -363,7 +365,16 @@ pub fn measure(
     }
     let cost = slimpack_machine::machine_model(&ir.spec);
     let calibrated = slimpack_machine::is_calibrated(&ir.spec);
-    let simulated = sim::simulate(ir, &cost)?;
+    // Replica-major on a step whose shared ranks interleave runs another program than the
+    // step's: the prediction is of that one.
+    let simulated = match options.interleave {
+        Interleave::ReplicaMajor if ir.rank_orders().next().is_some() => {
+            let mut replica_major = ir.clone();
+            replica_major.clear_rank_orders();
+            sim::simulate(&replica_major, &cost)?
+        }
+        _ => sim::simulate(ir, &cost)?,
+    };
     if options.backend == Backend::Cpu {
         let workers = crate::limits::workers_peak_bytes(&simulated.metrics);
         crate::limits::check_fits(&format!("run --backend cpu ({schedule})"), workers)?;

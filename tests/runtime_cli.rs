@@ -305,3 +305,46 @@ fn validate_predicts_with_the_calibration_it_is_given() {
         "{shipped_s} s, halved rates {halved_s} s"
     );
 }
+
+/// A step whose shared ranks interleave (`interleave-ranks`) runs them so by default, and its
+/// prediction is the interleaved step's; `--interleave replica-major` runs the replicas one
+/// after the other and predicts that step, the one compiled without the pass.
+#[test]
+fn run_predicts_the_order_it_executes() {
+    let predicted = |pipeline: &str, interleave: &str| {
+        let output = slimpack(&[
+            "run",
+            "--backend",
+            "cpu",
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1,pp=2,dp=4",
+            "--batch",
+            "tests/fixtures/dominant.lengths.txt",
+            "--context",
+            "4096",
+            "--passes",
+            pipeline,
+            "--interleave",
+            interleave,
+            "--report",
+            "json",
+        ]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{stderr}");
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        report["predicted_step_time_s"].as_f64().unwrap()
+    };
+    let base = "assign-dp,dp-merge,pack-symmetric,schedule-pipeline";
+    let interleaving = format!("{base},interleave-ranks");
+    let interleaved = predicted(&interleaving, "simulated");
+    let one_after_another = predicted(base, "simulated");
+    assert!(
+        interleaved < one_after_another,
+        "{interleaved} vs {one_after_another}"
+    );
+    assert_eq!(predicted(&interleaving, "replica-major"), one_after_another);
+}

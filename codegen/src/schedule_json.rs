@@ -85,8 +85,9 @@ pub struct ScheduleDocument {
     pub interleave: Vec<InterleaveEntry>,
     /// Per DP rank in several replicas (a plain replica and DP-Merge groups) and pipeline
     /// device, where the replicas' schedules interleave: the replica of each op it runs, in
-    /// order. A rank without an entry runs its replicas one after the other, in `replicas`
-    /// order. The devices' op lists follow it.
+    /// order; entries in increasing (`dp`, `pp`). A rank without an entry runs its replicas one
+    /// after the other, in `replicas` order. The devices' op lists follow it. (Added within
+    /// version 3: a reader that does not know it refuses a document that has it.)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rank_orders: Vec<RankOrderEntry>,
     /// Every group of ranks a collective op runs over, each distinct group once, in the order

@@ -139,6 +139,16 @@ fn check_on(ir: &StepIr, parallel: bool) -> Vec<VerifyError> {
             let before_packs = std::mem::take(&mut verifier.errors);
             if ir.phase() >= Phase::Scheduled {
                 verifier.schedules();
+            } else if ir.rank_orders().next().is_some() {
+                verifier.report(
+                    At::Section("order"),
+                    "rank-order-complete",
+                    format!(
+                        "a step in phase {} has no schedules for a shared rank's order to merge \
+                         (orders belong to scheduled steps)",
+                        ir.phase()
+                    ),
+                );
             }
             (before_packs, verifier.errors)
         },

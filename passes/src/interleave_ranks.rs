@@ -17,7 +17,9 @@
 //! replica-major one does not; otherwise the ranks stay replica-major.
 //!
 //! Like `assign-recompute`, it reads the simulation of the one schedule it is given; choosing
-//! between pipelines stays the tuner's.
+//! between pipelines stays the tuner's. It runs last before `lower`: a pass that schedules the
+//! step again (`schedule-pipeline`, `eqsat` on a scheduled step) drops the orders with the
+//! schedules they merged.
 
 use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
@@ -35,8 +37,9 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   its pipeline devices run the replicas' ops in the order they become ready in \
                   the simulated step instead of one replica after the other, if that step fits \
                   the `memory` fraction of the device and is faster (or fits where the other \
-                  does not); written as each shared rank's order (rank-order in the IR). Phase \
-                  scheduled -> scheduled.",
+                  does not); written as each shared rank's order (`order` in the IR). Run it \
+                  last before lower: rescheduling drops the orders. Phase scheduled -> \
+                  scheduled.",
     accepts: Phase::Scheduled..=Phase::Scheduled,
     produces: None,
     options: &[OptionInfo {

@@ -10,8 +10,9 @@
 //! interpreter or, with `--driver compiled`, by the program compiled through MLIR and LLVM IR to
 //! native code (JIT; needs the `mlir` and `llvm` features). Devices that a plain replica and a
 //! DP-Merge group share run the two in the order the simulator predicted (`--interleave
-//! simulated`, the default: one after the other, as the lowered program, for the simulator
-//! runs them so), so that measurement and prediction describe the same execution. The step comes
+//! simulated`, the default: the lowered program's, for the simulator follows it — one after
+//! the other, or interleaved where the step gives a shared rank an order, `interleave-ranks`),
+//! so that measurement and prediction describe the same execution. The step comes
 //! from a strategy, a pass pipeline, an IR file or a schedule JSON (`compile --emit json`).
 //! Token ids are seeded random (`--token-seed`); the weights come from `--init-seed`.
 
@@ -74,7 +75,8 @@ impl PrecisionArg {
 pub enum InterleaveArg {
     /// Each device runs its packs in the order of their simulated start times.
     Simulated,
-    /// Each device runs every replica's schedule in full, replicas in IR order.
+    /// Each device runs every replica's schedule in full, replicas in IR order (where the step
+    /// interleaves them, the prediction is of this order too).
     ReplicaMajor,
 }
 

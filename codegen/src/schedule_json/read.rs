@@ -197,7 +197,7 @@ pub(super) fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
             [rank] if entry.dp < doc.spec.parallel.dp && entry.pp < doc.spec.parallel.pp => rank,
             _ => {
                 return Err(invalid(format!(
-                    "rank_orders names dp={} pp={}: no DP rank and pipeline device of {} run several replicas there",
+                    "rank_orders names dp={} pp={}, which is no DP rank and pipeline device of {}",
                     entry.dp, entry.pp, doc.spec.parallel
                 )))
             }
