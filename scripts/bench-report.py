@@ -16,7 +16,8 @@ LOSSES = [
     "pipeline_idle_warmup_s", "pipeline_idle_steady_s", "pipeline_idle_drain_s",
     "dp_imbalance_wait_s", "dp_sync_optimizer_s", "padding_s",
 ]
-ABLATIONS = ["asymmetric", "dp-merge", "slicing", "eqsat", "zero-bubble", "stage-recompute"]
+ABLATIONS = ["asymmetric", "dp-merge", "slicing", "eqsat", "zero-bubble", "stage-recompute",
+             "interleave"]
 
 
 def order(path):
