@@ -67,17 +67,9 @@ impl Default for InterleaveRanks {
 
 impl InterleaveRanks {
     fn from_options(options: &PassOptions) -> Result<InterleaveRanks> {
-        let memory: f64 = options
-            .get("memory", "a fraction in (0, 1]")?
+        let memory = options
+            .fraction("memory")?
             .expect("declared with a default");
-        if !(memory > 0.0 && memory <= 1.0) {
-            return Err(PassError::BadOption {
-                pass: INFO.name,
-                option: "memory".into(),
-                value: memory.to_string(),
-                message: "out of range".into(),
-            });
-        }
         Ok(InterleaveRanks { memory })
     }
 }

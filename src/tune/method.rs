@@ -481,21 +481,41 @@ pub(crate) fn full(
     with_peer_plans(Ideas::ALL, spec, batch, state, choices)
 }
 
-/// The full method's search with whole backwards only: its own candidates and the peers'
-/// plans, without their zero-bubble twins (the zero-bubble ablation keeps the peers, since
-/// zero bubble applies to their plans too).
-pub(crate) fn no_zero_bubble(
-    spec: &Spec,
-    batch: &Batch,
-    state: &StrategyState,
-    choices: &Choices,
-) -> Vec<Candidate> {
-    let ideas = Ideas {
-        zero_bubble: false,
-        ..Ideas::ALL
+/// An ablation that keeps the full method's search (its own candidates and the peers' plans)
+/// with one idea off: for ideas that apply to the peers' plans too, or that only add to what
+/// the search holds.
+macro_rules! full_search_without {
+    ($(#[$doc:meta])* $name:ident, $idea:ident) => {
+        $(#[$doc])*
+        pub(crate) fn $name(
+            spec: &Spec,
+            batch: &Batch,
+            state: &StrategyState,
+            choices: &Choices,
+        ) -> Vec<Candidate> {
+            let ideas = Ideas {
+                $idea: false,
+                ..Ideas::ALL
+            };
+            with_peer_plans(ideas, spec, batch, state, choices)
+        }
     };
-    with_peer_plans(ideas, spec, batch, state, choices)
 }
+full_search_without!(
+    /// Whole backwards only, the peers' plans without their zero-bubble twins too.
+    no_zero_bubble,
+    zero_bubble
+);
+full_search_without!(
+    /// One recomputation mode per step (no per-stage twins).
+    no_stage_recompute,
+    stage_recompute
+);
+full_search_without!(
+    /// A shared rank's replicas one after the other.
+    no_interleave,
+    interleave_ranks
+);
 
 /// The method's candidates under `ideas` and the peers' plans, each with its zero-bubble and
 /// per-stage recomputation twins where `ideas` keep them.
@@ -538,32 +558,6 @@ variant!(
         ..Ideas::ALL
     }
 );
-/// The full method's search with one recomputation mode per step (no per-stage twins).
-pub(crate) fn no_stage_recompute(
-    spec: &Spec,
-    batch: &Batch,
-    state: &StrategyState,
-    choices: &Choices,
-) -> Vec<Candidate> {
-    let ideas = Ideas {
-        stage_recompute: false,
-        ..Ideas::ALL
-    };
-    with_peer_plans(ideas, spec, batch, state, choices)
-}
-/// The full method's search with a shared rank's replicas one after the other.
-pub(crate) fn no_interleave(
-    spec: &Spec,
-    batch: &Batch,
-    state: &StrategyState,
-    choices: &Choices,
-) -> Vec<Candidate> {
-    let ideas = Ideas {
-        interleave_ranks: false,
-        ..Ideas::ALL
-    };
-    with_peer_plans(ideas, spec, batch, state, choices)
-}
 variant!(
     no_eqsat,
     Ideas {
