@@ -374,3 +374,72 @@ fn asymmetric_packs_split_forward_packs_into_sub_batches_that_simulate() {
         assert_sub_batches_and_slice_table(&document);
     }
 }
+
+/// A step whose shared ranks interleave (`interleave-ranks`) carries the orders as
+/// `rank_orders`, entries in increasing (dp, pp), and simulates from the document exactly as
+/// compiled; entries out of order, or one listed twice, are refused in one line.
+#[test]
+fn interleaved_ranks_round_trip_and_their_entries_go_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let schedule = dir.path().join("schedule.json");
+    let out = slimpack(&[
+        "compile",
+        "--model",
+        "tiny",
+        "--cluster",
+        "cpu",
+        "--parallel",
+        "tp=1,pp=2,dp=4",
+        "--batch",
+        "tests/fixtures/dominant.lengths.txt",
+        "--context",
+        "4096",
+        "--passes",
+        "assign-dp,dp-merge,pack-symmetric,schedule-pipeline,interleave-ranks",
+        "--emit",
+        "json",
+        "--report",
+        "json",
+        "-o",
+        schedule.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let text = std::fs::read_to_string(&schedule).unwrap();
+    let document: Value = serde_json::from_str(&text).unwrap();
+    let orders = document["rank_orders"].as_array().expect("rank_orders");
+    assert!(orders.len() >= 2, "{orders:?}");
+    let out = slimpack(&["simulate", schedule.to_str().unwrap(), "--report", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let simulated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(simulated["step_time_s"], report["step_time_s"]);
+    for edit in ["reversed", "twice"] {
+        let mut edited = document.clone();
+        let orders = edited["rank_orders"].as_array_mut().unwrap();
+        match edit {
+            "reversed" => orders.reverse(),
+            _ => {
+                let first = orders[0].clone();
+                orders.insert(1, first);
+            }
+        }
+        let path = dir.path().join(format!("{edit}.json"));
+        std::fs::write(&path, serde_json::to_string(&edited).unwrap()).unwrap();
+        let out = slimpack(&["simulate", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{edit}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{edit}: {stderr}");
+        assert!(
+            stderr.contains("entries go in increasing (dp, pp), each once"),
+            "{edit}: {stderr}"
+        );
+    }
+}

@@ -698,6 +698,8 @@ impl<'a> Verifier<'a> {
                 }
             }
         }
+        // A group's schedule is counted once per device, not once per member rank.
+        let mut runs_on: HashMap<(ReplicaId, u32), usize> = HashMap::new();
         for ((rank, device), order) in ir.rank_orders() {
             let location = format!("order dp={rank} pp={device}");
             let Some(held) = of_rank.get(rank as usize).filter(|_| device < parallel.pp) else {
@@ -725,7 +727,9 @@ impl<'a> Verifier<'a> {
                 continue;
             }
             for &replica in held {
-                let runs = ir.device_schedule(replica, device).len();
+                let runs = *runs_on
+                    .entry((replica, device))
+                    .or_insert_with(|| ir.device_schedule(replica, device).len());
                 let listed = order.iter().filter(|&&r| r == replica).count();
                 if listed != runs {
                     let message = format!(

@@ -296,6 +296,10 @@ mod tests {
             ir.set_rank_order(1, 1, &order);
         });
         assert!(nothing.contains("rank-order"), "{nothing}");
+        // New recomputation changes the timings and memory the orders were read off.
+        let mut recomputing = ir.clone();
+        recomputing.set_device_recompute(0, Some(slimpack_ir::spec::Recompute::Full));
+        assert_eq!(recomputing.rank_orders().count(), 0);
         // A schedule set anew forgets the orders, which were of the old one.
         let mut again = ir.clone();
         let stage_order = again.schedule(group, 0);

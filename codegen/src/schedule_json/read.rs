@@ -182,6 +182,16 @@ pub(super) fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
         }
         ir.set_interleave(replica, entry.pp, &entry.chunks);
     }
+    if let Some(pair) = doc
+        .rank_orders
+        .windows(2)
+        .find(|pair| (pair[0].dp, pair[0].pp) >= (pair[1].dp, pair[1].pp))
+    {
+        return Err(invalid(format!(
+            "rank_orders lists dp={} pp={} after dp={} pp={}: entries go in increasing (dp, pp), each once",
+            pair[1].dp, pair[1].pp, pair[0].dp, pair[0].pp
+        )));
+    }
     for entry in &doc.rank_orders {
         let order = entry
             .replicas

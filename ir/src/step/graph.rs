@@ -442,7 +442,9 @@ impl StepIr {
 
     /// Sets the recomputation of stage `index` (`None`: the model's mode). A mode equal to the
     /// model's is stored as `None`, so that a step prints the same whichever way it was reached.
+    /// Shared ranks' orders, read off the step's timings and memory, are cleared.
     pub fn set_stage_recompute(&mut self, index: u32, mode: Option<Recompute>) {
+        self.rank_orders.clear();
         let mode = mode.filter(|&mode| mode != self.spec.model.recompute);
         let id = self.stages[index as usize];
         match &mut self.graph[id.0] {

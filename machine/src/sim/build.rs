@@ -601,16 +601,23 @@ impl<'a> Builder<'a> {
                 stage: device,
                 message: format!("DP rank {rank}'s order on pipeline device {device}: {message}"),
             };
-            let mut queues: Vec<std::collections::VecDeque<TaskId>> =
-                vec![Default::default(); self.replicas.len()];
+            // The rank's few replicas, each with its tasks in order (not one queue per replica
+            // of the step: a rank is in two or three, a step can have thousands).
+            let mut queues: Vec<(usize, std::collections::VecDeque<TaskId>)> = Vec::new();
             for &(replica, task) in &tasks {
-                queues[replica].push_back(task);
+                match queues.iter_mut().find(|(r, _)| *r == replica) {
+                    Some((_, queue)) => queue.push_back(task),
+                    None => queues.push((replica, std::collections::VecDeque::from([task]))),
+                }
             }
             let mut previous: Option<TaskId> = None;
             for replica in order {
-                let next = index_of
-                    .get(replica)
-                    .and_then(|&index| queues[index].pop_front());
+                let next = index_of.get(replica).and_then(|&index| {
+                    queues
+                        .iter_mut()
+                        .find(|(r, _)| *r == index)
+                        .and_then(|(_, queue)| queue.pop_front())
+                });
                 let Some(task) = next else {
                     return Err(error(
                         "it names a replica more often than it has ops there, or one the rank \
@@ -623,7 +630,7 @@ impl<'a> Builder<'a> {
                 }
                 previous = Some(task);
             }
-            if let Some(left) = queues.iter().map(|queue| queue.len()).find(|&n| n > 0) {
+            if let Some(left) = queues.iter().map(|(_, queue)| queue.len()).find(|&n| n > 0) {
                 return Err(error(format!("{left} ops of a replica are not in it")));
             }
         }
