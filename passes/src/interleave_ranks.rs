@@ -120,7 +120,7 @@ impl Pass for InterleaveRanks {
         };
         statistics.set("interleaved", u64::from(better));
         if better {
-            for ((rank, device), order) in rank_orders(ir, &interleaved) {
+            for ((rank, device), order) in rank_orders(ir, &interleaved, &replicas_of_rank) {
                 ir.set_rank_order(rank, device, &order);
             }
         }
@@ -128,17 +128,15 @@ impl Pass for InterleaveRanks {
     }
 }
 
-/// Per (DP rank, pipeline device) in several replicas, the replica of each op its compute
-/// stream ran in `result`, in the order they started.
-fn rank_orders(ir: &StepIr, result: &SimResult) -> Vec<((u32, u32), Vec<ReplicaId>)> {
+/// Per (DP rank, pipeline device) in several replicas (`replicas_of_rank`, by rank), the
+/// replica of each op its compute stream ran in `result`, in the order they started.
+fn rank_orders(
+    ir: &StepIr,
+    result: &SimResult,
+    replicas_of_rank: &[u32],
+) -> Vec<((u32, u32), Vec<ReplicaId>)> {
     let layout = result.layout;
     let replicas = ir.replicas();
-    let mut shared = vec![0u32; layout.dp as usize];
-    for &replica in replicas {
-        for &rank in &ir.replica(replica).ranks {
-            shared[rank as usize] += 1;
-        }
-    }
     // Per group: (start, task index, replica index) of every pack op it ran.
     let mut started: Vec<Vec<(f64, usize, u32)>> = vec![Vec::new(); layout.groups()];
     for (index, (task, span)) in result.tasks().enumerate() {
@@ -146,7 +144,7 @@ fn rank_orders(ir: &StepIr, result: &SimResult) -> Vec<((u32, u32), Vec<ReplicaI
             continue;
         };
         for &group in result.task_groups(task) {
-            if shared[layout.rank_of(group) as usize] > 1 {
+            if replicas_of_rank[layout.rank_of(group) as usize] > 1 {
                 started[group.index()].push((span.start_s, index, replica));
             }
         }
