@@ -17,7 +17,7 @@ LOSSES = [
     "dp_imbalance_wait_s", "dp_sync_optimizer_s", "padding_s",
 ]
 ABLATIONS = ["asymmetric", "dp-merge", "slicing", "eqsat", "zero-bubble", "stage-recompute",
-             "interleave"]
+             "pack-recompute", "interleave"]
 
 
 def order(path):

@@ -16,10 +16,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 STEPS=${STEPS:-20}
-STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-asymmetric,slimpack-no-dp-merge,slimpack-no-slicing,slimpack-no-eqsat,slimpack-no-zero-bubble,slimpack-no-stage-recompute,slimpack-no-interleave,slimpack-outlier-delay
+STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-asymmetric,slimpack-no-dp-merge,slimpack-no-slicing,slimpack-no-eqsat,slimpack-no-zero-bubble,slimpack-no-stage-recompute,slimpack-no-pack-recompute,slimpack-no-interleave,slimpack-outlier-delay
 # The held-out scenarios run the strategies without slimpack's ablations but the newest
-# (interleaved shared ranks), with the opt-in outlier-delay row.
-HELDOUT_STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-interleave,slimpack-outlier-delay
+# (per-pack recomputation), with the opt-in outlier-delay row.
+HELDOUT_STRATEGIES=padding,megatron-paper,megatron,bfd,ff,kk,wlb,hybrid-cp,slimpack,slimpack-no-pack-recompute,slimpack-outlier-delay
 source scripts/scenarios.sh
 
 ids=("$@")

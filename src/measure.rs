@@ -360,6 +360,12 @@ pub fn measure(
             ir.stage_recompute(stage)
         )));
     }
+    if let Some(((_, stage), mode)) = ir.pack_recomputes().find(|&(_, m)| m != Recompute::None) {
+        return Err(MeasureError::Unsupported(format!(
+            "the runtimes run recompute=none only; a pack of stage {stage} of the step \
+             recomputes with recompute={mode}"
+        )));
+    }
     if ir.samples().iter().all(|&sample| ir.sample(sample).len < 2) {
         return Err(MeasureError::NoTargets(ir.samples().len()));
     }

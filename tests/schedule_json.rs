@@ -443,3 +443,85 @@ fn interleaved_ranks_round_trip_and_their_entries_go_in_order() {
         );
     }
 }
+
+/// A step whose packs save under their own recomputation (`assign-recompute{packs=true}`: on
+/// one stage, only the pack of the 64K-token document recomputes) carries it as
+/// `pack_recompute` and simulates from the document exactly as compiled; an entry naming a
+/// backward pack, or a pack twice, is refused in one line.
+#[test]
+fn packs_own_recomputation_round_trips_and_bad_entries_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let schedule = dir.path().join("schedule.json");
+    let out = slimpack(&[
+        "compile",
+        "--model",
+        "llama-7b",
+        "--cluster",
+        "h100-sxm",
+        "--parallel",
+        "tp=4,pp=1,dp=1",
+        "--recompute",
+        "full",
+        "--batch",
+        "tests/fixtures/one-long.lengths.txt",
+        "--context",
+        "65536",
+        "--passes",
+        "assign-dp{balance=none},pack-symmetric,schedule-pipeline,assign-recompute{packs=true}",
+        "--emit",
+        "json",
+        "--report",
+        "json",
+        "-o",
+        schedule.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let document: Value =
+        serde_json::from_str(&std::fs::read_to_string(&schedule).unwrap()).unwrap();
+    let own = document["pack_recompute"]
+        .as_array()
+        .expect("pack_recompute");
+    assert_eq!(own.len(), 1, "{own:?}");
+    assert_eq!(own[0]["stage"], 0);
+    assert_eq!(own[0]["recompute"], "none");
+    assert_eq!(own[0]["packs"].as_array().unwrap().len(), 4, "{own:?}");
+    assert_ne!(document["stages"][0]["recompute"], "none");
+    let out = slimpack(&["simulate", schedule.to_str().unwrap(), "--report", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let simulated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(simulated["step_time_s"], report["step_time_s"]);
+    assert_eq!(simulated["peak_memory_bytes"], report["peak_memory_bytes"]);
+    let backward = document["packs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .position(|pack| pack["direction"] == "backward")
+        .unwrap();
+    for (edit, expected) in [("backward", "no forward pack"), ("twice", "twice")] {
+        let mut edited = document.clone();
+        let entry = &mut edited["pack_recompute"][0];
+        match edit {
+            "backward" => entry["packs"][0] = Value::from(backward),
+            _ => {
+                let first = entry["packs"][0].clone();
+                entry["packs"].as_array_mut().unwrap().push(first);
+            }
+        }
+        let path = dir.path().join(format!("{edit}.json"));
+        std::fs::write(&path, serde_json::to_string(&edited).unwrap()).unwrap();
+        let out = slimpack(&["simulate", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{edit}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{edit}: {stderr}");
+        assert!(stderr.contains(expected), "{edit}: {stderr}");
+    }
+}

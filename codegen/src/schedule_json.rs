@@ -90,6 +90,14 @@ pub struct ScheduleDocument {
     /// version 3: a reader that does not know it refuses a document that has it.)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rank_orders: Vec<RankOrderEntry>,
+    /// Forward packs that save their activations on a stage under another recomputation than
+    /// the stage's (`stages[s].recompute`, else the model's): per stage in increasing order,
+    /// one entry per mode, in the order of its first pack, packs in increasing index. A
+    /// backward pack replays its slices under the mode their forward pack saved them under
+    /// (the same for all its slices on a stage). (Added within version 3: a reader that does
+    /// not know it refuses a document that has it.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pack_recompute: Vec<PackRecomputeEntry>,
     /// Every group of ranks a collective op runs over, each distinct group once, in the order
     /// the devices (by rank, each op in order) first name them; ops refer to them by index.
     /// Creating one process group per entry in this order (`torch.distributed.new_group`, on
@@ -531,6 +539,16 @@ pub struct RankOrderEntry {
     pub dp: u32,
     pub pp: u32,
     pub replicas: Vec<u32>,
+}
+
+/// Forward packs (indices into `packs`) that save their activations on stage `stage` under
+/// `recompute` (`none`, `selective`, `full`, `block:K`) instead of the stage's mode.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PackRecomputeEntry {
+    pub stage: u32,
+    pub recompute: Recompute,
+    pub packs: Vec<u32>,
 }
 
 /// Errors writing or reading a document.

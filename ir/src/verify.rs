@@ -47,6 +47,10 @@
 //!   schedules, forward flowing to later stages, backward to earlier ones, and every slice's
 //!   backward after its forward on the last stage, hence after its forward on every later
 //!   stage) has no cycle, so the schedule runs to completion.
+//! - `pack-recompute`: a forward pack's own recomputation on a stage (`recompute %stN MODE
+//!   [...]`, chosen by `assign-recompute{packs=true}`) is of a placed forward pack, on a stage
+//!   of the step, recomputing at most the stage's layers; the slices of a backward pack were
+//!   saved under one mode on each stage (it replays them under that mode).
 //! - `rank-order-complete`: an order of a shared DP rank's pipeline device (see
 //!   [`StepIr::rank_order`]) is of a rank in several replicas and lists each of them exactly as
 //!   often as it runs ops on the device, and no other replica.
@@ -68,19 +72,14 @@ use std::cell::OnceCell;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use rustc_hash::FxHashMap;
-
-use petgraph::graph::DiGraph;
-
 use crate::error::{IrError, Result};
 use crate::spec::Recompute;
-use crate::step::{
-    Direction, PackId, Part, Phase, ReplicaId, SampleId, Slice, SliceId, StageId, StepIr,
-};
+use crate::step::{Direction, PackId, Phase, ReplicaId, SampleId, Slice, SliceId, StageId, StepIr};
 use crate::text::Names;
 
 mod index;
 mod memberships;
+mod schedules;
 use index::Index;
 use memberships::Memberships;
 
@@ -139,6 +138,16 @@ fn check_on(ir: &StepIr, parallel: bool) -> Vec<VerifyError> {
             let before_packs = std::mem::take(&mut verifier.errors);
             if ir.phase() >= Phase::Scheduled {
                 verifier.schedules();
+            } else if ir.has_pack_recompute() {
+                verifier.report(
+                    At::Section("recompute"),
+                    "pack-recompute",
+                    format!(
+                        "a step in phase {} has no schedules for a pack's own recomputation to \
+                         be chosen on (it belongs to scheduled steps)",
+                        ir.phase()
+                    ),
+                );
             } else if ir.rank_orders().next().is_some() {
                 verifier.report(
                     At::Section("order"),
@@ -668,301 +677,6 @@ impl<'a> Verifier<'a> {
             self.pack_position[pack.node().index()] as usize,
             self.member_position.get(pack, slice).unwrap_or(0),
         )
-    }
-
-    fn schedules(&mut self) {
-        let errors_before = self.errors.len();
-        self.replica_schedules();
-        // Orders of shared ranks merge sound schedules only.
-        if self.errors.len() == errors_before {
-            self.rank_orders();
-        }
-    }
-
-    /// Every shared DP rank's order ([`StepIr::rank_order`]) is of a rank in several replicas,
-    /// names only replicas holding it, each as often as it runs ops on the device; and the
-    /// step's program, which follows the orders, runs to the end (before lowering: a lowered
-    /// step's stored program is checked as such).
-    fn rank_orders(&mut self) {
-        let ir = self.ir;
-        if ir.rank_orders().next().is_none() {
-            return;
-        }
-        let errors_before = self.errors.len();
-        let parallel = ir.spec.parallel;
-        let mut of_rank: Vec<Vec<ReplicaId>> = vec![Vec::new(); parallel.dp as usize];
-        for &replica in ir.replicas() {
-            for &rank in &ir.replica(replica).ranks {
-                if let Some(held) = of_rank.get_mut(rank as usize) {
-                    held.push(replica);
-                }
-            }
-        }
-        // A group's schedule is counted once per device, not once per member rank.
-        let mut runs_on: HashMap<(ReplicaId, u32), usize> = HashMap::new();
-        for ((rank, device), order) in ir.rank_orders() {
-            let location = format!("order dp={rank} pp={device}");
-            let Some(held) = of_rank.get(rank as usize).filter(|_| device < parallel.pp) else {
-                self.report_located(
-                    location,
-                    "rank-order-complete",
-                    format!("names no DP rank and pipeline device of {parallel}"),
-                );
-                continue;
-            };
-            if held.len() < 2 {
-                self.report_located(
-                    location,
-                    "rank-order-complete",
-                    "the rank is in one replica: there is nothing to interleave".into(),
-                );
-                continue;
-            }
-            if let Some(&stranger) = order.iter().find(|replica| !held.contains(replica)) {
-                let message = format!(
-                    "names {}, which does not hold the rank",
-                    self.names().replica(stranger)
-                );
-                self.report_located(location, "rank-order-complete", message);
-                continue;
-            }
-            for &replica in held {
-                let runs = *runs_on
-                    .entry((replica, device))
-                    .or_insert_with(|| ir.device_schedule(replica, device).len());
-                let listed = order.iter().filter(|&&r| r == replica).count();
-                if listed != runs {
-                    let message = format!(
-                        "lists {} {listed} times; it runs {runs} ops on the device",
-                        self.names().replica(replica)
-                    );
-                    self.report_located(location.clone(), "rank-order-complete", message);
-                }
-            }
-        }
-        if self.errors.len() == errors_before && ir.phase() < Phase::Lowered {
-            if let Err(e) = crate::program::check(&crate::program::lower(ir)) {
-                self.report(At::Section("order"), "rank-order-deadlock-free", e.message);
-            }
-        }
-    }
-
-    fn replica_schedules(&mut self) {
-        let ir = self.ir;
-        for &replica in ir.replicas() {
-            let forward = self.index.packs_on(ir, replica, Direction::Forward);
-            let backward = self.index.packs_on(ir, replica, Direction::Backward);
-            if forward.is_empty() && backward.is_empty() {
-                continue;
-            }
-            let mut complete = true;
-            for &stage_id in ir.stages() {
-                let stage = ir.stage(stage_id).index;
-                let order = ir.schedule(replica, stage);
-                let location = At::Schedule(replica, stage_id);
-                let listed_forward: Vec<PackId> = order
-                    .iter()
-                    .copied()
-                    .filter(|&p| ir.pack(p).direction == Direction::Forward)
-                    .collect();
-                let listed_backward: Vec<PackId> = order
-                    .iter()
-                    .copied()
-                    .filter(|&p| ir.pack(p).direction == Direction::Backward)
-                    .collect();
-                if listed_forward != forward || listed_backward != backward {
-                    complete = false;
-                    self.report(
-                        location,
-                        "schedule-complete",
-                        format!(
-                            "lists {} forward and {} backward packs in its order; the replica has {} and {} (each exactly once, in pack order)",
-                            listed_forward.len(),
-                            listed_backward.len(),
-                            forward.len(),
-                            backward.len()
-                        ),
-                    );
-                }
-            }
-            let split_ok = self.weight_grads_ordered(replica);
-            if complete && split_ok && self.interleaves_complete(replica) {
-                self.deadlock_free(replica);
-            }
-        }
-    }
-
-    /// Every deferred weight gradient of the replica (see [`StepIr::weight_grads`]) belongs
-    /// to one of its backward packs, runs once per stage, after that pack's input gradient.
-    fn weight_grads_ordered(&mut self, replica: ReplicaId) -> bool {
-        let ir = self.ir;
-        let mut ordered = true;
-        for &stage_id in ir.stages() {
-            let stage = ir.stage(stage_id).index;
-            let deferred = ir.weight_grads(replica, stage);
-            if deferred.is_empty() {
-                continue;
-            }
-            let location = At::Schedule(replica, stage_id);
-            if ir.spec.parallel.vpp > 1 {
-                self.report(
-                    location,
-                    "weight-grad-order",
-                    "splits backwards into input and weight gradients with model chunks \
-                     (vpp > 1); zero-bubble schedules need one chunk per device"
-                        .to_string(),
-                );
-                ordered = false;
-                continue;
-            }
-            let chain = ir.schedule(replica, stage);
-            let mut seen = HashSet::new();
-            for &(pack, before) in deferred {
-                let position = chain.iter().position(|&p| p == pack);
-                let problem = if ir.pack(pack).direction != Direction::Backward
-                    || ir.replica_of_pack(pack) != Some(replica)
-                {
-                    Some("is not a backward pack of the replica")
-                } else if !seen.insert(pack) {
-                    Some("is listed twice")
-                } else if position.is_none_or(|p| p as u32 >= before) {
-                    Some("does not run after its input gradient")
-                } else {
-                    None
-                };
-                if let Some(problem) = problem {
-                    ordered = false;
-                    let name = self.names().pack(pack).to_string();
-                    self.report(
-                        location,
-                        "weight-grad-order",
-                        format!("the weight gradient {name}.dw {problem}"),
-                    );
-                }
-            }
-        }
-        ordered
-    }
-
-    /// With model chunks, every pipeline device of the replica has an interleave that runs
-    /// each of its stages' packs once (see `StepIr::device_schedule`).
-    fn interleaves_complete(&mut self, replica: ReplicaId) -> bool {
-        let ir = self.ir;
-        let parallel = ir.spec.parallel;
-        if parallel.vpp == 1 {
-            return true;
-        }
-        let packs = self.index.packs_on(ir, replica, Direction::Forward).len()
-            + self.index.packs_on(ir, replica, Direction::Backward).len();
-        let mut complete = true;
-        for device in 0..parallel.pp {
-            let chunks = ir.interleave(replica, device).unwrap_or(&[]);
-            let counts: Vec<usize> = (0..parallel.vpp)
-                .map(|chunk| chunks.iter().filter(|&&c| c == chunk).count())
-                .collect();
-            let stray = chunks.iter().any(|&c| c >= parallel.vpp);
-            if stray || counts.iter().any(|&count| count != packs) {
-                complete = false;
-                self.report(
-                    At::ReplicaSchedule(replica),
-                    "schedule-complete",
-                    format!(
-                        "the interleave of pipeline device {device} runs its chunks {counts:?} times{}; each of its {} chunks must run the replica's {packs} packs",
-                        if stray { " and names a chunk past vpp" } else { "" },
-                        parallel.vpp
-                    ),
-                );
-            }
-        }
-        complete
-    }
-
-    /// Builds the replica's task graph and looks for a cycle.
-    fn deadlock_free(&mut self, replica: ReplicaId) {
-        let ir = self.ir;
-        let stages = ir.stages().len();
-        if stages == 0 {
-            return; // `stages` reports it
-        }
-        let mut graph: DiGraph<(PackId, usize), ()> = DiGraph::new();
-        let mut task = FxHashMap::default();
-        let mut packs = self.index.packs_on(ir, replica, Direction::Forward);
-        packs.extend(self.index.packs_on(ir, replica, Direction::Backward));
-        for &pack in &packs {
-            for stage in 0..stages {
-                task.insert((pack, stage), graph.add_node((pack, stage)));
-            }
-        }
-        // An edge between two of the replica's tasks; a pack of another replica (a slice whose
-        // packs sit on two replicas) is `pack-placement`'s to report, not an edge here.
-        let edge = |graph: &mut DiGraph<(PackId, usize), ()>, from, to| {
-            if let (Some(&from), Some(&to)) = (task.get(&from), task.get(&to)) {
-                graph.add_edge(from, to, ());
-            }
-        };
-        // A deferred weight gradient is a task of its own, after its input gradient; nothing
-        // on another stage waits for it.
-        let mut weight_task = FxHashMap::default();
-        for device in 0..ir.spec.parallel.pp {
-            let order = ir.device_schedule(replica, device);
-            let mut previous = None;
-            for &(op, stage) in &order {
-                let node = match op.part {
-                    Part::WeightGrad => {
-                        let node = *weight_task
-                            .entry((op.pack, stage))
-                            .or_insert_with(|| graph.add_node((op.pack, stage as usize)));
-                        if let Some(&input) = task.get(&(op.pack, stage as usize)) {
-                            graph.add_edge(input, node, ());
-                        }
-                        Some(node)
-                    }
-                    _ => task.get(&(op.pack, stage as usize)).copied(),
-                };
-                if let (Some(from), Some(to)) = (previous, node) {
-                    graph.add_edge(from, to, ());
-                }
-                previous = node.or(previous);
-            }
-        }
-        for &pack in &packs {
-            for stage in 1..stages {
-                match ir.pack(pack).direction {
-                    Direction::Forward => edge(&mut graph, (pack, stage - 1), (pack, stage)),
-                    Direction::Backward => edge(&mut graph, (pack, stage), (pack, stage - 1)),
-                };
-            }
-        }
-        // Each forward pack before the backward packs of its slices, on the last stage: one
-        // edge per pair of packs, not per slice.
-        let last = stages - 1;
-        let mut backwards = Vec::new();
-        for &pack in &packs {
-            if ir.pack(pack).direction != Direction::Forward {
-                continue;
-            }
-            backwards.clear();
-            backwards.extend(
-                (self.index.pack_slices(pack))
-                    .filter_map(|slice| self.index.pack_of(slice, Direction::Backward)),
-            );
-            backwards.sort_unstable();
-            backwards.dedup();
-            for &backward in &backwards {
-                edge(&mut graph, (pack, last), (backward, last));
-            }
-        }
-        if let Err(cycle) = petgraph::algo::toposort(&graph, None) {
-            let (pack, stage) = graph[cycle.node_id()];
-            self.report(
-                At::ReplicaSchedule(replica),
-                "deadlock-free",
-                format!(
-                    "the schedule deadlocks: {} on stage {stage} waits on itself through the pipeline dependencies",
-                    self.names().pack(pack)
-                ),
-            );
-        }
     }
 }
 

@@ -20,9 +20,14 @@
 //! its warm-ups are not cut for memory, and let this pass give the memory back where it is
 //! not needed).
 //!
-//! Per pack (a forward's own number of recomputed layers) is not modelled: with asymmetric
-//! packs a backward pack would replay slices saved under several modes, which the cost model
-//! prices per stage, not per slice.
+//! Per pack (`packs=true`, [`packs`]): a device's rung is what its peak needs, but not every
+//! pack is live at the peak. Packs whose lifetime on the device has room (warm-up and drain,
+//! short packs beside long ones, a pipeline of one stage where only the packs holding a long
+//! document need recomputation) then save under a lower rung of their own
+//! (`StepIr::set_pack_recompute`), chosen on the probe's memory timelines and checked by a
+//! last probe. Forward packs whose slices one backward pack replays take one mode together.
+
+mod packs;
 
 use crate::error::{PassError, Result};
 use crate::pass::{OptionInfo, Pass, PassContext, PassInfo, PassOptions, Statistics};
@@ -42,11 +47,19 @@ pub(crate) const INFO: PassInfo = PassInfo {
                   scheduled (packs and orders unchanged).",
     accepts: Phase::Scheduled..=Phase::Scheduled,
     produces: None,
-    options: &[OptionInfo {
-        name: "memory",
-        help: "the fraction of device memory each device's simulated peak may reach",
-        default: Some("0.92"),
-    }],
+    options: &[
+        OptionInfo {
+            name: "memory",
+            help: "the fraction of device memory each device's simulated peak may reach",
+            default: Some("0.92"),
+        },
+        OptionInfo {
+            name: "packs",
+            help:
+                "then lower the rung of the packs whose lifetime leaves memory room (true or false)",
+            default: Some("false"),
+        },
+    ],
     create: |options| Ok(Box::new(AssignRecompute::from_options(options)?)),
 };
 
@@ -56,12 +69,16 @@ pub struct AssignRecompute {
     /// The fraction of device memory a device's peak may reach (the tuner's limit unless
     /// given).
     pub memory: f64,
+    /// Whether packs take a lower rung than their device where memory allows
+    /// ([`packs::lower_packs`]).
+    pub packs: bool,
 }
 
 impl Default for AssignRecompute {
     fn default() -> AssignRecompute {
         AssignRecompute {
             memory: DEFAULT_MEMORY_LIMIT,
+            packs: false,
         }
     }
 }
@@ -71,7 +88,10 @@ impl AssignRecompute {
         let memory = options
             .fraction("memory")?
             .expect("declared with a default");
-        Ok(AssignRecompute { memory })
+        let packs = options
+            .get::<bool>("packs", "true or false")?
+            .expect("declared with a default");
+        Ok(AssignRecompute { memory, packs })
     }
 }
 
@@ -112,8 +132,22 @@ impl Pass for AssignRecompute {
             }
         }
         let levels = high;
-        set_levels(ir, &levels, top);
         let mut statistics = Statistics::new();
+        let own = match self.packs && levels.iter().any(|&level| level > 0) {
+            true => {
+                simulations += 2;
+                packs::lower_packs(ir, &mut probe, &levels, top, limit)
+                    .map_err(simulation_failed)?
+            }
+            false => Vec::new(),
+        };
+        set_levels(ir, &levels, top);
+        for &((pack, stage), mode) in &own {
+            ir.set_pack_recompute(pack, stage, Some(mode));
+        }
+        if self.packs {
+            statistics.set("packs_recomputing_less", own.len() as u64);
+        }
         statistics.set("simulations", simulations);
         statistics.set(
             "devices_recomputing",
@@ -258,6 +292,57 @@ mod tests {
                 "device {device} fits one rung lower than {levels:?}"
             );
         }
+    }
+
+    /// With `packs=true`, the packs whose lifetime leaves room under the limit take lower rungs
+    /// than their device: the step still fits (by a full simulation, which prices each pack
+    /// under its own mode, as the probe stacked it), recomputes less and is no slower.
+    #[test]
+    fn packs_take_lower_rungs_where_memory_allows_and_the_step_still_fits() {
+        let (per_stage, _) = assigned(Recompute::Full);
+        let mut ir = step(Recompute::Full);
+        let cx = PassContext::for_spec(&ir.spec);
+        let mut pass = AssignRecompute {
+            packs: true,
+            ..AssignRecompute::default()
+        };
+        let statistics = pass.run(&mut ir, &cx).unwrap();
+        let own: Vec<_> = ir.pack_recomputes().collect();
+        assert!(!own.is_empty(), "the test needs packs with room");
+        assert_eq!(
+            statistics.get("packs_recomputing_less"),
+            Some(&serde_json::Value::from(own.len() as u64))
+        );
+        let layers = |mode: Recompute| mode.mix(8).full;
+        for &((_, stage), mode) in &own {
+            // The devices keep their rungs; a pack's own is lower.
+            assert_eq!(ir.stage_recompute(stage), per_stage.stage_recompute(stage));
+            assert!(layers(mode) < layers(ir.stage_recompute(stage)), "{mode}");
+        }
+        let cost = slimpack_machine::machine_model(&ir.spec);
+        let simulated = sim::simulate(&ir, &cost).unwrap();
+        assert!(simulated
+            .device_peaks()
+            .iter()
+            .all(|&peak| peak <= limit(&ir)));
+        let modes: Vec<Recompute> = (0..4).map(|stage| ir.stage_recompute(stage)).collect();
+        let mut probe = sim::PeakProbe::new(&ir, &cost).unwrap();
+        assert_eq!(
+            probe.device_peaks(&modes).unwrap(),
+            simulated.device_peaks()
+        );
+        let before = sim::simulate(&per_stage, &cost).unwrap().metrics;
+        assert!(simulated.metrics.losses.recompute_s < before.losses.recompute_s);
+        assert!(simulated.metrics.step_time_s <= before.step_time_s);
+        // Verified, and the text form carries the packs' modes.
+        slimpack_ir::verify::verify(&ir).unwrap();
+        let text = slimpack_ir::text::print(&ir);
+        let parsed = slimpack_ir::text::parse(&text, "test").unwrap();
+        assert_eq!(
+            parsed.pack_recomputes().collect::<Vec<_>>().len(),
+            own.len()
+        );
+        assert_eq!(slimpack_ir::text::print(&parsed), text);
     }
 
     #[test]

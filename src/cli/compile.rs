@@ -231,6 +231,9 @@ pub struct CompileArgs {
     /// slimpack ablation: one recomputation mode per step (no per-stage modes).
     #[arg(long)]
     no_stage_recompute: bool,
+    /// slimpack ablation: per-stage recomputation without per-pack rungs.
+    #[arg(long)]
+    no_pack_recompute: bool,
     /// slimpack ablation: a DP rank's plain replica and DP-Merge group run one after the other.
     #[arg(long)]
     no_interleave: bool,
@@ -290,6 +293,7 @@ impl CompileArgs {
             (self.no_eqsat, "eqsat"),
             (self.no_zero_bubble, "zero-bubble"),
             (self.no_stage_recompute, "stage-recompute"),
+            (self.no_pack_recompute, "pack-recompute"),
             (self.no_interleave, "interleave"),
         ]
         .iter()
@@ -646,8 +650,8 @@ fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::R
             if ir.has_split_backwards() {
                 bail!("--emit {form} runs whole backwards; this step splits them (schedule-pipeline{{zb=true}}): compile it without zb");
             }
-            if ir.has_stage_recompute() {
-                bail!("--emit {form} runs one recomputation mode per step; this step gives its stages their own (assign-recompute): compile it without");
+            if ir.has_stage_recompute() || ir.has_pack_recompute() {
+                bail!("--emit {form} runs one recomputation mode per step; this step gives its stages or packs their own (assign-recompute): compile it without");
             }
             backend_emitted(emit, ir)?
         }

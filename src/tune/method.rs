@@ -66,6 +66,9 @@ pub struct Ideas {
     pub zero_bubble: bool,
     /// Per-stage recomputation twins ([`super::stage_recompute`]).
     pub stage_recompute: bool,
+    /// The twins' packs take lower rungs than their device where memory allows
+    /// (`assign-recompute{packs=true}`).
+    pub pack_recompute: bool,
     /// DP-Merge pipelines end in `interleave-ranks`: a rank shared by its plain replica and a
     /// group runs their schedules interleaved where that is faster within memory.
     pub interleave_ranks: bool,
@@ -80,6 +83,7 @@ impl Ideas {
         eqsat: true,
         zero_bubble: true,
         stage_recompute: true,
+        pack_recompute: true,
         interleave_ranks: true,
     };
 }
@@ -353,7 +357,7 @@ pub fn candidates_with(
         false => candidates,
     };
     let candidates = match ideas.stage_recompute {
-        true => with_stage_recompute(candidates, choices),
+        true => with_stage_recompute(candidates, choices, ideas.pack_recompute),
         false => candidates,
     };
     match ideas.interleave_ranks {
@@ -512,6 +516,11 @@ full_search_without!(
     stage_recompute
 );
 full_search_without!(
+    /// Per-stage recomputation twins whose packs all take their device's rung.
+    no_pack_recompute,
+    pack_recompute
+);
+full_search_without!(
     /// A shared rank's replicas one after the other.
     no_interleave,
     interleave_ranks
@@ -532,7 +541,7 @@ fn with_peer_plans(
         peers = with_zero_bubble(peers, spec, choices);
     }
     if ideas.stage_recompute {
-        peers = with_stage_recompute(peers, choices);
+        peers = with_stage_recompute(peers, choices, ideas.pack_recompute);
     }
     candidates.extend(peers);
     candidates

@@ -7,6 +7,10 @@
 //! few forwards, `block:K` or `full` where memory forces it). The originals stay in the
 //! search, so it only grows; the simulator decides. Labels say `recompute=per-stage`.
 //!
+//! With per-pack recomputation (the full method), the twin's pass is `assign-recompute
+//! {packs=true}`: after each device's rung, the packs whose lifetime leaves memory room save
+//! under a lower rung of their own. Labels then say `recompute=per-pack`.
+//!
 //! Only where the choices allow it (`Choices::stage_recompute`: not when the user fixed a mode,
 //! nor for consumers that run one mode per step).
 
@@ -19,23 +23,37 @@ use super::strategy::{Candidate, Choices, DEFAULT_MEMORY_LIMIT};
 const PASS: &str = "assign-recompute";
 
 /// `candidates` and, where `choices` let the strategy choose its recomputation, the per-stage
-/// twin of each one that recomputes fully (after them, in their order).
-pub fn with_stage_recompute(candidates: Vec<Candidate>, choices: &Choices) -> Vec<Candidate> {
+/// twin of each one that recomputes fully (after them, in their order); with `per_pack`, the
+/// twin's packs take lower rungs where memory allows (`recompute=per-pack`).
+pub fn with_stage_recompute(
+    candidates: Vec<Candidate>,
+    choices: &Choices,
+    per_pack: bool,
+) -> Vec<Candidate> {
     if !choices.stage_recompute {
         return candidates;
     }
-    let pass = match choices.memory_limit == DEFAULT_MEMORY_LIMIT {
+    let mut options = Vec::new();
+    if choices.memory_limit != DEFAULT_MEMORY_LIMIT {
+        options.push(format!("memory={}", choices.memory_limit));
+    }
+    if per_pack {
+        options.push("packs=true".to_string());
+    }
+    let pass = match options.is_empty() {
         true => PASS.to_string(),
-        false => format!("{PASS}{{memory={}}}", choices.memory_limit),
+        false => format!("{PASS}{{{}}}", options.join(",")),
+    };
+    let label = match per_pack {
+        true => "recompute=per-pack",
+        false => "recompute=per-stage",
     };
     let assign = |pipeline: &str| format!("{pipeline},{pass}");
     let twins: Vec<Candidate> = candidates
         .iter()
         .filter(|candidate| candidate.recompute == Recompute::Full)
         .map(|candidate| Candidate {
-            label: candidate
-                .label
-                .replace("recompute=full", "recompute=per-stage"),
+            label: candidate.label.replace("recompute=full", label),
             ..candidate.map_pipelines(assign)
         })
         .collect();
@@ -92,7 +110,7 @@ mod tests {
     #[test]
     fn full_candidates_get_a_per_stage_twin() {
         let candidates = vec![candidate(Recompute::None), candidate(Recompute::Full)];
-        let all = with_stage_recompute(candidates.clone(), &Choices::all());
+        let all = with_stage_recompute(candidates.clone(), &Choices::all(), false);
         assert_eq!(all.len(), 3);
         assert_eq!(&all[..2], &candidates[..]);
         let twin = &all[2];
@@ -107,8 +125,8 @@ mod tests {
     }
 
     /// On a pipeline whose first stage must recompute (llama-7b on 40 GiB devices, pp=4), each
-    /// per-stage twin of slimpack's candidates fits wherever its uniform `full` original fits,
-    /// and recomputes less (never more).
+    /// per-stage twin of slimpack's candidates (its packs on their own rungs: `per-pack`) fits
+    /// wherever its uniform `full` original fits, and recomputes less (never more).
     #[test]
     fn per_stage_twins_fit_where_full_fits_and_recompute_less() {
         use super::super::autotune::evaluate;
@@ -127,12 +145,12 @@ mod tests {
         let mut compared = 0;
         for twin in candidates
             .iter()
-            .filter(|c| c.label.contains("recompute=per-stage"))
+            .filter(|c| c.label.contains("recompute=per-pack"))
         {
             if compared == 4 {
                 break;
             }
-            let label = twin.label.replace("recompute=per-stage", "recompute=full");
+            let label = twin.label.replace("recompute=per-pack", "recompute=full");
             let original = candidates.iter().find(|c| c.label == label).unwrap();
             let (uniform, _) = evaluate(info, &spec, &batch, original, limit).unwrap();
             let (per_stage, _) = evaluate(info, &spec, &batch, twin, limit).unwrap();
@@ -159,17 +177,25 @@ mod tests {
     fn a_fixed_mode_gets_no_twin_and_a_limit_reaches_the_pass() {
         let candidates = vec![candidate(Recompute::Full)];
         let fixed = Choices::fixed(Recompute::Full);
-        assert_eq!(with_stage_recompute(candidates.clone(), &fixed), candidates);
+        assert_eq!(
+            with_stage_recompute(candidates.clone(), &fixed, true),
+            candidates
+        );
         let one_mode = Choices::all().one_mode_per_step();
         assert_eq!(
-            with_stage_recompute(candidates.clone(), &one_mode),
+            with_stage_recompute(candidates.clone(), &one_mode, true),
             candidates
         );
         let tight = Choices {
             memory_limit: 0.8,
             ..Choices::all()
         };
-        let all = with_stage_recompute(candidates, &tight);
+        let all = with_stage_recompute(candidates.clone(), &tight, false);
         assert!(all[1].pipeline.ends_with(",assign-recompute{memory=0.8}"));
+        let all = with_stage_recompute(candidates, &tight, true);
+        assert!(all[1]
+            .pipeline
+            .ends_with(",assign-recompute{memory=0.8,packs=true}"));
+        assert_eq!(all[1].label, "cp=1,recompute=per-pack");
     }
 }

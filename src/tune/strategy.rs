@@ -480,6 +480,15 @@ pub static STRATEGIES: &[StrategyInfo] = &[
         applies: None,
     },
     StrategyInfo {
+        name: "slimpack-no-pack-recompute",
+        summary: "ablation: per-stage recomputation without per-pack rungs (every pack takes its device's)",
+        source: "src/tune/method.rs, passes/src/assign_recompute/packs.rs",
+        deviations: "assign-recompute without packs=true",
+        candidates: method::no_pack_recompute,
+        admit: None,
+        applies: None,
+    },
+    StrategyInfo {
         name: "slimpack-no-interleave",
         summary: "ablation: a DP rank's plain replica and DP-Merge group one after the other (no interleaving)",
         source: "src/tune/method.rs, passes/src/interleave_ranks.rs",

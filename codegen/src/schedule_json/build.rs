@@ -10,15 +10,16 @@
 use std::collections::HashMap;
 
 use slimpack_ir::program::{self, CpShard, PackLayout, Program};
+use slimpack_ir::spec::Recompute;
 use slimpack_ir::step::{Direction, PackId, StepIr};
 
 use super::devices::devices;
 use super::layout::Layout;
 use super::{
     BatchDocument, DeferredWeightGrad, InterleaveEntry, LossDocument, LossNormalization,
-    PackDocument, PackSlice, PackedSeqParams, QkvFormat, RankOrderEntry, ReplicaDocument,
-    ScheduleDocument, ScheduleEntry, ScheduleError, SliceDocument, StageDocument, SubBatch, FORMAT,
-    INT32_MAX, VERSION,
+    PackDocument, PackRecomputeEntry, PackSlice, PackedSeqParams, QkvFormat, RankOrderEntry,
+    ReplicaDocument, ScheduleDocument, ScheduleEntry, ScheduleError, SliceDocument, StageDocument,
+    SubBatch, FORMAT, INT32_MAX, VERSION,
 };
 
 /// The document of `ir` (see [`super::document`]).
@@ -103,6 +104,7 @@ pub(super) fn document(
             replicas: order.iter().map(|replica| replica_index[replica]).collect(),
         })
         .collect();
+    let pack_recompute = pack_recompute(ir, &index);
     let samples: Vec<_> = ir.samples().iter().map(|&s| *ir.sample(s)).collect();
     let replicas = ir
         .replicas()
@@ -156,10 +158,40 @@ pub(super) fn document(
         schedules,
         interleave,
         rank_orders,
+        pack_recompute,
         groups,
         devices,
         predicted,
     })
+}
+
+/// The forward packs' own modes by stage (increasing), one entry per mode in the order of its
+/// first pack, packs by increasing document index (`index`).
+fn pack_recompute(ir: &StepIr, index: &HashMap<PackId, u32>) -> Vec<PackRecomputeEntry> {
+    let mut own: Vec<(u32, u32, Recompute)> = ir
+        .pack_recomputes()
+        .map(|((pack, stage), mode)| (stage, index[&pack], mode))
+        .collect();
+    own.sort_unstable_by_key(|&(stage, pack, _)| (stage, pack));
+    let mut entries: Vec<PackRecomputeEntry> = Vec::new();
+    let mut stage_start = 0;
+    for (stage, pack, recompute) in own {
+        if entries.last().is_some_and(|last| last.stage != stage) {
+            stage_start = entries.len();
+        }
+        match entries[stage_start..]
+            .iter_mut()
+            .find(|entry| entry.stage == stage && entry.recompute == recompute)
+        {
+            Some(entry) => entry.packs.push(pack),
+            None => entries.push(PackRecomputeEntry {
+                stage,
+                recompute,
+                packs: vec![pack],
+            }),
+        }
+    }
+    entries
 }
 
 /// Every slice, sample-major in increasing start, with its packs, targets and dK/dV order.

@@ -8,7 +8,7 @@
 
 use serde_json::Value;
 
-use slimpack_ir::step::{BatchInfo, Pack, Part, Phase, SliceId, Stage, StageOp, StepIr};
+use slimpack_ir::step::{BatchInfo, Direction, Pack, Part, Phase, SliceId, Stage, StageOp, StepIr};
 use slimpack_ir::{program, Spec};
 
 use super::check;
@@ -181,6 +181,32 @@ pub(super) fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
             )));
         }
         ir.set_interleave(replica, entry.pp, &entry.chunks);
+    }
+    let mut own = std::collections::HashSet::new();
+    for entry in &doc.pack_recompute {
+        if entry.stage >= doc.spec.parallel.stages() {
+            return Err(invalid(format!(
+                "pack_recompute names stage {} of {}",
+                entry.stage,
+                doc.spec.parallel.stages()
+            )));
+        }
+        for &p in &entry.packs {
+            let pack = pack_ids
+                .get(p as usize)
+                .copied()
+                .filter(|&pack| ir.pack(pack).direction == Direction::Forward)
+                .ok_or_else(|| {
+                    invalid(format!("pack_recompute names pack {p}, no forward pack"))
+                })?;
+            if !own.insert((p, entry.stage)) {
+                return Err(invalid(format!(
+                    "pack_recompute names pack {p} on stage {} twice",
+                    entry.stage
+                )));
+            }
+            ir.set_pack_recompute(pack, entry.stage, Some(entry.recompute));
+        }
     }
     if let Some(pair) = doc
         .rank_orders

@@ -60,6 +60,9 @@ pub struct StepIr {
     /// groups), the replica of each op the device runs, in order, where the replicas'
     /// schedules interleave (see [`StepIr::rank_schedule`]); absent: one after the other.
     rank_orders: BTreeMap<(u32, u32), Vec<ReplicaId>>,
+    /// Per (forward pack, stage index), the recomputation its activations are saved under
+    /// where it is not the stage's (see [`StepIr::saved_recompute`]).
+    pub(super) pack_recompute: BTreeMap<(PackId, u32), Recompute>,
     /// Position of each sample in `samples` (batch order), indexed by node index.
     sample_position: Vec<u32>,
     /// The replica of each sample, indexed by batch position (`None`: not placed).
@@ -108,6 +111,7 @@ impl StepIr {
             interleave: BTreeMap::new(),
             weight_grads: BTreeMap::new(),
             rank_orders: BTreeMap::new(),
+            pack_recompute: BTreeMap::new(),
             sample_position: Vec::new(),
             sample_replica: Vec::new(),
             replica_samples: FxHashMap::default(),
@@ -442,9 +446,11 @@ impl StepIr {
 
     /// Sets the recomputation of stage `index` (`None`: the model's mode). A mode equal to the
     /// model's is stored as `None`, so that a step prints the same whichever way it was reached.
-    /// Shared ranks' orders, read off the step's timings and memory, are cleared.
+    /// Shared ranks' orders, read off the step's timings and memory, are cleared, and so are
+    /// the stage's packs' own modes ([`StepIr::set_pack_recompute`]), chosen beside the old one.
     pub fn set_stage_recompute(&mut self, index: u32, mode: Option<Recompute>) {
         self.rank_orders.clear();
+        self.pack_recompute.retain(|&(_, stage), _| stage != index);
         let mode = mode.filter(|&mode| mode != self.spec.model.recompute);
         let id = self.stages[index as usize];
         match &mut self.graph[id.0] {
@@ -676,8 +682,10 @@ impl StepIr {
     /// always has a forward and a backward pack.
     pub fn set_schedule(&mut self, replica: ReplicaId, stage: u32, order: &[PackId]) {
         self.weight_grads.remove(&(replica, stage));
-        // The interleaving of shared ranks was of the schedules this one replaces.
+        // The interleaving of shared ranks, and the packs' own recomputation, were chosen on
+        // the schedules this one replaces.
         self.rank_orders.clear();
+        self.pack_recompute.clear();
         let packs: Vec<PackId> = {
             let mut all = self.packs_on(replica, Direction::Forward);
             all.extend(self.packs_on(replica, Direction::Backward));
@@ -813,6 +821,7 @@ impl StepIr {
     pub fn set_interleave(&mut self, replica: ReplicaId, device: u32, chunks: &[u32]) {
         self.interleave.insert((replica, device), chunks.to_vec());
         self.rank_orders.clear();
+        self.pack_recompute.clear();
     }
 
     /// The chunk sequence set by [`StepIr::set_interleave`], if any.

@@ -20,6 +20,7 @@ mod build;
 mod graph;
 mod ids;
 mod node;
+mod recompute;
 mod rows;
 mod slices;
 

@@ -12,9 +12,11 @@ use std::str::FromStr;
 use super::lexer::{lex, Spanned, Token};
 use crate::error::{IrError, Result};
 use crate::spec::{ClusterSpec, GpuSpec, LinkSpec, ModelSpec, ParallelSpec, Spec};
+mod schedule;
+
 use crate::step::{
-    BatchInfo, Direction, Pack, PackId, Part, Phase, ReplicaId, Sample, SampleId, Slice, SliceId,
-    Stage, StageOp, StepIr,
+    BatchInfo, Direction, Pack, PackId, Phase, ReplicaId, Sample, SampleId, Slice, SliceId, Stage,
+    StepIr,
 };
 
 /// Parses IR text; `source_name` names the input in errors.
@@ -338,6 +340,7 @@ impl Parser<'_> {
             names: HashMap::new(),
             last_sample: None,
             rank_orders: Default::default(),
+            pack_recompute: Default::default(),
         };
         loop {
             self.skip_newlines();
@@ -350,10 +353,12 @@ impl Parser<'_> {
                 Token::Word(word) if word == "schedule" => self.schedule(&mut body)?,
                 Token::Word(word) if word == "interleave" => self.interleave(&mut body)?,
                 Token::Word(word) if word == "order" => self.rank_order(&mut body)?,
+                Token::Word(word) if word == "recompute" => self.pack_recompute(&mut body)?,
                 Token::Word(word) if word == "worker" => self.worker_block()?,
                 _ => {
                     return Err(self.unexpected(
-                        "a '%name = ...' definition, 'schedule', 'interleave', 'order', 'worker' or '}'",
+                        "a '%name = ...' definition, 'schedule', 'interleave', 'recompute', \
+                         'order', 'worker' or '}'",
                     ))
                 }
             }
@@ -365,6 +370,11 @@ impl Parser<'_> {
         body.ir_mut();
         let mut ir = body.ir.take().expect("ir_mut creates the IR (bug)");
         // After every schedule, which would clear them (a file may list them anywhere).
+        for ((pack, stage), mode) in std::mem::take(&mut body.pack_recompute) {
+            if stage < ir.stages().len() as u32 {
+                ir.set_pack_recompute(pack, stage, Some(mode));
+            }
+        }
         for ((rank, device), order) in std::mem::take(&mut body.rank_orders) {
             ir.set_rank_order(rank, device, &order);
         }
@@ -759,149 +769,6 @@ impl Parser<'_> {
         }
         Ok(Named::Pack(pack))
     }
-
-    fn schedule(&mut self, body: &mut Body) -> Result<()> {
-        self.next();
-        let (replica_name, replica_at) = self.expect_name("a replica '%name'")?;
-        let replica = self.replica_ref(body, (Value::Name(replica_name), replica_at))?;
-        let (stage_name, stage_at) = self.expect_name("a stage '%name'")?;
-        let stage = match body.names.get(&stage_name) {
-            Some(Named::Stage(index)) => *index,
-            Some(_) => {
-                return Err(self.error_at(stage_at, format!("'%{stage_name}' is not a stage")))
-            }
-            None => return Err(self.error_at(stage_at, format!("undefined name '%{stage_name}'"))),
-        };
-        let (order, order_at) = self.value()?;
-        let Value::List(items) = order else {
-            return Err(self.error_at(order_at, "expected the schedule's packs [%f0, %b0, ...]"));
-        };
-        let mut ops = Vec::with_capacity(items.len());
-        for (item, at) in items {
-            let Value::Name(name) = item else {
-                return Err(self.error_at(at, "expected a pack '%name'"));
-            };
-            // `%b0.dx` / `%b0.dw`: the input- or weight-gradient part of a split backward.
-            let (base, part) = match name.rsplit_once('.') {
-                Some((base, "dx")) => (base, Part::InputGrad),
-                Some((base, "dw")) => (base, Part::WeightGrad),
-                _ => (name.as_str(), Part::Whole),
-            };
-            match body.names.get(base) {
-                Some(Named::Pack(pack)) => ops.push(StageOp { pack: *pack, part }),
-                Some(_) => return Err(self.error_at(at, format!("'%{base}' is not a pack"))),
-                None => return Err(self.error_at(at, format!("undefined name '%{base}'"))),
-            }
-        }
-        if ops.iter().filter(|op| op.part != Part::WeightGrad).count() < 2 {
-            return Err(self.error_at(
-                order_at,
-                "a schedule lists at least two packs (a forward and a backward)",
-            ));
-        }
-        self.end_of_statement()?;
-        let ir = body.ir_mut();
-        ir.set_stage_ops(replica, stage, &ops);
-        // The text names each chain op's part; the IR derives it from the deferred weight
-        // gradients, so the two must agree.
-        if ir.stage_ops(replica, stage) != ops {
-            return Err(self.error_at(
-                order_at,
-                "a split backward lists its input gradient `%bN.dx` in the order and its weight \
-                 gradient `%bN.dw` once, later; an unsplit backward is plain `%bN`",
-            ));
-        }
-        Ok(())
-    }
-
-    /// `interleave %r0 pp=1 [0, 0, 1, ...]`: the chunk of each pack pipeline device `pp` runs.
-    fn interleave(&mut self, body: &mut Body) -> Result<()> {
-        self.next();
-        let (replica_name, replica_at) = self.expect_name("a replica '%name'")?;
-        let replica = self.replica_ref(body, (Value::Name(replica_name), replica_at))?;
-        self.expect_keyword("pp")?;
-        self.expect(Token::Equals, "'=' after 'pp'")?;
-        let value = self.value()?;
-        let device: u32 = self.number(value, "pipeline device")?;
-        let (order, order_at) = self.value()?;
-        let Value::List(items) = order else {
-            return Err(self.error_at(order_at, "expected the device's chunks [0, 1, ...]"));
-        };
-        let mut chunks = Vec::with_capacity(items.len());
-        for item in items {
-            chunks.push(self.number(item, "model chunk")?);
-        }
-        self.end_of_statement()?;
-        let ir = body.ir_mut();
-        if ir.spec.parallel.vpp == 1 || device >= ir.spec.parallel.pp {
-            return Err(self.error_at(
-                order_at,
-                format!(
-                    "an interleave needs model chunks (vpp > 1) and a device below pp; the layout is {}",
-                    ir.spec.parallel
-                ),
-            ));
-        }
-        ir.set_interleave(replica, device, &chunks);
-        Ok(())
-    }
-
-    /// `order dp=3 pp=0 [%r3, %r16, %r16, %r3, ...]`: the replica of each op DP rank `dp`'s
-    /// pipeline device `pp` runs, where the rank is in several replicas.
-    fn rank_order(&mut self, body: &mut Body) -> Result<()> {
-        self.next();
-        let mut key = [0u32; 2];
-        for (slot, (keyword, what)) in [("dp", "DP rank"), ("pp", "pipeline device")]
-            .into_iter()
-            .enumerate()
-        {
-            self.expect_keyword(keyword)?;
-            self.expect(Token::Equals, &format!("'=' after '{keyword}'"))?;
-            let value = self.value()?;
-            key[slot] = self.number(value, what)?;
-        }
-        let (order, order_at) = self.value()?;
-        let Value::List(items) = order else {
-            return Err(self.error_at(order_at, "expected the replica of each op [%r0, %r4, ...]"));
-        };
-        let mut replicas = Vec::with_capacity(items.len());
-        for item in items {
-            replicas.push(self.replica_ref(body, item)?);
-        }
-        self.end_of_statement()?;
-        let parallel = body.ir_mut().spec.parallel;
-        if key[0] >= parallel.dp || key[1] >= parallel.pp {
-            return Err(self.error_at(
-                order_at,
-                format!(
-                    "dp={} pp={} is no DP rank and pipeline device of the layout {parallel}",
-                    key[0], key[1]
-                ),
-            ));
-        }
-        if body
-            .rank_orders
-            .insert((key[0], key[1]), replicas)
-            .is_some()
-        {
-            return Err(self.error_at(
-                order_at,
-                format!("a second order for dp={} pp={}", key[0], key[1]),
-            ));
-        }
-        Ok(())
-    }
-
-    fn replica_ref(&self, body: &Body, (value, at): (Value, Pos)) -> Result<ReplicaId> {
-        match value {
-            Value::Name(name) => match body.names.get(&name) {
-                Some(Named::Replica(replica)) => Ok(*replica),
-                Some(_) => Err(self.error_at(at, format!("'%{name}' is not a replica"))),
-                None => Err(self.error_at(at, format!("undefined name '%{name}'"))),
-            },
-            _ => Err(self.error_at(at, "expected a replica '%name'")),
-        }
-    }
 }
 
 /// Parser state of the body: the IR is created when the first non-stage statement arrives.
@@ -913,6 +780,8 @@ struct Body {
     last_sample: Option<SampleId>,
     /// Shared ranks' orders, set once every schedule is read.
     rank_orders: std::collections::BTreeMap<(u32, u32), Vec<ReplicaId>>,
+    /// Forward packs' own recomputation by (pack, stage index), set after the schedules too.
+    pack_recompute: std::collections::BTreeMap<(PackId, u32), crate::spec::Recompute>,
 }
 
 impl Body {

@@ -124,6 +124,9 @@ pub fn print(ir: &StepIr) -> String {
             }
         }
     }
+    if ir.has_pack_recompute() {
+        pack_recompute(ir, &names, &mut out);
+    }
     for ((rank, device), order) in ir.rank_orders() {
         let replicas: Vec<&str> = order
             .iter()
@@ -140,6 +143,35 @@ pub fn print(ir: &StepIr) -> String {
     }
     out.push_str("}\n");
     out
+}
+
+/// `recompute %st0 block:2 [%f0, %f3]`: per stage, the forward packs that save under a mode
+/// of their own, by mode (in the order of their first pack), packs in canonical order.
+fn pack_recompute(ir: &StepIr, names: &Names, out: &mut String) {
+    let own: std::collections::HashMap<_, _> = ir.pack_recomputes().collect();
+    for &stage_id in ir.stages() {
+        let stage = ir.stage(stage_id).index;
+        let mut by_mode: Vec<(crate::spec::Recompute, Vec<&str>)> = Vec::new();
+        for &replica in ir.replicas() {
+            for pack in ir.packs_on(replica, Direction::Forward) {
+                let Some(&mode) = own.get(&(pack, stage)) else {
+                    continue;
+                };
+                match by_mode.iter_mut().find(|(m, _)| *m == mode) {
+                    Some((_, packs)) => packs.push(names.pack(pack)),
+                    None => by_mode.push((mode, vec![names.pack(pack)])),
+                }
+            }
+        }
+        for (mode, packs) in by_mode {
+            let _ = writeln!(
+                out,
+                "  recompute {} {mode} [{}]",
+                names.stage(stage_id),
+                packs.join(", ")
+            );
+        }
+    }
 }
 
 fn header(ir: &StepIr, out: &mut String) {

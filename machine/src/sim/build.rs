@@ -41,7 +41,8 @@
 use std::ops::Range;
 
 use crate::cost::{exposed_tp_comm, CostModel, Flops, MemoryModel, OpKind, PackTime, PackWork};
-use slimpack_ir::step::{Direction, Part, SliceId, StepIr};
+use slimpack_ir::spec::Recompute;
+use slimpack_ir::step::{Direction, PackId, Part, SliceId, StepIr};
 
 use super::layout::{GroupId, Layout};
 use super::memory::MemoryEffect;
@@ -50,8 +51,10 @@ use super::task::{ComputeParts, PackIndex, Task, TaskGraph, TaskGraphBuilder, Ta
 use crate::error::MachineError;
 
 mod bounds;
+mod pack_modes;
 mod shared_ranks;
 pub(super) use bounds::{compute_bound, schedule_bound, UntimedPeaks};
+pub use bounds::{Timeline, TimelineOp};
 pub use shared_ranks::SharedRanks;
 
 /// Marks an empty slot of a node-indexed table.
@@ -156,6 +159,7 @@ pub(super) fn build(
     check_stages(ir, layout)?;
     let mut builder = Builder::new(ir, cost, layout)?;
     builder.collect_packs(true, None);
+    builder.read_pack_modes();
     builder.compute_tasks(shared)?;
     builder.pipeline_sends();
     builder.last_stage_edges();
@@ -201,6 +205,12 @@ struct Builder<'a> {
     /// model's first), and how many there are: a pack's [`StageShare`] depends on it.
     stage_modes: Vec<usize>,
     modes: usize,
+    /// The machine under each mode a pack saves under instead of its stage's
+    /// (`StepIr::saved_recompute`), and per (pack, stage), `pack · stages + stage`, the index
+    /// of its mode there among them (`SAME_AS_STAGE`: the stage's); empty where no pack has a
+    /// mode of its own (see `pack_modes`).
+    pack_costs: Vec<(Recompute, CostModel)>,
+    pack_modes: Vec<u8>,
     replicas: Vec<Vec<u32>>,
     packs: Vec<PackInfo>,
     /// The sums over each pack's slices its time needs on every stage.
@@ -214,8 +224,9 @@ struct Builder<'a> {
     /// `(len, prefix)` of each slice, the shape the cost model takes.
     pairs: Vec<(u64, u64)>,
     earlier_shares: Vec<u64>,
-    /// Pack index by IR node index.
+    /// Pack index by IR node index, and the IR's pack of each index.
     pack_of_node: Vec<u32>,
+    pack_ids: Vec<PackId>,
     /// Forward pack index by slice node index.
     forward_of_node: Vec<u32>,
     /// Compute task of (pack, pipeline stage): `compute[pack · stages + stage]`.
@@ -265,6 +276,8 @@ impl<'a> Builder<'a> {
             stage_costs: stage_costs(ir, cost),
             stage_modes: Vec::new(),
             modes: 1,
+            pack_costs: Vec::new(),
+            pack_modes: Vec::new(),
             replicas,
             packs: Vec::new(),
             works: Vec::new(),
@@ -274,6 +287,7 @@ impl<'a> Builder<'a> {
             pairs: Vec::new(),
             earlier_shares: Vec::new(),
             pack_of_node: vec![NONE; node_bound],
+            pack_ids: Vec::new(),
             forward_of_node: vec![NONE; node_bound],
             stages: ir.spec.parallel.stages(),
             compute: Vec::new(),
@@ -303,6 +317,7 @@ impl<'a> Builder<'a> {
                 for pack in ir.packs_on(replica_id, direction) {
                     let index = self.packs.len() as u32;
                     self.pack_of_node[pack.node().index()] = index;
+                    self.pack_ids.push(pack);
                     let first = self.slices.len() as u32;
                     let mut tokens = 0;
                     for &slice_id in ir.pack_members(pack) {
@@ -322,8 +337,10 @@ impl<'a> Builder<'a> {
                             padding: false,
                         });
                         self.pairs.push((len, prefix));
-                        if direction == Direction::Forward && timed {
+                        if direction == Direction::Forward {
                             self.forward_of_node[node] = index;
+                        }
+                        if direction == Direction::Forward && timed {
                             self.model_flops += self.cost.model_flops(len, prefix);
                             self.tokens += len;
                         }
@@ -393,7 +410,7 @@ impl<'a> Builder<'a> {
                 })
             })
             .collect();
-        self.modes = distinct.len();
+        self.modes = distinct.len() + self.pack_costs.len();
         self.stage_shares = vec![None; self.packs.len() * 4 * self.modes * 3];
     }
 
@@ -573,8 +590,12 @@ impl<'a> Builder<'a> {
     /// replicas that run it.
     fn part_time(&self, pack: PackIndex, stage: u32, part: Part) -> PackTime {
         let ranks = &self.replicas[self.packs[pack.0 as usize].replica as usize];
-        self.stage_cost(stage)
-            .work_part_time_on(stage, &self.works[pack.0 as usize], part, ranks)
+        self.pack_cost(pack, stage).work_part_time_on(
+            stage,
+            &self.works[pack.0 as usize],
+            part,
+            ranks,
+        )
     }
 
     /// The send of `pack`'s activations (or their gradients) from `from` to `to`.
@@ -668,7 +689,10 @@ impl<'a> Builder<'a> {
     /// What `part` of `pack` does on `stage` that depends on the stage through its ends and
     /// its recomputation mode only: computed once per (pack, ends, mode, part).
     fn stage_share(&mut self, pack: PackIndex, stage: u32, part: Part) -> StageShare {
-        let mode = self.stage_modes[stage as usize];
+        let mode = match self.pack_mode(pack, stage) {
+            Some(own) => self.modes - self.pack_costs.len() + own,
+            None => self.stage_modes[stage as usize],
+        };
         let slot = self.share_slot(pack, stage, part) * self.modes + mode;
         if let Some(share) = self.stage_shares[slot] {
             return share;
@@ -689,9 +713,13 @@ impl<'a> Builder<'a> {
         let (mut useful, mut recompute, mut padding) = (0.0, 0.0, 0.0);
         for position in range {
             let (len, prefix) = self.pairs[position as usize];
-            let executed =
-                self.stage_cost(stage)
-                    .stage_part_flops(stage, len, prefix, info.direction, part);
+            let executed = self.pack_cost(pack, stage).stage_part_flops(
+                stage,
+                len,
+                prefix,
+                info.direction,
+                part,
+            );
             let model = self
                 .useful_cost
                 .stage_part_flops(stage, len, prefix, info.direction, part);
@@ -717,8 +745,19 @@ impl<'a> Builder<'a> {
     /// or allocates the excess), which the weight gradient frees (its GEMMs add into the main
     /// gradients: no temporaries counted).
     fn memory_effect(&self, pack: PackIndex, stage: u32, part: Part) -> MemoryEffect {
+        self.memory_effect_on(self.pack_cost(pack, stage), pack, stage, part)
+    }
+
+    /// [`Builder::memory_effect`] on the machine `cost` (a recomputation mode's).
+    fn memory_effect_on(
+        &self,
+        cost: &CostModel,
+        pack: PackIndex,
+        stage: u32,
+        part: Part,
+    ) -> MemoryEffect {
         let info = &self.packs[pack.0 as usize];
-        let memory = self.stage_cost(stage).memory();
+        let memory = cost.memory();
         let slices = self.slices_of(pack);
         let deferred = |bytes: fn(&MemoryModel, u64, u32) -> u64| {
             slices
@@ -731,7 +770,7 @@ impl<'a> Builder<'a> {
             Part::InputGrad => {
                 // The input gradient turns each layer's saved activations into what its
                 // weight gradient keeps, layer by layer: the net change lands at its end.
-                let mut effect = self.memory_effect(pack, stage, Part::Whole);
+                let mut effect = self.memory_effect_on(cost, pack, stage, Part::Whole);
                 effect.temporary += deferred(MemoryModel::split_backward_temporary_bytes);
                 let kept = deferred(MemoryModel::weight_grad_bytes);
                 let released = effect.freed.min(kept);

@@ -27,7 +27,7 @@ pub mod trace;
 #[cfg(test)]
 mod tests;
 
-pub use build::SharedRanks;
+pub use build::{SharedRanks, Timeline, TimelineOp};
 pub use engine::Span;
 pub use layout::{GroupId, Layout};
 pub use memory::{GroupMemory, MemoryEffect, MemoryPoint};
@@ -38,7 +38,7 @@ pub use task::{ComputeParts, PackIndex, Stream, Task, TaskGraph, TaskId, TaskKin
 use crate::cost::CostModel;
 use crate::error::MachineError;
 use slimpack_ir::spec::Recompute;
-use slimpack_ir::step::{Phase, StepIr};
+use slimpack_ir::step::{PackId, Phase, StepIr};
 
 /// Simulates one training step of `ir` (phase `scheduled` or later) on the machine `model`
 /// describes (which must be built for `ir.spec`).
@@ -96,6 +96,27 @@ impl<'a> PeakProbe<'a> {
     /// (`modes` has one entry per pipeline device).
     pub fn device_peaks(&mut self, modes: &[Recompute]) -> Result<Vec<u64>, MachineError> {
         self.untimed.device_peaks(modes)
+    }
+
+    /// Makes the next probes stack these forward packs' own modes on these stages,
+    /// `((pack, stage), mode)`, instead of the IR's (each backward pack replays under its first
+    /// slice's forward pack's mode, as the simulator prices a step with
+    /// `StepIr::set_pack_recompute`).
+    pub fn set_pack_modes(&mut self, own: &[((PackId, u32), Recompute)]) {
+        self.untimed.set_pack_modes(own);
+    }
+
+    /// [`PeakProbe::device_peaks`]' stacking op by op: per memory timeline (the groups of a
+    /// replica's pipeline device, which hold the same, or one group of a shared DP rank), its
+    /// ops in order, each with the bytes held while it runs.
+    pub fn timelines(&mut self, modes: &[Recompute]) -> Result<Vec<Timeline>, MachineError> {
+        self.untimed.timelines(modes)
+    }
+
+    /// The bytes forward pack `pack` saves on each device of its group on stage `stage` under
+    /// `mode` (its activations and K/V).
+    pub fn saved_bytes(&mut self, pack: PackId, stage: u32, mode: Recompute) -> u64 {
+        self.untimed.saved_bytes(pack, stage, mode)
     }
 }
 

@@ -5,7 +5,7 @@
 //! price the step exactly as the simulator does.
 
 use slimpack_ir::spec::Recompute;
-use slimpack_ir::step::{Direction, Part, StepIr};
+use slimpack_ir::step::{Direction, PackId, Part, StepIr};
 
 use super::super::layout::{GroupId, Layout};
 use super::super::memory::{GroupMemory, MemoryEffect};
@@ -37,6 +37,7 @@ impl<'a> UntimedPeaks<'a> {
         check_stages(ir, layout)?;
         let mut builder = Builder::new(ir, cost, layout)?;
         builder.collect_packs(false, None);
+        builder.read_pack_modes();
         Ok(UntimedPeaks {
             builder,
             models: Vec::new(),
@@ -44,37 +45,106 @@ impl<'a> UntimedPeaks<'a> {
         })
     }
 
-    /// The peaks with pipeline device `d` running `modes[d]` on every stage it holds.
+    /// The peaks with pipeline device `d` running `modes[d]` on every stage it holds (and each
+    /// pack its own mode where the IR gives it one, or [`UntimedPeaks::set_pack_modes`] did).
     pub fn device_peaks(&mut self, modes: &[Recompute]) -> Result<Vec<u64>, MachineError> {
+        let (stage_modes, own_modes) = self.prepare(modes);
+        self.builder
+            .untimed_device_peaks(&stage_modes, &own_modes, &mut self.effects, None)
+    }
+
+    /// Replaces the packs' own modes, `((forward pack, stage), mode)`, that the next probes
+    /// stack (see [`Builder::set_pack_modes`]).
+    pub fn set_pack_modes(&mut self, own: &[((PackId, u32), Recompute)]) {
+        self.builder.set_pack_modes(own);
+    }
+
+    /// [`UntimedPeaks::device_peaks`]'s stacking, op by op: per timeline (a replica's groups of a
+    /// pipeline device that hold the same, or a shared rank's group), the ops in the order
+    /// they run with the bytes held while each runs.
+    pub fn timelines(&mut self, modes: &[Recompute]) -> Result<Vec<Timeline>, MachineError> {
+        let (stage_modes, own_modes) = self.prepare(modes);
+        let mut timelines = Vec::new();
+        self.builder.untimed_device_peaks(
+            &stage_modes,
+            &own_modes,
+            &mut self.effects,
+            Some(&mut timelines),
+        )?;
+        Ok(timelines)
+    }
+
+    /// The bytes `pack`'s forward saves (activations and K/V) on each device of its group on
+    /// `stage` under `mode`; 0 for a pack the probe does not hold.
+    pub fn saved_bytes(&mut self, pack: PackId, stage: u32, mode: Recompute) -> u64 {
+        let builder = &self.builder;
+        let Some(&index) = builder.pack_of_node.get(pack.node().index()) else {
+            return 0;
+        };
+        if index == NONE || stage >= builder.stages {
+            return 0;
+        }
+        let cost = builder.cost.with_recompute(mode);
+        builder
+            .memory_effect_on(&cost, PackIndex(index), stage, Part::Whole)
+            .allocated
+    }
+
+    /// The stages' machines under `modes` (by pipeline device), the memo index of each stage's
+    /// mode and of each of the packs' own modes, and the memo sized for them.
+    fn prepare(&mut self, modes: &[Recompute]) -> (Vec<usize>, Vec<usize>) {
         let builder = &mut self.builder;
         let model_mode = builder.ir.spec.model.recompute;
         let pp = builder.layout.pp;
-        let mut stage_modes = Vec::with_capacity(builder.stages as usize);
-        builder.stage_costs = (0..builder.stages)
-            .map(|stage| {
-                let mode = modes[(stage % pp) as usize];
-                if mode == model_mode {
-                    stage_modes.push(0);
-                    return None;
+        let models = &mut self.models;
+        let mut memo_of = |mode: Recompute| -> usize {
+            if mode == model_mode {
+                return 0;
+            }
+            match models.iter().position(|(m, _)| *m == mode) {
+                Some(index) => index + 1,
+                None => {
+                    models.push((mode, builder.cost.with_recompute(mode)));
+                    models.len()
                 }
-                let index = match self.models.iter().position(|(m, _)| *m == mode) {
-                    Some(index) => index,
-                    None => {
-                        self.models.push((mode, builder.cost.with_recompute(mode)));
-                        self.models.len() - 1
-                    }
-                };
-                stage_modes.push(index + 1);
-                Some(self.models[index].1.clone())
-            })
+            }
+        };
+        let stage_modes: Vec<usize> = (0..builder.stages)
+            .map(|stage| memo_of(modes[(stage % pp) as usize]))
+            .collect();
+        let own_modes: Vec<usize> = builder
+            .pack_costs
+            .iter()
+            .map(|&(mode, _)| memo_of(mode))
+            .collect();
+        builder.stage_costs = stage_modes
+            .iter()
+            .map(|&memo| (memo > 0).then(|| self.models[memo - 1].1.clone()))
             .collect();
         let slots = builder.packs.len() * 4 * 3;
         self.effects.resize_with(self.models.len() + 1, Vec::new);
         for effects in &mut self.effects {
             effects.resize(slots, None);
         }
-        builder.untimed_device_peaks(&stage_modes, &mut self.effects)
+        (stage_modes, own_modes)
     }
+}
+
+/// One memory timeline of [`UntimedPeaks::timelines`]: the ops a device group runs, in order,
+/// each with the bytes its devices hold while it runs (temporaries included).
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    pub device: u32,
+    pub ops: Vec<TimelineOp>,
+}
+
+/// One op of a [`Timeline`].
+#[derive(Debug, Clone, Copy)]
+pub struct TimelineOp {
+    pub pack: PackId,
+    pub stage: u32,
+    pub part: Part,
+    pub during_bytes: u64,
 }
 
 /// A lower bound on the step time of every schedule of `ir`'s packs (phase `packed` or later),
@@ -87,6 +157,7 @@ pub(in crate::sim) fn compute_bound(
     check_stages(ir, layout)?;
     let mut builder = Builder::new(ir, cost, layout)?;
     builder.collect_packs(true, None);
+    builder.read_pack_modes();
     Ok(builder.compute_bound())
 }
 
@@ -114,6 +185,7 @@ pub(in crate::sim) fn schedule_bound(
     };
     let mut builder = Builder::new(ir, cost, layout)?;
     builder.collect_packs(true, Some(replica));
+    builder.read_pack_modes();
     builder.replica_bound()
 }
 
@@ -126,10 +198,15 @@ impl Builder<'_> {
     /// same); a shared rank's group is stacked on its own, across its replicas.
     /// `stage_modes[stage]` indexes `effects` (see [`UntimedPeaks`]), the memo of memory
     /// effects by mode and (pack, stage ends, part).
+    /// With `timelines`, the ops of each timeline and the bytes held while each runs are
+    /// recorded there too. `own_modes[k]` is the memo index of the `k`-th of the packs' own
+    /// modes (`pack_costs`).
     fn untimed_device_peaks(
         &mut self,
         stage_modes: &[usize],
+        own_modes: &[usize],
         effects: &mut [Vec<Option<MemoryEffect>>],
+        mut timelines: Option<&mut Vec<Timeline>>,
     ) -> Result<Vec<u64>, MachineError> {
         let memory = self.cost.memory();
         let baseline = |device: u32| memory.model_state_bytes(device) + memory.workspace_bytes();
@@ -140,27 +217,60 @@ impl Builder<'_> {
             false => Vec::new(),
         };
         let mut timeline = GroupMemory::new(0);
+        // With timelines: the one being stacked for a replica alone, and each shared group's.
+        let mut alone: Option<usize> = None;
+        let mut shared_timeline: Vec<Option<usize>> = vec![None; shared.len()];
         self.walk_schedules(|builder, entry| {
             let slot = builder.share_slot(entry.pack, entry.stage, entry.part);
-            let memo = &mut effects[stage_modes[entry.stage as usize]][slot];
+            let memo_index = match builder.pack_mode(entry.pack, entry.stage) {
+                Some(own) => own_modes[own],
+                None => stage_modes[entry.stage as usize],
+            };
+            let memo = &mut effects[memo_index][slot];
             let effect = *memo
                 .get_or_insert_with(|| builder.memory_effect(entry.pack, entry.stage, entry.part));
             let peak = &mut peaks[entry.device as usize];
             let replica = builder.packs[entry.pack.0 as usize].replica as usize;
+            let op = |during_bytes| TimelineOp {
+                pack: builder.pack_ids[entry.pack.0 as usize],
+                stage: entry.stage,
+                part: entry.part,
+                during_bytes,
+            };
             if !sharing[replica] {
                 if entry.first {
                     timeline = GroupMemory::new(baseline(entry.device));
                 }
-                timeline.stack(&effect);
+                let during = timeline.stack(&effect);
                 *peak = (*peak).max(timeline.peak_bytes);
+                if let Some(timelines) = timelines.as_deref_mut() {
+                    if entry.first || alone.is_none() {
+                        timelines.push(Timeline {
+                            device: entry.device,
+                            ops: Vec::new(),
+                        });
+                        alone = Some(timelines.len() - 1);
+                    }
+                    timelines[alone.expect("just set")].ops.push(op(during));
+                }
                 return;
             }
             for &rank in &builder.replicas[replica] {
                 let group = builder.layout.group(rank, entry.device).index();
-                let timeline =
+                let memory =
                     shared[group].get_or_insert_with(|| GroupMemory::new(baseline(entry.device)));
-                timeline.stack(&effect);
-                *peak = (*peak).max(timeline.peak_bytes);
+                let during = memory.stack(&effect);
+                *peak = (*peak).max(memory.peak_bytes);
+                if let Some(timelines) = timelines.as_deref_mut() {
+                    let index = *shared_timeline[group].get_or_insert_with(|| {
+                        timelines.push(Timeline {
+                            device: entry.device,
+                            ops: Vec::new(),
+                        });
+                        timelines.len() - 1
+                    });
+                    timelines[index].ops.push(op(during));
+                }
             }
         })?;
         Ok(peaks)
