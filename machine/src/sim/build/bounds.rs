@@ -84,9 +84,21 @@ impl<'a> UntimedPeaks<'a> {
         if index == NONE || stage >= builder.stages {
             return 0;
         }
-        let cost = builder.cost.with_recompute(mode);
+        let cost = match mode == builder.ir.spec.model.recompute {
+            true => builder.cost,
+            false => {
+                let at = match self.models.iter().position(|(m, _)| *m == mode) {
+                    Some(at) => at,
+                    None => {
+                        self.models.push((mode, builder.cost.with_recompute(mode)));
+                        self.models.len() - 1
+                    }
+                };
+                &self.models[at].1
+            }
+        };
         builder
-            .memory_effect_on(&cost, PackIndex(index), stage, Part::Whole)
+            .memory_effect_on(cost, PackIndex(index), stage, Part::Whole)
             .allocated
     }
 
