@@ -352,19 +352,21 @@ pub fn measure(
             ir.spec.model.recompute
         )));
     }
-    let stages = ir.spec.parallel.stages();
-    if let Some(stage) = (0..stages).find(|&stage| ir.stage_recompute(stage) != Recompute::None) {
-        return Err(MeasureError::Unsupported(format!(
-            "the runtimes run recompute=none only; stage {stage} of the step recomputes with \
-             recompute={}",
-            ir.stage_recompute(stage)
-        )));
-    }
-    if let Some(((_, stage), mode)) = ir.pack_recomputes().find(|&(_, m)| m != Recompute::None) {
-        return Err(MeasureError::Unsupported(format!(
-            "the runtimes run recompute=none only; a pack of stage {stage} of the step \
-             recomputes with recompute={mode}"
-        )));
+    // What each forward pack saves under on each stage: its own mode, or its stage's.
+    for stage in 0..ir.spec.parallel.stages() {
+        for &replica in ir.replicas() {
+            let packs = ir.packs_on(replica, slimpack_ir::step::Direction::Forward);
+            if let Some(mode) = packs
+                .iter()
+                .map(|&pack| ir.saved_recompute(pack, stage))
+                .find(|&mode| mode != Recompute::None)
+            {
+                return Err(MeasureError::Unsupported(format!(
+                    "the runtimes run recompute=none only; packs of stage {stage} of the step \
+                     recompute with recompute={mode}"
+                )));
+            }
+        }
     }
     if ir.samples().iter().all(|&sample| ir.sample(sample).len < 2) {
         return Err(MeasureError::NoTargets(ir.samples().len()));

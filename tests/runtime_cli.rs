@@ -348,3 +348,51 @@ fn run_predicts_the_order_it_executes() {
     );
     assert_eq!(predicted(&interleaving, "replica-major"), one_after_another);
 }
+
+/// The runtimes run what each pack saves under: a stage whose mode is `full` but whose packs
+/// all save everything (`recompute %st0 none [...]`) runs; a pack that recomputes is refused in
+/// one line naming its stage and mode.
+#[test]
+fn run_follows_what_each_pack_saves_under() {
+    let step = |stage: &str, packs: &str| {
+        format!(
+            "step phase=scheduled {{
+  model name=\"tiny\" layers=4 hidden=128 heads=4 kv_heads=2 head_dim=32 ffn=352 vocab=512 dtype=fp32 recompute=none tied_embeddings=true
+  gpu name=\"cpu-2core\" peak_flops=192000000000 hbm_bytes=25769803776 hbm_bandwidth=20000000000
+  cluster name=\"cpu\" gpus_per_node=2 intra_bandwidth=10000000000 intra_latency=0.000002 inter_bandwidth=1000000000 inter_latency=0.00005
+  parallel tp=1 pp=1 dp=1
+  batch source=\"test\" context=64 documents=2 documents_cut=0
+  %st0 = stage layers=0..4 recompute={stage}
+  %r0 = replica dp=[0]
+  %d0 = sample len=20 doc=0 piece=0 on %r0
+    %d0.0 = slice 0..20
+  %d1 = sample len=30 doc=1 piece=0 on %r0
+    %d1.0 = slice 0..30
+  %f0 = pack fwd on %r0 [%d0.0]
+  %f1 = pack fwd on %r0 [%d1.0]
+  %b0 = pack bwd on %r0 [%d1.0]
+  %b1 = pack bwd on %r0 [%d0.0]
+  schedule %r0 %st0 [%f0, %f1, %b0, %b1]
+  {packs}
+}}
+"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        slimpack(&["run", "--backend", "cpu", "--ir", path.to_str().unwrap()])
+    };
+    let saves_all = run("saves-all.sir", step("full", "recompute %st0 none [%f0, %f1]"));
+    let stderr = String::from_utf8_lossy(&saves_all.stderr);
+    assert!(saves_all.status.success(), "{stderr}");
+    let recomputes = run("recomputes.sir", step("none", "recompute %st0 full [%f1]"));
+    let stderr = String::from_utf8_lossy(&recomputes.stderr);
+    assert_eq!(recomputes.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("stage 0") && stderr.contains("recompute=full"),
+        "{stderr}"
+    );
+}

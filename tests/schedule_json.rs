@@ -447,7 +447,7 @@ fn interleaved_ranks_round_trip_and_their_entries_go_in_order() {
 /// A step whose packs save under their own recomputation (`assign-recompute{packs=true}`: on
 /// one stage, only the pack of the 64K-token document recomputes) carries it as
 /// `pack_recompute` and simulates from the document exactly as compiled; an entry naming a
-/// backward pack, or a pack twice, is refused in one line.
+/// backward pack, a pack twice, no pack, or its stage's own mode is refused in one line.
 #[test]
 fn packs_own_recomputation_round_trips_and_bad_entries_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -506,15 +506,27 @@ fn packs_own_recomputation_round_trips_and_bad_entries_are_refused() {
         .iter()
         .position(|pack| pack["direction"] == "backward")
         .unwrap();
-    for (edit, expected) in [("backward", "no forward pack"), ("twice", "twice")] {
+    let stage_mode = document["stages"][0]["recompute"].clone();
+    for (edit, expected) in [
+        ("backward", "no forward pack"),
+        ("twice", "none empty"),
+        ("empty", "none empty"),
+        ("stage-mode", "own mode"),
+    ] {
         let mut edited = document.clone();
         let entry = &mut edited["pack_recompute"][0];
         match edit {
-            "backward" => entry["packs"][0] = Value::from(backward),
-            _ => {
+            "backward" => {
+                // Backward packs follow the forward ones: the list stays increasing.
+                let packs = entry["packs"].as_array_mut().unwrap();
+                *packs.last_mut().unwrap() = Value::from(backward);
+            }
+            "twice" => {
                 let first = entry["packs"][0].clone();
                 entry["packs"].as_array_mut().unwrap().push(first);
             }
+            "empty" => entry["packs"] = Value::Array(Vec::new()),
+            _ => entry["recompute"] = stage_mode.clone(),
         }
         let path = dir.path().join(format!("{edit}.json"));
         std::fs::write(&path, serde_json::to_string(&edited).unwrap()).unwrap();

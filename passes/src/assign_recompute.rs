@@ -43,7 +43,10 @@ pub(crate) const INFO: PassInfo = PassInfo {
     summary: "per pipeline stage, the least block recomputation that fits memory (simulated)",
     description: "Per pipeline device, the least recomputation on the ladder none, block:1, \
                   ..., full whose simulated peak memory stays within the `memory` fraction of \
-                  the device; written on the stages as recompute=<mode>. Phase scheduled -> \
+                  the device; written on the stages as recompute=<mode>. With packs=true, then \
+                  the packs whose lifetime leaves room take a lower rung of their own \
+                  (`recompute %stN MODE [...]`); run it after the passes that repack or \
+                  reschedule (eqsat, schedule-pipeline), which drop those. Phase scheduled -> \
                   scheduled (packs and orders unchanged).",
     accepts: Phase::Scheduled..=Phase::Scheduled,
     produces: None,
@@ -107,6 +110,8 @@ impl Pass for AssignRecompute {
         let pp = ir.spec.parallel.pp as usize;
         let mut simulations = 0u64;
         let mut probe = sim::PeakProbe::new(ir, cost).map_err(simulation_failed)?;
+        // The devices' rungs replace whatever packs' own modes the step had.
+        probe.set_pack_modes(&[]);
         let mut peaks = |levels: &[u32]| -> Result<Vec<u64>> {
             simulations += 1;
             let modes: Vec<Recompute> = levels.iter().map(|&l| ladder_mode(l, top)).collect();

@@ -183,12 +183,45 @@ pub(super) fn to_ir(doc: &ScheduleDocument) -> Result<StepIr, ScheduleError> {
         ir.set_interleave(replica, entry.pp, &entry.chunks);
     }
     let mut own = std::collections::HashSet::new();
-    for entry in &doc.pack_recompute {
+    for (at, entry) in doc.pack_recompute.iter().enumerate() {
         if entry.stage >= doc.spec.parallel.stages() {
             return Err(invalid(format!(
                 "pack_recompute names stage {} of {}",
                 entry.stage,
                 doc.spec.parallel.stages()
+            )));
+        }
+        // The canonical form, checked here so that an error says what is wrong with it.
+        let before = &doc.pack_recompute[..at];
+        let previous = before.last();
+        let canonical = !entry.packs.is_empty()
+            && entry.packs.windows(2).all(|pair| pair[0] < pair[1])
+            && previous.is_none_or(|previous| {
+                previous.stage < entry.stage
+                    || (previous.stage == entry.stage
+                        && previous.packs.first() < entry.packs.first())
+            })
+            && !before
+                .iter()
+                .any(|other| other.stage == entry.stage && other.recompute == entry.recompute);
+        if !canonical {
+            return Err(invalid(format!(
+                "pack_recompute entry {at} (stage {}, {}): entries go by increasing stage, one \
+                 per mode of a stage in the order of their first pack, each with its packs \
+                 increasing, none empty",
+                entry.stage, entry.recompute
+            )));
+        }
+        let stage_mode = doc
+            .stages
+            .get(entry.stage as usize)
+            .and_then(|stage| stage.recompute)
+            .unwrap_or(doc.spec.model.recompute);
+        if entry.recompute == stage_mode {
+            return Err(invalid(format!(
+                "pack_recompute entry {at} names stage {}'s own mode {}: an entry names packs \
+                 that save under another mode than their stage's",
+                entry.stage, entry.recompute
             )));
         }
         for &p in &entry.packs {

@@ -210,7 +210,7 @@ struct Builder<'a> {
     /// of its mode there among them (`SAME_AS_STAGE`: the stage's); empty where no pack has a
     /// mode of its own (see `pack_modes`).
     pack_costs: Vec<(Recompute, CostModel)>,
-    pack_modes: Vec<u8>,
+    pack_modes: Vec<u16>,
     replicas: Vec<Vec<u32>>,
     packs: Vec<PackInfo>,
     /// The sums over each pack's slices its time needs on every stage.

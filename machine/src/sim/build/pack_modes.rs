@@ -12,7 +12,7 @@ use super::{Builder, NONE};
 use crate::cost::CostModel;
 
 /// A (pack, stage) that saves under its stage's mode.
-const SAME_AS_STAGE: u8 = u8::MAX;
+const SAME_AS_STAGE: u16 = u16::MAX;
 
 impl Builder<'_> {
     /// Takes the IR's packs' own modes (after `collect_packs`).
@@ -51,11 +51,9 @@ impl Builder<'_> {
                     self.pack_costs.len() - 1
                 }
             };
-            debug_assert!(
-                own < usize::from(SAME_AS_STAGE),
-                "fewer modes than a byte holds"
-            );
-            self.pack_modes[index as usize * stages + stage as usize] = own as u8;
+            // Distinct modes are at most a stage's layers plus three, far below 2^16 - 1.
+            let own = u16::try_from(own).unwrap_or(SAME_AS_STAGE - 1);
+            self.pack_modes[index as usize * stages + stage as usize] = own;
         }
         for index in 0..self.packs.len() {
             if self.packs[index].direction != Direction::Backward {
