@@ -384,7 +384,10 @@ fn run_follows_what_each_pack_saves_under() {
         std::fs::write(&path, text).unwrap();
         slimpack(&["run", "--backend", "cpu", "--ir", path.to_str().unwrap()])
     };
-    let saves_all = run("saves-all.sir", step("full", "recompute %st0 none [%f0, %f1]"));
+    let saves_all = run(
+        "saves-all.sir",
+        step("full", "recompute %st0 none [%f0, %f1]"),
+    );
     let stderr = String::from_utf8_lossy(&saves_all.stderr);
     assert!(saves_all.status.success(), "{stderr}");
     let recomputes = run("recomputes.sir", step("none", "recompute %st0 full [%f1]"));
