@@ -1061,7 +1061,7 @@ fn per_stage_recomputation_where_one_mode_runs() {
     refused(
         2,
         &["run", "--backend", "cpu", "--ir", ir.to_str().unwrap()],
-        &["stage 0 of the step recomputes with recompute=block:1"],
+        &["packs of stage 0 of the step recompute with recompute=block:1"],
     );
 }
 
