@@ -55,9 +55,9 @@ pub fn family(label: &str) -> &str {
 /// Whether `label` is a peer plan refined by slimpack (a zero-bubble twin, a per-stage
 /// recomputation twin) rather than one the peer itself would make.
 fn refined(label: &str) -> bool {
-    label.split(',').any(|field| {
-        field == "zb" || field == "recompute=per-stage" || field == "recompute=per-pack"
-    })
+    label
+        .split(',')
+        .any(|field| field == "zb" || field == "recompute=per-stage")
 }
 
 /// A configuration's class among those a run keeps one of: its family, and for a plan of the

@@ -7,9 +7,11 @@
 //! few forwards, `block:K` or `full` where memory forces it). The originals stay in the
 //! search, so it only grows; the simulator decides. Labels say `recompute=per-stage`.
 //!
-//! With per-pack recomputation (the full method), the twin's pass is `assign-recompute
-//! {packs=true}`: after each device's rung, the packs whose lifetime leaves memory room save
-//! under a lower rung of their own. Labels then say `recompute=per-pack`.
+//! With per-pack recomputation (the full method), each of the twin's pipelines is also a
+//! variant ending in `assign-recompute{packs=true}` (labelled `packs`): after each device's
+//! rung, the packs whose lifetime leaves memory room save under a lower rung of their own. Each
+//! step keeps the faster of the two (the device-wide rungs leave the memory a shared rank's
+//! interleaving can use).
 //!
 //! Only where the choices allow it (`Choices::stage_recompute`: not when the user fixed a mode,
 //! nor for consumers that run one mode per step).
@@ -17,14 +19,15 @@
 use slimpack_ir::spec::Recompute;
 use slimpack_passes::parse_pipeline;
 
-use super::strategy::{Candidate, Choices, DEFAULT_MEMORY_LIMIT};
+use super::strategy::{Candidate, Choices, Variant, DEFAULT_MEMORY_LIMIT};
 
 /// The pass that assigns the stages' recomputation.
 const PASS: &str = "assign-recompute";
 
 /// `candidates` and, where `choices` let the strategy choose its recomputation, the per-stage
-/// twin of each one that recomputes fully (after them, in their order); with `per_pack`, the
-/// twin's packs take lower rungs where memory allows (`recompute=per-pack`).
+/// twin of each one that recomputes fully (after them, in their order); with `per_pack`, each
+/// of the twin's pipelines also as a variant whose packs take lower rungs where memory allows
+/// (`assign-recompute{packs=true}`, labelled `packs`).
 pub fn with_stage_recompute(
     candidates: Vec<Candidate>,
     choices: &Choices,
@@ -33,28 +36,53 @@ pub fn with_stage_recompute(
     if !choices.stage_recompute {
         return candidates;
     }
-    let mut options = Vec::new();
-    if choices.memory_limit != DEFAULT_MEMORY_LIMIT {
-        options.push(format!("memory={}", choices.memory_limit));
-    }
-    if per_pack {
-        options.push("packs=true".to_string());
-    }
-    let pass = match options.is_empty() {
-        true => PASS.to_string(),
-        false => format!("{PASS}{{{}}}", options.join(",")),
+    let pass = |packs: bool| {
+        let mut options = Vec::new();
+        if choices.memory_limit != DEFAULT_MEMORY_LIMIT {
+            options.push(format!("memory={}", choices.memory_limit));
+        }
+        if packs {
+            options.push("packs=true".to_string());
+        }
+        match options.is_empty() {
+            true => PASS.to_string(),
+            false => format!("{PASS}{{{}}}", options.join(",")),
+        }
     };
-    let label = match per_pack {
-        true => "recompute=per-pack",
-        false => "recompute=per-stage",
-    };
-    let assign = |pipeline: &str| format!("{pipeline},{pass}");
+    let (plain, packed) = (pass(false), pass(true));
     let twins: Vec<Candidate> = candidates
         .iter()
         .filter(|candidate| candidate.recompute == Recompute::Full)
-        .map(|candidate| Candidate {
-            label: candidate.label.replace("recompute=full", label),
-            ..candidate.map_pipelines(assign)
+        .map(|candidate| {
+            let mut twin = candidate.map_pipelines(|pipeline| format!("{pipeline},{plain}"));
+            twin.label = candidate
+                .label
+                .replace("recompute=full", "recompute=per-stage");
+            if per_pack {
+                // Where the packs' own rungs fill the memory another pass would use (a
+                // shared rank's interleaving), the device-wide rungs can be faster: each step
+                // keeps the faster of the two.
+                let with_packs = candidate.map_pipelines(|pipeline| format!("{pipeline},{packed}"));
+                let packs_label = |label: &str| match label.is_empty() {
+                    true => "packs".to_string(),
+                    false => format!("{label},packs"),
+                };
+                let primary = Variant {
+                    label: packs_label(""),
+                    pipeline: with_packs.pipeline,
+                    fallback_of: None,
+                };
+                let relabel = |variants: Vec<Variant>| {
+                    variants.into_iter().map(|variant| Variant {
+                        label: packs_label(&variant.label),
+                        ..variant
+                    })
+                };
+                twin.variants.push(primary);
+                twin.variants.extend(relabel(with_packs.variants));
+                twin.refinements.extend(relabel(with_packs.refinements));
+            }
+            twin
         })
         .collect();
     let mut all = candidates;
@@ -88,7 +116,6 @@ pub fn least_recompute(candidate: &Candidate) -> Recompute {
 
 #[cfg(test)]
 mod tests {
-    use super::super::strategy::Variant;
     use super::*;
 
     fn candidate(recompute: Recompute) -> Candidate {
@@ -125,8 +152,8 @@ mod tests {
     }
 
     /// On a pipeline whose first stage must recompute (llama-7b on 40 GiB devices, pp=4), each
-    /// per-stage twin of slimpack's candidates (its packs on their own rungs: `per-pack`) fits
-    /// wherever its uniform `full` original fits, and recomputes less (never more).
+    /// per-stage twin of slimpack's candidates (with its `packs` variants) fits wherever its
+    /// uniform `full` original fits, and recomputes less (never more).
     #[test]
     fn per_stage_twins_fit_where_full_fits_and_recompute_less() {
         use super::super::autotune::evaluate;
@@ -145,12 +172,12 @@ mod tests {
         let mut compared = 0;
         for twin in candidates
             .iter()
-            .filter(|c| c.label.contains("recompute=per-pack"))
+            .filter(|c| c.label.contains("recompute=per-stage"))
         {
             if compared == 4 {
                 break;
             }
-            let label = twin.label.replace("recompute=per-pack", "recompute=full");
+            let label = twin.label.replace("recompute=per-stage", "recompute=full");
             let original = candidates.iter().find(|c| c.label == label).unwrap();
             let (uniform, _) = evaluate(info, &spec, &batch, original, limit).unwrap();
             let (per_stage, _) = evaluate(info, &spec, &batch, twin, limit).unwrap();
@@ -193,9 +220,18 @@ mod tests {
         let all = with_stage_recompute(candidates.clone(), &tight, false);
         assert!(all[1].pipeline.ends_with(",assign-recompute{memory=0.8}"));
         let all = with_stage_recompute(candidates, &tight, true);
-        assert!(all[1]
-            .pipeline
-            .ends_with(",assign-recompute{memory=0.8,packs=true}"));
-        assert_eq!(all[1].label, "cp=1,recompute=per-pack");
+        assert!(all[1].pipeline.ends_with(",assign-recompute{memory=0.8}"));
+        assert_eq!(all[1].label, "cp=1,recompute=per-stage");
+        // Every pipeline of the twin also with the packs' own rungs, as labelled variants.
+        let packs: Vec<&Variant> = all[1]
+            .variants
+            .iter()
+            .filter(|v| {
+                v.pipeline
+                    .ends_with(",assign-recompute{memory=0.8,packs=true}")
+            })
+            .collect();
+        let labels: Vec<&str> = packs.iter().map(|v| v.label.as_str()).collect();
+        assert_eq!(labels, ["packs", "order=1f1b,packs"]);
     }
 }
