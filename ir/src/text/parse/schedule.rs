@@ -11,14 +11,7 @@ impl Parser<'_> {
         self.next();
         let (replica_name, replica_at) = self.expect_name("a replica '%name'")?;
         let replica = self.replica_ref(body, (Value::Name(replica_name), replica_at))?;
-        let (stage_name, stage_at) = self.expect_name("a stage '%name'")?;
-        let stage = match body.names.get(&stage_name) {
-            Some(Named::Stage(index)) => *index,
-            Some(_) => {
-                return Err(self.error_at(stage_at, format!("'%{stage_name}' is not a stage")))
-            }
-            None => return Err(self.error_at(stage_at, format!("undefined name '%{stage_name}'"))),
-        };
+        let (_, stage) = self.stage_ref(body)?;
         let (order, order_at) = self.value()?;
         let Value::List(items) = order else {
             return Err(self.error_at(order_at, "expected the schedule's packs [%f0, %b0, ...]"));
@@ -97,14 +90,7 @@ impl Parser<'_> {
     /// stage under that mode instead of the stage's.
     pub(super) fn pack_recompute(&mut self, body: &mut Body) -> Result<()> {
         self.next();
-        let (stage_name, stage_at) = self.expect_name("a stage '%name'")?;
-        let stage = match body.names.get(&stage_name) {
-            Some(Named::Stage(index)) => *index,
-            Some(_) => {
-                return Err(self.error_at(stage_at, format!("'%{stage_name}' is not a stage")))
-            }
-            None => return Err(self.error_at(stage_at, format!("undefined name '%{stage_name}'"))),
-        };
+        let (stage_name, stage) = self.stage_ref(body)?;
         let mode = self.value()?;
         let mode: Recompute = self.word(mode)?;
         let (packs, packs_at) = self.value()?;
@@ -180,6 +166,16 @@ impl Parser<'_> {
             ));
         }
         Ok(())
+    }
+
+    /// The next token, a stage's name: the name and the stage's index.
+    fn stage_ref(&mut self, body: &Body) -> Result<(String, u32)> {
+        let (name, at) = self.expect_name("a stage '%name'")?;
+        match body.names.get(&name) {
+            Some(Named::Stage(index)) => Ok((name, *index)),
+            Some(_) => Err(self.error_at(at, format!("'%{name}' is not a stage"))),
+            None => Err(self.error_at(at, format!("undefined name '%{name}'"))),
+        }
     }
 
     pub(super) fn replica_ref(&self, body: &Body, (value, at): (Value, Pos)) -> Result<ReplicaId> {
