@@ -375,51 +375,75 @@ fn asymmetric_packs_split_forward_packs_into_sub_batches_that_simulate() {
     }
 }
 
-/// A step whose shared ranks interleave (`interleave-ranks`) carries the orders as
-/// `rank_orders`, entries in increasing (dp, pp), and simulates from the document exactly as
-/// compiled; entries out of order, or one listed twice, are refused in one line.
-#[test]
-fn interleaved_ranks_round_trip_and_their_entries_go_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let schedule = dir.path().join("schedule.json");
-    let out = slimpack(&[
-        "compile",
-        "--model",
-        "tiny",
-        "--cluster",
-        "cpu",
-        "--parallel",
-        "tp=1,pp=2,dp=4",
-        "--batch",
-        "tests/fixtures/dominant.lengths.txt",
-        "--context",
-        "4096",
-        "--passes",
-        "assign-dp,dp-merge,pack-symmetric,schedule-pipeline,interleave-ranks",
-        "--emit",
-        "json",
-        "--report",
-        "json",
-        "-o",
-        schedule.to_str().unwrap(),
-    ]);
+/// `compile ARGS --emit json --report json` into `dir/schedule.json`: the document's path, the
+/// report and the document.
+fn compile_document(dir: &std::path::Path, args: &[&str]) -> (std::path::PathBuf, Value, Value) {
+    let schedule = dir.join("schedule.json");
+    let mut all = vec!["compile"];
+    all.extend(args);
+    all.extend(["--emit", "json", "--report", "json", "-o"]);
+    all.push(schedule.to_str().unwrap());
+    let out = slimpack(&all);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let text = std::fs::read_to_string(&schedule).unwrap();
-    let document: Value = serde_json::from_str(&text).unwrap();
-    let orders = document["rank_orders"].as_array().expect("rank_orders");
-    assert!(orders.len() >= 2, "{orders:?}");
-    let out = slimpack(&["simulate", schedule.to_str().unwrap(), "--report", "json"]);
+    let document: Value =
+        serde_json::from_str(&std::fs::read_to_string(&schedule).unwrap()).unwrap();
+    (schedule, report, document)
+}
+
+/// `simulate PATH --report json`'s report.
+fn simulate_document(path: &std::path::Path) -> Value {
+    let out = slimpack(&["simulate", path.to_str().unwrap(), "--report", "json"]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let simulated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `edited`, written to `dir/EDIT.json`, is refused by `simulate` in one line holding
+/// `expected`.
+fn refused_edit(dir: &std::path::Path, edit: &str, edited: &Value, expected: &str) {
+    let path = dir.join(format!("{edit}.json"));
+    std::fs::write(&path, serde_json::to_string(edited).unwrap()).unwrap();
+    let out = slimpack(&["simulate", path.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{edit}: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{edit}: {stderr}");
+    assert!(stderr.contains(expected), "{edit}: {stderr}");
+}
+
+/// A step whose shared ranks interleave (`interleave-ranks`) carries the orders as
+/// `rank_orders`, entries in increasing (dp, pp), and simulates from the document exactly as
+/// compiled; entries out of order, or one listed twice, are refused in one line.
+#[test]
+fn interleaved_ranks_round_trip_and_their_entries_go_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (schedule, report, document) = compile_document(
+        dir.path(),
+        &[
+            "--model",
+            "tiny",
+            "--cluster",
+            "cpu",
+            "--parallel",
+            "tp=1,pp=2,dp=4",
+            "--batch",
+            "tests/fixtures/dominant.lengths.txt",
+            "--context",
+            "4096",
+            "--passes",
+            "assign-dp,dp-merge,pack-symmetric,schedule-pipeline,interleave-ranks",
+        ],
+    );
+    let orders = document["rank_orders"].as_array().expect("rank_orders");
+    assert!(orders.len() >= 2, "{orders:?}");
+    let simulated = simulate_document(&schedule);
     assert_eq!(simulated["step_time_s"], report["step_time_s"]);
     for edit in ["reversed", "twice"] {
         let mut edited = document.clone();
@@ -431,16 +455,8 @@ fn interleaved_ranks_round_trip_and_their_entries_go_in_order() {
                 orders.insert(1, first);
             }
         }
-        let path = dir.path().join(format!("{edit}.json"));
-        std::fs::write(&path, serde_json::to_string(&edited).unwrap()).unwrap();
-        let out = slimpack(&["simulate", path.to_str().unwrap()]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{edit}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{edit}: {stderr}");
-        assert!(
-            stderr.contains("entries go in increasing (dp, pp), each once"),
-            "{edit}: {stderr}"
-        );
+        let expected = "entries go in increasing (dp, pp), each once";
+        refused_edit(dir.path(), edit, &edited, expected);
     }
 }
 
@@ -451,38 +467,25 @@ fn interleaved_ranks_round_trip_and_their_entries_go_in_order() {
 #[test]
 fn packs_own_recomputation_round_trips_and_bad_entries_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let schedule = dir.path().join("schedule.json");
-    let out = slimpack(&[
-        "compile",
-        "--model",
-        "llama-7b",
-        "--cluster",
-        "h100-sxm",
-        "--parallel",
-        "tp=4,pp=1,dp=1",
-        "--recompute",
-        "full",
-        "--batch",
-        "tests/fixtures/one-long.lengths.txt",
-        "--context",
-        "65536",
-        "--passes",
-        "assign-dp{balance=none},pack-symmetric,schedule-pipeline,assign-recompute{packs=true}",
-        "--emit",
-        "json",
-        "--report",
-        "json",
-        "-o",
-        schedule.to_str().unwrap(),
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (schedule, report, document) = compile_document(
+        dir.path(),
+        &[
+            "--model",
+            "llama-7b",
+            "--cluster",
+            "h100-sxm",
+            "--parallel",
+            "tp=4,pp=1,dp=1",
+            "--recompute",
+            "full",
+            "--batch",
+            "tests/fixtures/one-long.lengths.txt",
+            "--context",
+            "65536",
+            "--passes",
+            "assign-dp{balance=none},pack-symmetric,schedule-pipeline,assign-recompute{packs=true}",
+        ],
     );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let document: Value =
-        serde_json::from_str(&std::fs::read_to_string(&schedule).unwrap()).unwrap();
     let own = document["pack_recompute"]
         .as_array()
         .expect("pack_recompute");
@@ -491,13 +494,7 @@ fn packs_own_recomputation_round_trips_and_bad_entries_are_refused() {
     assert_eq!(own[0]["recompute"], "none");
     assert_eq!(own[0]["packs"].as_array().unwrap().len(), 4, "{own:?}");
     assert_ne!(document["stages"][0]["recompute"], "none");
-    let out = slimpack(&["simulate", schedule.to_str().unwrap(), "--report", "json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let simulated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let simulated = simulate_document(&schedule);
     assert_eq!(simulated["step_time_s"], report["step_time_s"]);
     assert_eq!(simulated["peak_memory_bytes"], report["peak_memory_bytes"]);
     let backward = document["packs"]
@@ -528,12 +525,6 @@ fn packs_own_recomputation_round_trips_and_bad_entries_are_refused() {
             "empty" => entry["packs"] = Value::Array(Vec::new()),
             _ => entry["recompute"] = stage_mode.clone(),
         }
-        let path = dir.path().join(format!("{edit}.json"));
-        std::fs::write(&path, serde_json::to_string(&edited).unwrap()).unwrap();
-        let out = slimpack(&["simulate", path.to_str().unwrap()]);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{edit}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{edit}: {stderr}");
-        assert!(stderr.contains(expected), "{edit}: {stderr}");
+        refused_edit(dir.path(), edit, &edited, expected);
     }
 }

@@ -47,7 +47,7 @@ pub(super) fn lower_packs(
     limit: u64,
 ) -> Result<Vec<OwnMode>, MachineError> {
     let modes: Vec<Recompute> = levels.iter().map(|&l| ladder_mode(l, top)).collect();
-    probe.set_pack_modes(&[]);
+    // The probe stacks no pack's own mode here: the caller cleared the step's.
     let timelines = probe.timelines(&modes)?;
     let mut units = units(ir, &timelines, levels);
     if units.is_empty() {
