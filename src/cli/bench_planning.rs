@@ -169,7 +169,10 @@ fn plan_one(
         &admitted,
         &state,
         choices,
-        &TuneOptions::default(),
+        &TuneOptions {
+            per_family: false,
+            ..TuneOptions::default()
+        },
     )?;
     let candidates = choice.candidates_offered();
     let step_time_s = choice.best().metrics.step_time_s;

@@ -421,6 +421,8 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
                 verify: autotune::Verify::from_flags(!manager.verify, args.verify_candidates),
                 budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
                 prune: !args.no_prune,
+                // One step: nothing is kept beside the choice.
+                per_family: false,
             };
             let choice = autotune::choose_with(info, &job.spec, &batch, &state, &choices, &tune)?;
             args.manager.report_candidate_times(&choice);

@@ -275,6 +275,7 @@ pub fn run(args: PlanArgs) -> anyhow::Result<()> {
             verify: Verify::from_flags(args.no_verify, args.verify_candidates),
             budget: args.tune_budget_ms.map(std::time::Duration::from_millis),
             prune: !args.no_prune,
+            per_family: true,
         },
         max_steps: args.steps,
         threads: args.threads,

@@ -15,16 +15,17 @@
 //! devices, plus the DP sync tail; no schedule the simulator runs is faster), starts the
 //! candidates in the order of their bounds (the strategy's order among equal bounds), and skips
 //! without compiling every candidate whose bound is above the fastest fitting step simulated
-//! so far in its family ([`super::kept::family`]: slimpack's own pipelines, each peer's plans).
+//! so far in its family ([`super::kept::family`]: slimpack's own pipelines, each peer's plans;
+//! for a single step, [`TuneOptions::per_family`] off, the fastest of all).
 //! Compiled candidates are bounded again as they go (`super::evaluate`): a packing by the
 //! compute its devices must run ([`slimpack_machine::sim::compute_bound`]) before it is
 //! scheduled, a schedule by one replica's run without contention
 //! ([`slimpack_machine::sim::schedule_bound`]) before it is simulated. A skipped candidate
 //! simulates slower than that step, so it could not have been chosen: the choice is the one an
 //! exhaustive tuning makes (ties still go to the earlier candidate in the strategy's order,
-//! since only a bound strictly above the best prunes), and so is each family's best fitting
-//! candidate, which `plan` keeps beside the choice ([`super::kept`]). Which candidates are
-//! pruned depends on the order threads finish in; the choice does not.
+//! since only a bound strictly above the best prunes), and so, pruning per family, is each
+//! family's best fitting candidate, which `plan` keeps beside the choice ([`super::kept`]).
+//! Which candidates are pruned depends on the order threads finish in; the choice does not.
 //!
 //! Each candidate is compiled and simulated by [`super::evaluate`] (its variants as a prefix
 //! tree; candidates that differ only from `schedule-pipeline` on compiled together).
@@ -91,6 +92,11 @@ pub struct TuneOptions {
     /// Skip candidates whose lower bound is above the best fitting step found (see the module
     /// documentation); off: every candidate is compiled and simulated.
     pub prune: bool,
+    /// Prune each family's candidates against that family's fastest fitting step, so that
+    /// its best fitting configuration is found as exhaustively as the choice (what a run of
+    /// several steps keeps beside it, [`super::kept`]); off: against the fastest of all, which
+    /// prunes more and chooses the same (a single step keeps nothing else).
+    pub per_family: bool,
 }
 
 impl Default for TuneOptions {
@@ -99,6 +105,7 @@ impl Default for TuneOptions {
             verify: Verify::Chosen,
             budget: None,
             prune: true,
+            per_family: true,
         }
     }
 }
@@ -407,14 +414,14 @@ fn choose_seeded(
     // fits): a candidate is pruned against its own family's, so that each family's best
     // fitting configuration, which a run keeps beside the choice (`super::kept`), is found
     // as exhaustively as the choice. Against a step to beat (a re-plan, whose families are
-    // not kept), one for all.
+    // not kept) or for a single step (`per_family` off), one for all.
     let mut families: Vec<&str> = Vec::new();
     let family_of: Vec<usize> = candidates
         .iter()
         .map(|candidate| {
-            let family = match incumbent_s {
-                None => super::kept::family(&candidate.label),
-                Some(_) => "",
+            let family = match (incumbent_s, tune.per_family) {
+                (None, true) => super::kept::family(&candidate.label),
+                _ => "",
             };
             families
                 .iter()

@@ -83,11 +83,12 @@ fn the_lower_bound_never_exceeds_the_simulated_step() {
     assert!(checked > 500, "only {checked} candidates checked");
 }
 
-/// Pruning never changes the choice: the same candidate, variant and step as compiling
-/// every candidate, on several layouts, batches and strategies, and it does prune.
+/// Pruning never changes the choice, per family or against the fastest of all: the same
+/// candidate, variant and step as compiling every candidate, on several layouts, batches and
+/// strategies, and it does prune.
 #[test]
 fn pruning_chooses_what_exhaustive_tuning_chooses() {
-    let mut pruned = 0;
+    let (mut pruned, mut pruned_together) = (0, 0);
     for (layout, (spec, context)) in layouts().into_iter().enumerate() {
         for seed in 0..3u64 {
             let lengths = long_tailed(seed + 100 * layout as u64, 40, context);
@@ -97,27 +98,40 @@ fn pruning_chooses_what_exhaustive_tuning_chooses() {
                 let state = StrategyState::default();
                 let choices = Choices::all();
                 // Every candidate verified: the passes' output on all of them is checked.
-                let run = |prune| {
+                let run = |prune, per_family| {
                     let tune = TuneOptions {
                         prune,
+                        per_family,
                         verify: Verify::Candidates,
                         ..TuneOptions::default()
                     };
                     choose_with(info, &spec, &batch, &state, &choices, &tune).unwrap()
                 };
-                let (with, without) = (run(true), run(false));
-                let (a, b) = (with.best(), without.best());
+                let without = run(false, true);
+                let b = without.best();
                 let what = format!("{name} on {} (seed {seed})", spec.parallel);
-                assert_eq!(a.candidate.label, b.candidate.label, "{what}");
-                assert_eq!(a.variant, b.variant, "{what}");
-                assert_eq!(a.metrics, b.metrics, "{what}");
                 assert_eq!(without.pruned, 0, "{what}");
-                assert_eq!(with.candidates_offered(), without.candidates_offered());
-                pruned += with.pruned;
+                for per_family in [true, false] {
+                    let with = run(true, per_family);
+                    let a = with.best();
+                    let what = format!("{what}, per family: {per_family}");
+                    assert_eq!(a.candidate.label, b.candidate.label, "{what}");
+                    assert_eq!(a.variant, b.variant, "{what}");
+                    assert_eq!(a.metrics, b.metrics, "{what}");
+                    assert_eq!(with.candidates_offered(), without.candidates_offered());
+                    match per_family {
+                        true => pruned += with.pruned,
+                        false => pruned_together += with.pruned,
+                    }
+                }
             }
         }
     }
     assert!(pruned > 0, "the test should exercise pruning");
+    assert!(
+        pruned_together > pruned,
+        "against the fastest of all ({pruned_together}) prunes more than per family ({pruned})"
+    );
 }
 
 /// A variant whose passes another ran on the same step (eqsat keeping its input) is
