@@ -122,7 +122,8 @@ impl<'a> PeakProbe<'a> {
 
 /// A lower bound on the step time [`simulate`] reports for *any* schedule of `ir`'s packs
 /// (phase `packed` or later): the most compute any device group must run, every pack's forward
-/// and whole backward on each of its stages, plus the DP sync tail of its stage. The tuner
+/// and whole backward on each of its stages, after the pipeline fill before its first forward
+/// can start, plus the DP sync tail of its stage. The tuner
 /// skips scheduling and simulating a packing whose bound is above a step it already has.
 /// `model` is the machine of `ir.spec`, or of `ir.spec` with less recomputation: then it
 /// bounds the steps a later pass that gives the stages less recomputation makes (each stage

@@ -368,28 +368,53 @@ impl Builder<'_> {
     }
 
     /// The most any device group must run (every pack's forward and whole backward on each
-    /// of its stages, on each group of its replica) plus its stage's DP sync tail (gradient
-    /// reduce-scatter, optimizer step, parameter all-gather), which follows its last backward.
-    /// A split backward takes no less than the whole one (its input gradient hides less of
-    /// the TP collectives, and the compute adds up).
+    /// of its stages, on each group of its replica) after its pipeline fill, plus its stage's
+    /// DP sync tail (gradient reduce-scatter, optimizer step, parameter all-gather), which
+    /// follows its last backward. A split backward takes no less than the whole one (its input
+    /// gradient hides less of the TP collectives, and the compute adds up).
+    ///
+    /// The fill: a group's first op is a forward (a backward follows its slices' forwards on
+    /// the last stage, a weight gradient its input gradient), and a pack's forward on a stage
+    /// starts after its forwards on the stages before it and the sends between them, as in
+    /// [`Builder::replica_bound`]; so a group runs nothing before the shortest such prefix of
+    /// the forwards it runs. (The drain, the same bound backwards from a group's last
+    /// backward, pruned no more on the 70B step of issue 13: a zero-bubble schedule may run
+    /// weight gradients after it, so it counts input gradients only.)
     fn compute_bound(&self) -> f64 {
         let layout = self.layout;
         let mut busy = vec![0.0f64; layout.groups()];
+        let mut fill = vec![f64::INFINITY; layout.groups()];
         for (index, pack) in self.packs.iter().enumerate() {
+            let pack_index = PackIndex(index as u32);
             let ranks = &self.replicas[pack.replica as usize];
+            let forward = pack.direction == Direction::Forward;
+            // The forward's earliest start on `stage`.
+            let mut prefix = 0.0f64;
             for stage in 0..self.stages {
                 let seconds = self
-                    .part_time(PackIndex(index as u32), stage, Part::Whole)
+                    .part_time(pack_index, stage, Part::Whole)
                     .critical_path_s();
                 for &rank in ranks {
-                    busy[layout.group(rank, stage).index()] += seconds;
+                    let group = layout.group(rank, stage).index();
+                    busy[group] += seconds;
+                    if forward {
+                        fill[group] = fill[group].min(prefix);
+                    }
+                }
+                if forward && stage + 1 < self.stages {
+                    prefix += seconds + self.send_seconds(pack_index, stage, stage + 1);
                 }
             }
         }
         let tails: Vec<f64> = (0..layout.pp).map(|d| self.sync_tail_s(d)).collect();
         busy.iter()
+            .zip(fill)
             .enumerate()
-            .map(|(group, busy)| busy + tails[layout.stage_of(GroupId(group as u32)) as usize])
+            .map(|(group, (busy, fill))| {
+                // A group with no forward runs nothing.
+                let fill = if fill.is_finite() { fill } else { 0.0 };
+                fill + busy + tails[layout.stage_of(GroupId(group as u32)) as usize]
+            })
             .fold(0.0, f64::max)
     }
 }

@@ -6,7 +6,7 @@ use slimpack_ir::spec::Spec;
 use slimpack_ir::step::{BatchInfo, Direction, Pack, Part, Phase, StepIr};
 
 use super::super::fixture::{defer_weight_grads, schedule_gpipe, ReplicaPlan};
-use super::super::{simulate, TaskKind};
+use super::super::{compute_bound, simulate, TaskKind};
 use super::{assert_close, checked_run, plain, run, spec, unequal_replicas};
 use crate::MachineError;
 
@@ -108,6 +108,31 @@ fn two_stage_pipeline_bubble_is_pp_minus_one_over_m_plus_pp_minus_one() {
 /// stage, the pipeline's critical path carries only forwards and input gradients, so the
 /// 1F1B step `(m + pp − 1)(F + B + W)` becomes `(m + pp − 1)(F + B) + m·W` on the first
 /// stage: the drain shrinks by `(pp − 1)·W`.
+/// The compute bound counts the pipeline fill: on 4 stages one pack's forward reaches the
+/// last stage after its forwards on the three before it, so that stage's group runs its
+/// forward and backward no earlier (its busy time alone is a quarter of the step).
+#[test]
+fn compute_bound_waits_for_the_fill_of_the_last_stage() {
+    let spec = frictionless("tp=1,pp=4,dp=1");
+    let (ir, cost, result) = run(spec, &plain(&[vec![vec![4096]]]));
+    let time = |stage: u32, direction| {
+        cost.pack_time_on(stage, &[(4096, 0)], direction, &[0])
+            .critical_path_s()
+    };
+    let fill: f64 = (0..3).map(|stage| time(stage, Forward)).sum();
+    let last = time(3, Forward) + time(3, Backward);
+    let bound = compute_bound(&ir, &cost).unwrap();
+    assert!(
+        bound >= (fill + last) * (1.0 - 1e-9),
+        "bound {bound} s, fill {fill} s + last stage {last} s"
+    );
+    assert!(
+        bound <= result.metrics.step_time_s,
+        "{bound} vs {:?}",
+        result.metrics.step_time_s
+    );
+}
+
 #[test]
 fn deferred_weight_gradients_shrink_the_drain_by_pp_minus_one_weight_gradients() {
     let micro_batches = 6;
