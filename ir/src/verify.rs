@@ -556,7 +556,12 @@ impl<'a> Verifier<'a> {
         if slices.is_empty() {
             self.report(name, "pack-placement", "pack has no slices".into());
         }
+        // One pass over the slices (each read once: a large step's are spread over memory).
+        let (mut keys, mut tokens) = (0u64, 0u64);
         for &slice in &slices {
+            let node = slice_node(ir, slice);
+            keys += u64::from(node.end());
+            tokens += u64::from(node.len);
             let sample = self.index.sample_of(ir, slice);
             if ir.replica_of_sample(sample) != Some(replica) {
                 self.report(
@@ -571,14 +576,6 @@ impl<'a> Verifier<'a> {
                 );
             }
         }
-        let keys: u64 = slices
-            .iter()
-            .map(|&s| u64::from(slice_node(ir, s).end()))
-            .sum();
-        let tokens: u64 = slices
-            .iter()
-            .map(|&s| u64::from(slice_node(ir, s).len))
-            .sum();
         if tokens > u64::from(u32::MAX) || keys > u64::from(u32::MAX) {
             self.report(
                 name,
