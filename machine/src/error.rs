@@ -32,6 +32,9 @@ pub enum MachineError {
     /// The IR has not been packed yet (what a bound on its schedules needs).
     #[error("a bound on the step needs a packed step IR, got phase '{phase}'")]
     NotPacked { phase: Phase },
+    /// The IR is not packed forward only (what a bound on its backward packings needs).
+    #[error("a bound on the step's backward packings needs a step IR packed forward only (phase 'assigned'), got phase '{phase}'")]
+    NotForwardPacked { phase: Phase },
     /// The cost model was built for another spec than the IR's.
     #[error("the cost model describes {cost} but the IR was compiled for {ir}")]
     SpecMismatch { cost: String, ir: String },

@@ -9,7 +9,8 @@
 //! pipelines, as it would alone. With result-only verification the tree verifies the step each
 //! pipeline finishes with; a broken one is compiled again verifying every pass, so that the
 //! error names the pass. Against a fastest fitting step found elsewhere ([`evaluate_below`]),
-//! the tree bounds a packing before scheduling it and a schedule before simulating it, and
+//! the tree bounds forward packs before packing their backward, a packing before scheduling
+//! it and a schedule before simulating it, and
 //! takes neither further where the bound is above that step.
 
 use std::cell::{Cell, RefCell};
@@ -672,8 +673,11 @@ impl<'a> PipelineTree<'a> {
 }
 
 /// What the tree prunes against: a step whose bound is above the fastest fitting step found
-/// so far is not taken further, since nothing it makes simulates faster. A packing about to be
-/// scheduled is bounded by its compute ([`sim::compute_bound`]), a scheduled step by its
+/// so far is not taken further, since nothing it makes simulates faster. Forward packs about
+/// to be packed backward are bounded by their own compute and the least backward their
+/// replicas' samples take ([`sim::forward_bound`]: `pack-bwd` keeps the forward packs and the
+/// samples' replicas), a packing about to be
+/// scheduled by its compute ([`sim::compute_bound`]), a scheduled step by its
 /// schedules ([`sim::schedule_bound`]) before it is simulated or handed to `assign-recompute`
 /// — only where what is left of the pipeline is `schedule-pipeline` (which orders the packs
 /// and may split backwards, no faster than whole ones), `assign-recompute` (bounded with
@@ -684,8 +688,19 @@ struct Pruning<'a> {
     /// The machine of the group's spec, and with no recomputation.
     cost: &'a CostModel,
     least: &'a CostModel,
-    /// Bounds computed so far: (step number, scheduled, with no recomputation, seconds).
-    bounds: RefCell<Vec<(usize, bool, bool, f64)>>,
+    /// Bounds computed so far: (step number, what it bounds, with no recomputation, seconds).
+    bounds: RefCell<Vec<(usize, Bounded, bool, f64)>>,
+}
+
+/// What a [`Pruning`] bound is taken on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bounded {
+    /// Forward packs, before `pack-bwd` ([`sim::forward_bound`]).
+    ForwardPacks,
+    /// A packing, before `schedule-pipeline` ([`sim::compute_bound`]).
+    Packing,
+    /// A schedule ([`sim::schedule_bound`]).
+    Schedule,
 }
 
 impl Pruning<'_> {
@@ -702,41 +717,45 @@ impl Pruning<'_> {
         step: usize,
         rest: &[PipelineEntry],
     ) -> Result<Option<f64>, PassError> {
+        // Passes that keep the forward packs and every slice on its sample's replica, and do
+        // not lengthen a step past what its packs must run.
         let bounded = |name: &str| {
             matches!(
                 name,
-                "schedule-pipeline" | "assign-recompute" | "interleave-ranks"
+                "pack-bwd" | "schedule-pipeline" | "assign-recompute" | "interleave-ranks"
             )
         };
         if !rest.iter().all(|entry| bounded(entry.info.name)) {
             return Ok(None);
         }
-        let scheduled = match rest.first().map(|entry| entry.info.name) {
-            Some("schedule-pipeline") => false,
-            _ if ir.phase() >= Phase::Scheduled => true,
+        let what = match rest.first().map(|entry| entry.info.name) {
+            Some("pack-bwd") if ir.phase() == Phase::Assigned => Bounded::ForwardPacks,
+            Some("pack-bwd") => return Ok(None),
+            Some("schedule-pipeline") => Bounded::Packing,
+            _ if ir.phase() >= Phase::Scheduled => Bounded::Schedule,
             _ => return Ok(None),
         };
         let least = rest
             .iter()
             .any(|entry| entry.info.name == "assign-recompute");
-        let known = self.bounds.borrow().iter().find_map(|&(s, k, l, bound)| {
-            (s == step && k == scheduled && l == least).then_some(bound)
-        });
+        let known =
+            self.bounds.borrow().iter().find_map(|&(s, w, l, bound)| {
+                (s == step && w == what && l == least).then_some(bound)
+            });
         if let Some(bound) = known {
             return Ok(Some(bound));
         }
         let cost = if least { self.least } else { self.cost };
-        let bound = match scheduled {
-            false => sim::compute_bound(ir, cost),
-            true => sim::schedule_bound(ir, cost),
+        let bound = match what {
+            Bounded::ForwardPacks => sim::forward_bound(ir, cost),
+            Bounded::Packing => sim::compute_bound(ir, cost),
+            Bounded::Schedule => sim::schedule_bound(ir, cost),
         }
         .map_err(|error| PassError::Failed {
             pass: "schedule-pipeline",
             message: format!("bounding the step: {error}"),
         })?;
-        self.bounds
-            .borrow_mut()
-            .push((step, scheduled, least, bound));
+        self.bounds.borrow_mut().push((step, what, least, bound));
         Ok(Some(bound))
     }
 }

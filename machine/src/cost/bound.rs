@@ -116,6 +116,22 @@ impl CostModel {
         bound * (1.0 - ROUNDING_SLACK)
     }
 
+    /// Device-seconds no backward packing of `batch`'s samples avoids on `stage` (each pack
+    /// on CP groups of at least the devices `batch` was read for, [`CostModel::batch_attention`]),
+    /// whatever the packs: what [`CostModel::step_time_lower_bound`] counts of the backward.
+    pub fn backward_device_seconds_lower_bound(&self, stage: u32, batch: &BatchAttention) -> f64 {
+        if batch.tokens == 0 {
+            return 0.0;
+        }
+        self.stage_device_seconds(
+            stage,
+            Direction::Backward,
+            batch.tokens,
+            batch.split,
+            &batch.pairs_s,
+        )
+    }
+
     /// Device-seconds no packing of `tokens` tokens in CP groups of at least `split` devices
     /// (per TP rank) avoids on `stage` in `direction`; the attention from the samples'
     /// [`PairSeconds`].

@@ -54,7 +54,7 @@ mod bounds;
 mod memory_effects;
 mod pack_modes;
 mod shared_ranks;
-pub(super) use bounds::{compute_bound, schedule_bound, UntimedPeaks};
+pub(super) use bounds::{compute_bound, forward_bound, schedule_bound, UntimedPeaks};
 pub use bounds::{Timeline, TimelineOp};
 pub use shared_ranks::SharedRanks;
 

@@ -136,6 +136,20 @@ pub fn compute_bound(ir: &StepIr, model: &CostModel) -> Result<f64, MachineError
     build::compute_bound(ir, model, Layout::new(&ir.spec.parallel))
 }
 
+/// [`compute_bound`] of a step packed forward only (phase `assigned`, every slice in a forward
+/// pack): every step that packing its backward, scheduling and refining it make (passes that
+/// keep the forward packs and every slice on its sample's replica) is no faster. The forward
+/// packs count as they are; each replica's backward as the least any backward packing of its
+/// samples runs, on CP groups of its DP ranks
+/// ([`CostModel::backward_device_seconds_lower_bound`]), spread evenly over its groups.
+pub fn forward_bound(ir: &StepIr, model: &CostModel) -> Result<f64, MachineError> {
+    if ir.phase() != Phase::Assigned {
+        return Err(MachineError::NotForwardPacked { phase: ir.phase() });
+    }
+    same_but_recompute(ir, model)?;
+    build::forward_bound(ir, model, Layout::new(&ir.spec.parallel))
+}
+
 /// `model` is built for `ir.spec`, but maybe for another recomputation.
 fn same_but_recompute(ir: &StepIr, model: &CostModel) -> Result<(), MachineError> {
     let mut spec = model.spec().clone();

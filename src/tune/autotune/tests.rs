@@ -83,6 +83,78 @@ fn the_lower_bound_never_exceeds_the_simulated_step() {
     assert!(checked > 500, "only {checked} candidates checked");
 }
 
+/// The bound on forward packs holds for every step made from them: each of slimpack's
+/// pipelines (its candidates' own and their variants), cut before `pack-bwd`, is bounded
+/// there and then run to its end and simulated, on several layouts and batches; pipelines
+/// that lower the recomputation later (`assign-recompute`) are bounded without any.
+#[test]
+fn the_forward_bound_never_exceeds_the_simulated_step() {
+    use slimpack_ir::step::Phase;
+    use slimpack_passes::{run_pipeline_in, ManagerOptions, PassContext};
+    let info = strategy::lookup("slimpack").unwrap();
+    let mut checked = 0;
+    for (layout, (spec, context)) in layouts().into_iter().enumerate() {
+        for seed in 0..2u64 {
+            let lengths = long_tailed(seed + 20 * layout as u64, 24, context);
+            let batch = Batch::from_lengths(&lengths, Some(context), "test");
+            let state = StrategyState::default();
+            for candidate in (info.candidates)(&spec, &batch, &state, &Choices::all()) {
+                let spec = candidate_spec(&spec, &candidate);
+                let cx = PassContext::for_spec(&spec);
+                let options = ManagerOptions::default();
+                let pipelines = std::iter::once(&candidate.pipeline)
+                    .chain(candidate.variants.iter().map(|variant| &variant.pipeline));
+                for pipeline in pipelines {
+                    let entries = parse_pipeline(pipeline).unwrap();
+                    let Some(cut) = entries.iter().position(|e| e.info.name == "pack-bwd") else {
+                        continue;
+                    };
+                    let packed = crate::compile::compile_entries(
+                        &spec,
+                        &batch,
+                        &entries[..cut],
+                        &cx,
+                        &options,
+                        &mut std::io::sink(),
+                    )
+                    .unwrap();
+                    assert_eq!(packed.ir.phase(), Phase::Assigned, "{pipeline}");
+                    let lowers = entries[cut..]
+                        .iter()
+                        .any(|entry| entry.info.name == "assign-recompute");
+                    let cost = match lowers {
+                        true => cx
+                            .machine()
+                            .with_recompute(slimpack_ir::spec::Recompute::None),
+                        false => cx.machine().clone(),
+                    };
+                    let bound = sim::forward_bound(&packed.ir, &cost).unwrap();
+                    let mut ir = packed.ir;
+                    run_pipeline_in(
+                        &mut ir,
+                        &entries[cut..],
+                        &cx,
+                        &options,
+                        &mut std::io::sink(),
+                    )
+                    .unwrap();
+                    let step = sim::simulate(&ir, cx.machine())
+                        .unwrap()
+                        .metrics
+                        .step_time_s;
+                    assert!(
+                        bound > 0.0 && bound <= step * (1.0 + 1e-9),
+                        "{pipeline} on {}: forward bound {bound} s, simulated {step} s",
+                        spec.parallel
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} pipelines checked");
+}
+
 /// Pruning never changes the choice, per family or against the fastest of all: the same
 /// candidate, variant and step as compiling every candidate, on several layouts, batches and
 /// strategies, and it does prune.

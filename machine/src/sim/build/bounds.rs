@@ -173,6 +173,44 @@ pub(in crate::sim) fn compute_bound(
     Ok(builder.compute_bound())
 }
 
+/// A lower bound on the step time of every step the backward packing, scheduling and
+/// refining of `ir`'s forward packs make (phase `assigned`, every slice in a forward pack),
+/// see [`super::forward_bound`].
+pub(in crate::sim) fn forward_bound(
+    ir: &StepIr,
+    cost: &CostModel,
+    layout: Layout,
+) -> Result<f64, MachineError> {
+    check_stages(ir, layout)?;
+    let mut builder = Builder::new(ir, cost, layout)?;
+    builder.collect_packs(true, None);
+    builder.read_pack_modes();
+    // Each replica's samples: its backward packs hold their slices.
+    let position: std::collections::HashMap<_, usize> = (ir.replicas().iter().enumerate())
+        .map(|(index, &replica)| (replica, index))
+        .collect();
+    let mut lengths: Vec<Vec<u64>> = vec![Vec::new(); ir.replicas().len()];
+    for &sample in ir.samples() {
+        if let Some(replica) = ir.replica_of_sample(sample) {
+            lengths[position[&replica]].push(u64::from(ir.sample(sample).len));
+        }
+    }
+    let devices_per_group = f64::from(ir.spec.parallel.tp * ir.spec.parallel.cp_degree());
+    let mut backward = vec![0.0f64; layout.groups()];
+    for (replica, lengths) in lengths.iter().enumerate() {
+        let ranks = &builder.replicas[replica];
+        let attention = cost.batch_attention(lengths, ranks.len() as u32);
+        let devices = devices_per_group * ranks.len() as f64;
+        for stage in 0..builder.stages {
+            let seconds = cost.backward_device_seconds_lower_bound(stage, &attention) / devices;
+            for &rank in ranks {
+                backward[layout.group(rank, stage).index()] += seconds;
+            }
+        }
+    }
+    Ok(builder.compute_bound_with(&backward))
+}
+
 /// A lower bound on the step time of `ir`'s schedules from one replica's alone, see
 /// [`super::schedule_bound`].
 pub(in crate::sim) fn schedule_bound(
@@ -381,8 +419,14 @@ impl Builder<'_> {
     /// backward, pruned no more on the 70B step of issue 13: a zero-bubble schedule may run
     /// weight gradients after it, so it counts input gradients only.)
     fn compute_bound(&self) -> f64 {
+        self.compute_bound_with(&vec![0.0; self.layout.groups()])
+    }
+
+    /// [`Builder::compute_bound`] with `more` seconds of compute on each group (the backward
+    /// of a step not packed backward yet).
+    fn compute_bound_with(&self, more: &[f64]) -> f64 {
         let layout = self.layout;
-        let mut busy = vec![0.0f64; layout.groups()];
+        let mut busy = more.to_vec();
         let mut fill = vec![f64::INFINITY; layout.groups()];
         for (index, pack) in self.packs.iter().enumerate() {
             let pack_index = PackIndex(index as u32);
