@@ -17,9 +17,12 @@
 //! without compiling every candidate whose bound is above the fastest fitting step simulated
 //! so far in its family ([`super::kept::family`]: slimpack's own pipelines, each peer's plans;
 //! for a single step, [`TuneOptions::per_family`] off, the fastest of all).
-//! Compiled candidates are bounded again as they go (`super::evaluate`): a packing by the
-//! compute its devices must run ([`slimpack_machine::sim::compute_bound`]) before it is
-//! scheduled, a schedule by one replica's run without contention
+//! Compiled candidates are bounded again as they go (`super::evaluate`): forward packs by
+//! their compute and the least backward of their replicas' samples
+//! ([`slimpack_machine::sim::forward_bound`]) before the backward is packed, a packing by the
+//! compute its devices must run after the pipeline fill
+//! ([`slimpack_machine::sim::compute_bound`]) before it is scheduled, a schedule by one
+//! replica's run without contention
 //! ([`slimpack_machine::sim::schedule_bound`]) before it is simulated. A skipped candidate
 //! simulates slower than that step, so it could not have been chosen: the choice is the one an
 //! exhaustive tuning makes (ties still go to the earlier candidate in the strategy's order,

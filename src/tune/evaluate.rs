@@ -359,13 +359,21 @@ fn evaluate_verifying(
         }
         unwanted
     };
+    // A pipeline a fallback falls back from, whose forward runs go over memory, is not pruned:
+    // whether the fallback runs depends on its step (`unwanted`), which pruning leaves
+    // unknown. Any other pruned pipeline wants no fallback, as it would unpruned.
+    let fallen_back_from: Vec<bool> = (0..pipelines.len())
+        .map(|index| fallback_of.contains(&Some(index)))
+        .collect();
+    let decides_fallback =
+        |index: usize, records: &[PassRecord]| fallen_back_from[index] && runs_over_memory(records);
     let tree = PipelineTree::new(
         &pipelines,
         &cx,
         &options,
         verify_results,
         pruning,
-        &unwanted,
+        (&unwanted, &decides_fallback),
     );
     let all: Vec<usize> = (0..pipelines.len()).collect();
     tree.run(base.ir, (0, shared), &[], &all, base.passes, &mut keep)
@@ -451,6 +459,9 @@ struct PipelineTree<'a> {
     /// Pipelines not to run after all (a fallback whose pipeline fit), asked where a branch
     /// starts.
     unwanted: &'a dyn Fn(usize) -> bool,
+    /// Pipelines not to prune, given the records of the passes they ran so far (one whose
+    /// step decides whether a fallback of it runs).
+    decides_fallback: &'a dyn Fn(usize, &[PassRecord]) -> bool,
     /// Steps numbered so far.
     steps: Cell<usize>,
     /// The pipelines that ran to their end, each with the steps on its way.
@@ -490,7 +501,10 @@ impl<'a> PipelineTree<'a> {
         options: &'a ManagerOptions,
         verify_results: bool,
         pruning: Option<Pruning<'a>>,
-        unwanted: &'a dyn Fn(usize) -> bool,
+        (unwanted, decides_fallback): (
+            &'a dyn Fn(usize) -> bool,
+            &'a dyn Fn(usize, &[PassRecord]) -> bool,
+        ),
     ) -> PipelineTree<'a> {
         PipelineTree {
             pipelines,
@@ -499,6 +513,7 @@ impl<'a> PipelineTree<'a> {
             verify_results,
             pruning,
             unwanted,
+            decides_fallback,
             steps: Cell::new(1),
             ran: RefCell::new(Vec::new()),
         }
@@ -573,7 +588,10 @@ impl<'a> PipelineTree<'a> {
                         .map_err(TreeError::Pass)?
                         .flatten();
                     match bound {
-                        Some(bound) if exceeds(bound, pruning.fastest_s()) => {
+                        Some(bound)
+                            if exceeds(bound, pruning.fastest_s())
+                                && !(self.decides_fallback)(member, &records) =>
+                        {
                             finish(member, Finished::Pruned).map_err(TreeError::Tune)?;
                         }
                         _ => live.push(member),
@@ -676,13 +694,15 @@ impl<'a> PipelineTree<'a> {
 /// so far is not taken further, since nothing it makes simulates faster. Forward packs about
 /// to be packed backward are bounded by their own compute and the least backward their
 /// replicas' samples take ([`sim::forward_bound`]: `pack-bwd` keeps the forward packs and the
-/// samples' replicas), a packing about to be
-/// scheduled by its compute ([`sim::compute_bound`]), a scheduled step by its
-/// schedules ([`sim::schedule_bound`]) before it is simulated or handed to `assign-recompute`
-/// — only where what is left of the pipeline is `schedule-pipeline` (which orders the packs
+/// samples' replicas), a packing about to be scheduled by its compute after the pipeline fill
+/// ([`sim::compute_bound`]), a scheduled step by its schedules ([`sim::schedule_bound`])
+/// before it is simulated or handed to `assign-recompute`
+/// — only where what is left of the pipeline is `pack-bwd` (for forward packs: it adds
+/// backward packs of each replica's own samples), `schedule-pipeline` (which orders the packs
 /// and may split backwards, no faster than whole ones), `assign-recompute` (bounded with
 /// no recomputation on any stage) and `interleave-ranks` (a replica interleaved with others on
-/// its ranks runs its own schedule no sooner than alone).
+/// its ranks runs its own schedule no sooner than alone). A pipeline whose step decides
+/// whether a fallback of it runs is not pruned where its forward runs go over memory.
 struct Pruning<'a> {
     fastest: &'a AtomicU64,
     /// The machine of the group's spec, and with no recomputation.
@@ -752,7 +772,10 @@ impl Pruning<'_> {
             Bounded::Schedule => sim::schedule_bound(ir, cost),
         }
         .map_err(|error| PassError::Failed {
-            pass: "schedule-pipeline",
+            pass: match what {
+                Bounded::ForwardPacks => "pack-bwd",
+                Bounded::Packing | Bounded::Schedule => "schedule-pipeline",
+            },
             message: format!("bounding the step: {error}"),
         })?;
         self.bounds.borrow_mut().push((step, what, least, bound));

@@ -415,9 +415,10 @@ impl Builder<'_> {
     /// the last stage, a weight gradient its input gradient), and a pack's forward on a stage
     /// starts after its forwards on the stages before it and the sends between them, as in
     /// [`Builder::replica_bound`]; so a group runs nothing before the shortest such prefix of
-    /// the forwards it runs. (The drain, the same bound backwards from a group's last
-    /// backward, pruned no more on the 70B step of issue 13: a zero-bubble schedule may run
-    /// weight gradients after it, so it counts input gradients only.)
+    /// the forwards it runs. (A drain bound, backwards from a group's last backward to stage
+    /// 0, was tried and pruned nothing more on the 70B step of issue 13: a zero-bubble
+    /// schedule may run weight gradients after that backward, so such a bound could count
+    /// only the input gradients before it.)
     fn compute_bound(&self) -> f64 {
         self.compute_bound_with(&vec![0.0; self.layout.groups()])
     }

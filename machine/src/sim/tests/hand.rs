@@ -104,10 +104,6 @@ fn two_stage_pipeline_bubble_is_pp_minus_one_over_m_plus_pp_minus_one() {
     }
 }
 
-/// Zero bubble on 4 equal stages: with every weight gradient W deferred to the end of its
-/// stage, the pipeline's critical path carries only forwards and input gradients, so the
-/// 1F1B step `(m + pp − 1)(F + B + W)` becomes `(m + pp − 1)(F + B) + m·W` on the first
-/// stage: the drain shrinks by `(pp − 1)·W`.
 /// The compute bound counts the pipeline fill: on 4 stages one pack's forward reaches the
 /// last stage after its forwards on the three before it, so that stage's group runs its
 /// forward and backward no earlier (its busy time alone is a quarter of the step).
@@ -133,6 +129,10 @@ fn compute_bound_waits_for_the_fill_of_the_last_stage() {
     );
 }
 
+/// Zero bubble on 4 equal stages: with every weight gradient W deferred to the end of its
+/// stage, the pipeline's critical path carries only forwards and input gradients, so the
+/// 1F1B step `(m + pp − 1)(F + B + W)` becomes `(m + pp − 1)(F + B) + m·W` on the first
+/// stage: the drain shrinks by `(pp − 1)·W`.
 #[test]
 fn deferred_weight_gradients_shrink_the_drain_by_pp_minus_one_weight_gradients() {
     let micro_batches = 6;
