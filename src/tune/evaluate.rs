@@ -468,6 +468,12 @@ struct PipelineTree<'a> {
     ran: RefCell<Vec<RanPipeline>>,
 }
 
+/// [`PipelineTree`]'s `unwanted` and `decides_fallback`.
+type FallbackRules<'a> = (
+    &'a dyn Fn(usize) -> bool,
+    &'a dyn Fn(usize, &[PassRecord]) -> bool,
+);
+
 /// A pipeline that ran to its end: its index, its pass records, and each (step number,
 /// depth) on its way — running its passes from that depth on that step made its step.
 struct RanPipeline {
@@ -501,10 +507,7 @@ impl<'a> PipelineTree<'a> {
         options: &'a ManagerOptions,
         verify_results: bool,
         pruning: Option<Pruning<'a>>,
-        (unwanted, decides_fallback): (
-            &'a dyn Fn(usize) -> bool,
-            &'a dyn Fn(usize, &[PassRecord]) -> bool,
-        ),
+        (unwanted, decides_fallback): FallbackRules<'a>,
     ) -> PipelineTree<'a> {
         PipelineTree {
             pipelines,
