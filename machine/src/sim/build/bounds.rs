@@ -166,11 +166,22 @@ pub(in crate::sim) fn compute_bound(
     cost: &CostModel,
     layout: Layout,
 ) -> Result<f64, MachineError> {
+    Ok(timed_builder(ir, cost, layout, None)?.compute_bound())
+}
+
+/// A builder of `ir`'s packs (of every replica, or `only` one) with their durations, as the
+/// bounds read them.
+fn timed_builder<'a>(
+    ir: &'a StepIr,
+    cost: &'a CostModel,
+    layout: Layout,
+    only: Option<usize>,
+) -> Result<Builder<'a>, MachineError> {
     check_stages(ir, layout)?;
     let mut builder = Builder::new(ir, cost, layout)?;
-    builder.collect_packs(true, None);
+    builder.collect_packs(true, only);
     builder.read_pack_modes();
-    Ok(builder.compute_bound())
+    Ok(builder)
 }
 
 /// A lower bound on the step time of every step the backward packing, scheduling and
@@ -181,10 +192,7 @@ pub(in crate::sim) fn forward_bound(
     cost: &CostModel,
     layout: Layout,
 ) -> Result<f64, MachineError> {
-    check_stages(ir, layout)?;
-    let mut builder = Builder::new(ir, cost, layout)?;
-    builder.collect_packs(true, None);
-    builder.read_pack_modes();
+    let builder = timed_builder(ir, cost, layout, None)?;
     // Each replica's samples: its backward packs hold their slices.
     let position: std::collections::HashMap<_, usize> = (ir.replicas().iter().enumerate())
         .map(|(index, &replica)| (replica, index))
@@ -233,10 +241,7 @@ pub(in crate::sim) fn schedule_bound(
     let Some(replica) = replica else {
         return Ok(0.0);
     };
-    let mut builder = Builder::new(ir, cost, layout)?;
-    builder.collect_packs(true, Some(replica));
-    builder.read_pack_modes();
-    builder.replica_bound()
+    timed_builder(ir, cost, layout, Some(replica))?.replica_bound()
 }
 
 impl Builder<'_> {
