@@ -226,14 +226,10 @@ fn evaluate_verifying(
     // Per pipeline, once it finished: the step time from which a fallback of it may be wanted
     // (`Some(None)`: none is) — its step went over the memory limit, and its packing says the
     // fallback's would differ (forward runs over memory, `pack-fwd`'s statistic). A pruned
-    // pipeline wants none: nothing it makes is chosen.
+    // pipeline wants none: nothing it makes is chosen (the tree prunes no pipeline whose
+    // fallback that would decide, `fallen_back_from`).
     let fallback_from: RefCell<Vec<Option<Option<f64>>>> =
         RefCell::new(vec![None; pipelines.len()]);
-    let runs_over_memory = |records: &[PassRecord]| {
-        records.iter().any(|record| {
-            (record.statistics.get(RUNS_OVER_MEMORY)).and_then(|value| value.as_u64()) > Some(0)
-        })
-    };
     let shared = shared_prefix(&pipelines);
     // With result-only verification the tree verifies the step each pipeline finishes with
     // ([`PipelineTree::run`]), not the steps where pipelines part.
@@ -359,21 +355,16 @@ fn evaluate_verifying(
         }
         unwanted
     };
-    // A pipeline a fallback falls back from, whose forward runs go over memory, is not pruned:
-    // whether the fallback runs depends on its step (`unwanted`), which pruning leaves
-    // unknown. Any other pruned pipeline wants no fallback, as it would unpruned.
     let fallen_back_from: Vec<bool> = (0..pipelines.len())
         .map(|index| fallback_of.contains(&Some(index)))
         .collect();
-    let decides_fallback =
-        |index: usize, records: &[PassRecord]| fallen_back_from[index] && runs_over_memory(records);
     let tree = PipelineTree::new(
         &pipelines,
         &cx,
         &options,
         verify_results,
         pruning,
-        (&unwanted, &decides_fallback),
+        (&unwanted, &fallen_back_from),
     );
     let all: Vec<usize> = (0..pipelines.len()).collect();
     tree.run(base.ir, (0, shared), &[], &all, base.passes, &mut keep)
@@ -418,6 +409,14 @@ fn evaluate_verifying(
     Ok(evaluated)
 }
 
+/// Whether a packing's forward runs go over memory (`pack-fwd`'s statistic in `records`): a
+/// fallback of the pipeline then makes another packing.
+fn runs_over_memory(records: &[PassRecord]) -> bool {
+    records.iter().any(|record| {
+        (record.statistics.get(RUNS_OVER_MEMORY)).and_then(|value| value.as_u64()) > Some(0)
+    })
+}
+
 /// How many leading passes (name and options) every pipeline of a candidate shares.
 fn shared_prefix(pipelines: &[(String, Vec<PipelineEntry>)]) -> usize {
     let first = &pipelines[0].1;
@@ -459,20 +458,16 @@ struct PipelineTree<'a> {
     /// Pipelines not to run after all (a fallback whose pipeline fit), asked where a branch
     /// starts.
     unwanted: &'a dyn Fn(usize) -> bool,
-    /// Pipelines not to prune, given the records of the passes they ran so far (one whose
-    /// step decides whether a fallback of it runs).
-    decides_fallback: &'a dyn Fn(usize, &[PassRecord]) -> bool,
+    /// Per pipeline, whether a fallback falls back from it: where its forward runs go over
+    /// memory, it is not pruned, since whether the fallback runs depends on its step
+    /// (`unwanted`), which pruning leaves unknown. Any other pruned pipeline wants no
+    /// fallback, as it would unpruned.
+    fallen_back_from: &'a [bool],
     /// Steps numbered so far.
     steps: Cell<usize>,
     /// The pipelines that ran to their end, each with the steps on its way.
     ran: RefCell<Vec<RanPipeline>>,
 }
-
-/// [`PipelineTree`]'s `unwanted` and `decides_fallback`.
-type FallbackRules<'a> = (
-    &'a dyn Fn(usize) -> bool,
-    &'a dyn Fn(usize, &[PassRecord]) -> bool,
-);
 
 /// A pipeline that ran to its end: its index, its pass records, and each (step number,
 /// depth) on its way — running its passes from that depth on that step made its step.
@@ -507,7 +502,7 @@ impl<'a> PipelineTree<'a> {
         options: &'a ManagerOptions,
         verify_results: bool,
         pruning: Option<Pruning<'a>>,
-        (unwanted, decides_fallback): FallbackRules<'a>,
+        (unwanted, fallen_back_from): (&'a dyn Fn(usize) -> bool, &'a [bool]),
     ) -> PipelineTree<'a> {
         PipelineTree {
             pipelines,
@@ -516,7 +511,7 @@ impl<'a> PipelineTree<'a> {
             verify_results,
             pruning,
             unwanted,
-            decides_fallback,
+            fallen_back_from,
             steps: Cell::new(1),
             ran: RefCell::new(Vec::new()),
         }
@@ -593,7 +588,8 @@ impl<'a> PipelineTree<'a> {
                     match bound {
                         Some(bound)
                             if exceeds(bound, pruning.fastest_s())
-                                && !(self.decides_fallback)(member, &records) =>
+                                && !(self.fallen_back_from[member]
+                                    && runs_over_memory(&records)) =>
                         {
                             finish(member, Finished::Pruned).map_err(TreeError::Tune)?;
                         }

@@ -166,7 +166,8 @@ pub(in crate::sim) fn compute_bound(
     cost: &CostModel,
     layout: Layout,
 ) -> Result<f64, MachineError> {
-    Ok(timed_builder(ir, cost, layout, None)?.compute_bound())
+    let builder = timed_builder(ir, cost, layout, None)?;
+    Ok(builder.compute_bound(vec![0.0; layout.groups()]))
 }
 
 /// A builder of `ir`'s packs (of every replica, or `only` one) with their durations, as the
@@ -193,21 +194,14 @@ pub(in crate::sim) fn forward_bound(
     layout: Layout,
 ) -> Result<f64, MachineError> {
     let builder = timed_builder(ir, cost, layout, None)?;
-    // Each replica's samples: its backward packs hold their slices.
-    let position: std::collections::HashMap<_, usize> = (ir.replicas().iter().enumerate())
-        .map(|(index, &replica)| (replica, index))
-        .collect();
-    let mut lengths: Vec<Vec<u64>> = vec![Vec::new(); ir.replicas().len()];
-    for &sample in ir.samples() {
-        if let Some(replica) = ir.replica_of_sample(sample) {
-            lengths[position[&replica]].push(u64::from(ir.sample(sample).len));
-        }
-    }
     let devices_per_group = f64::from(ir.spec.parallel.tp * ir.spec.parallel.cp_degree());
     let mut backward = vec![0.0f64; layout.groups()];
-    for (replica, lengths) in lengths.iter().enumerate() {
-        let ranks = &builder.replicas[replica];
-        let attention = cost.batch_attention(lengths, ranks.len() as u32);
+    for (&replica, ranks) in ir.replicas().iter().zip(&builder.replicas) {
+        // The replica's samples: its backward packs hold their slices.
+        let lengths: Vec<u64> = (ir.samples_on(replica).iter())
+            .map(|&sample| u64::from(ir.sample(sample).len))
+            .collect();
+        let attention = cost.batch_attention(&lengths, ranks.len() as u32);
         let devices = devices_per_group * ranks.len() as f64;
         for stage in 0..builder.stages {
             let seconds = cost.backward_device_seconds_lower_bound(stage, &attention) / devices;
@@ -216,7 +210,7 @@ pub(in crate::sim) fn forward_bound(
             }
         }
     }
-    Ok(builder.compute_bound_with(&backward))
+    Ok(builder.compute_bound(backward))
 }
 
 /// A lower bound on the step time of `ir`'s schedules from one replica's alone, see
@@ -424,15 +418,11 @@ impl Builder<'_> {
     /// 0, was tried and pruned nothing more on the 70B step of issue 13: a zero-bubble
     /// schedule may run weight gradients after that backward, so such a bound could count
     /// only the input gradients before it.)
-    fn compute_bound(&self) -> f64 {
-        self.compute_bound_with(&vec![0.0; self.layout.groups()])
-    }
-
-    /// [`Builder::compute_bound`] with `more` seconds of compute on each group (the backward
-    /// of a step not packed backward yet).
-    fn compute_bound_with(&self, more: &[f64]) -> f64 {
+    ///
+    /// `busy` is compute each group runs besides its packs' (per group: the backward of a
+    /// step not packed backward yet, [`forward_bound`]; zeros otherwise).
+    fn compute_bound(&self, mut busy: Vec<f64>) -> f64 {
         let layout = self.layout;
-        let mut busy = more.to_vec();
         let mut fill = vec![f64::INFINITY; layout.groups()];
         for (index, pack) in self.packs.iter().enumerate() {
             let pack_index = PackIndex(index as u32);
