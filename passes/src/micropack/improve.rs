@@ -114,6 +114,14 @@ pub(super) fn improve(
                     if cb == ca || delta <= 0.0 {
                         continue;
                     }
+                    // The gain first: most pairs do not beat the best swap so far, and the
+                    // constraints below cost more to check.
+                    let pair_max = (loads[heavy] - delta).max(loads[target] + delta);
+                    let better = pair_max < loads[heavy] * (1.0 - 1e-9)
+                        && swap.is_none_or(|(m, ..)| pair_max < m);
+                    if !better {
+                        continue;
+                    }
                     let (low_b, high_b) = window(cb, ib, &pack_of);
                     let token_delta =
                         i64::from(chains[ca][ia].tokens) - i64::from(chains[cb][ib].tokens);
@@ -127,12 +135,7 @@ pub(super) fn improve(
                     {
                         continue;
                     }
-                    let pair_max = (loads[heavy] - delta).max(loads[target] + delta);
-                    if pair_max < loads[heavy] * (1.0 - 1e-9)
-                        && swap.is_none_or(|(m, ..)| pair_max < m)
-                    {
-                        swap = Some((pair_max, a, target, b));
-                    }
+                    swap = Some((pair_max, a, target, b));
                 }
             }
         }

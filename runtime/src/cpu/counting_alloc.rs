@@ -24,7 +24,10 @@
 //! the accounting of a point-to-point transfer, where the sender's buffer is released by the
 //! send and the receiver's is its own.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
+
+/// The allocator underneath, counting or not.
+use mimalloc::MiMalloc as Backing;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 
@@ -135,16 +138,16 @@ unsafe impl GlobalAlloc for CountingAllocator {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         if PASS_THROUGH.load(Ordering::Relaxed) {
-            return System.dealloc(ptr, layout);
+            return Backing.dealloc(ptr, layout);
         }
         let (meter, base) = read_stamp(ptr, layout);
         refund(meter, layout.size());
-        System.dealloc(base, outer(layout).expect("a live block's layout fits"));
+        Backing.dealloc(base, outer(layout).expect("a live block's layout fits"));
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if PASS_THROUGH.load(Ordering::Relaxed) {
-            return System.realloc(ptr, layout, new_size);
+            return Backing.realloc(ptr, layout, new_size);
         }
         let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
         let Some(new_outer) = outer(new_layout) else {
@@ -152,7 +155,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         };
         let (old_meter, base) = read_stamp(ptr, layout);
         let outer_old = outer(layout).expect("a live block's layout fits");
-        let moved = System.realloc(base, outer_old, new_outer.size());
+        let moved = Backing.realloc(base, outer_old, new_outer.size());
         if moved.is_null() {
             return moved;
         }
@@ -170,9 +173,9 @@ impl CountingAllocator {
         }
         if PASS_THROUGH.load(Ordering::Relaxed) {
             return if zeroed {
-                System.alloc_zeroed(layout)
+                Backing.alloc_zeroed(layout)
             } else {
-                System.alloc(layout)
+                Backing.alloc(layout)
             };
         }
         if !INSTALLED.load(Ordering::Relaxed) {
@@ -182,9 +185,9 @@ impl CountingAllocator {
             return std::ptr::null_mut();
         };
         let base = if zeroed {
-            System.alloc_zeroed(outer)
+            Backing.alloc_zeroed(outer)
         } else {
-            System.alloc(outer)
+            Backing.alloc(outer)
         };
         if base.is_null() {
             return base;
