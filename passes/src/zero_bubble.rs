@@ -30,7 +30,7 @@ use std::collections::{HashMap, VecDeque};
 
 use slimpack_ir::step::{Direction, PackId, Part, ReplicaId, StageOp};
 use slimpack_ir::StepIr;
-use slimpack_machine::cost::{CostModel, PackWork};
+use slimpack_machine::cost::{CostModel, PackWork, StageEnds};
 
 /// Durations and memory of one pack on one stage.
 #[derive(Debug, Clone, Copy, Default)]
@@ -213,11 +213,13 @@ fn fused_peak(ir: &StepIr, order: &[PackId], cost_of: impl Fn(PackId) -> PackCos
     peak
 }
 
-/// A pack's direction, `(len, prefix)` slices and the sums its time needs on every stage.
+/// A pack's direction and the sums its time needs on every stage.
 struct PackShape {
     direction: Direction,
-    pairs: Vec<(u64, u64)>,
     work: PackWork,
+    /// Saved and deferred bytes, by [`StageEnds::index`] (filled for the ends the replica's
+    /// stages have): per-slice sums that depend on the stage through its ends only.
+    bytes: [(u64, u64); 4],
 }
 
 /// Durations and bytes of `packs` (every pack of the replica) on every stage, per device of
@@ -233,7 +235,16 @@ fn pack_costs(
     let split = ranks.len() as u64 * u64::from(ir.spec.parallel.cp_degree());
     let merged = ranks.len() as u32;
     let memory = cost.memory();
-    // Each pack's slices and the sums its time needs, read once for every stage.
+    let share = |len: u64| len.div_ceil(split);
+    // One stage of each kind of ends: the byte sums are read there for all the others.
+    let mut ends_stages: Vec<(StageEnds, u32)> = Vec::new();
+    for stage in 0..stages as u32 {
+        let ends = cost.stage_ends(stage);
+        if ends_stages.iter().all(|&(seen, _)| seen != ends) {
+            ends_stages.push((ends, stage));
+        }
+    }
+    // Each pack's slices read once for every stage.
     let shapes: Vec<PackShape> = packs
         .iter()
         .map(|&pack| {
@@ -246,55 +257,55 @@ fn pack_costs(
                     (u64::from(slice.len), u64::from(slice.start))
                 })
                 .collect();
-            let work = cost.pack_work(&pairs, direction, merged);
+            let mut bytes = [(0u64, 0u64); 4];
+            for &(ends, stage) in &ends_stages {
+                let saved: u64 = (pairs.iter())
+                    .map(|&(len, _)| {
+                        memory.activation_bytes(share(len), stage)
+                            + memory.kv_bytes(share(len), stage)
+                    })
+                    .sum();
+                let deferred: u64 = match direction {
+                    Direction::Forward => 0,
+                    Direction::Backward => (pairs.iter())
+                        .map(|&(len, _)| memory.weight_grad_bytes(share(len), stage))
+                        .sum(),
+                };
+                bytes[ends.index()] = (saved, deferred);
+            }
             PackShape {
                 direction,
-                pairs,
-                work,
+                work: cost.pack_work(&pairs, direction, merged),
+                bytes,
             }
         })
         .collect();
     (0..stages as u32)
         .map(|stage| {
+            let ends = cost.stage_ends(stage).index();
             shapes
                 .iter()
-                .map(
-                    |PackShape {
-                         direction,
-                         pairs,
-                         work,
-                     }| {
-                        let time = |part| {
-                            cost.work_part_time_on(stage, work, part, ranks)
-                                .critical_path_s()
-                        };
-                        let share = |len: u64| len.div_ceil(split);
-                        let saved_bytes = pairs
-                            .iter()
-                            .map(|&(len, _)| {
-                                memory.activation_bytes(share(len), stage)
-                                    + memory.kv_bytes(share(len), stage)
-                            })
-                            .sum();
-                        match direction {
-                            Direction::Forward => PackCost {
-                                critical_s: time(Part::Whole),
-                                weight_s: 0.0,
-                                saved_bytes,
-                                deferred_bytes: 0,
-                            },
-                            Direction::Backward => PackCost {
-                                critical_s: time(Part::InputGrad),
-                                weight_s: time(Part::WeightGrad),
-                                saved_bytes,
-                                deferred_bytes: pairs
-                                    .iter()
-                                    .map(|&(len, _)| memory.weight_grad_bytes(share(len), stage))
-                                    .sum(),
-                            },
-                        }
-                    },
-                )
+                .map(|shape| {
+                    let time = |part| {
+                        cost.work_part_time_on(stage, &shape.work, part, ranks)
+                            .critical_path_s()
+                    };
+                    let (saved_bytes, deferred_bytes) = shape.bytes[ends];
+                    match shape.direction {
+                        Direction::Forward => PackCost {
+                            critical_s: time(Part::Whole),
+                            weight_s: 0.0,
+                            saved_bytes,
+                            deferred_bytes: 0,
+                        },
+                        Direction::Backward => PackCost {
+                            critical_s: time(Part::InputGrad),
+                            weight_s: time(Part::WeightGrad),
+                            saved_bytes,
+                            deferred_bytes,
+                        },
+                    }
+                })
                 .collect()
         })
         .collect()
