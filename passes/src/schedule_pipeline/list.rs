@@ -69,6 +69,9 @@ impl Timeline {
     }
 }
 
+/// A device's next op: when it can start, the device, the op.
+type Choice = (f64, usize, ChunkOp);
+
 /// The orders of one replica's devices (see the module docs); `need[b]` is the number of
 /// forward packs backward pack `b` needs (its last one's position + 1).
 /// `ChunkOp::micro_batch` indexes `forward` or `backward` by direction.
@@ -116,53 +119,59 @@ pub(super) fn list_schedule(
     let mut free_at = vec![0.0f64; pp];
     let mut orders: Vec<Vec<ChunkOp>> = vec![Vec::new(); pp];
     let total = (forward.len() + backward.len()) * pp * vpp;
+    let earliest = |a: &Choice, b: &Choice| a.0.total_cmp(&b.0);
+    // Each device's choice by the 1F1B rule at the time it could start, and the forward it
+    // would run past its window. A device's choice reads its own stages and their neighbours'
+    // (a forward's input is the stage before, a backward's the stage after), so an op changes
+    // the choices of its device and the two beside it only: those are all that are chosen
+    // again after it.
+    let choose = |device: usize, timeline: &Timeline, free_at: &[f64], in_flight: &[i64]| {
+        // The earliest-ready op of each direction; the deepest chunk wins ties, to reach the
+        // backwards soonest (forwards) and to free memory soonest (backwards).
+        let next_op = |direction: Direction| {
+            (0..vpp)
+                .rev()
+                .filter_map(|chunk| {
+                    let stage = chunk * pp + device;
+                    let ready = timeline.ready_at(stage, direction, need)?;
+                    let op = ChunkOp {
+                        direction,
+                        micro_batch: timeline.next(stage, direction)?,
+                        chunk: chunk as u32,
+                    };
+                    Some((ready.max(free_at[device]), device, op))
+                })
+                .min_by(earliest)
+        };
+        let next_forward = next_op(Direction::Forward);
+        let next_backward = next_op(Direction::Backward);
+        // At its window a device waits for a backward, as a 1F1B stage does; below it the op
+        // that can start first runs (a backward on a tie).
+        if in_flight[device] >= windows[device] {
+            let past_window = next_backward.is_none().then_some(next_forward).flatten();
+            (next_backward, past_window)
+        } else {
+            let choice = [next_backward, next_forward]
+                .into_iter()
+                .flatten()
+                .min_by(earliest);
+            (choice, None)
+        }
+    };
+    let mut choices: Vec<(Option<Choice>, Option<Choice>)> = (0..pp)
+        .map(|device| choose(device, &timeline, &free_at, &in_flight))
+        .collect();
     for _ in 0..total {
-        // Each device's choice: (start, device, op), by the 1F1B rule at the time it could
-        // start.
-        let mut best: Option<(f64, usize, ChunkOp)> = None;
-        let mut past_window: Option<(f64, usize, ChunkOp)> = None;
-        let earliest = |a: &(f64, usize, ChunkOp), b: &(f64, usize, ChunkOp)| a.0.total_cmp(&b.0);
-        for device in 0..pp {
-            // The earliest-ready op of each direction; the deepest chunk wins ties, to reach
-            // the backwards soonest (forwards) and to free memory soonest (backwards).
-            let next_op = |direction: Direction| {
-                (0..vpp)
-                    .rev()
-                    .filter_map(|chunk| {
-                        let stage = chunk * pp + device;
-                        let ready = timeline.ready_at(stage, direction, need)?;
-                        let op = ChunkOp {
-                            direction,
-                            micro_batch: timeline.next(stage, direction)?,
-                            chunk: chunk as u32,
-                        };
-                        Some((ready.max(free_at[device]), device, op))
-                    })
-                    .min_by(earliest)
-            };
-            let next_forward = next_op(Direction::Forward);
-            let next_backward = next_op(Direction::Backward);
-            // At its window a device waits for a backward, as a 1F1B stage does; below it the
-            // op that can start first runs (a backward on a tie).
-            let choice = if in_flight[device] >= windows[device] {
-                if next_backward.is_none() {
-                    past_window = [past_window, next_forward]
-                        .into_iter()
-                        .flatten()
-                        .min_by(earliest);
-                }
-                next_backward
-            } else {
-                [next_backward, next_forward]
-                    .into_iter()
-                    .flatten()
-                    .min_by(earliest)
-            };
+        // The earliest choice of all (the first device on a tie).
+        let mut best: Option<Choice> = None;
+        let mut past_window: Option<Choice> = None;
+        for &(choice, past) in &choices {
             if let Some(choice) = choice {
                 if best.is_none_or(|b| choice.0 < b.0) {
                     best = Some(choice);
                 }
             }
+            past_window = [past_window, past].into_iter().flatten().min_by(earliest);
         }
         // When every device waits at its window, the earliest ready forward runs past it (a
         // backward pack may need forwards beyond it), so the schedule always completes.
@@ -183,6 +192,10 @@ pub(super) fn list_schedule(
         free_at[device] = start + duration;
         timeline.record(op.chunk as usize * pp + device, op, start + duration);
         orders[device].push(op);
+        for neighbour in [device + pp - 1, device, device + 1] {
+            let neighbour = neighbour % pp;
+            choices[neighbour] = choose(neighbour, &timeline, &free_at, &in_flight);
+        }
     }
     orders
 }
