@@ -109,6 +109,13 @@ pub(super) fn improve(
                 .filter(|&t| t != heavy && (low..=high.min(packs - 1)).contains(&t))
                 .take(SWAP_TARGETS);
             for target in targets {
+                // A swap puts more cost on the target than it had: a target at least as
+                // loaded as the best pair so far (or the heavy pack) cannot beat it, nor can
+                // the targets after it, which are loaded no less.
+                let bar = swap.map_or(loads[heavy] * (1.0 - 1e-9), |(m, ..)| m);
+                if loads[target] >= bar {
+                    break;
+                }
                 for (b, &(cb, ib)) in partition[target].iter().enumerate().take(SWAP_CANDIDATES) {
                     let delta = chains[ca][ia].cost - chains[cb][ib].cost;
                     if cb == ca || delta <= 0.0 {
