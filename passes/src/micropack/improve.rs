@@ -60,13 +60,13 @@ pub(super) fn improve(
         }
     }
     let mut runs = Runs::new(chains, partition, &pack_of, run);
+    // Packs from the lightest: the best target of a move is the lightest one allowed.
+    let mut by_load: Vec<usize> = (0..packs).collect();
+    by_load.sort_by(|&a, &b| lighter(&loads, a, b));
     for _ in 0..IMPROVEMENT_ROUNDS {
         let heavy = (0..packs)
             .max_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(b.cmp(&a)))
             .unwrap_or(0);
-        // Packs from the lightest: the best target of a move is the lightest one allowed.
-        let mut by_load: Vec<usize> = (0..packs).collect();
-        by_load.sort_by(|&a, &b| loads[a].total_cmp(&loads[b]).then(a.cmp(&b)));
         let mut best: Option<(f64, usize, usize)> = None; // (new pair max, member index, target)
         for (m, &(c, i)) in partition[heavy].iter().enumerate() {
             let item = chains[c][i];
@@ -96,6 +96,7 @@ pub(super) fn improve(
             runs.shift(heavy, target, shift.1 as i64);
             pack_of.set(c, i, target);
             partition[target].push((c, i));
+            reorder(&mut by_load, &loads, [heavy, target]);
             continue;
         }
         // No single move helps: try the best swap of a slice of the heavy pack with one of
@@ -160,8 +161,25 @@ pub(super) fn improve(
         tokens[heavy] = (tokens[heavy] as i64 - token_delta) as u64;
         tokens[target] = (tokens[target] as i64 + token_delta) as u64;
         runs.shift(heavy, target, token_delta);
+        reorder(&mut by_load, &loads, [heavy, target]);
     }
     partition.retain(|p| !p.is_empty());
+}
+
+/// Pack `a` before pack `b` from the lightest: by load, then by index (a total order, so the
+/// sorted packs are one sequence however they are kept sorted).
+fn lighter(loads: &[f64], a: usize, b: usize) -> std::cmp::Ordering {
+    loads[a].total_cmp(&loads[b]).then(a.cmp(&b))
+}
+
+/// Puts the two packs whose loads a move or swap changed back in their places in `by_load`
+/// (the others' loads, and so their order, are unchanged).
+fn reorder(by_load: &mut Vec<usize>, loads: &[f64], changed: [usize; 2]) {
+    by_load.retain(|pack| !changed.contains(pack));
+    for pack in changed {
+        let at = by_load.partition_point(|&other| lighter(loads, other, pack).is_lt());
+        by_load.insert(at, pack);
+    }
 }
 
 /// The runs of packs that chains join (see [`super::partition`]) and their tokens, under a bound
