@@ -257,45 +257,49 @@ fn losses(built: &Built, execution: &Execution, layout: &Layout, step_time_s: f6
     let stages = layout.pp as usize;
     let mut stage_work_end = vec![0.0f64; stages];
     let mut sync_end = vec![step_time_s; stages];
-    let mut on_group: Vec<(u32, u32)> = Vec::with_capacity(graph.tasks.len() * 2);
+    // Each group's pack tasks in the order they ran (a stream runs one task at a time):
+    // grouped by a counting sort (in task order), then each group's run sorted by start.
+    let groups = layout.groups();
+    let mut group_start = vec![0u32; groups + 1];
     for (index, task) in graph.tasks.iter().enumerate() {
         let stage = (task.stage % layout.pp) as usize;
         if task.kind.is_pack_compute() {
             stage_work_end[stage] = stage_work_end[stage].max(spans[index].end_s);
             for group in graph.groups(task) {
-                on_group.push((group.0, index as u32));
+                group_start[group.0 as usize + 1] += 1;
             }
         } else if task.kind == TaskKind::ParamAllGather {
             sync_end[stage] = spans[index].end_s;
         }
     }
-    // Each group's pack tasks in the order they ran (a stream runs one task at a time).
-    on_group.sort_unstable_by(|a, b| {
-        let start = |entry: &(u32, u32)| spans[entry.1 as usize].start_s;
-        a.0.cmp(&b.0).then(start(a).total_cmp(&start(b)))
-    });
+    for group in 0..groups {
+        group_start[group + 1] += group_start[group];
+    }
+    let mut on_group = vec![(0u32, 0u32); group_start[groups] as usize];
+    let mut next = group_start.clone();
+    for (index, task) in graph.tasks.iter().enumerate() {
+        if task.kind.is_pack_compute() {
+            for group in graph.groups(task) {
+                on_group[next[group.0 as usize] as usize] = (group.0, index as u32);
+                next[group.0 as usize] += 1;
+            }
+        }
+    }
     let received = incoming_sends(graph, spans);
     let mut total = Losses::default();
-    let mut next = 0;
-    for group in 0..layout.groups() {
-        let first = next;
-        while next < on_group.len() && on_group[next].0 as usize == group {
-            next += 1;
-        }
+    for group in 0..groups {
+        let run = &mut on_group[group_start[group] as usize..group_start[group + 1] as usize];
+        run.sort_unstable_by(|a, b| {
+            let start = |entry: &(u32, u32)| spans[entry.1 as usize].start_s;
+            start(a).total_cmp(&start(b)).then(a.1.cmp(&b.1))
+        });
         let stage = layout.stage_of(GroupId(group as u32)) as usize;
         let tail = Tail {
             stage_work_end: stage_work_end[stage],
             sync_end: sync_end[stage],
             step_end: step_time_s,
         };
-        group_losses(
-            graph,
-            spans,
-            &received,
-            &on_group[first..next],
-            &tail,
-            &mut total,
-        );
+        group_losses(graph, spans, &received, run, &tail, &mut total);
     }
     total.scaled(1.0 / layout.groups().max(1) as f64)
 }
