@@ -52,7 +52,10 @@ pub(super) fn improve(
     let mut pack_of = PackOf::new(chains);
     let mut loads = vec![0.0; packs];
     let mut tokens = vec![0u64; packs];
+    // Each pack's members' costs, beside `partition` (the swap search reads them in bulk).
+    let mut costs: Vec<Vec<f64>> = Vec::with_capacity(packs);
     for (k, members) in partition.iter().enumerate() {
+        costs.push(members.iter().map(|&(c, i)| chains[c][i].cost).collect());
         for &(c, i) in members {
             pack_of.set(c, i, k);
             loads[k] += chains[c][i].cost;
@@ -88,6 +91,8 @@ pub(super) fn improve(
         }
         if let Some((_, member, target)) = best {
             let (c, i) = partition[heavy].remove(member);
+            costs[heavy].remove(member);
+            costs[target].push(chains[c][i].cost);
             let shift = (chains[c][i].cost, u64::from(chains[c][i].tokens));
             loads[heavy] -= shift.0;
             tokens[heavy] -= shift.1;
@@ -102,14 +107,12 @@ pub(super) fn improve(
         // No single move helps: try the best swap of a slice of the heavy pack with one of
         // another pack, both within their order windows and the caps.
         let mut swap: Option<(f64, usize, usize, usize)> = None; // (pair max, a, target, b)
+        let mut targets = Vec::with_capacity(SWAP_TARGETS);
         for (a, &(ca, ia)) in partition[heavy].iter().enumerate() {
             let (low, high) = window(ca, ia, &pack_of);
-            let targets = by_load
-                .iter()
-                .copied()
-                .filter(|&t| t != heavy && (low..=high.min(packs - 1)).contains(&t))
-                .take(SWAP_TARGETS);
-            for target in targets {
+            lightest_in(&by_load, &loads, heavy, low..=high.min(packs - 1), &mut targets);
+            let cost_a = chains[ca][ia].cost;
+            for &target in &targets {
                 // A swap puts more cost on the target than it had: a target at least as
                 // loaded as the best pair so far (or the heavy pack) cannot beat it, nor can
                 // the targets after it, which are loaded no less.
@@ -117,8 +120,9 @@ pub(super) fn improve(
                 if loads[target] >= bar {
                     break;
                 }
-                for (b, &(cb, ib)) in partition[target].iter().enumerate().take(SWAP_CANDIDATES) {
-                    let delta = chains[ca][ia].cost - chains[cb][ib].cost;
+                let members = partition[target].iter().zip(&costs[target]);
+                for (b, (&(cb, ib), &cost_b)) in members.enumerate().take(SWAP_CANDIDATES) {
+                    let delta = cost_a - cost_b;
                     if cb == ca || delta <= 0.0 {
                         continue;
                     }
@@ -154,6 +158,8 @@ pub(super) fn improve(
         let token_delta = i64::from(chains[ca][ia].tokens) - i64::from(chains[cb][ib].tokens);
         partition[heavy][a] = (cb, ib);
         partition[target][b] = (ca, ia);
+        costs[heavy][a] = chains[cb][ib].cost;
+        costs[target][b] = chains[ca][ia].cost;
         pack_of.set(ca, ia, target);
         pack_of.set(cb, ib, heavy);
         loads[heavy] -= delta;
@@ -170,6 +176,31 @@ pub(super) fn improve(
 /// sorted packs are one sequence however they are kept sorted).
 fn lighter(loads: &[f64], a: usize, b: usize) -> std::cmp::Ordering {
     loads[a].total_cmp(&loads[b]).then(a.cmp(&b))
+}
+
+/// The first [`SWAP_TARGETS`] packs of `window` other than `heavy`, lightest first, into
+/// `targets`: a walk of `by_load` from the lightest, or where the window holds few packs (a
+/// contiguous chain's slice moves at most a pack), its packs sorted the same way.
+fn lightest_in(
+    by_load: &[usize],
+    loads: &[f64],
+    heavy: usize,
+    window: std::ops::RangeInclusive<usize>,
+    targets: &mut Vec<usize>,
+) {
+    targets.clear();
+    let allowed = |&t: &usize| t != heavy && window.contains(&t);
+    let width = match window.is_empty() {
+        true => 0,
+        false => window.end() - window.start() + 1,
+    };
+    if width * 4 < by_load.len() {
+        targets.extend(window.clone().filter(allowed));
+        targets.sort_unstable_by(|&a, &b| lighter(loads, a, b));
+        targets.truncate(SWAP_TARGETS);
+    } else {
+        targets.extend(by_load.iter().copied().filter(allowed).take(SWAP_TARGETS));
+    }
 }
 
 /// Puts the two packs whose loads a move or swap changed back in their places in `by_load`
