@@ -110,7 +110,13 @@ pub(super) fn improve(
         let mut targets = Vec::with_capacity(SWAP_TARGETS);
         for (a, &(ca, ia)) in partition[heavy].iter().enumerate() {
             let (low, high) = window(ca, ia, &pack_of);
-            lightest_in(&by_load, &loads, heavy, low..=high.min(packs - 1), &mut targets);
+            lightest_in(
+                &by_load,
+                &loads,
+                heavy,
+                low..=high.min(packs - 1),
+                &mut targets,
+            );
             let cost_a = chains[ca][ia].cost;
             for &target in &targets {
                 // A swap puts more cost on the target than it had: a target at least as
