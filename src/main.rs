@@ -8,8 +8,8 @@ mod cli;
 
 /// The runtime's counting allocator measures the real peak memory of executed steps (`run`,
 /// `validate`, `calibrate`). Every other command only plans, and counting would cost it a
-/// large share of its time: [`choose_allocator_mode`] switches it to the plain system allocator
-/// for those, before the first allocation.
+/// large share of its time: [`choose_allocator_mode`] switches it to the allocator underneath
+/// (mimalloc, uncounted) for those, before the first allocation.
 #[global_allocator]
 static ALLOCATOR: slimpack_runtime::cpu::CountingAllocator =
     slimpack_runtime::cpu::CountingAllocator::new();
