@@ -196,12 +196,13 @@ fn lightest_in(
 ) {
     targets.clear();
     let allowed = |&t: &usize| t != heavy && window.contains(&t);
-    let width = match window.is_empty() {
-        true => 0,
-        false => window.end() - window.start() + 1,
+    let width = if window.is_empty() {
+        0
+    } else {
+        window.end() - window.start() + 1
     };
     if width * 4 < by_load.len() {
-        targets.extend(window.clone().filter(allowed));
+        targets.extend(window.clone().filter(|&t| t != heavy));
         targets.sort_unstable_by(|&a, &b| lighter(loads, a, b));
         targets.truncate(SWAP_TARGETS);
     } else {

@@ -148,7 +148,11 @@ pub(super) fn list_schedule(
         // At its window a device waits for a backward, as a 1F1B stage does; below it the op
         // that can start first runs (a backward on a tie).
         if in_flight[device] >= windows[device] {
-            let past_window = next_backward.is_none().then_some(next_forward).flatten();
+            let past_window = if next_backward.is_none() {
+                next_forward
+            } else {
+                None
+            };
             (next_backward, past_window)
         } else {
             let choice = [next_backward, next_forward]
