@@ -275,12 +275,12 @@ fn losses(built: &Built, execution: &Execution, layout: &Layout, step_time_s: f6
     for group in 0..groups {
         group_start[group + 1] += group_start[group];
     }
-    let mut on_group = vec![(0u32, 0u32); group_start[groups] as usize];
+    let mut on_group = vec![0u32; group_start[groups] as usize];
     let mut next = group_start.clone();
     for (index, task) in graph.tasks.iter().enumerate() {
         if task.kind.is_pack_compute() {
             for group in graph.groups(task) {
-                on_group[next[group.0 as usize] as usize] = (group.0, index as u32);
+                on_group[next[group.0 as usize] as usize] = index as u32;
                 next[group.0 as usize] += 1;
             }
         }
@@ -289,9 +289,9 @@ fn losses(built: &Built, execution: &Execution, layout: &Layout, step_time_s: f6
     let mut total = Losses::default();
     for group in 0..groups {
         let run = &mut on_group[group_start[group] as usize..group_start[group + 1] as usize];
-        run.sort_unstable_by(|a, b| {
-            let start = |entry: &(u32, u32)| spans[entry.1 as usize].start_s;
-            start(a).total_cmp(&start(b)).then(a.1.cmp(&b.1))
+        run.sort_unstable_by(|&a, &b| {
+            let start = |task: u32| spans[task as usize].start_s;
+            start(a).total_cmp(&start(b)).then(a.cmp(&b))
         });
         let stage = layout.stage_of(GroupId(group as u32)) as usize;
         let tail = Tail {
@@ -343,13 +343,13 @@ fn group_losses(
     graph: &TaskGraph,
     spans: &[Span],
     received: &[(u32, f64)],
-    tasks: &[(u32, u32)],
+    tasks: &[u32],
     tail: &Tail,
     total: &mut Losses,
 ) {
     let mut first_backward_start = f64::INFINITY;
     let mut last_forward_end = f64::NEG_INFINITY;
-    for &(_, index) in tasks {
+    for &index in tasks {
         let span = spans[index as usize];
         match graph.tasks[index as usize].kind {
             TaskKind::Forward => last_forward_end = last_forward_end.max(span.end_s),
@@ -361,7 +361,7 @@ fn group_losses(
         drain_start: first_backward_start.max(last_forward_end),
     };
     let mut cursor = 0.0f64;
-    for &(_, index) in tasks {
+    for &index in tasks {
         let span = spans[index as usize];
         if span.start_s > cursor {
             let mut idle = phases.split(cursor, span.start_s);

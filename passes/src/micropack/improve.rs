@@ -63,6 +63,7 @@ pub(super) fn improve(
         }
     }
     let mut runs = Runs::new(chains, partition, &pack_of, run);
+    let mut targets = Vec::with_capacity(SWAP_TARGETS);
     // Packs from the lightest: the best target of a move is the lightest one allowed.
     let mut by_load: Vec<usize> = (0..packs).collect();
     by_load.sort_by(|&a, &b| lighter(&loads, a, b));
@@ -107,7 +108,10 @@ pub(super) fn improve(
         // No single move helps: try the best swap of a slice of the heavy pack with one of
         // another pack, both within their order windows and the caps.
         let mut swap: Option<(f64, usize, usize, usize)> = None; // (pair max, a, target, b)
-        let mut targets = Vec::with_capacity(SWAP_TARGETS);
+                                                                 // What a swap's pair max must stay below: the best swap's so far (itself below the
+                                                                 // heavy pack's threshold), or the threshold.
+        let threshold = loads[heavy] * (1.0 - 1e-9);
+        let bar = |swap: Option<(f64, usize, usize, usize)>| swap.map_or(threshold, |(m, ..)| m);
         for (a, &(ca, ia)) in partition[heavy].iter().enumerate() {
             let (low, high) = window(ca, ia, &pack_of);
             lightest_in(
@@ -122,8 +126,7 @@ pub(super) fn improve(
                 // A swap puts more cost on the target than it had: a target at least as
                 // loaded as the best pair so far (or the heavy pack) cannot beat it, nor can
                 // the targets after it, which are loaded no less.
-                let bar = swap.map_or(loads[heavy] * (1.0 - 1e-9), |(m, ..)| m);
-                if loads[target] >= bar {
+                if loads[target] >= bar(swap) {
                     break;
                 }
                 let members = partition[target].iter().zip(&costs[target]);
@@ -135,9 +138,8 @@ pub(super) fn improve(
                     // The gain first: most pairs do not beat the best swap so far, and the
                     // constraints below cost more to check.
                     let pair_max = (loads[heavy] - delta).max(loads[target] + delta);
-                    let better = pair_max < loads[heavy] * (1.0 - 1e-9)
-                        && swap.is_none_or(|(m, ..)| pair_max < m);
-                    if !better {
+                    let improves = pair_max < bar(swap);
+                    if !improves {
                         continue;
                     }
                     let (low_b, high_b) = window(cb, ib, &pack_of);
@@ -195,7 +197,6 @@ fn lightest_in(
     targets: &mut Vec<usize>,
 ) {
     targets.clear();
-    let allowed = |&t: &usize| t != heavy && window.contains(&t);
     let width = if window.is_empty() {
         0
     } else {
@@ -206,6 +207,7 @@ fn lightest_in(
         targets.sort_unstable_by(|&a, &b| lighter(loads, a, b));
         targets.truncate(SWAP_TARGETS);
     } else {
+        let allowed = |&t: &usize| t != heavy && window.contains(&t);
         targets.extend(by_load.iter().copied().filter(allowed).take(SWAP_TARGETS));
     }
 }
