@@ -636,15 +636,20 @@ impl<'a> PipelineTree<'a> {
                 });
                 continue;
             }
-            // The passes the branch's pipelines share from here, run at once.
+            // The passes the branch's pipelines share from here, run at once; under pruning,
+            // up to a pass that simulates the step, whose schedule is bounded first (the
+            // recursion's check): most steps `interleave-ranks` would simulate are pruned there.
             let end = (depth..entries.len())
                 .take_while(|&at| {
-                    branch.iter().all(|&member| {
-                        self.pipelines[member]
-                            .1
-                            .get(at)
-                            .is_some_and(|e| same_pass(e, &entries[at]))
-                    })
+                    let bounded_first =
+                        at > depth && self.pruning.is_some() && simulates(entries[at].info.name);
+                    !bounded_first
+                        && branch.iter().all(|&member| {
+                            self.pipelines[member]
+                                .1
+                                .get(at)
+                                .is_some_and(|e| same_pass(e, &entries[at]))
+                        })
                 })
                 .last()
                 .map_or(depth, |at| at + 1);
@@ -780,6 +785,12 @@ impl Pruning<'_> {
         self.bounds.borrow_mut().push((step, what, least, bound));
         Ok(Some(bound))
     }
+}
+
+/// Passes that simulate the step they are given (`assign-recompute`'s memory probe,
+/// `interleave-ranks`' two orders): the tree bounds a schedule before running them.
+fn simulates(pass: &str) -> bool {
+    matches!(pass, "assign-recompute" | "interleave-ranks")
 }
 
 /// Two pipeline entries run the same pass with the same options.
