@@ -125,6 +125,14 @@ impl StageEnds {
     }
 }
 
+/// Stages alike for timing a replica's packs ([`CostModel::alike_stages`]): per stage, the
+/// first stage with the same pack times, and the first with the same CP exchange.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlikeStages {
+    pub times: Vec<u32>,
+    pub exchange: Vec<u32>,
+}
+
 /// The sums over a pack's slices that its time depends on, on any stage and under any
 /// recomputation mode: its tokens, its keys (prefix plus length of every slice) and one
 /// layer's attention kernel seconds on one device. A pack runs on every stage of its replica
@@ -576,13 +584,39 @@ impl CostModel {
         self.work_time_with(stage, &work, cp_link)
     }
 
-    /// A whole pack's time on `stage` from its slices' sums, its CP ring over `cp_link`.
+    /// A whole pack's time on `stage` from its slices' sums, its CP ring over `cp_link`. It
+    /// depends on the stage through its ends and `cp_link` only ([`CostModel::alike_stages`]).
     fn work_time_with(&self, stage: u32, work: &PackWork, cp_link: &LinkSpec) -> PackTime {
         let direction = work.direction;
-        let cp = work.merged * self.spec.parallel.cp_degree();
-        let split = f64::from(cp);
-        let (tokens, keys) = (work.tokens, work.keys);
-        // The backward replays the share of the forward attention its recomputation drops.
+        let split = f64::from(work.merged * self.spec.parallel.cp_degree());
+        let attention_s = self.work_attention_s(work, direction);
+        let tokens = work.tokens as f64 / split;
+        let (first, last) = (stage == 0, self.is_last(stage));
+        let gemm_s = self.linear_time(tokens, last, direction);
+        let elementwise_s = self.elementwise_time(tokens, first, last, direction);
+        let kernel_overhead_s = self.kernel_overhead(first, last, direction);
+        let compute_s = attention_s + gemm_s + elementwise_s + kernel_overhead_s;
+        let layers = f64::from(self.layers_per_stage);
+        let tp_comm_s = layers * self.comm.tp_layer_time(tokens, direction)
+            + self.comm.tp_edges_time(tokens, first, last, direction);
+        let cp_comm_s = self.cp_exchange_s(work.keys, work.merged, cp_link, direction);
+        PackTime {
+            compute_s,
+            attention_s,
+            gemm_s,
+            elementwise_s,
+            kernel_overhead_s,
+            tp_comm_s,
+            tp_exposed_s: exposed_tp_comm(tp_comm_s, gemm_s, self.spec.parallel.tp),
+            cp_comm_s,
+        }
+    }
+
+    /// The attention seconds of the stage's layers in a pack of `direction` whose slices
+    /// `work` sums (a backward `work` for a backward; any for a forward, whose sums every
+    /// `work` holds). The backward replays the share of the forward attention its
+    /// recomputation drops.
+    fn work_attention_s(&self, work: &PackWork, direction: Direction) -> f64 {
         let attention_layer_s = match direction {
             Direction::Forward => work.attention_forward_layer_s,
             Direction::Backward => {
@@ -590,28 +624,80 @@ impl CostModel {
                 work.attention_backward_layer_s + replayed * work.attention_forward_layer_s
             }
         };
-        let layers = f64::from(self.layers_per_stage);
-        let tokens = tokens as f64 / split;
-        let (first, last) = (stage == 0, self.is_last(stage));
-        let gemm_s = self.linear_time(tokens, last, direction);
-        let elementwise_s = self.elementwise_time(tokens, first, last, direction);
-        let kernel_overhead_s = self.kernel_overhead(first, last, direction);
-        let compute_s = layers * attention_layer_s + gemm_s + elementwise_s + kernel_overhead_s;
-        let tp_comm_s = layers * self.comm.tp_layer_time(tokens, direction)
-            + self.comm.tp_edges_time(tokens, first, last, direction);
-        let cp_comm_s = layers
+        f64::from(self.layers_per_stage) * attention_layer_s
+    }
+
+    /// The CP ring exchange of the stage's layers for a pack of `keys` keys (prefix plus
+    /// length of every slice) run by `merged` DP replicas merged into one CP group, over
+    /// `cp_link`.
+    fn cp_exchange_s(
+        &self,
+        keys: u64,
+        merged: u32,
+        cp_link: &LinkSpec,
+        direction: Direction,
+    ) -> f64 {
+        let cp = merged * self.spec.parallel.cp_degree();
+        let keys_per_device = keys as f64 / f64::from(cp);
+        f64::from(self.layers_per_stage)
             * self
                 .comm
-                .cp_layer_time(keys as f64 / split, cp, cp_link, direction);
-        PackTime {
-            compute_s,
-            attention_s: layers * attention_layer_s,
-            gemm_s,
-            elementwise_s,
-            kernel_overhead_s,
-            tp_comm_s,
-            tp_exposed_s: exposed_tp_comm(tp_comm_s, gemm_s, self.spec.parallel.tp),
-            cp_comm_s,
+                .cp_layer_time(keys_per_device, cp, cp_link, direction)
+    }
+
+    /// A slice's attention seconds in a pack run by the DP replicas `dp_members`, forward and
+    /// backward: [`PackTime::attention_s`] of a pack of that slice alone, on any stage (it
+    /// does not depend on the stage), for the price of the attention alone.
+    pub fn slice_attention_s(&self, len: u64, prefix: u64, dp_members: &[u32]) -> [f64; 2] {
+        let work = self.pack_work(
+            &[(len, prefix)],
+            Direction::Backward,
+            merged_count(dp_members),
+        );
+        [Direction::Forward, Direction::Backward]
+            .map(|direction| self.work_attention_s(&work, direction))
+    }
+
+    /// [`PackTime::cp_comm_s`] of a pack of `keys` keys on `stage`, run by the DP replicas
+    /// `dp_members` (the exchange depends on the keys alone, not on how slices share them).
+    pub fn cp_exchange_on(
+        &self,
+        stage: u32,
+        keys: u64,
+        direction: Direction,
+        dp_members: &[u32],
+    ) -> f64 {
+        let link = self
+            .comm
+            .topology()
+            .replicas_link(stage, dp_members.iter().copied());
+        self.cp_exchange_s(keys, merged_count(dp_members), &link, direction)
+    }
+
+    /// For packs run by the DP replicas `dp_members`, per pipeline stage: the first stage
+    /// on which every pack takes the same time ([`PackTime`], whole or in parts: the same
+    /// ends and CP link), and the first on which the CP exchange does (the same link).
+    /// Callers that time a pack on every stage compute it once per distinct stage.
+    pub fn alike_stages(&self, dp_members: &[u32]) -> AlikeStages {
+        let topology = self.comm.topology();
+        let stages = self.spec.parallel.stages();
+        let links: Vec<LinkSpec> = (0..stages)
+            .map(|stage| topology.replicas_link(stage, dp_members.iter().copied()))
+            .collect();
+        let first_like = |same: &dyn Fn(u32, u32) -> bool| -> Vec<u32> {
+            (0..stages)
+                .map(|stage| {
+                    (0..=stage)
+                        .find(|&other| same(other, stage))
+                        .unwrap_or(stage)
+                })
+                .collect()
+        };
+        AlikeStages {
+            times: first_like(&|a, b| {
+                self.stage_ends(a) == self.stage_ends(b) && links[a as usize] == links[b as usize]
+            }),
+            exchange: first_like(&|a, b| links[a as usize] == links[b as usize]),
         }
     }
 

@@ -116,6 +116,15 @@ struct StageShare {
     memory: MemoryEffect,
 }
 
+/// A part's index in the per-part tables.
+fn part_index(part: Part) -> usize {
+    match part {
+        Part::Whole => 0,
+        Part::InputGrad => 1,
+        Part::WeightGrad => 2,
+    }
+}
+
 /// The kernel rates at saturation (`Throughput::saturated_rate`), which price FLOPs for the
 /// ideal times.
 struct SaturatedRates {
@@ -219,6 +228,12 @@ struct Builder<'a> {
     /// Per (pack, stage ends, part), its FLOP seconds and memory effect, computed for the
     /// first stage with those ends and read for the others ([`crate::cost::StageEnds`]).
     stage_shares: Vec<Option<StageShare>>,
+    /// Per replica, per stage, its class among the stages on which the replica's packs take
+    /// the same time ([`CostModel::alike_stages`]), and the most classes of a replica.
+    time_classes: Vec<Vec<u32>>,
+    classes: usize,
+    /// Per (pack, time class, part, mode), its time ([`Builder::stage_time`]).
+    stage_times: Vec<Option<PackTime>>,
     /// Slices of each pack, as positions in `slices` / `pairs`.
     pack_slices: Vec<Range<u32>>,
     slices: Vec<SliceInfo>,
@@ -283,6 +298,9 @@ impl<'a> Builder<'a> {
             packs: Vec::new(),
             works: Vec::new(),
             stage_shares: Vec::new(),
+            time_classes: Vec::new(),
+            classes: 1,
+            stage_times: Vec::new(),
             pack_slices: Vec::new(),
             slices: Vec::new(),
             pairs: Vec::new(),
@@ -306,16 +324,36 @@ impl<'a> Builder<'a> {
     fn collect_packs(&mut self, timed: bool, only: Option<usize>) {
         let ir = self.ir;
         let mut numbers = [0u32; 2];
-        for (replica, &replica_id) in ir.replicas().iter().enumerate() {
-            if only.is_some_and(|only| only != replica) {
-                continue;
-            }
+        // Each replica's packs in both directions, and the tables sized once for them (a
+        // tuning simulates hundreds of steps: growing them pack by pack copied megabytes).
+        let placed: Vec<[Vec<PackId>; 2]> = (ir.replicas().iter().enumerate())
+            .map(|(replica, &replica_id)| match only {
+                Some(only) if only != replica => Default::default(),
+                _ => [Direction::Forward, Direction::Backward]
+                    .map(|direction| ir.packs_on(replica_id, direction)),
+            })
+            .collect();
+        let packs: usize = placed.iter().flatten().map(Vec::len).sum();
+        let members: usize = (placed.iter().flatten().flatten())
+            .map(|&pack| ir.pack_members(pack).len())
+            .sum();
+        self.packs.reserve(packs);
+        self.pack_ids.reserve(packs);
+        self.pack_slices.reserve(packs);
+        if timed {
+            self.works.reserve(packs);
+        }
+        // A padded pack has one slice more.
+        self.slices.reserve(members + packs);
+        self.pairs.reserve(members + packs);
+        for (replica, placed) in placed.into_iter().enumerate() {
             let split = self.split(replica as u32);
-            for (slot, direction) in [Direction::Forward, Direction::Backward]
+            for (slot, (direction, on_replica)) in [Direction::Forward, Direction::Backward]
                 .into_iter()
+                .zip(placed)
                 .enumerate()
             {
-                for pack in ir.packs_on(replica_id, direction) {
+                for pack in on_replica {
                     let index = self.packs.len() as u32;
                     self.pack_of_node[pack.node().index()] = index;
                     self.pack_ids.push(pack);
@@ -413,6 +451,29 @@ impl<'a> Builder<'a> {
             .collect();
         self.modes = distinct.len() + self.pack_costs.len();
         self.stage_shares = vec![None; self.packs.len() * 4 * self.modes * 3];
+        // Stages alike for one replica's ranks, numbered in stage order.
+        self.time_classes = (self.replicas.iter())
+            .map(|ranks| {
+                let first = self.cost.alike_stages(ranks).times;
+                let mut class = vec![0u32; first.len()];
+                let mut classes = 0;
+                for (stage, &like) in first.iter().enumerate() {
+                    class[stage] = match like as usize == stage {
+                        true => {
+                            classes += 1;
+                            classes - 1
+                        }
+                        false => class[like as usize],
+                    };
+                }
+                class
+            })
+            .collect();
+        self.classes = (self.time_classes.iter())
+            .map(|class| class.iter().max().map_or(1, |&c| c as usize + 1))
+            .max()
+            .unwrap_or(1);
+        self.stage_times = vec![None; self.packs.len() * self.classes * 3 * self.modes];
     }
 
     /// Walks every device's schedule (`StepIr::device_schedule`), replica by replica, calling
@@ -622,7 +683,7 @@ impl<'a> Builder<'a> {
     fn compute_task(&mut self, pack: PackIndex, stage: u32, part: Part) -> TaskId {
         let info = self.packs[pack.0 as usize];
         let share = self.stage_share(pack, stage, part);
-        let time = self.part_time(pack, stage, part);
+        let time = self.stage_time(pack, stage, part);
         let ranks = &self.replicas[info.replica as usize];
         let parts = self.compute_parts(pack, &share, &time);
         let layout = self.layout;
@@ -679,22 +740,37 @@ impl<'a> Builder<'a> {
     /// The index of (pack, stage ends, part), in `0..packs * 12`: what a pack's part does on
     /// a stage beside the stage's recomputation mode ([`Builder::stage_share`]).
     fn share_slot(&self, pack: PackIndex, stage: u32, part: Part) -> usize {
-        let part = match part {
-            Part::Whole => 0,
-            Part::InputGrad => 1,
-            Part::WeightGrad => 2,
-        };
-        (pack.0 as usize * 4 + self.cost.stage_ends(stage).index()) * 3 + part
+        (pack.0 as usize * 4 + self.cost.stage_ends(stage).index()) * 3 + part_index(part)
+    }
+
+    /// The recomputation mode `pack` runs under on `stage`, as an index in `0..modes`: its
+    /// stage's, or its own there.
+    fn mode_index(&self, pack: PackIndex, stage: u32) -> usize {
+        match self.pack_mode(pack, stage) {
+            Some(own) => self.modes - self.pack_costs.len() + own,
+            None => self.stage_modes[stage as usize],
+        }
+    }
+
+    /// [`Builder::part_time`], computed once per (pack, time class, part, mode): a pack
+    /// takes the same time on the stages of one class.
+    fn stage_time(&mut self, pack: PackIndex, stage: u32, part: Part) -> PackTime {
+        let replica = self.packs[pack.0 as usize].replica as usize;
+        let class = self.time_classes[replica][stage as usize] as usize;
+        let slot = ((pack.0 as usize * self.classes + class) * 3 + part_index(part)) * self.modes
+            + self.mode_index(pack, stage);
+        if let Some(time) = self.stage_times[slot] {
+            return time;
+        }
+        let time = self.part_time(pack, stage, part);
+        self.stage_times[slot] = Some(time);
+        time
     }
 
     /// What `part` of `pack` does on `stage` that depends on the stage through its ends and
     /// its recomputation mode only: computed once per (pack, ends, mode, part).
     fn stage_share(&mut self, pack: PackIndex, stage: u32, part: Part) -> StageShare {
-        let mode = match self.pack_mode(pack, stage) {
-            Some(own) => self.modes - self.pack_costs.len() + own,
-            None => self.stage_modes[stage as usize],
-        };
-        let slot = self.share_slot(pack, stage, part) * self.modes + mode;
+        let slot = self.share_slot(pack, stage, part) * self.modes + self.mode_index(pack, stage);
         if let Some(share) = self.stage_shares[slot] {
             return share;
         }

@@ -6,7 +6,8 @@
 //!   rest depends on the pack's token total alone. [`PackTimer`] uses that split: a slice's
 //!   [`PackLoad`] is looked up once, a list's load is the sum of its slices', and a pack's time
 //!   is `max over stages [rest(stage, tokens) + max(attention, cp_exchange(stage, keys))]`, with
-//!   `rest` and `cp_exchange` memoised by token and key count. It equals `pack_time` on the same
+//!   `rest` and `cp_exchange` memoised by token and key count, once per set of alike stages
+//!   ([`CostModel::alike_stages`]: a middle stage is timed for all). It equals `pack_time` on the same
 //!   slices (a test checks it), at the price of a hash lookup.
 //! - A pipelined sequence of packs costs `sum + (pp - 1) x max`: every pack passes every stage
 //!   once, and the fill and drain of a 1F1B pipeline add roughly `pp - 1` times the largest.
@@ -28,7 +29,7 @@ use rustc_hash::FxHashMap as HashMap;
 use super::analysis::{direction_index, ReplicaFacts};
 use super::language::{Kept, Schedule, Span};
 use slimpack_ir::step::Direction;
-use slimpack_machine::cost::CostModel;
+use slimpack_machine::cost::{AlikeStages, CostModel};
 
 /// What a set of slices contributes to a pack's time: additive over slices.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -78,6 +79,9 @@ pub struct PackTimer {
     stages: u32,
     /// Whether packs pay a CP exchange (a merged group, or a static CP degree).
     context_parallel: bool,
+    /// Per stage, the first with the same pack times and CP exchange: the memo tables are
+    /// keyed by those.
+    alike: AlikeStages,
     /// By (offset, length): a slice's load does not depend on its sample.
     slices: HashMap<(u32, u32), PackLoad>,
     /// Without CP: the largest non-attention time over stages, by (direction, tokens).
@@ -95,6 +99,7 @@ impl PackTimer {
         let context_parallel = ranks.len() > 1 || parallel.cp_degree() > 1;
         PackTimer {
             stages: parallel.stages(),
+            alike: model.alike_stages(&ranks),
             model,
             ranks,
             context_parallel,
@@ -121,17 +126,14 @@ impl PackTimer {
         if let Some(load) = self.slices.get(&(span.start, span.len)) {
             return *load;
         }
-        let slice = [(u64::from(span.len), u64::from(span.start))];
-        let attention = |direction| {
+        let [attention_forward, attention_backward] =
             self.model
-                .pack_time_on(0, &slice, direction, &self.ranks)
-                .attention_s
-        };
+                .slice_attention_s(u64::from(span.len), u64::from(span.start), &self.ranks);
         let load = PackLoad {
             tokens: u64::from(span.len),
             keys: u64::from(span.end()),
-            attention_forward: attention(Direction::Forward),
-            attention_backward: attention(Direction::Backward),
+            attention_forward,
+            attention_backward,
         };
         self.slices.insert((span.start, span.len), load);
         load
@@ -190,9 +192,12 @@ impl PackTimer {
         if let Some(&seconds) = self.rest_max.get(&(direction, tokens)) {
             return seconds;
         }
-        let seconds = (0..self.stages)
-            .map(|stage| self.rest(direction, stage, tokens))
-            .fold(0.0, f64::max);
+        let mut seconds: f64 = 0.0;
+        for stage in 0..self.stages {
+            if self.alike.times[stage as usize] == stage {
+                seconds = seconds.max(self.rest(direction, stage, tokens));
+            }
+        }
         self.rest_max.insert((direction, tokens), seconds);
         seconds
     }
@@ -200,6 +205,7 @@ impl PackTimer {
     /// Everything but attention and the CP exchange: a function of the token count only, so
     /// one slice of `tokens` tokens at offset 0 measures it.
     fn rest(&mut self, direction: Direction, stage: u32, tokens: u64) -> f64 {
+        let stage = self.alike.times[stage as usize];
         if let Some(&seconds) = self.rest.get(&(direction, stage, tokens)) {
             return seconds;
         }
@@ -213,19 +219,18 @@ impl PackTimer {
         seconds
     }
 
-    /// The CP ring exchange: a function of the key count only, so one one-token slice whose
-    /// prefix makes up the keys measures it.
+    /// The CP ring exchange: a function of the key count only.
     fn exchange(&mut self, direction: Direction, stage: u32, keys: u64) -> f64 {
         if keys == 0 {
             return 0.0;
         }
+        let stage = self.alike.exchange[stage as usize];
         if let Some(&seconds) = self.exchange.get(&(direction, stage, keys)) {
             return seconds;
         }
         let seconds = self
             .model
-            .pack_time_on(stage, &[(1, keys - 1)], direction, &self.ranks)
-            .cp_comm_s;
+            .cp_exchange_on(stage, keys, direction, &self.ranks);
         self.exchange.insert((direction, stage, keys), seconds);
         seconds
     }
