@@ -101,12 +101,14 @@ impl ReleaseGroup {
     }
 
     /// The largest present head costing at most `room` for which `fits` holds, looking at no
-    /// more than `scan` present heads from the top.
+    /// more than `scan` present heads from the top; `capped` is set where the scan stopped at
+    /// that limit with heads left under it.
     fn largest_fitting(
         &mut self,
         room: f64,
         scan: usize,
         fits: &impl Fn(&Head) -> bool,
+        capped: &mut bool,
     ) -> Option<Head> {
         let count = count_at_most(&self.keys, cost_key(room), self.hint);
         self.hint = count;
@@ -121,6 +123,7 @@ impl ReleaseGroup {
             }
             slot = self.find(slot - 1);
         }
+        *capped |= slot != 0;
         None
     }
 }
@@ -210,6 +213,10 @@ pub(super) struct Heads<'a> {
     fresh: Vec<Fresh>,
     /// Fresh heads present or pending.
     fresh_count: usize,
+    /// Whether a search for the largest head under a room found none because it stopped at
+    /// its scan limit with heads left below: only then can a smaller room find one where
+    /// this one did not (see `super::partition`'s bisection).
+    pub capped: bool,
 }
 
 impl<'a> Heads<'a> {
@@ -223,6 +230,7 @@ impl<'a> Heads<'a> {
             pending: Vec::new(),
             fresh: vec![Fresh::No; chains],
             fresh_count: 0,
+            capped: false,
         }
     }
 
@@ -305,7 +313,7 @@ impl<'a> Heads<'a> {
 
     /// The largest open head costing at most `room` that `fits`, among the `scan` largest.
     pub fn largest_open(
-        &self,
+        &mut self,
         room: f64,
         scan: usize,
         fits: &impl Fn(&Head) -> bool,
@@ -315,12 +323,10 @@ impl<'a> Heads<'a> {
             cost: room,
             chain: 0,
         };
-        self.open
-            .range(..=bound)
-            .rev()
-            .take(scan)
-            .find(|h| fits(h))
-            .copied()
+        let mut under = self.open.range(..=bound).rev();
+        let found = under.by_ref().take(scan).find(|h| fits(h)).copied();
+        self.capped |= found.is_none() && under.next().is_some();
+        found
     }
 
     /// The largest fresh head costing at most `room` that `fits` (among the `scan` largest of
@@ -338,7 +344,7 @@ impl<'a> Heads<'a> {
             if release.smallest().is_none_or(|head| head.cost > room) {
                 continue;
             }
-            let found = release.largest_fitting(room, scan, fits);
+            let found = release.largest_fitting(room, scan, fits, &mut self.capped);
             if found.is_some() {
                 return found;
             }
@@ -384,17 +390,29 @@ mod tests {
         let mut group = group();
         let any = |_: &Head| true;
         let bound = 5.0;
-        assert_eq!(group.largest_fitting(bound, 8, &any), Some(head(5.0, 0)));
+        assert_eq!(
+            group.largest_fitting(bound, 8, &any, &mut false),
+            Some(head(5.0, 0))
+        );
         // Heads ascending: 1.0 (1), 3.0 (3), 3.0 (2), 5.0 (0), 8.0 (4).
         group.remove(3);
-        assert_eq!(group.largest_fitting(bound, 8, &any), Some(head(3.0, 2)));
+        assert_eq!(
+            group.largest_fitting(bound, 8, &any, &mut false),
+            Some(head(3.0, 2))
+        );
         group.remove(2);
-        assert_eq!(group.largest_fitting(bound, 8, &any), Some(head(3.0, 3)));
+        assert_eq!(
+            group.largest_fitting(bound, 8, &any, &mut false),
+            Some(head(3.0, 3))
+        );
         let odd = |h: &Head| h.chain % 2 == 1;
-        assert_eq!(group.largest_fitting(bound, 8, &odd), Some(head(3.0, 3)));
+        assert_eq!(
+            group.largest_fitting(bound, 8, &odd, &mut false),
+            Some(head(3.0, 3))
+        );
         let none = |_: &Head| false;
-        assert_eq!(group.largest_fitting(0.5, 8, &any), None);
-        assert_eq!(group.largest_fitting(bound, 8, &none), None);
+        assert_eq!(group.largest_fitting(0.5, 8, &any, &mut false), None);
+        assert_eq!(group.largest_fitting(bound, 8, &none, &mut false), None);
     }
 
     #[test]
@@ -404,8 +422,19 @@ mod tests {
         let cheap = |h: &Head| h.cost < 2.0;
         let bound = f64::INFINITY;
         // Present from the top: 8.0, 3.0, 3.0, 1.0.
-        assert_eq!(group.largest_fitting(bound, 3, &cheap), None);
-        assert_eq!(group.largest_fitting(bound, 4, &cheap), Some(head(1.0, 1)));
+        let mut capped = false;
+        assert_eq!(group.largest_fitting(bound, 3, &cheap, &mut capped), None);
+        assert!(capped, "a head was left under the limit");
+        let mut capped = false;
+        assert_eq!(
+            group.largest_fitting(bound, 4, &cheap, &mut capped),
+            Some(head(1.0, 1))
+        );
+        assert_eq!(
+            group.largest_fitting(bound, 4, &|_: &Head| false, &mut capped),
+            None
+        );
+        assert!(!capped, "every head under the bound was looked at");
     }
 
     #[test]

@@ -97,12 +97,20 @@ pub fn partition<C: AsRef<[Item]>>(
             .map(|i| i.cost)
             .fold(0.0, f64::max),
     );
+    // Budgets known to make the last fitting pass's packs again (see `same_packs_from`):
+    // their steps need no pass.
+    let mut same_from = f64::INFINITY;
     for _ in 0..BISECTION_STEPS {
         if high - low <= 1e-4 * high {
             break;
         }
         let budget = 0.5 * (low + high);
-        match attempt(
+        if budget >= same_from {
+            // The pass would fit with packs no better than `best`'s.
+            high = budget;
+            continue;
+        }
+        let greedy = attempt(
             chains,
             release,
             &order,
@@ -110,14 +118,17 @@ pub fn partition<C: AsRef<[Item]>>(
             cap,
             Some(budget),
             false,
-        ) {
-            (candidate, true) if max_load(chains, &candidate) <= budget * (1.0 + 1e-9) => {
+        );
+        let largest = max_load(chains, &greedy.parts);
+        match greedy.fits && largest <= budget * (1.0 + 1e-9) {
+            true => {
                 high = budget;
-                if max_load(chains, &candidate) < max_load(chains, &best) {
-                    best = candidate;
+                same_from = same_packs_from(&greedy, largest);
+                if largest < max_load(chains, &best) {
+                    best = greedy.parts;
                 }
             }
-            _ => low = budget,
+            false => low = budget,
         }
     }
     improve(chains, release, cap, rule, run, &mut best);
@@ -167,6 +178,25 @@ pub fn run_tokens<C: AsRef<[Item]>>(chains: &[C], parts: &Partition) -> Vec<u64>
     runs
 }
 
+/// The least budget from which a fitting pass under a fixed budget, whose largest pack costs
+/// `largest`, is known to make the same packs: every budget `b` between that and its own,
+/// unless one of its head searches stopped at the scan limit (`INFINITY` then).
+///
+/// Why: with a budget `b` no less than any pack's final cost, every head the pass took still
+/// fits the room `b` leaves (a pack's cost only grows as it fills), and each search finds the
+/// same head: the heads it passed over under the larger room are a superset of those it looks
+/// at now, and whether a head fits its tokens (or, closing a run, its whole chain's cost the
+/// room) does not get easier with less room; a search that found nothing looked at every head
+/// under its room, unless capped, so it finds nothing again. The budget's other checks
+/// (cost left against packs left, a pack over it) pass where every pack is within it. The
+/// margin of `1e-9 · b` covers the rounding of a pack's running cost and of the room.
+fn same_packs_from(greedy: &Greedy, largest: f64) -> f64 {
+    match greedy.capped {
+        true => f64::INFINITY,
+        false => largest / (1.0 - 1e-9),
+    }
+}
+
 /// Pack counts the count search tries one by one, from the first, before it gallops.
 const LINEAR_COUNTS: usize = 8;
 
@@ -188,7 +218,7 @@ fn smallest_fitting_count(
     let total_items: usize = chains.iter().map(|c| c.len()).sum();
     // The last count possible keeps its partition even when it does not fit.
     let attempt_count = |count: usize| {
-        attempt(
+        let greedy = attempt(
             chains,
             release,
             order,
@@ -196,7 +226,8 @@ fn smallest_fitting_count(
             cap,
             None,
             count >= total_items,
-        )
+        );
+        (greedy.parts, greedy.fits)
     };
     let (mut failed, mut count, mut step) = (None, first, 1);
     let (mut fitting, mut best) = loop {
@@ -291,6 +322,16 @@ impl ChainOrder {
     }
 }
 
+/// What one greedy pass made.
+struct Greedy {
+    parts: Partition,
+    /// Every item placed and every pack within the cap (and, under a fixed budget, within
+    /// it).
+    fits: bool,
+    /// A search for the largest head stopped at its scan limit ([`Heads::capped`]).
+    capped: bool,
+}
+
 /// One greedy pass into `count` packs. Pack budgets are `fixed` when given (the partition then
 /// fails if anything is left over), else `remaining cost / remaining packs` with the last pack
 /// taking what is left.
@@ -311,7 +352,7 @@ fn attempt(
     cap: u32,
     fixed: Option<f64>,
     keep_failure: bool,
-) -> (Partition, bool) {
+) -> Greedy {
     let mut next = vec![0usize; chains.len()];
     // Chains not yet released, latest release first (popped from the back). A chain released
     // early because it became urgent stays in the vector, marked in `released`, and is skipped.
@@ -334,12 +375,20 @@ fn attempt(
     for k in 0..count {
         let packs_left = count - k;
         if !keep_failure && remaining_tokens > u64::from(cap) * packs_left as u64 {
-            return (result, false);
+            return Greedy {
+                parts: result,
+                fits: false,
+                capped: heads.capped,
+            };
         }
         if let Some(budget) = fixed {
             if remaining_cost > packs_left as f64 * budget * (1.0 + 1e-6) + 1e-6 * order.total_cost
             {
-                return (result, false);
+                return Greedy {
+                    parts: result,
+                    fits: false,
+                    capped: heads.capped,
+                };
             }
         }
         let last = packs_left == 1 && fixed.is_none();
@@ -467,7 +516,11 @@ fn attempt(
             fits = false;
         }
         if fixed.is_some_and(|budget| pack.cost > budget * (1.0 + 1e-9)) {
-            return (result, false);
+            return Greedy {
+                parts: result,
+                fits: false,
+                capped: heads.capped,
+            };
         }
         remaining_cost -= pack.cost;
         remaining_tokens -= pack.tokens;
@@ -482,7 +535,11 @@ fn attempt(
             break;
         }
     }
-    (result, fits && heads.is_empty() && unreleased == 0)
+    Greedy {
+        fits: fits && heads.is_empty() && unreleased == 0,
+        parts: result,
+        capped: heads.capped,
+    }
 }
 
 /// The pack a greedy pass is filling: its cost, tokens and members so far.
