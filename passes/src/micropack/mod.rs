@@ -661,6 +661,56 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The budget bisection's shortcut ([`same_packs_from`]): a fitting pass under a
+        /// fixed budget makes the same packs under every budget from where it says up to its
+        /// own (chains of several slices, releases, caps that bind, runs bounded or not, more
+        /// heads than a search scans).
+        #[test]
+        fn a_fitting_pass_repeats_under_budgets_down_to_its_largest_pack(
+            shapes in proptest::collection::vec(
+                proptest::collection::vec((1u32..100, 1u32..60), 1..5),
+                1..160,
+            ),
+            releases in proptest::collection::vec(0usize..2, 160),
+            packs in 0usize..4,
+            cap in 60u32..400,
+            contiguous: bool,
+            stretch in 1.0f64..2.5,
+            run in proptest::option::of(200u64..4000),
+        ) {
+            let chains: Vec<Vec<Item>> = (shapes.iter())
+                .map(|chain| {
+                    (chain.iter())
+                        .map(|&(noise, tokens)| Item {
+                            // Costlier slices hold more tokens: the heads a search passes
+                            // over for their tokens are the costly ones.
+                            cost: f64::from(5 * tokens + noise) * 0.37,
+                            tokens,
+                        })
+                        .collect()
+                })
+                .collect();
+            let chains: Vec<&[Item]> = chains.iter().map(Vec::as_slice).collect();
+            let release = &releases[..chains.len()];
+            let rule = if contiguous { Chains::Contiguous } else { Chains::Free };
+            let order = ChainOrder::new(&chains, release, rule, run);
+            let packs = packs + order.total_tokens.div_ceil(u64::from(cap)) as usize;
+            let budget = stretch * order.total_cost / packs as f64;
+            let greedy = attempt(&chains, release, &order, packs, cap, Some(budget), false);
+            let largest = max_load(&chains, &greedy.parts);
+            proptest::prop_assume!(greedy.fits && largest <= budget * (1.0 + 1e-9));
+            let from = same_packs_from(&greedy, largest);
+            proptest::prop_assume!(from <= budget);
+            for share in [0.0, 0.3, 0.7, 1.0] {
+                let smaller = (from + share * (budget - from)).max(from);
+                let again = attempt(&chains, release, &order, packs, cap, Some(smaller), false);
+                proptest::prop_assert!(again.fits, "budget {} of {}", smaller, budget);
+                proptest::prop_assert_eq!(&again.parts, &greedy.parts);
+            }
+        }
+    }
+
+    proptest::proptest! {
         /// Under a cap that never binds, a contiguous partition (the greedy, its budget
         /// bisection and the local search) keeps every chain's consecutive slices at most one
         /// pack apart, and places every slice once, in chain order.
