@@ -300,7 +300,7 @@ mod tests {
         assert_eq!(recomputing.rank_orders().count(), 0);
         // A schedule set anew forgets the orders, which were of the old one.
         let mut again = ir.clone();
-        let stage_order = again.schedule(group, 0);
+        let stage_order = again.schedule(group, 0).to_vec();
         again.set_schedule(group, 0, &stage_order);
         assert_eq!(again.rank_orders().count(), 0);
     }

@@ -11,7 +11,7 @@ use rustc_hash::FxHashMap;
 
 use petgraph::stable_graph::{NodeIndex, StableDiGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
-use petgraph::Direction::{Incoming, Outgoing};
+use petgraph::Direction::Outgoing;
 
 use super::ids::{PackId, ReplicaId, SampleId, SliceId, StageId};
 use super::node::{
@@ -52,6 +52,11 @@ pub struct StepIr {
     /// With model chunks (`vpp > 1`): per (replica, pipeline device), the chunk of each pack
     /// the device runs, in order (see [`StepIr::device_schedule`]).
     interleave: BTreeMap<(ReplicaId, u32), Vec<u32>>,
+    /// Per (replica, stage), the order its packs run in there ([`StepIr::set_schedule`]): a
+    /// list, not a chain of edges, since the simulator, the lowering and the verifier read
+    /// whole orders (a walk of each pack's edge list per op missed the caches, and replacing
+    /// an order removed edges one by one).
+    schedules: FxHashMap<(ReplicaId, u32), Vec<PackId>>,
     /// Zero-bubble schedules: per (replica, stage), the backward packs whose weight-gradient
     /// part is deferred, in the order they run, each with the number of ops of the stage's
     /// order chain that run before it (see [`StepIr::stage_ops`]).
@@ -109,6 +114,7 @@ impl StepIr {
             member_ranges: Vec::new(),
             program: None,
             interleave: BTreeMap::new(),
+            schedules: FxHashMap::default(),
             weight_grads: BTreeMap::new(),
             rank_orders: BTreeMap::new(),
             pack_recompute: BTreeMap::new(),
@@ -677,70 +683,33 @@ impl StepIr {
     // ---- schedule ----
 
     /// Sets the order in which the packs of `replica` run on `stage` (replacing any earlier one,
-    /// deferred weight gradients included: every backward runs whole).
-    /// Orders are chains of edges, so a schedule has at least two packs: a replica with samples
-    /// always has a forward and a backward pack.
+    /// deferred weight gradients included: every backward runs whole). A schedule has at least
+    /// two packs (a replica with samples always has a forward and a backward pack): a shorter
+    /// order clears the stage's. Whether the order lists the replica's packs, each once, is
+    /// the verifier's to check.
     pub fn set_schedule(&mut self, replica: ReplicaId, stage: u32, order: &[PackId]) {
         self.weight_grads.remove(&(replica, stage));
         // The interleaving of shared ranks, and the packs' own recomputation, were chosen on
         // the schedules this one replaces.
         self.rank_orders.clear();
         self.pack_recompute.clear();
-        let packs: Vec<PackId> = {
-            let mut all = self.packs_on(replica, Direction::Forward);
-            all.extend(self.packs_on(replica, Direction::Backward));
-            all
-        };
-        for pack in packs {
-            let stale: Vec<_> = self
-                .graph
-                .edges_directed(pack.0, Outgoing)
-                .filter(|e| e.weight() == &Edge::Order { stage })
-                .map(|e| e.id())
-                .collect();
-            for edge in stale {
-                self.graph.remove_edge(edge);
+        match order.len() >= 2 {
+            true => {
+                let kept = self.schedules.entry((replica, stage)).or_default();
+                kept.clear();
+                kept.extend_from_slice(order);
             }
-        }
-        for pair in order.windows(2) {
-            self.graph
-                .add_edge(pair[0].0, pair[1].0, Edge::Order { stage });
+            false => {
+                self.schedules.remove(&(replica, stage));
+            }
         }
     }
 
-    /// The order in which the packs of `replica` run on `stage`, following order edges from the
-    /// pack that has no predecessor. Empty if no schedule was set.
-    pub fn schedule(&self, replica: ReplicaId, stage: u32) -> Vec<PackId> {
-        let mut packs = self.packs_on(replica, Direction::Forward);
-        packs.extend(self.packs_on(replica, Direction::Backward));
-        let successor = |pack: PackId| {
-            self.graph
-                .edges_directed(pack.0, Outgoing)
-                .find(|e| e.weight() == &Edge::Order { stage })
-                .map(|e| PackId(e.target()))
-        };
-        let has_predecessor = |pack: PackId| {
-            self.graph
-                .edges_directed(pack.0, Incoming)
-                .any(|e| e.weight() == &Edge::Order { stage })
-        };
-        let Some(head) = packs
-            .iter()
-            .copied()
-            .find(|&p| !has_predecessor(p) && successor(p).is_some())
-        else {
-            return Vec::new();
-        };
-        let mut order = vec![head];
-        let mut current = head;
-        while let Some(next) = successor(current) {
-            if order.len() > packs.len() {
-                break; // a cycle; the verifier reports it
-            }
-            order.push(next);
-            current = next;
-        }
-        order
+    /// The order in which the packs of `replica` run on `stage`. Empty if no schedule was set.
+    pub fn schedule(&self, replica: ReplicaId, stage: u32) -> &[PackId] {
+        self.schedules
+            .get(&(replica, stage))
+            .map_or(&[], Vec::as_slice)
     }
 
     /// Sets the order of `replica` on `stage` op by op, with the parts of split backwards (a
@@ -788,10 +757,9 @@ impl StepIr {
         let chain = self.schedule(replica, stage);
         let deferred = self.weight_grads(replica, stage);
         if deferred.is_empty() {
-            return chain.into_iter().map(StageOp::whole).collect();
+            return chain.iter().copied().map(StageOp::whole).collect();
         }
-        let split: std::collections::HashSet<PackId> =
-            deferred.iter().map(|&(pack, _)| pack).collect();
+        let split: rustc_hash::FxHashSet<PackId> = deferred.iter().map(|&(pack, _)| pack).collect();
         let mut ops = Vec::with_capacity(chain.len() + deferred.len());
         let mut next = deferred.iter().peekable();
         for (index, &pack) in chain.iter().enumerate() {
@@ -837,6 +805,11 @@ impl StepIr {
     pub fn device_schedule(&self, replica: ReplicaId, device: u32) -> Vec<(StageOp, u32)> {
         let parallel = &self.spec.parallel;
         if parallel.vpp == 1 {
+            if self.weight_grads(replica, device).is_empty() {
+                return (self.schedule(replica, device).iter())
+                    .map(|&pack| (StageOp::whole(pack), device))
+                    .collect();
+            }
             return self
                 .stage_ops(replica, device)
                 .into_iter()
@@ -847,7 +820,7 @@ impl StepIr {
             return Vec::new();
         };
         let stage = |chunk: u32| chunk * parallel.pp + device;
-        let orders: Vec<Vec<PackId>> = (0..parallel.vpp)
+        let orders: Vec<&[PackId]> = (0..parallel.vpp)
             .map(|chunk| self.schedule(replica, stage(chunk)))
             .collect();
         let mut next = vec![0usize; orders.len()];

@@ -223,10 +223,9 @@ pub enum Edge {
     /// slice -> pack; `position` orders the slices inside the pack.
     Member { position: u32 },
     /// pack -> replica; `position` orders a replica's packs of one direction. (A sample's
-    /// placement is kept beside the graph, see [`crate::StepIr::place_sample`].)
+    /// placement and each stage's schedule are kept beside the graph, see
+    /// [`crate::StepIr::place_sample`] and [`crate::StepIr::set_schedule`].)
     Placed { position: u32 },
-    /// pack -> the pack that runs next on `stage` of their replica.
-    Order { stage: u32 },
 }
 
 /// What the batch was built from; printed in the IR header and carried to reports.

@@ -81,7 +81,7 @@ impl Index {
                         has_replica[source.index()] = true;
                     }
                 }
-                Edge::Contains | Edge::Order { .. } => {}
+                Edge::Contains => {}
             }
         }
         let mut members = Rows::new(bound, &members);

@@ -116,7 +116,7 @@ pub fn schedule_gpipe(ir: &mut StepIr, replica: ReplicaId) {
 /// pipeline's critical path and runs them in the drain.
 pub fn defer_weight_grads(ir: &mut StepIr, replica: ReplicaId) {
     for stage in 0..ir.spec.parallel.pp {
-        let order = ir.schedule(replica, stage);
+        let order = ir.schedule(replica, stage).to_vec();
         let mut ops = Vec::with_capacity(order.len() * 3 / 2);
         let mut deferred = Vec::new();
         for pack in order {
