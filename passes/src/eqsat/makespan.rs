@@ -107,15 +107,31 @@ fn same_tokens(a: &[Span], b: &[Span]) -> bool {
 /// forward pack holding one of its tokens).
 fn forwards_needed(forward: &[Vec<Span>], backward: &[Vec<Span>]) -> Vec<usize> {
     // (sample, start, end, forward position), sorted: the forward spans of each sample.
-    let mut spans: Vec<(u32, u32, u32, usize)> = forward
-        .iter()
-        .enumerate()
-        .flat_map(|(position, pack)| {
-            pack.iter()
-                .map(move |s| (s.sample, s.start, s.end(), position))
-        })
-        .collect();
-    spans.sort_unstable();
+    // Bucketed by sample first (linear; a sample has a few pieces), then each bucket sorted:
+    // the order a sort of the whole list gives.
+    let samples = (forward.iter().flatten())
+        .map(|s| s.sample as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut bucket = vec![0usize; samples + 1];
+    for span in forward.iter().flatten() {
+        bucket[span.sample as usize + 1] += 1;
+    }
+    for sample in 0..samples {
+        bucket[sample + 1] += bucket[sample];
+    }
+    let mut spans = vec![(0u32, 0u32, 0u32, 0usize); bucket[samples]];
+    let mut next = bucket.clone();
+    for (position, pack) in forward.iter().enumerate() {
+        for s in pack {
+            let at = &mut next[s.sample as usize];
+            spans[*at] = (s.sample, s.start, s.end(), position);
+            *at += 1;
+        }
+    }
+    for sample in 0..samples {
+        spans[bucket[sample]..bucket[sample + 1]].sort_unstable();
+    }
     backward
         .iter()
         .map(|pack| {
