@@ -155,31 +155,43 @@ impl PackTimer {
         if !self.context_parallel {
             return attention + self.rest_max(direction, load.tokens);
         }
-        (0..self.stages)
-            .map(|stage| {
-                self.rest(direction, stage, load.tokens)
-                    + attention.max(self.exchange(direction, stage, load.keys))
-            })
-            .fold(0.0, f64::max)
+        // Alike stages take the same time: the first of each is enough for the largest.
+        let mut seconds: f64 = 0.0;
+        for stage in 0..self.stages {
+            if self.alike.times[stage as usize] == stage {
+                seconds = seconds.max(
+                    self.rest(direction, stage, load.tokens)
+                        + attention.max(self.exchange(direction, stage, load.keys)),
+                );
+            }
+        }
+        seconds
     }
 
     /// Seconds of a pack of `spans` on every stage.
     pub fn stage_seconds(&mut self, direction: Direction, spans: &[Span]) -> Vec<f64> {
         let load = self.list_load(spans);
         let attention = load.attention(direction);
-        (0..self.stages)
-            .map(|stage| {
-                if load.tokens == 0 {
-                    return 0.0;
-                }
-                let exchange = if self.context_parallel {
-                    self.exchange(direction, stage, load.keys)
-                } else {
-                    0.0
-                };
-                self.rest(direction, stage, load.tokens) + attention.max(exchange)
-            })
-            .collect()
+        let mut seconds = vec![0.0; self.stages as usize];
+        if load.tokens == 0 {
+            return seconds;
+        }
+        for stage in 0..self.stages {
+            // An alike stage's time is its first's.
+            let like = self.alike.times[stage as usize];
+            if like != stage {
+                seconds[stage as usize] = seconds[like as usize];
+                continue;
+            }
+            let exchange = if self.context_parallel {
+                self.exchange(direction, stage, load.keys)
+            } else {
+                0.0
+            };
+            seconds[stage as usize] =
+                self.rest(direction, stage, load.tokens) + attention.max(exchange);
+        }
+        seconds
     }
 
     /// Seconds of a pack of `spans`.

@@ -215,7 +215,7 @@ fn smallest_fitting_count(
     first: usize,
     cap: u32,
 ) -> Partition {
-    let total_items: usize = chains.iter().map(|c| c.len()).sum();
+    let total_items = order.total_items;
     // The last count possible keeps its partition even when it does not fit.
     let attempt_count = |count: usize| {
         let greedy = attempt(
@@ -278,6 +278,7 @@ struct ChainOrder {
     firsts: FirstHeads,
     total_cost: f64,
     total_tokens: u64,
+    total_items: usize,
     /// How started chains continue.
     rule: Chains,
     /// The most tokens of a run of packs joined by chains (see [`partition`]).
@@ -304,6 +305,7 @@ impl ChainOrder {
             total_tokens: (chains.iter().flat_map(|c| c.iter()))
                 .map(|i| u64::from(i.tokens))
                 .sum(),
+            total_items: chains.iter().map(|c| c.len()).sum(),
             rule,
             run,
             chain_tokens: match run {
@@ -367,6 +369,7 @@ fn attempt(
     let mut long_enough = 0;
     let mut remaining_cost = order.total_cost;
     let mut remaining_tokens = order.total_tokens;
+    let mut remaining_items = order.total_items;
     let mut result: Partition = Vec::with_capacity(count);
     let mut fits = true;
     // Tokens of the run the previous packs form (see [`partition`]): 0 after a pack that left
@@ -415,7 +418,11 @@ fn attempt(
         // then closes it.
         let closing = (order.run).is_some_and(|run| run_tokens + 2 * u64::from(cap) > run);
         let run_room = (order.run).map_or(u64::MAX, |run| run.saturating_sub(run_tokens));
-        let mut pack = Fill::default();
+        // Sized for an even share of what is left (a pack's members grow one by one).
+        let mut pack = Fill {
+            members: Vec::with_capacity(remaining_items.div_ceil(packs_left) + 4),
+            ..Fill::default()
+        };
         // Urgent chains first: more slices left than packs left (released now if waiting).
         while long_enough < by_length.len() && chains[by_length[long_enough]].len() >= packs_left {
             long_enough += 1;
@@ -524,6 +531,7 @@ fn attempt(
         }
         remaining_cost -= pack.cost;
         remaining_tokens -= pack.tokens;
+        remaining_items -= pack.members.len();
         run_tokens = match heads.open_heads().next() {
             Some(_) => run_tokens + pack.tokens,
             None => 0,
