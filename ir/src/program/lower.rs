@@ -96,6 +96,8 @@ pub fn lower(ir: &StepIr) -> Program {
                     Some(gathered) => (&mut buffer, Some(gathered)),
                     None => (&mut workers[worker_index].ops, None),
                 };
+                // Up to a receive, an exchange, the compute and a send per entry.
+                ops.reserve(order.len() * (3 + usize::from(merged)));
                 for &(op, stage) in &order {
                     let start = ops.len();
                     let pack_id = op.pack;
