@@ -26,7 +26,9 @@
 //!
 //! [`MemoryModel::weight_grad_bytes`]: slimpack_machine::cost::MemoryModel::weight_grad_bytes
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use slimpack_ir::step::{Direction, PackId, Part, ReplicaId, StageOp};
 use slimpack_ir::StepIr;

@@ -14,7 +14,7 @@
 //! with the packs' modes exactly; a device that went over the limit (a backward's temporaries
 //! can grow with what it replays) keeps its rung for every pack.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use slimpack_ir::spec::Recompute;
 use slimpack_ir::step::{Direction, PackId, Part};
@@ -69,7 +69,7 @@ pub(super) fn lower_packs(
         (timeline, first)
     });
     let top_rung = levels.iter().copied().max().unwrap_or(0);
-    let mut saved: HashMap<(PackId, u32, u32), u64> = HashMap::new();
+    let mut saved: HashMap<(PackId, u32, u32), u64> = HashMap::default();
     let mut saved_bytes = |probe: &mut PeakProbe, pack: PackId, stage: u32, rung: u32| {
         *saved
             .entry((pack, stage, rung))
@@ -144,7 +144,7 @@ pub(super) fn lower_packs(
 /// with where each runs on the timelines.
 fn units(ir: &StepIr, timelines: &[Timeline], levels: &[u32]) -> Vec<Unit> {
     // Union-find over forward packs, joined through the backward packs that replay them.
-    let mut parent: HashMap<PackId, PackId> = HashMap::new();
+    let mut parent: HashMap<PackId, PackId> = HashMap::default();
     fn find(parent: &mut HashMap<PackId, PackId>, pack: PackId) -> PackId {
         let mut root = pack;
         while let Some(&up) = parent.get(&root).filter(|&&up| up != root) {
@@ -157,7 +157,7 @@ fn units(ir: &StepIr, timelines: &[Timeline], levels: &[u32]) -> Vec<Unit> {
         }
         root
     }
-    let mut forwards_of: HashMap<PackId, Vec<PackId>> = HashMap::new();
+    let mut forwards_of: HashMap<PackId, Vec<PackId>> = HashMap::default();
     for &replica in ir.replicas() {
         for backward in ir.packs_on(replica, Direction::Backward) {
             let mut forwards: Vec<PackId> = ir
@@ -176,14 +176,14 @@ fn units(ir: &StepIr, timelines: &[Timeline], levels: &[u32]) -> Vec<Unit> {
         }
     }
     let pp = ir.spec.parallel.pp;
-    let mut index: HashMap<(PackId, u32), usize> = HashMap::new();
+    let mut index: HashMap<(PackId, u32), usize> = HashMap::default();
     let mut units: Vec<Unit> = Vec::new();
     for (t, timeline) in timelines.iter().enumerate() {
         if levels[timeline.device as usize] == 0 {
             continue;
         }
         // Per unit on this timeline: its first forward and last backward position.
-        let mut here: HashMap<usize, (usize, usize)> = HashMap::new();
+        let mut here: HashMap<usize, (usize, usize)> = HashMap::default();
         for (position, op) in timeline.ops.iter().enumerate() {
             let forwards: Vec<PackId> = match ir.pack(op.pack).direction {
                 Direction::Forward => vec![op.pack],
