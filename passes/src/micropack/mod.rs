@@ -87,8 +87,24 @@ pub fn partition<C: AsRef<[Item]>>(
     let chains: Vec<&[Item]> = chains.iter().map(AsRef::as_ref).collect();
     let chains = chains.as_slice();
     let order = ChainOrder::new(chains, release, rule, run);
-    let mut best = smallest_fitting_count(chains, release, &order, packs.max(1), cap);
-    // Tighten: bisect the smallest uniform budget that the same greedy fits into as many packs.
+    let best = smallest_fitting_count(chains, release, &order, packs.max(1), cap);
+    let mut best = tighten(chains, release, &order, cap, best, true);
+    improve(chains, release, cap, rule, run, &mut best);
+    best
+}
+
+/// Bisects the smallest uniform budget that the greedy fits into as many packs as `best`
+/// has, keeping the partition with the least largest pack. With `shortcut`, a step whose
+/// budget the last fitting pass is known to repeat ([`same_packs_from`]) takes that pass's
+/// outcome without running it: the same result (a test compares the two).
+fn tighten(
+    chains: &[&[Item]],
+    release: &[usize],
+    order: &ChainOrder,
+    cap: u32,
+    mut best: Partition,
+    shortcut: bool,
+) -> Partition {
     let mut high = max_load(chains, &best);
     let mut low = (order.total_cost / best.len() as f64).max(
         chains
@@ -97,33 +113,28 @@ pub fn partition<C: AsRef<[Item]>>(
             .map(|i| i.cost)
             .fold(0.0, f64::max),
     );
-    // Budgets known to make the last fitting pass's packs again (see `same_packs_from`):
-    // their steps need no pass.
-    let mut same_from = f64::INFINITY;
+    // Budgets from which the last fitting pass is known to make its packs again, and the
+    // pack count it ran with: a pass into fewer packs (`best` became a fitting pass that
+    // used fewer than it was given) is another pass, whose urgent chains and cost checks
+    // differ.
+    let (mut same_from, mut same_count) = (f64::INFINITY, 0);
     for _ in 0..BISECTION_STEPS {
         if high - low <= 1e-4 * high {
             break;
         }
         let budget = 0.5 * (low + high);
-        if budget >= same_from {
-            // The pass would fit with packs no better than `best`'s.
+        if shortcut && budget >= same_from && best.len() == same_count {
+            // The pass would fit with the same packs, no better than `best`'s.
             high = budget;
             continue;
         }
-        let greedy = attempt(
-            chains,
-            release,
-            &order,
-            best.len(),
-            cap,
-            Some(budget),
-            false,
-        );
+        let count = best.len();
+        let greedy = attempt(chains, release, order, count, cap, Some(budget), false);
         let largest = max_load(chains, &greedy.parts);
         match greedy.fits && largest <= budget * (1.0 + 1e-9) {
             true => {
                 high = budget;
-                same_from = same_packs_from(&greedy, largest);
+                (same_from, same_count) = (same_packs_from(&greedy, largest), count);
                 if largest < max_load(chains, &best) {
                     best = greedy.parts;
                 }
@@ -131,7 +142,6 @@ pub fn partition<C: AsRef<[Item]>>(
             false => low = budget,
         }
     }
-    improve(chains, release, cap, rule, run, &mut best);
     best
 }
 
@@ -179,8 +189,9 @@ pub fn run_tokens<C: AsRef<[Item]>>(chains: &[C], parts: &Partition) -> Vec<u64>
 }
 
 /// The least budget from which a fitting pass under a fixed budget, whose largest pack costs
-/// `largest`, is known to make the same packs: every budget `b` between that and its own,
-/// unless one of its head searches stopped at the scan limit (`INFINITY` then).
+/// `largest`, is known to make the same packs into the same pack count: every budget `b`
+/// between that and its own, unless one of its head searches stopped at the scan limit
+/// (`INFINITY` then).
 ///
 /// Why: with a budget `b` no less than any pack's final cost, every head the pass took still
 /// fits the room `b` leaves (a pack's cost only grows as it fills), and each search finds the
@@ -666,6 +677,69 @@ mod tests {
             "slices in packs {packs:?} of {}",
             parts.len()
         );
+    }
+
+    /// The bisection with its shortcut against without, from the same fitting partition.
+    fn tightened_both_ways(
+        chains: &[&[Item]],
+        release: &[usize],
+        packs: usize,
+        cap: u32,
+        rule: Chains,
+        run: Option<u64>,
+    ) -> (Partition, Partition) {
+        let order = ChainOrder::new(chains, release, rule, run);
+        let best = smallest_fitting_count(chains, release, &order, packs, cap);
+        let with = tighten(chains, release, &order, cap, best.clone(), true);
+        let without = tighten(chains, release, &order, cap, best, false);
+        (with, without)
+    }
+
+    #[test]
+    fn the_shortcut_does_not_carry_over_to_fewer_packs() {
+        // The first step (budget 20.5, 4 packs) fits in 3 packs: the next steps run with 3
+        // packs, where the urgent chains differ, so the first pass says nothing about them.
+        let item = |cost: f64, tokens| Item { cost, tokens };
+        let chains = [
+            vec![item(15.0, 1), item(2.0, 4), item(16.0, 4)],
+            vec![item(9.0, 3), item(2.0, 1)],
+        ];
+        let chains: Vec<&[Item]> = chains.iter().map(Vec::as_slice).collect();
+        let (with, without) =
+            tightened_both_ways(&chains, &[1, 2], 4, 20, Chains::Contiguous, None);
+        assert_eq!(with, without);
+    }
+
+    proptest::proptest! {
+        /// The bisection ends with the same partition with its shortcut as without.
+        #[test]
+        fn the_bisection_shortcut_changes_no_partition(
+            shapes in proptest::collection::vec(
+                proptest::collection::vec((1u32..100, 1u32..60), 1..5),
+                1..120,
+            ),
+            releases in proptest::collection::vec(0usize..6, 120),
+            packs in 1usize..10,
+            cap in 60u32..400,
+            contiguous: bool,
+            run in proptest::option::of(200u64..4000),
+        ) {
+            let chains: Vec<Vec<Item>> = (shapes.iter())
+                .map(|chain| {
+                    (chain.iter())
+                        .map(|&(noise, tokens)| Item {
+                            cost: f64::from(5 * tokens + noise) * 0.37,
+                            tokens,
+                        })
+                        .collect()
+                })
+                .collect();
+            let chains: Vec<&[Item]> = chains.iter().map(Vec::as_slice).collect();
+            let rule = if contiguous { Chains::Contiguous } else { Chains::Free };
+            let (with, without) =
+                tightened_both_ways(&chains, &releases[..chains.len()], packs, cap, rule, run);
+            proptest::prop_assert_eq!(with, without);
+        }
     }
 
     proptest::proptest! {
