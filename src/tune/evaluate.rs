@@ -641,8 +641,9 @@ impl<'a> PipelineTree<'a> {
             // recursion's check): most steps `interleave-ranks` would simulate are pruned there.
             let end = (depth..entries.len())
                 .take_while(|&at| {
-                    let bounded_first =
-                        at > depth && self.pruning.is_some() && simulates(entries[at].info.name);
+                    let bounded_first = at > depth
+                        && self.pruning.is_some()
+                        && simulates(entries[at].info.name, &step_ir);
                     !bounded_first
                         && branch.iter().all(|&member| {
                             self.pipelines[member]
@@ -787,10 +788,28 @@ impl Pruning<'_> {
     }
 }
 
-/// Passes that simulate the step they are given (`assign-recompute`'s memory probe,
-/// `interleave-ranks`' two orders): the tree bounds a schedule before running them.
-fn simulates(pass: &str) -> bool {
-    matches!(pass, "assign-recompute" | "interleave-ranks")
+/// Whether `pass` simulates the step it is given (`assign-recompute`'s memory probe,
+/// `interleave-ranks`' orders where a DP rank is in several replicas): the tree bounds a
+/// schedule before running such a pass. Not before one that does not simulate: the bound of
+/// the step it makes would be computed again (on a million-sample step, seconds).
+fn simulates(pass: &str, ir: &StepIr) -> bool {
+    match pass {
+        "assign-recompute" => true,
+        "interleave-ranks" => {
+            let mut replicas_of_rank = vec![0u32; ir.spec.parallel.dp as usize];
+            (ir.replicas().iter())
+                .flat_map(|&replica| &ir.replica(replica).ranks)
+                .any(|&rank| {
+                    replicas_of_rank
+                        .get_mut(rank as usize)
+                        .is_some_and(|count| {
+                            *count += 1;
+                            *count > 1
+                        })
+                })
+        }
+        _ => false,
+    }
 }
 
 /// Two pipeline entries run the same pass with the same options.

@@ -232,8 +232,15 @@ struct Builder<'a> {
     /// the same time ([`CostModel::alike_stages`]), and the most classes of a replica.
     time_classes: Vec<Vec<u32>>,
     classes: usize,
-    /// Per (pack, time class, part, mode), its time ([`Builder::stage_time`]).
+    /// Per (pack, time class, part, mode) of one replica's packs, `times_replica`'s, their
+    /// time ([`Builder::stage_time`]): the walk of the schedules goes replica by replica, so
+    /// one replica's table at a time (sized for the largest replica, not the step: a table of
+    /// every pack took tens of megabytes per simulation on a million-sample step).
     stage_times: Vec<Option<PackTime>>,
+    times_replica: usize,
+    /// The first pack index of each replica and its pack count (a replica's packs are
+    /// consecutive).
+    replica_packs: Vec<(u32, u32)>,
     /// Slices of each pack, as positions in `slices` / `pairs`.
     pack_slices: Vec<Range<u32>>,
     slices: Vec<SliceInfo>,
@@ -301,6 +308,8 @@ impl<'a> Builder<'a> {
             time_classes: Vec::new(),
             classes: 1,
             stage_times: Vec::new(),
+            times_replica: usize::MAX,
+            replica_packs: Vec::new(),
             pack_slices: Vec::new(),
             slices: Vec::new(),
             pairs: Vec::new(),
@@ -473,7 +482,18 @@ impl<'a> Builder<'a> {
             .map(|class| class.iter().max().map_or(1, |&c| c as usize + 1))
             .max()
             .unwrap_or(1);
-        self.stage_times = vec![None; self.packs.len() * self.classes * 3 * self.modes];
+        self.replica_packs = vec![(u32::MAX, 0); self.replicas.len()];
+        for (index, pack) in self.packs.iter().enumerate() {
+            let (first, count) = &mut self.replica_packs[pack.replica as usize];
+            *first = (*first).min(index as u32);
+            *count += 1;
+        }
+        let largest = (self.replica_packs.iter())
+            .map(|&(_, count)| count as usize)
+            .max()
+            .unwrap_or(0);
+        self.stage_times = vec![None; largest * self.classes * 3 * self.modes];
+        self.times_replica = usize::MAX;
     }
 
     /// Walks every device's schedule (`StepIr::device_schedule`), replica by replica, calling
@@ -756,8 +776,15 @@ impl<'a> Builder<'a> {
     /// takes the same time on the stages of one class.
     fn stage_time(&mut self, pack: PackIndex, stage: u32, part: Part) -> PackTime {
         let replica = self.packs[pack.0 as usize].replica as usize;
+        let (first, count) = self.replica_packs[replica];
+        if replica != self.times_replica {
+            let used = count as usize * self.classes * 3 * self.modes;
+            self.stage_times[..used].fill(None);
+            self.times_replica = replica;
+        }
         let class = self.time_classes[replica][stage as usize] as usize;
-        let slot = ((pack.0 as usize * self.classes + class) * 3 + part_index(part)) * self.modes
+        let within = (pack.0 - first) as usize;
+        let slot = ((within * self.classes + class) * 3 + part_index(part)) * self.modes
             + self.mode_index(pack, stage);
         if let Some(time) = self.stage_times[slot] {
             return time;
