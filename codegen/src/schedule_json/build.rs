@@ -71,7 +71,7 @@ pub(super) fn document(
                 schedules.push(ScheduleEntry {
                     replica: r as u32,
                     stage,
-                    packs: order.into_iter().map(|id| index[&id]).collect(),
+                    packs: order.iter().map(|id| index[id]).collect(),
                     weight_grads,
                 });
             }
