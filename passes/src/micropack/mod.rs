@@ -679,6 +679,22 @@ mod tests {
         );
     }
 
+    /// Chains of (noise, tokens) shapes whose costlier slices hold more tokens: the heads a
+    /// search passes over for their tokens are the costly ones, so searches do stop at their
+    /// scan limit.
+    fn costly_chains(shapes: &[Vec<(u32, u32)>]) -> Vec<Vec<Item>> {
+        (shapes.iter())
+            .map(|chain| {
+                (chain.iter())
+                    .map(|&(noise, tokens)| Item {
+                        cost: f64::from(5 * tokens + noise) * 0.37,
+                        tokens,
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     /// The bisection with its shortcut against without, from the same fitting partition.
     fn tightened_both_ways(
         chains: &[&[Item]],
@@ -724,16 +740,7 @@ mod tests {
             contiguous: bool,
             run in proptest::option::of(200u64..4000),
         ) {
-            let chains: Vec<Vec<Item>> = (shapes.iter())
-                .map(|chain| {
-                    (chain.iter())
-                        .map(|&(noise, tokens)| Item {
-                            cost: f64::from(5 * tokens + noise) * 0.37,
-                            tokens,
-                        })
-                        .collect()
-                })
-                .collect();
+            let chains = costly_chains(&shapes);
             let chains: Vec<&[Item]> = chains.iter().map(Vec::as_slice).collect();
             let rule = if contiguous { Chains::Contiguous } else { Chains::Free };
             let (with, without) =
@@ -760,18 +767,7 @@ mod tests {
             stretch in 1.0f64..2.5,
             run in proptest::option::of(200u64..4000),
         ) {
-            let chains: Vec<Vec<Item>> = (shapes.iter())
-                .map(|chain| {
-                    (chain.iter())
-                        .map(|&(noise, tokens)| Item {
-                            // Costlier slices hold more tokens: the heads a search passes
-                            // over for their tokens are the costly ones.
-                            cost: f64::from(5 * tokens + noise) * 0.37,
-                            tokens,
-                        })
-                        .collect()
-                })
-                .collect();
+            let chains = costly_chains(&shapes);
             let chains: Vec<&[Item]> = chains.iter().map(Vec::as_slice).collect();
             let release = &releases[..chains.len()];
             let rule = if contiguous { Chains::Contiguous } else { Chains::Free };
