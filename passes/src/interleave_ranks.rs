@@ -82,15 +82,7 @@ impl Pass for InterleaveRanks {
     fn run(&mut self, ir: &mut StepIr, cx: &PassContext) -> Result<Statistics> {
         let mut statistics = Statistics::new();
         ir.clear_rank_orders();
-        let dp = ir.spec.parallel.dp as usize;
-        let mut replicas_of_rank = vec![0u32; dp];
-        for &replica in ir.replicas() {
-            for &rank in &ir.replica(replica).ranks {
-                if let Some(count) = replicas_of_rank.get_mut(rank as usize) {
-                    *count += 1;
-                }
-            }
-        }
+        let replicas_of_rank = ir.replica_counts();
         let shared = replicas_of_rank.iter().filter(|&&count| count > 1).count();
         statistics.set("shared_ranks", shared as u64);
         if shared == 0 {

@@ -795,19 +795,7 @@ impl Pruning<'_> {
 fn simulates(pass: &str, ir: &StepIr) -> bool {
     match pass {
         "assign-recompute" => true,
-        "interleave-ranks" => {
-            let mut replicas_of_rank = vec![0u32; ir.spec.parallel.dp as usize];
-            (ir.replicas().iter())
-                .flat_map(|&replica| &ir.replica(replica).ranks)
-                .any(|&rank| {
-                    replicas_of_rank
-                        .get_mut(rank as usize)
-                        .is_some_and(|count| {
-                            *count += 1;
-                            *count > 1
-                        })
-                })
-        }
+        "interleave-ranks" => ir.replica_counts().iter().any(|&count| count > 1),
         _ => false,
     }
 }

@@ -866,6 +866,20 @@ impl StepIr {
         self.rank_orders.clear();
     }
 
+    /// Per DP rank (`0..dp`), how many replicas it is in (a plain replica and the DP-Merge
+    /// groups holding it); ranks out of range are not counted.
+    pub fn replica_counts(&self) -> Vec<u32> {
+        let mut counts = vec![0u32; self.spec.parallel.dp as usize];
+        for &replica in &self.replicas {
+            for &rank in &self.replica(replica).ranks {
+                if let Some(count) = counts.get_mut(rank as usize) {
+                    *count += 1;
+                }
+            }
+        }
+        counts
+    }
+
     /// The replicas `rank` is in, in IR order.
     pub fn replicas_of_rank(&self, rank: u32) -> Vec<ReplicaId> {
         self.replicas

@@ -342,10 +342,7 @@ impl CostModel {
         direction: Direction,
         dp_members: &[u32],
     ) -> PackTime {
-        let link = self
-            .comm
-            .topology()
-            .replicas_link(stage, dp_members.iter().copied());
+        let link = self.members_link(stage, dp_members);
         self.pack_time_with(stage, slices, direction, merged_count(dp_members), &link)
     }
 
@@ -416,10 +413,7 @@ impl CostModel {
             merged_count(dp_members),
             "a pack's work is summed for the replicas that run it (bug in the caller)"
         );
-        let link = self
-            .comm
-            .topology()
-            .replicas_link(stage, dp_members.iter().copied());
+        let link = self.members_link(stage, dp_members);
         let whole = self.work_time_with(stage, work, &link);
         let direction = work.direction;
         if part == Part::Whole || direction == Direction::Forward {
@@ -667,11 +661,15 @@ impl CostModel {
         direction: Direction,
         dp_members: &[u32],
     ) -> f64 {
-        let link = self
-            .comm
-            .topology()
-            .replicas_link(stage, dp_members.iter().copied());
+        let link = self.members_link(stage, dp_members);
         self.cp_exchange_s(keys, merged_count(dp_members), &link, direction)
+    }
+
+    /// The link the CP group of the DP replicas `dp_members` uses on `stage`.
+    fn members_link(&self, stage: u32, dp_members: &[u32]) -> LinkSpec {
+        self.comm
+            .topology()
+            .replicas_link(stage, dp_members.iter().copied())
     }
 
     /// For packs run by the DP replicas `dp_members`, per pipeline stage: the first stage
@@ -679,10 +677,9 @@ impl CostModel {
     /// ends and CP link), and the first on which the CP exchange does (the same link).
     /// Callers that time a pack on every stage compute it once per distinct stage.
     pub fn alike_stages(&self, dp_members: &[u32]) -> AlikeStages {
-        let topology = self.comm.topology();
         let stages = self.spec.parallel.stages();
         let links: Vec<LinkSpec> = (0..stages)
-            .map(|stage| topology.replicas_link(stage, dp_members.iter().copied()))
+            .map(|stage| self.members_link(stage, dp_members))
             .collect();
         let first_like = |same: &dyn Fn(u32, u32) -> bool| -> Vec<u32> {
             (0..stages)
