@@ -2,7 +2,8 @@
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 
 use slimpack::tune::autotune;
 use slimpack::tune::strategy::{self, StrategyState};
@@ -495,8 +496,7 @@ pub fn run(args: CompileArgs) -> anyhow::Result<()> {
     }
     if let Some(emit) = emit {
         let metrics = simulation.as_ref().map(|(result, _)| &result.metrics);
-        let emitted = emitted(emit, &compiled.ir, metrics)?;
-        super::output::write(args.output.as_deref(), &emitted)?;
+        emitted(emit, &compiled.ir, metrics)?.write(args.output.as_deref())?;
     }
     let mut report = compiled.report(
         simulation
@@ -625,8 +625,27 @@ fn over_limit(
     ))
 }
 
-/// The text of the `--emit` form `emit` of `ir` (the simulator's `metrics` go into the JSON).
-fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::Result<String> {
+/// What `--emit` writes: a text, or the schedule document, streamed as it is serialised (a
+/// million-sample step's is gigabytes, which a string would hold twice over while it grows).
+enum Emitted {
+    Text(String),
+    Schedule(Box<schedule_json::ScheduleDocument>),
+}
+
+impl Emitted {
+    fn write(&self, path: Option<&Path>) -> anyhow::Result<()> {
+        match self {
+            Emitted::Text(text) => super::output::write(path, text),
+            Emitted::Schedule(document) => super::output::write_with(path, |out| {
+                serde_json::to_writer_pretty(&mut *out, document)?;
+                out.write_all(b"\n")
+            }),
+        }
+    }
+}
+
+/// The `--emit` form `emit` of `ir` (the simulator's `metrics` go into the JSON).
+fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::Result<Emitted> {
     let need_schedule = |form: &str| {
         if ir.phase() < Phase::Scheduled {
             bail!(
@@ -637,14 +656,11 @@ fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::R
         Ok(())
     };
     Ok(match emit {
-        Emit::Ir => text::print(ir),
+        Emit::Ir => Emitted::Text(text::print(ir)),
         Emit::Json => {
             need_schedule("json")?;
             let predicted = metrics.map(serde_json::to_value).transpose()?;
-            let document = schedule_json::document(ir, predicted)?;
-            let mut json = serde_json::to_string_pretty(&document)?;
-            json.push('\n');
-            json
+            Emitted::Schedule(Box::new(schedule_json::document(ir, predicted)?))
         }
         Emit::Mlir | Emit::Llvm => {
             let form = if emit == Emit::Mlir { "mlir" } else { "llvm" };
@@ -655,9 +671,9 @@ fn emitted(emit: Emit, ir: &StepIr, metrics: Option<&sim::Metrics>) -> anyhow::R
             if ir.has_stage_recompute() || ir.has_pack_recompute() {
                 bail!("--emit {form} runs one recomputation mode per step; this step gives its stages or packs their own (assign-recompute): compile it without");
             }
-            backend_emitted(emit, ir)?
+            Emitted::Text(backend_emitted(emit, ir)?)
         }
-        Emit::Ptx => backend_emitted(emit, ir)?,
+        Emit::Ptx => Emitted::Text(backend_emitted(emit, ir)?),
     })
 }
 

@@ -93,22 +93,43 @@ pub fn stdout_unwritable() -> Option<&'static str> {
 
 /// Writes `text` to `path`, or to standard output (see [`file`]).
 pub fn write(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
-    match file(path) {
-        Some(path) => {
-            std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
-        }
+    write_with(path, |out| out.write_all(text.as_bytes()))
+}
+
+/// Streams what `write` writes to `path`, or to standard output (see [`file`]), through a
+/// buffer: for an output too large to hold as one string (a million-sample schedule JSON is
+/// gigabytes). The buffer is concrete, so a serialiser's many small writes are copies into it;
+/// only its flushes go through the file or standard output.
+pub fn write_with(
+    path: Option<&Path>,
+    write: impl FnOnce(&mut Buffered<'_>) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    let (out, name): (Box<dyn Write>, _) = match file(path) {
+        Some(path) => (
+            Box::new(
+                std::fs::File::create(path)
+                    .with_context(|| format!("cannot write {}", path.display()))?,
+            ),
+            path.display().to_string(),
+        ),
         None => {
             if let Some(why) = stdout_unwritable() {
                 bail!("cannot write to standard output: {why}");
             }
-            let mut stdout = std::io::stdout().lock();
-            stdout
-                .write_all(text.as_bytes())
-                .and_then(|()| stdout.flush())
-                .context("cannot write to standard output")
+            (
+                Box::new(std::io::stdout().lock()),
+                "to standard output".into(),
+            )
         }
-    }
+    };
+    let mut out = std::io::BufWriter::with_capacity(1 << 16, out);
+    write(&mut out)
+        .and_then(|()| out.flush())
+        .with_context(|| format!("cannot write {name}"))
 }
+
+/// The buffered output [`write_with`] hands its writer.
+pub type Buffered<'a> = std::io::BufWriter<Box<dyn Write + 'a>>;
 
 /// Refuses, before any work, an output file whose directory does not exist, or that is a
 /// directory itself (a measurement that runs for minutes should not fail at its last line,

@@ -7,7 +7,7 @@
 //! ([`super::read`]) calls it again on the step it rebuilt and compares, so there is one
 //! derivation of every field.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use slimpack_ir::program::{self, CpShard, PackLayout, Program};
 use slimpack_ir::spec::Recompute;
@@ -41,15 +41,17 @@ pub(super) fn document(
         .enumerate()
         .map(|(i, s)| ((s.sample, s.start), i as u32))
         .collect();
+    let backward_positions = backward_positions(ir, &index);
     let mut packs = Vec::with_capacity(program.packs.len());
     for (p, (pack, &(id, _))) in program.packs.iter().zip(&order).enumerate() {
         let mut document = pack_document(pack, &layout, &slice_index, &slices);
         document.cap = ir.pack(id).cap;
         if pack.direction == Direction::Forward {
-            let replica = ir.replicas()[pack.replica as usize];
-            let last_stage = ir.schedule(replica, ir.spec.parallel.stages() - 1);
-            let backward_order: Vec<u32> = last_stage.iter().map(|id| index[id]).collect();
-            document.sub_batches = sub_batches(&document, &slices, &backward_order);
+            let position = |backward: u32| match backward_positions[backward as usize] {
+                Some((replica, position)) if replica == pack.replica => Some(position),
+                _ => None,
+            };
+            document.sub_batches = sub_batches(&document, &slices, position);
         }
         check_int32(p, &document)?;
         packs.push(document);
@@ -89,7 +91,7 @@ pub(super) fn document(
             }
         }
     }
-    let replica_index: std::collections::HashMap<_, u32> = ir
+    let replica_index: HashMap<_, u32> = ir
         .replicas()
         .iter()
         .enumerate()
@@ -196,7 +198,7 @@ fn pack_recompute(ir: &StepIr, index: &HashMap<PackId, u32>) -> Vec<PackRecomput
 
 /// Every slice, sample-major in increasing start, with its packs, targets and dK/dV order.
 fn slice_table(ir: &StepIr, program: &Program) -> Vec<SliceDocument> {
-    let mut packs_of: HashMap<(u32, u32), [u32; 2]> = HashMap::new();
+    let mut packs_of: HashMap<(u32, u32), [u32; 2]> = HashMap::default();
     for (p, pack) in program.packs.iter().enumerate() {
         let which = match pack.direction {
             Direction::Forward => 0,
@@ -345,13 +347,32 @@ fn longest_segment(offsets: &[u32]) -> u32 {
     offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
 }
 
-/// A forward pack's slices grouped by backward pack, the groups in the reverse of
-/// `backward_order` (the replica's pack order on one stage), which runs each sample's slices
-/// in increasing start.
+/// Per pack (document index), its replica (an index of `ir.replicas()`) and its first
+/// position in that replica's schedule on the last stage, which is where the backwards start:
+/// the order [`sub_batches`] reverses. One table for the step, so that ordering a forward
+/// pack's sub-batches does not walk its replica's schedule (that walk per forward pack made a
+/// million-sample document quadratic).
+fn backward_positions(ir: &StepIr, index: &HashMap<PackId, u32>) -> Vec<Option<(u32, u32)>> {
+    let mut positions = vec![None; index.len()];
+    let last = ir.spec.parallel.stages() - 1;
+    for (r, &replica) in ir.replicas().iter().enumerate() {
+        for (position, id) in ir.schedule(replica, last).iter().enumerate() {
+            let slot = &mut positions[index[id] as usize];
+            if slot.is_none() {
+                *slot = Some((r as u32, position as u32));
+            }
+        }
+    }
+    positions
+}
+
+/// A forward pack's slices grouped by backward pack, the groups in the reverse of their
+/// `position` in the replica's pack order on the last stage (`None`: not in it, last), which
+/// runs each sample's slices in increasing start.
 fn sub_batches(
     pack: &PackDocument,
     slices: &[SliceDocument],
-    backward_order: &[u32],
+    position: impl Fn(u32) -> Option<u32>,
 ) -> Vec<SubBatch> {
     let mut groups: Vec<SubBatch> = Vec::new();
     for (i, slice) in pack.slices.iter().enumerate() {
@@ -364,7 +385,6 @@ fn sub_batches(
             }),
         }
     }
-    let position = |pack: u32| backward_order.iter().position(|&p| p == pack);
     groups.sort_by_key(|group| std::cmp::Reverse(position(group.backward_pack)));
     groups
 }
