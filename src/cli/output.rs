@@ -96,13 +96,13 @@ pub fn write(path: Option<&Path>, text: &str) -> anyhow::Result<()> {
     write_with(path, |out| out.write_all(text.as_bytes()))
 }
 
-/// Streams what `write` writes to `path`, or to standard output (see [`file`]), through a
+/// Streams what `body` writes to `path`, or to standard output (see [`file`]), through a
 /// buffer: for an output too large to hold as one string (a million-sample schedule JSON is
 /// gigabytes). The buffer is concrete, so a serialiser's many small writes are copies into it;
 /// only its flushes go through the file or standard output.
 pub fn write_with(
     path: Option<&Path>,
-    write: impl FnOnce(&mut Buffered<'_>) -> std::io::Result<()>,
+    body: impl FnOnce(&mut Buffered<'_>) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {
     let (out, name): (Box<dyn Write>, _) = match file(path) {
         Some(path) => (
@@ -123,7 +123,7 @@ pub fn write_with(
         }
     };
     let mut out = std::io::BufWriter::with_capacity(1 << 16, out);
-    write(&mut out)
+    body(&mut out)
         .and_then(|()| out.flush())
         .with_context(|| format!("cannot write {name}"))
 }

@@ -41,13 +41,13 @@ pub(super) fn document(
         .enumerate()
         .map(|(i, s)| ((s.sample, s.start), i as u32))
         .collect();
-    let backward_positions = backward_positions(ir, &index);
+    let positions = backward_positions(ir, &index);
     let mut packs = Vec::with_capacity(program.packs.len());
     for (p, (pack, &(id, _))) in program.packs.iter().zip(&order).enumerate() {
         let mut document = pack_document(pack, &layout, &slice_index, &slices);
         document.cap = ir.pack(id).cap;
         if pack.direction == Direction::Forward {
-            let position = |backward: u32| match backward_positions[backward as usize] {
+            let position = |backward: u32| match positions[backward as usize] {
                 Some((replica, position)) if replica == pack.replica => Some(position),
                 _ => None,
             };
@@ -349,9 +349,10 @@ fn longest_segment(offsets: &[u32]) -> u32 {
 
 /// Per pack (document index), its replica (an index of `ir.replicas()`) and its first
 /// position in that replica's schedule on the last stage, which is where the backwards start:
-/// the order [`sub_batches`] reverses. One table for the step, so that ordering a forward
-/// pack's sub-batches does not walk its replica's schedule (that walk per forward pack made a
-/// million-sample document quadratic).
+/// the order [`sub_batches`] reverses (a replica's schedule lists its own packs only, which
+/// the verifier's `schedule-complete` and the JSON reader check). One table for the step, so
+/// that ordering a forward pack's sub-batches does not walk its replica's schedule (that walk
+/// per forward pack made a million-sample document quadratic).
 fn backward_positions(ir: &StepIr, index: &HashMap<PackId, u32>) -> Vec<Option<(u32, u32)>> {
     let mut positions = vec![None; index.len()];
     let last = ir.spec.parallel.stages() - 1;
