@@ -1207,6 +1207,52 @@ fn the_most_layers_a_model_can_name() {
     refused(3, &["compile", "--config", &config(32768)], &["memory"]);
 }
 
+/// A schedule JSON streamed to a full device (`compile --emit json`, which writes through a
+/// buffer as it serialises, not one string at the end): an error line naming where, exit 2,
+/// whether that is standard output or `-o`.
+#[test]
+fn a_streamed_schedule_on_a_full_device_is_an_error_line() {
+    let Ok(full) = std::fs::File::create("/dev/full") else {
+        return; // not on Linux
+    };
+    let compile = [
+        "compile",
+        "--model",
+        "tiny",
+        "--cluster",
+        "cpu",
+        "--parallel",
+        "tp=1,pp=1,dp=1",
+        "--batch",
+        LENGTHS,
+        "--emit",
+        "json",
+    ];
+    for (output, expected) in [
+        (
+            None,
+            "error: cannot write to standard output: No space left on device",
+        ),
+        (
+            Some("/dev/full"),
+            "error: cannot write /dev/full: No space left on device",
+        ),
+    ] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_slimpack"));
+        command.args(compile).env_remove("RUST_BACKTRACE");
+        match output {
+            Some(path) => command.args(["-o", path]),
+            None => command.stdout(Stdio::from(full.try_clone().unwrap())),
+        };
+        let output = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{stderr}");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error")).collect();
+        assert_eq!(errors.len(), 1, "{stderr}");
+        assert!(errors[0].starts_with(expected), "{stderr}");
+    }
+}
+
 /// Standard output on a full device is an error line and exit 2, from every subcommand (the
 /// print macros' panic used to be reported as a bug in slimpack), with `RUST_BACKTRACE` set or
 /// not (set, it used to show as the standard library's panic and a backtrace).
