@@ -1215,19 +1215,7 @@ fn a_streamed_schedule_on_a_full_device_is_an_error_line() {
     let Ok(full) = std::fs::File::create("/dev/full") else {
         return; // not on Linux
     };
-    let compile = [
-        "compile",
-        "--model",
-        "tiny",
-        "--cluster",
-        "cpu",
-        "--parallel",
-        "tp=1,pp=1,dp=1",
-        "--batch",
-        LENGTHS,
-        "--emit",
-        "json",
-    ];
+    let compile = tiny("tp=1,pp=1,dp=1", &["--batch", LENGTHS, "--emit", "json"]);
     for (output, expected) in [
         (
             None,
@@ -1239,7 +1227,7 @@ fn a_streamed_schedule_on_a_full_device_is_an_error_line() {
         ),
     ] {
         let mut command = Command::new(env!("CARGO_BIN_EXE_slimpack"));
-        command.args(compile).env_remove("RUST_BACKTRACE");
+        command.args(&compile).env_remove("RUST_BACKTRACE");
         match output {
             Some(path) => command.args(["-o", path]),
             None => command.stdout(Stdio::from(full.try_clone().unwrap())),
