@@ -625,22 +625,29 @@ fn over_limit(
     ))
 }
 
-/// What `--emit` writes: a text, or the schedule document, streamed as it is serialised (a
-/// million-sample step's is gigabytes, which a string would hold twice over while it grows).
-enum Emitted {
+/// What `--emit` (and `plan`, per step) writes: a text, or the schedule document, streamed as
+/// it is serialised (a million-sample step's is gigabytes, which a string would hold twice
+/// over while it grows).
+pub(super) enum Emitted {
     Text(String),
     Schedule(Box<schedule_json::ScheduleDocument>),
 }
 
 impl Emitted {
-    fn write(&self, path: Option<&Path>) -> anyhow::Result<()> {
+    /// Writes it to `out` (the document pretty-printed, with a final newline).
+    pub(super) fn write_to(&self, out: &mut impl Write) -> std::io::Result<()> {
         match self {
-            Emitted::Text(text) => super::output::write(path, text),
-            Emitted::Schedule(document) => super::output::write_with(path, |out| {
+            Emitted::Text(text) => out.write_all(text.as_bytes()),
+            Emitted::Schedule(document) => {
                 serde_json::to_writer_pretty(&mut *out, document)?;
                 out.write_all(b"\n")
-            }),
+            }
         }
+    }
+
+    /// Writes it to `path`, or to standard output (see [`super::output::file`]).
+    fn write(&self, path: Option<&Path>) -> anyhow::Result<()> {
+        super::output::write_with(path, |out| self.write_to(out))
     }
 }
 

@@ -18,7 +18,7 @@ use slimpack::tune::strategy;
 use slimpack_codegen::schedule_json;
 use slimpack_ir::text;
 
-use super::compile::ReportFormat;
+use super::compile::{Emitted, ReportFormat};
 use super::input::{BatchArgs, SpecArgs};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -139,16 +139,13 @@ impl Output {
         let predicted = || serde_json::to_value(&planned.metrics).ok();
         match self {
             Output::Directory { dir, removed } => {
-                let (text, extension) = match emit {
+                let (file, extension) = match emit {
                     PlanEmit::Json => {
                         let document = schedule_json::document(&planned.compiled.ir, predicted())
                             .map_err(|e| format!("step {}: {e}", planned.step))?;
-                        let mut json =
-                            serde_json::to_string_pretty(&document).map_err(|e| e.to_string())?;
-                        json.push('\n');
-                        (json, "json")
+                        (Emitted::Schedule(Box::new(document)), "json")
                     }
-                    PlanEmit::Ir => (text::print(&planned.compiled.ir), "sir"),
+                    PlanEmit::Ir => (Emitted::Text(text::print(&planned.compiled.ir)), "sir"),
                 };
                 if removed.is_none() {
                     // The first step clears the directory of an earlier plan's step files of
@@ -160,7 +157,12 @@ impl Output {
                 let name = format!("step-{:06}.{extension}", planned.step);
                 let path = dir.join(&name);
                 let partial = dir.join(format!(".{name}.partial"));
-                std::fs::write(&partial, text)
+                let write = |handle| {
+                    let mut out = std::io::BufWriter::new(handle);
+                    file.write_to(&mut out).and_then(|()| out.flush())
+                };
+                std::fs::File::create(&partial)
+                    .and_then(write)
                     .and_then(|()| std::fs::rename(&partial, &path))
                     .map_err(|e| {
                         // What was written of it (a full disk, a directory in its place).

@@ -19,7 +19,7 @@ pub(super) struct StageShare {
 }
 
 /// A part's index in the per-part tables.
-pub(super) fn part_index(part: Part) -> usize {
+fn part_index(part: Part) -> usize {
     match part {
         Part::Whole => 0,
         Part::InputGrad => 1,
@@ -161,7 +161,7 @@ impl Builder<'_> {
 
     /// The recomputation mode `pack` runs under on `stage`, as an index in `0..modes`: its
     /// stage's, or its own there.
-    pub(super) fn mode_index(&self, pack: PackIndex, stage: u32) -> usize {
+    fn mode_index(&self, pack: PackIndex, stage: u32) -> usize {
         match self.pack_mode(pack, stage) {
             Some(own) => self.modes - self.pack_costs.len() + own,
             None => self.stage_modes[stage as usize],
@@ -207,7 +207,7 @@ impl Builder<'_> {
 
     /// The seconds of `part` of `pack`'s FLOPs on `stage` at the saturated rates, summed over
     /// its devices: useful, recomputed and padding work (see [`Builder::compute_parts`]).
-    pub(super) fn flop_seconds(&self, pack: PackIndex, stage: u32, part: Part) -> [f64; 3] {
+    fn flop_seconds(&self, pack: PackIndex, stage: u32, part: Part) -> [f64; 3] {
         let info = &self.packs[pack.0 as usize];
         let range = self.pack_slices[pack.0 as usize].clone();
         let (mut useful, mut recompute, mut padding) = (0.0, 0.0, 0.0);
