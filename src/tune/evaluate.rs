@@ -8,12 +8,14 @@
 //! their packing and refinement run once for the group; each keeps the best of its own
 //! pipelines, as it would alone. With result-only verification the tree verifies the step each
 //! pipeline finishes with; a broken one is compiled again verifying every pass, so that the
-//! error names the pass. Against a fastest fitting step found elsewhere ([`evaluate_below`]),
-//! the tree bounds forward packs before packing their backward, a packing before scheduling
-//! it and a schedule before simulating it, and
-//! takes neither further where the bound is above that step.
+//! error names the pass. Against the fastest fitting step found so far ([`evaluate_below`]:
+//! by other candidates, or by the tree's own pipelines as they finish), the tree bounds
+//! forward packs before packing their backward, a packing before scheduling it and a schedule
+//! before simulating it, and takes neither further where the bound is above that step (a
+//! pipeline whose step decides on a fallback is deferred instead: [`Fallbacks`]).
 
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -30,7 +32,8 @@ use slimpack_passes::{
 };
 
 use super::autotune::{
-    candidate_spec, exceeds, preferred, within, Evaluation, TuneError, TuneOptions, Verify,
+    candidate_spec, exceeds, preferred, within, AtomicMinF64, Evaluation, TuneError, TuneOptions,
+    Verify,
 };
 use super::strategy::{Candidate, StrategyInfo};
 use crate::compile::{compile_entries, Compiled};
@@ -226,10 +229,12 @@ fn evaluate_verifying(
     // Per pipeline, once it finished: the step time from which a fallback of it may be wanted
     // (`Some(None)`: none is) — its step went over the memory limit, and its packing says the
     // fallback's would differ (forward runs over memory, `pack-fwd`'s statistic). A pruned
-    // pipeline wants none: nothing it makes is chosen (the tree prunes no pipeline whose
-    // fallback that would decide, `fallen_back_from`).
+    // pipeline wants none: nothing it makes is chosen (a pipeline whose step would decide on
+    // a fallback is deferred instead, see [`Fallbacks`]).
     let fallback_from: RefCell<Vec<Option<Option<f64>>>> =
         RefCell::new(vec![None; pipelines.len()]);
+    // Per pipeline the tree deferred: its bound (its step is no faster).
+    let deferred_bound: RefCell<Vec<Option<f64>>> = RefCell::new(vec![None; pipelines.len()]);
     let shared = shared_prefix(&pipelines);
     // With result-only verification the tree verifies the step each pipeline finishes with
     // ([`PipelineTree::run`]), not the steps where pipelines part.
@@ -264,6 +269,11 @@ fn evaluate_verifying(
                 fallback_from.borrow_mut()[index] = Some(None);
                 return Ok(true);
             }
+            Finished::Deferred { bound } => {
+                pruned[member] = true;
+                deferred_bound.borrow_mut()[index] = Some(bound);
+                return Ok(true);
+            }
             Finished::Ran { ir, records } => {
                 let ir = *ir;
                 let metrics = sim::simulate(&ir, cost)
@@ -282,6 +292,11 @@ fn evaluate_verifying(
                 (metrics, None, records, same_as)
             }
         };
+        // A fitting step prunes the rest of the tree (and of the other threads' candidates)
+        // at once, not only after the group: the member's best is no slower.
+        if let Some(fastest) = fastest.filter(|_| within(&metrics, limit)) {
+            fastest.fetch_min_f64(metrics.step_time_s, Ordering::AcqRel);
+        }
         fallback_from.borrow_mut()[index] = Some(
             (!within(&metrics, limit) && runs_over_memory(&records)).then_some(metrics.step_time_s),
         );
@@ -355,16 +370,40 @@ fn evaluate_verifying(
         }
         unwanted
     };
+    // The deferred pipelines whose steps the decision on a fallback needs: the one it falls
+    // back from, or the member's that could fit faster than that one's step (making it
+    // unwanted).
+    let needs = |index: usize| -> Vec<usize> {
+        let Some(of) = fallback_of[index] else {
+            return Vec::new();
+        };
+        let from = fallback_from.borrow();
+        let deferred = deferred_bound.borrow();
+        let undecided = |d: usize| from[d].is_none() && deferred[d].is_some();
+        match from[of] {
+            None if undecided(of) => vec![of],
+            Some(Some(step_s)) => (0..pipelines.len())
+                .filter(|&d| member_of[d] == member_of[index] && undecided(d))
+                .filter(|&d| deferred[d].is_some_and(|bound| bound <= step_s))
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
     let fallen_back_from: Vec<bool> = (0..pipelines.len())
         .map(|index| fallback_of.contains(&Some(index)))
         .collect();
+    let fallbacks = Fallbacks {
+        unwanted: &unwanted,
+        needs: &needs,
+        fallen_back_from: &fallen_back_from,
+    };
     let tree = PipelineTree::new(
         &pipelines,
         &cx,
         &options,
         verify_results,
         pruning,
-        (&unwanted, &fallen_back_from),
+        fallbacks,
     );
     let all: Vec<usize> = (0..pipelines.len()).collect();
     tree.run(base.ir, (0, shared), &[], &all, base.passes, &mut keep)
@@ -455,18 +494,46 @@ struct PipelineTree<'a> {
     verify_results: bool,
     /// Skip scheduling packings that cannot beat the fastest step (`None`: schedule all).
     pruning: Option<Pruning<'a>>,
-    /// Pipelines not to run after all (a fallback whose pipeline fit), asked where a branch
-    /// starts.
-    unwanted: &'a dyn Fn(usize) -> bool,
-    /// Per pipeline, whether a fallback falls back from it: where its forward runs go over
-    /// memory, it is not pruned, since whether the fallback runs depends on its step
-    /// (`unwanted`), which pruning leaves unknown. Any other pruned pipeline wants no
-    /// fallback, as it would unpruned.
-    fallen_back_from: &'a [bool],
+    fallbacks: Fallbacks<'a>,
+    /// Per pipeline, where the bound deferred it ([`Fallbacks`]): the step, the depth and the
+    /// path it stopped at, and its records so far.
+    deferred: RefCell<Vec<Option<Deferred>>>,
+    /// Pipelines run to their end after all, which are not deferred again.
+    resolved: RefCell<Vec<bool>>,
     /// Steps numbered so far.
     steps: Cell<usize>,
     /// The pipelines that ran to their end, each with the steps on its way.
     ran: RefCell<Vec<RanPipeline>>,
+}
+
+/// What the tree asks about fallbacks (pipelines that run only where the pipeline they fall
+/// back from made a step over the memory limit that was faster than the member's fastest
+/// fitting one).
+///
+/// A pipeline a fallback falls back from, whose forward runs go over memory, decides by its
+/// step whether the fallback runs; where its bound is above the fastest step, it is deferred
+/// rather than pruned: not run further unless a fallback's decision needs its step (`needs`),
+/// which is when that fallback is not pruned by its own bound (or ends unbounded). So a
+/// fallback whose own bound rules it out costs neither its pipeline's scheduling nor its
+/// simulation, and the tree still runs what it would run unpruned and chooses the same.
+struct Fallbacks<'a> {
+    /// Pipelines not to run after all (a fallback whose pipeline fit), asked where a branch
+    /// starts, and again once what it needs was run.
+    unwanted: &'a dyn Fn(usize) -> bool,
+    /// The deferred pipelines whose steps the decision on this one needs.
+    needs: &'a dyn Fn(usize) -> Vec<usize>,
+    /// Per pipeline, whether a fallback falls back from it.
+    fallen_back_from: &'a [bool],
+}
+
+/// A pipeline the bound deferred, as [`PipelineTree::resolve`] runs it on.
+struct Deferred {
+    ir: Rc<StepIr>,
+    step: usize,
+    depth: usize,
+    /// The steps on its way before `step`.
+    path: Vec<(usize, usize)>,
+    records: Vec<PassRecord>,
 }
 
 /// A pipeline that ran to its end: its index, its pass records, and each (step number,
@@ -487,6 +554,9 @@ enum Finished {
     /// Its packing's compute bound is above the fastest fitting step found: not scheduled
     /// nor simulated ([`Pruning`]).
     Pruned,
+    /// Its bound (given) is above the fastest fitting step, but a fallback may need its step:
+    /// not run further unless one does ([`Fallbacks`]); then it finishes again, run.
+    Deferred { bound: f64 },
     /// Its remaining passes are those the finished pipeline `same_as` ran on the same step;
     /// `records` are its passes' records (the other pipeline's for the passes not run).
     Same {
@@ -502,7 +572,7 @@ impl<'a> PipelineTree<'a> {
         options: &'a ManagerOptions,
         verify_results: bool,
         pruning: Option<Pruning<'a>>,
-        (unwanted, fallen_back_from): (&'a dyn Fn(usize) -> bool, &'a [bool]),
+        fallbacks: Fallbacks<'a>,
     ) -> PipelineTree<'a> {
         PipelineTree {
             pipelines,
@@ -510,8 +580,9 @@ impl<'a> PipelineTree<'a> {
             options,
             verify_results,
             pruning,
-            unwanted,
-            fallen_back_from,
+            fallbacks,
+            deferred: RefCell::new((0..pipelines.len()).map(|_| None).collect()),
+            resolved: RefCell::new(vec![false; pipelines.len()]),
             steps: Cell::new(1),
             ran: RefCell::new(Vec::new()),
         }
@@ -558,10 +629,14 @@ impl<'a> PipelineTree<'a> {
             // at once.
             let mut to_run = Vec::with_capacity(branch.len());
             for member in branch {
-                if (self.unwanted)(member) {
+                if (self.fallbacks.unwanted)(member) {
                     continue;
                 }
                 if let Some((same_as, rest)) = self.ran_the_same(member, step, depth) {
+                    // Taking another's step decides, as running to the end would.
+                    if self.resolve_needs(member, finish)? {
+                        continue;
+                    }
                     let mut same_records = records.clone();
                     same_records.extend(rest);
                     let finished = Finished::Same {
@@ -577,6 +652,8 @@ impl<'a> PipelineTree<'a> {
             branch = to_run;
             if let Some(pruning) = &self.pruning {
                 let mut live = Vec::with_capacity(branch.len());
+                // The step the branch's deferred pipelines stop at, shared.
+                let mut snapshot: Option<Rc<StepIr>> = None;
                 for member in branch {
                     let entries = &self.pipelines[member].1;
                     let bound = ir
@@ -585,13 +662,37 @@ impl<'a> PipelineTree<'a> {
                         .transpose()
                         .map_err(TreeError::Pass)?
                         .flatten();
+                    let deciding = self.fallbacks.fallen_back_from[member]
+                        && runs_over_memory(&records)
+                        && !self.resolved.borrow()[member];
                     match bound {
+                        Some(bound) if exceeds(bound, pruning.fastest_s()) && deciding => {
+                            let ir = snapshot.get_or_insert_with(|| {
+                                Rc::new(ir.clone().expect("a bounded step is kept"))
+                            });
+                            self.deferred.borrow_mut()[member] = Some(Deferred {
+                                ir: Rc::clone(ir),
+                                step,
+                                depth,
+                                path: path[..path.len() - 1].to_vec(),
+                                records: records.clone(),
+                            });
+                            finish(member, Finished::Deferred { bound })
+                                .map_err(TreeError::Tune)?;
+                        }
                         Some(bound)
                             if exceeds(bound, pruning.fastest_s())
-                                && !(self.fallen_back_from[member]
+                                && !(self.fallbacks.fallen_back_from[member]
                                     && runs_over_memory(&records)) =>
                         {
                             finish(member, Finished::Pruned).map_err(TreeError::Tune)?;
+                        }
+                        // Not pruned where bounded, or at its end: what its fallback decision
+                        // needs runs now.
+                        _ if bound.is_some() || entries.len() == depth => {
+                            if !self.resolve_needs(member, finish)? {
+                                live.push(member);
+                            }
                         }
                         _ => live.push(member),
                     }
@@ -671,6 +772,43 @@ impl<'a> PipelineTree<'a> {
             self.run(step_ir, (made, end), &path, &branch, branch_records, finish)?;
         }
         Ok(())
+    }
+
+    /// Runs the deferred pipelines the decision on `pipeline` (a fallback) needs
+    /// ([`Fallbacks::needs`]); whether it is unwanted after all.
+    fn resolve_needs(
+        &self,
+        pipeline: usize,
+        finish: &mut dyn FnMut(usize, Finished) -> Result<bool, TuneError>,
+    ) -> Result<bool, TreeError> {
+        let needs = (self.fallbacks.needs)(pipeline);
+        for &deferred in &needs {
+            self.resolve(deferred, finish)?;
+        }
+        Ok(!needs.is_empty() && (self.fallbacks.unwanted)(pipeline))
+    }
+
+    /// Runs the deferred pipeline `pipeline` to its end, from where it stopped (see
+    /// [`Fallbacks`]).
+    fn resolve(
+        &self,
+        pipeline: usize,
+        finish: &mut dyn FnMut(usize, Finished) -> Result<bool, TuneError>,
+    ) -> Result<(), TreeError> {
+        let Some(deferred) = self.deferred.borrow_mut()[pipeline].take() else {
+            return Ok(());
+        };
+        self.resolved.borrow_mut()[pipeline] = true;
+        let ir = Rc::unwrap_or_clone(deferred.ir);
+        let at = (deferred.step, deferred.depth);
+        self.run(
+            ir,
+            at,
+            &deferred.path,
+            &[pipeline],
+            deferred.records,
+            finish,
+        )
     }
 
     /// A pipeline that ran to its end from step number `step` with the passes `pipeline` has

@@ -560,3 +560,81 @@ fn each_step_runs_the_best_variant_of_its_candidate() {
         assert_eq!(again.metrics.step_time_s, evaluation.metrics.step_time_s);
     }
 }
+
+/// Against any step to beat, a group of candidates compiled together keeps each member's
+/// evaluation as it is unpruned, or drops the member, and drops none whose unpruned step fits
+/// no slower than the fastest fitting step at the end (that step, or one of the group's). Under memory limits that forward runs go over, the pipelines
+/// whose steps decide on a fallback are deferred rather than pruned (run only where a
+/// fallback's decision needs them); what each member keeps is the same.
+#[test]
+fn deferring_what_decides_a_fallback_keeps_every_members_evaluation() {
+    let (spec, context) = layouts().swap_remove(1);
+    let batch = Batch::from_lengths(&long_tailed(21, 40, context), Some(context), "test");
+    let info = strategy::lookup("slimpack").unwrap();
+    let state = StrategyState::default();
+    let tune = TuneOptions::default();
+    let (mut kept, mut dropped) = (0, 0);
+    for memory_limit in [0.25, 0.5] {
+        let choices = Choices {
+            memory_limit,
+            ..Choices::fixed(spec.model.recompute)
+        };
+        let limit = choices.memory_limit_for(&spec);
+        let candidates = (info.candidates)(&spec, &batch, &state, &choices);
+        for group in compiled_together(&candidates) {
+            let members: Vec<&Candidate> = group.iter().map(|&index| &candidates[index]).collect();
+            let has_fallbacks = (members.iter())
+                .any(|member| member.variants.iter().any(|v| v.fallback_of.is_some()));
+            if !has_fallbacks {
+                continue;
+            }
+            let unpruned: Vec<Evaluation> =
+                evaluate_below(info, &spec, &batch, &members, limit, &tune, None)
+                    .into_iter()
+                    .map(|outcome| outcome.unwrap().expect("nothing is pruned").0)
+                    .collect();
+            let mut steps: Vec<f64> = (unpruned.iter())
+                .map(|evaluation| evaluation.metrics.step_time_s)
+                .collect();
+            steps.sort_by(f64::total_cmp);
+            let below_all = steps[0] * 0.9;
+            let fastest_steps = std::iter::once(below_all).chain(
+                (steps.iter()).flat_map(|&step| [step * (1.0 - 1e-6), step, step * (1.0 + 1e-6)]),
+            );
+            for fastest in fastest_steps {
+                let fastest_bits = AtomicU64::new(fastest.to_bits());
+                let pruned = evaluate_below(
+                    info,
+                    &spec,
+                    &batch,
+                    &members,
+                    limit,
+                    &tune,
+                    Some(&fastest_bits),
+                );
+                // Lowered by the group's own fitting steps as they are found.
+                let fastest = f64::from_bits(fastest_bits.load(Ordering::Acquire));
+                for (alone, outcome) in unpruned.iter().zip(pruned) {
+                    let what = format!(
+                        "{} below {fastest} at {memory_limit}",
+                        alone.candidate.label
+                    );
+                    match outcome.unwrap() {
+                        Some((evaluation, _)) => {
+                            assert_eq!(evaluation.variant, alone.variant, "{what}");
+                            assert_eq!(evaluation.metrics, alone.metrics, "{what}");
+                            kept += 1;
+                        }
+                        None => {
+                            let fits_below = within(&alone.metrics, limit)
+                                && alone.metrics.step_time_s <= fastest;
+                            assert!(!fits_below, "{what}");
+                            dropped += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(kept > 0 && dropped > 0, "kept {kept}, dropped {dropped}");
+}
