@@ -226,15 +226,14 @@ fn evaluate_verifying(
             }));
         }
     }
-    // Per pipeline, once it finished: the step time from which a fallback of it may be wanted
-    // (`Some(None)`: none is) — its step went over the memory limit, and its packing says the
-    // fallback's would differ (forward runs over memory, `pack-fwd`'s statistic). A pruned
-    // pipeline wants none: nothing it makes is chosen (a pipeline whose step would decide on
-    // a fallback is deferred instead, see [`Fallbacks`]).
-    let fallback_from: RefCell<Vec<Option<Option<f64>>>> =
-        RefCell::new(vec![None; pipelines.len()]);
-    // Per pipeline the tree deferred: its bound (its step is no faster).
-    let deferred_bound: RefCell<Vec<Option<f64>>> = RefCell::new(vec![None; pipelines.len()]);
+    // Per pipeline, once it finished: whether a fallback of it is wanted — its step went over
+    // the memory limit, and its packing says the fallback's would differ (forward runs over
+    // memory, `pack-fwd`'s statistic). A pruned pipeline wants none: nothing it makes is
+    // chosen (a pipeline whose step would decide on a fallback is deferred instead, see
+    // [`Fallbacks`]).
+    let fallback_from: RefCell<Vec<Option<bool>>> = RefCell::new(vec![None; pipelines.len()]);
+    // Per pipeline, whether the tree deferred it (and has not run it since).
+    let deferred: RefCell<Vec<bool>> = RefCell::new(vec![false; pipelines.len()]);
     let shared = shared_prefix(&pipelines);
     // With result-only verification the tree verifies the step each pipeline finishes with
     // ([`PipelineTree::run`]), not the steps where pipelines part.
@@ -266,12 +265,12 @@ fn evaluate_verifying(
         let (metrics, ir, records, same_as) = match finished {
             Finished::Pruned => {
                 pruned[member] = true;
-                fallback_from.borrow_mut()[index] = Some(None);
+                fallback_from.borrow_mut()[index] = Some(false);
                 return Ok(true);
             }
-            Finished::Deferred { bound } => {
+            Finished::Deferred => {
                 pruned[member] = true;
-                deferred_bound.borrow_mut()[index] = Some(bound);
+                deferred.borrow_mut()[index] = true;
                 return Ok(true);
             }
             Finished::Ran { ir, records } => {
@@ -297,9 +296,9 @@ fn evaluate_verifying(
         if let Some(fastest) = fastest.filter(|_| within(&metrics, limit)) {
             fastest.fetch_min_f64(metrics.step_time_s, Ordering::AcqRel);
         }
-        fallback_from.borrow_mut()[index] = Some(
-            (!within(&metrics, limit) && runs_over_memory(&records)).then_some(metrics.step_time_s),
-        );
+        fallback_from.borrow_mut()[index] =
+            Some(!within(&metrics, limit) && runs_over_memory(&records));
+        deferred.borrow_mut()[index] = false;
         let mut bests = best.borrow_mut();
         let best = &mut bests[member];
         let better = best
@@ -345,49 +344,27 @@ fn evaluate_verifying(
         bounds: RefCell::new(Vec::new()),
     });
     let fallbacks_skipped = RefCell::new(vec![0usize; members.len()]);
-    // A fallback runs where its pipeline wants one, and where that pipeline's step was faster
-    // than the member's fastest fitting one. A heuristic: bounding runs closes them early
-    // (more packs, or fuller ones), which made no step much faster than the free packing's
-    // (H1, five pipelines: four slower, one 0.07% faster), so a fallback of a pipeline no
-    // faster than a fitting step is taken not to be chosen. It depends on the member's own
-    // pipelines only (not on other threads' steps), so the choice is the same with pruning
-    // off. The tree asks at every branch on the way; the pipelines a fallback falls back from
-    // are in an earlier branch where they part (`pack-fwd`), so they have all finished by the
-    // time the fallback's own branch runs (undecided before: kept).
+    // A fallback runs where its pipeline wants one (its step went over the memory limit and
+    // its forward runs over memory): what it depends on is that pipeline's step alone, so the
+    // tree (which defers a pipeline a fallback may need rather than prune it, see
+    // [`Fallbacks`]) runs the same fallbacks with pruning as without. The tree asks at every
+    // branch on the way; the pipeline a fallback falls back from is in an earlier branch where
+    // they part (`pack-fwd`), so it has finished or been deferred by the time the fallback's
+    // own branch runs (undecided before: kept).
     let unwanted = |index: usize| {
-        // The member's best step is its fastest fitting one where one fits.
-        let beat = (best.borrow()[member_of[index]].as_ref())
-            .filter(|(_, _, _, metrics)| within(metrics, limit))
-            .map_or(f64::INFINITY, |(_, _, _, metrics)| metrics.step_time_s);
-        let unwanted = fallback_of[index].is_some_and(|of| match fallback_from.borrow()[of] {
-            None => false,
-            Some(None) => true,
-            Some(Some(step_s)) => step_s >= beat,
-        });
+        let unwanted =
+            fallback_of[index].is_some_and(|of| fallback_from.borrow()[of] == Some(false));
         // The tree drops an unwanted pipeline where it is first found so: counted once.
         if unwanted {
             fallbacks_skipped.borrow_mut()[member_of[index]] += 1;
         }
         unwanted
     };
-    // The deferred pipelines whose steps the decision on a fallback needs: the one it falls
-    // back from, or the member's that could fit faster than that one's step (making it
-    // unwanted).
-    let needs = |index: usize| -> Vec<usize> {
-        let Some(of) = fallback_of[index] else {
-            return Vec::new();
-        };
-        let from = fallback_from.borrow();
-        let deferred = deferred_bound.borrow();
-        let undecided = |d: usize| from[d].is_none() && deferred[d].is_some();
-        match from[of] {
-            None if undecided(of) => vec![of],
-            Some(Some(step_s)) => (0..pipelines.len())
-                .filter(|&d| member_of[d] == member_of[index] && undecided(d))
-                .filter(|&d| deferred[d].is_some_and(|bound| bound <= step_s))
-                .collect(),
-            _ => Vec::new(),
-        }
+    // The deferred pipeline whose step the decision on a fallback needs: the one it falls
+    // back from, where that one is deferred.
+    let needs = |index: usize| -> Option<usize> {
+        let of = fallback_of[index]?;
+        deferred.borrow()[of].then_some(of)
     };
     let fallen_back_from: Vec<bool> = (0..pipelines.len())
         .map(|index| fallback_of.contains(&Some(index)))
@@ -411,6 +388,8 @@ fn evaluate_verifying(
             TreeError::Pass(source) => compile_error(source),
             TreeError::Tune(error) => error,
         })?;
+    // The steps of deferred pipelines no fallback needed go now.
+    drop(tree);
     let compile_ms = start.elapsed().as_secs_f64() * 1e3 / members.len() as f64;
     // A member that lost a pipeline to the bound is chosen only with a fitting step no slower
     // than the fastest (ties to the earlier candidate), which its best remaining one is not.
@@ -507,21 +486,21 @@ struct PipelineTree<'a> {
 }
 
 /// What the tree asks about fallbacks (pipelines that run only where the pipeline they fall
-/// back from made a step over the memory limit that was faster than the member's fastest
-/// fitting one).
+/// back from made a step over the memory limit, its forward runs over memory).
 ///
 /// A pipeline a fallback falls back from, whose forward runs go over memory, decides by its
 /// step whether the fallback runs; where its bound is above the fastest step, it is deferred
 /// rather than pruned: not run further unless a fallback's decision needs its step (`needs`),
-/// which is when that fallback is not pruned by its own bound (or ends unbounded). So a
-/// fallback whose own bound rules it out costs neither its pipeline's scheduling nor its
-/// simulation, and the tree still runs what it would run unpruned and chooses the same.
+/// which is when that fallback is not pruned by its own bound, reaches its end, or would take
+/// another pipeline's step. So a fallback whose own bound rules it out costs neither its
+/// pipeline's scheduling nor its simulation, and the tree runs the fallbacks it would run
+/// unpruned (the decision depends on that one step alone) and chooses the same.
 struct Fallbacks<'a> {
     /// Pipelines not to run after all (a fallback whose pipeline fit), asked where a branch
     /// starts, and again once what it needs was run.
     unwanted: &'a dyn Fn(usize) -> bool,
-    /// The deferred pipelines whose steps the decision on this one needs.
-    needs: &'a dyn Fn(usize) -> Vec<usize>,
+    /// The deferred pipeline whose step the decision on this one needs.
+    needs: &'a dyn Fn(usize) -> Option<usize>,
     /// Per pipeline, whether a fallback falls back from it.
     fallen_back_from: &'a [bool],
 }
@@ -554,9 +533,9 @@ enum Finished {
     /// Its packing's compute bound is above the fastest fitting step found: not scheduled
     /// nor simulated ([`Pruning`]).
     Pruned,
-    /// Its bound (given) is above the fastest fitting step, but a fallback may need its step:
-    /// not run further unless one does ([`Fallbacks`]); then it finishes again, run.
-    Deferred { bound: f64 },
+    /// Its bound is above the fastest fitting step, but a fallback may need its step: not run
+    /// further unless one does ([`Fallbacks`]); then it finishes again, run.
+    Deferred,
     /// Its remaining passes are those the finished pipeline `same_as` ran on the same step;
     /// `records` are its passes' records (the other pipeline's for the passes not run).
     Same {
@@ -592,7 +571,9 @@ impl<'a> PipelineTree<'a> {
     /// `ir` (step number `step`, recorded in `records`, the steps before it on `path`), to
     /// their ends, handing each finished pipeline to `finish` with its index, in the order of
     /// `members` where pipelines sharing a pass are adjacent. `finish` answers whether it
-    /// took a [`Finished::Same`] pipeline; one it did not take is run.
+    /// took a [`Finished::Same`] pipeline; one it did not take is run. A deferred pipeline is
+    /// handed on twice where a fallback needs it: deferred, then run (within the fallback's
+    /// branch).
     fn run(
         &self,
         ir: StepIr,
@@ -624,6 +605,8 @@ impl<'a> PipelineTree<'a> {
         }
         let mut ir = Some(ir);
         let count = branches.len();
+        // The step the deferred pipelines of every branch stop at, shared.
+        let mut snapshot: Option<Rc<StepIr>> = None;
         for (position, mut branch) in branches.into_iter().enumerate() {
             // Pipelines whose rest another ran on this step (an earlier branch) are finished
             // at once.
@@ -652,8 +635,6 @@ impl<'a> PipelineTree<'a> {
             branch = to_run;
             if let Some(pruning) = &self.pruning {
                 let mut live = Vec::with_capacity(branch.len());
-                // The step the branch's deferred pipelines stop at, shared.
-                let mut snapshot: Option<Rc<StepIr>> = None;
                 for member in branch {
                     let entries = &self.pipelines[member].1;
                     let bound = ir
@@ -677,8 +658,7 @@ impl<'a> PipelineTree<'a> {
                                 path: path[..path.len() - 1].to_vec(),
                                 records: records.clone(),
                             });
-                            finish(member, Finished::Deferred { bound })
-                                .map_err(TreeError::Tune)?;
+                            finish(member, Finished::Deferred).map_err(TreeError::Tune)?;
                         }
                         Some(bound)
                             if exceeds(bound, pruning.fastest_s())
@@ -781,11 +761,11 @@ impl<'a> PipelineTree<'a> {
         pipeline: usize,
         finish: &mut dyn FnMut(usize, Finished) -> Result<bool, TuneError>,
     ) -> Result<bool, TreeError> {
-        let needs = (self.fallbacks.needs)(pipeline);
-        for &deferred in &needs {
-            self.resolve(deferred, finish)?;
-        }
-        Ok(!needs.is_empty() && (self.fallbacks.unwanted)(pipeline))
+        let Some(needs) = (self.fallbacks.needs)(pipeline) else {
+            return Ok(false);
+        };
+        self.resolve(needs, finish)?;
+        Ok((self.fallbacks.unwanted)(pipeline))
     }
 
     /// Runs the deferred pipeline `pipeline` to its end, from where it stopped (see
@@ -845,7 +825,8 @@ impl<'a> PipelineTree<'a> {
 /// and may split backwards, no faster than whole ones), `assign-recompute` (bounded with
 /// no recomputation on any stage) and `interleave-ranks` (a replica interleaved with others on
 /// its ranks runs its own schedule no sooner than alone). A pipeline whose step decides
-/// whether a fallback of it runs is not pruned where its forward runs go over memory.
+/// whether a fallback of it runs is deferred instead where its forward runs go over memory
+/// ([`Fallbacks`]).
 struct Pruning<'a> {
     fastest: &'a AtomicU64,
     /// The machine of the group's spec, and with no recomputation.

@@ -638,3 +638,106 @@ fn deferring_what_decides_a_fallback_keeps_every_members_evaluation() {
     }
     assert!(kept > 0 && dropped > 0, "kept {kept}, dropped {dropped}");
 }
+
+/// A pipeline deferred by the bound runs after all where its fallback's decision needs its
+/// step: a fallback much faster than the pipeline it falls back from (whole documents in
+/// large packs, over the memory limit; the fallback cuts them finely and fits), against a
+/// step to beat at the fallback's own step, keeps the fallback's step as unpruned, with the
+/// pipeline's bound above that step. Pruned instead of deferred, the pipeline would leave the
+/// fallback unwanted and the member dropped; left undecided, a fallback would run where the
+/// pipeline fits (and unpruned none does).
+#[test]
+fn a_deferred_pipeline_runs_where_its_fallbacks_decision_needs_it() {
+    let (spec, context) = layouts().swap_remove(1);
+    let batch = Batch::from_lengths(&long_tailed(21, 40, context), Some(context), "test");
+    let info = strategy::lookup("slimpack").unwrap();
+    let state = StrategyState::default();
+    let choices = Choices::fixed(spec.model.recompute);
+    let base = (info.candidates)(&spec, &batch, &state, &choices)
+        .into_iter()
+        .find(|candidate| !candidate.label.starts_with("plan="))
+        .unwrap();
+    let whole =
+        "assign-dp{balance=none},slice{size=32768},pack-fwd{cap=65536,memory=0.01},pack-bwd,\
+                 schedule-pipeline";
+    let fine = "assign-dp,slice{size=4096},pack-fwd{cap=8192},pack-bwd,schedule-pipeline";
+    let alone = |pipeline: &str| {
+        let single = Candidate {
+            pipeline: pipeline.to_string(),
+            variants: Vec::new(),
+            refinements: Vec::new(),
+            ..base.clone()
+        };
+        evaluate(info, &spec, &batch, &single, u64::MAX)
+            .unwrap()
+            .0
+            .metrics
+    };
+    let (slow, fast) = (alone(whole), alone(fine));
+    // The limit the fine step fits and the whole one does not.
+    let limit = fast.peak_memory_bytes;
+    assert!(slow.peak_memory_bytes > limit, "{slow:?} {fast:?}");
+    let candidate = Candidate {
+        pipeline: whole.to_string(),
+        variants: vec![strategy::Variant {
+            label: "fine".to_string(),
+            pipeline: fine.to_string(),
+            fallback_of: Some(whole.to_string()),
+        }],
+        refinements: Vec::new(),
+        ..base.clone()
+    };
+    let unpruned = evaluate(info, &spec, &batch, &candidate, limit).unwrap().0;
+    assert_eq!(unpruned.variant, "fine");
+    assert_eq!(unpruned.metrics, fast);
+    // The whole packing's bound is above the fine step: it is deferred there.
+    let cost = slimpack_machine::machine_model(&spec);
+    let cx = slimpack_passes::PassContext::for_spec(&spec);
+    let packed = crate::compile::compile_entries(
+        &spec,
+        &batch,
+        &slimpack_passes::parse_pipeline(&whole[..whole.find(",pack-bwd").unwrap()]).unwrap(),
+        &cx,
+        &slimpack_passes::ManagerOptions::default(),
+        &mut std::io::sink(),
+    )
+    .unwrap()
+    .ir;
+    let bound = sim::forward_bound(&packed, &cost).unwrap();
+    assert!(exceeds(bound, fast.step_time_s), "{bound} {fast:?}");
+    let fastest = AtomicU64::new(fast.step_time_s.to_bits());
+    let tune = TuneOptions::default();
+    let below = evaluate_below(
+        info,
+        &spec,
+        &batch,
+        &[&candidate],
+        limit,
+        &tune,
+        Some(&fastest),
+    )
+    .remove(0)
+    .unwrap()
+    .expect("the fallback's step fits at the step to beat");
+    assert_eq!(below.0.variant, "fine");
+    assert_eq!(below.0.metrics, fast);
+    // Where the whole packing fits, its fallback is not wanted: unpruned the member keeps the
+    // slow step; against the fine step it is dropped, the fallback not run after all.
+    let roomy = evaluate(info, &spec, &batch, &candidate, u64::MAX)
+        .unwrap()
+        .0;
+    assert_eq!(roomy.variant, "");
+    assert_eq!(roomy.metrics, slow);
+    assert_eq!(roomy.fallbacks_skipped, 1);
+    let fastest = AtomicU64::new(fast.step_time_s.to_bits());
+    let below = evaluate_below(
+        info,
+        &spec,
+        &batch,
+        &[&candidate],
+        u64::MAX,
+        &tune,
+        Some(&fastest),
+    );
+    assert!(below[0].as_ref().unwrap().is_none());
+}
