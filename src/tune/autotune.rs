@@ -128,8 +128,8 @@ pub struct Evaluation {
     /// (see [`super::evaluate`]).
     pub variants_shared: usize,
     /// The candidate's fallback pipelines not run because the pipeline each falls back from
-    /// fit the memory limit, was pruned, would make the same packing, or was no faster than
-    /// the candidate's fastest fitting step (see [`super::strategy::Variant::fallback_of`]).
+    /// fit the memory limit, was pruned, or would make the same packing (see
+    /// [`super::strategy::Variant::fallback_of`]).
     pub fallbacks_skipped: usize,
 }
 

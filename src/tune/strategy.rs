@@ -101,8 +101,8 @@ pub struct Variant {
     pub pipeline: String,
     /// A fallback: the variant runs only on a step that the candidate's pipeline
     /// `fallback_of` (its own or another variant's, compiled first) made over the memory
-    /// limit, and faster than the candidate's fastest fitting step (slimpack's forward runs
-    /// bounded by memory: see `super::evaluate`).
+    /// limit with forward runs over memory (slimpack's forward runs bounded by memory: see
+    /// `super::evaluate`).
     pub fallback_of: Option<String>,
 }
 
