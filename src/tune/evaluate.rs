@@ -496,8 +496,9 @@ struct PipelineTree<'a> {
 /// pipeline's scheduling nor its simulation, and the tree runs the fallbacks it would run
 /// unpruned (the decision depends on that one step alone) and chooses the same.
 struct Fallbacks<'a> {
-    /// Pipelines not to run after all (a fallback whose pipeline fit), asked where a branch
-    /// starts, and again once what it needs was run.
+    /// Pipelines not to run after all (a fallback whose pipeline fit, kept its forward runs
+    /// within memory, or was pruned), asked where a branch starts, and again once what it
+    /// needs was run.
     unwanted: &'a dyn Fn(usize) -> bool,
     /// The deferred pipeline whose step the decision on this one needs.
     needs: &'a dyn Fn(usize) -> Option<usize>,
@@ -572,8 +573,8 @@ impl<'a> PipelineTree<'a> {
     /// their ends, handing each finished pipeline to `finish` with its index, in the order of
     /// `members` where pipelines sharing a pass are adjacent. `finish` answers whether it
     /// took a [`Finished::Same`] pipeline; one it did not take is run. A deferred pipeline is
-    /// handed on twice where a fallback needs it: deferred, then run (within the fallback's
-    /// branch).
+    /// handed on twice where a fallback needs it: deferred, then run or taken as the same as
+    /// another's (within the fallback's branch).
     fn run(
         &self,
         ir: StepIr,

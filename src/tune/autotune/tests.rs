@@ -44,6 +44,14 @@ fn layouts() -> Vec<(Spec, u32)> {
     ]
 }
 
+/// The llama-7b layout of [`layouts`] (tp=8, pp=2, dp=4 at 32K) with `count` long-tailed
+/// lengths drawn from `seed`, and the slimpack strategy.
+fn slimpack_on_7b(seed: u64, count: usize) -> (Spec, Batch, &'static StrategyInfo) {
+    let (spec, context) = layouts().swap_remove(1);
+    let batch = Batch::from_lengths(&long_tailed(seed, count, context), Some(context), "test");
+    (spec, batch, strategy::lookup("slimpack").unwrap())
+}
+
 /// The bound is a lower bound: over every candidate of every strategy on several layouts
 /// and batches, no compiled candidate (its fastest pipeline) simulates faster.
 #[test]
@@ -269,9 +277,7 @@ fn shared_variants_choose_what_running_every_variant_chooses() {
 /// runs (nor wins); where no step fits and every run is over memory, all of them run.
 #[test]
 fn fallbacks_run_only_where_their_pipeline_goes_over_the_limit() {
-    let (spec, context) = layouts().swap_remove(1);
-    let batch = Batch::from_lengths(&long_tailed(7, 24, context), Some(context), "test");
-    let info = strategy::lookup("slimpack").unwrap();
+    let (spec, batch, info) = slimpack_on_7b(7, 24);
     let state = StrategyState::default();
     let fallbacks = |candidate: &Candidate| {
         (candidate.variants.iter())
@@ -563,14 +569,13 @@ fn each_step_runs_the_best_variant_of_its_candidate() {
 
 /// Against any step to beat, a group of candidates compiled together keeps each member's
 /// evaluation as it is unpruned, or drops the member, and drops none whose unpruned step fits
-/// no slower than the fastest fitting step at the end (that step, or one of the group's). Under memory limits that forward runs go over, the pipelines
-/// whose steps decide on a fallback are deferred rather than pruned (run only where a
-/// fallback's decision needs them); what each member keeps is the same.
+/// no slower than the fastest fitting step at the end (that step, or one of the group's).
+/// Under memory limits that forward runs go over, the pipelines whose steps decide on a
+/// fallback are deferred rather than pruned (run only where a fallback's decision needs
+/// them); what each member keeps is the same.
 #[test]
 fn deferring_what_decides_a_fallback_keeps_every_members_evaluation() {
-    let (spec, context) = layouts().swap_remove(1);
-    let batch = Batch::from_lengths(&long_tailed(21, 40, context), Some(context), "test");
-    let info = strategy::lookup("slimpack").unwrap();
+    let (spec, batch, info) = slimpack_on_7b(21, 40);
     let state = StrategyState::default();
     let tune = TuneOptions::default();
     let (mut kept, mut dropped) = (0, 0);
@@ -648,9 +653,7 @@ fn deferring_what_decides_a_fallback_keeps_every_members_evaluation() {
 /// pipeline fits (and unpruned none does).
 #[test]
 fn a_deferred_pipeline_runs_where_its_fallbacks_decision_needs_it() {
-    let (spec, context) = layouts().swap_remove(1);
-    let batch = Batch::from_lengths(&long_tailed(21, 40, context), Some(context), "test");
-    let info = strategy::lookup("slimpack").unwrap();
+    let (spec, batch, info) = slimpack_on_7b(21, 40);
     let state = StrategyState::default();
     let choices = Choices::fixed(spec.model.recompute);
     let base = (info.candidates)(&spec, &batch, &state, &choices)
