@@ -2,7 +2,7 @@
 //!
 //! This facade ties the crates together: [`ir`] (specs, batches, the step IR, its text form and
 //! verifier), [`machine`] (the cost model and the simulator), [`passes`] (passes, pipelines, the pass manager), [`codegen`] (emitters) and
-//! [`runtime`] (executors). [`compile`] is the library entry point a trainer or another compiler
+//! [`runtime`] (executors). [`compile()`] is the library entry point a trainer or another compiler
 //! embeds; the `slimpack` binary is a thin command line over it.
 
 pub mod compile;
